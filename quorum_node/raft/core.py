@@ -1,0 +1,1048 @@
+"""The Raft core: KIP-595 elections and pull replication, KIP-996 pre-vote and check-quorum.
+
+A pure, deterministic state machine. The driver hands in the time (``now_ms``), a seeded
+``random.Random``, the log, inbound requests and responses; the core answers with ``Effects``:
+the election state to persist, messages to send and whether the log must be flushed. There is no
+clock, socket, file or global randomness in here, so the same code runs in the node and in the
+simulator.
+
+The driver's contract (``take_effects`` after every call):
+1. persist ``Effects.persist`` durably before sending any message of the same batch (a vote is
+   only granted, and an epoch only announced, once it survives a crash);
+2. apply the log mutations the core made through the ``RaftLog`` it was given (they are already
+   applied: the log is in-memory or page-cache state) and, when ``Effects.flush`` is set, flush the
+   log and report the flushed end offset with ``handle_flushed``. Only flushed data counts as the
+   leader's own progress and only flushed data is acknowledged by a follower's next Fetch.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from quorum_node.raft.config import QuorumConfig
+from quorum_node.raft.election import EpochElection
+from quorum_node.raft.log import RaftLog
+from quorum_node.raft.messages import (
+    BeginQuorumEpochRequest,
+    BeginQuorumEpochResponse,
+    EndQuorumEpochRequest,
+    EndQuorumEpochResponse,
+    EpochEndOffset,
+    FetchRequest,
+    FetchResponse,
+    LeaderChangeMessage,
+    RaftRequest,
+    RaftResponse,
+    ReplicaInfo,
+    VoteRequest,
+    VoteResponse,
+)
+from quorum_node.raft.records import Record, control_record, decode_batches
+from quorum_node.raft.requests import RequestManager
+from quorum_node.raft.state import ElectionState, RaftState
+from quorum_node.raft.types import (
+    ControlRecordType,
+    Errors,
+    NotLeaderError,
+    RaftInvariantError,
+    ReplicaKey,
+)
+
+logger = logging.getLogger(__name__)
+
+NEVER = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundRequest:
+    destination: int
+    correlation_id: int
+    message: RaftRequest
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundResponse:
+    destination: int
+    correlation_id: int
+    message: RaftResponse
+
+
+@dataclass(slots=True)
+class Effects:
+    persist: ElectionState | None = None
+    messages: list[OutboundRequest | OutboundResponse] = field(default_factory=list)
+    flush: bool = False
+
+
+# --- replica states ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Unattached:
+    epoch: int
+    leader_id: int | None
+    voted_key: ReplicaKey | None
+    election_deadline_ms: int  # NEVER for observers
+    next_discovery_ms: int = 0
+
+
+@dataclass(slots=True)
+class _Prospective:
+    epoch: int
+    leader_id: int | None
+    voted_key: ReplicaKey | None
+    election: EpochElection
+    election_deadline_ms: int
+
+
+@dataclass(slots=True)
+class _Candidate:
+    epoch: int
+    election: EpochElection
+    election_deadline_ms: int
+
+
+@dataclass(slots=True)
+class _Follower:
+    epoch: int
+    leader_id: int
+    voted_key: ReplicaKey | None
+    fetch_deadline_ms: int
+    # KAFKA-17641: a follower grants pre-votes only until its first successful fetch in the epoch.
+    has_fetched_from_leader: bool = False
+
+
+@dataclass(slots=True)
+class _ReplicaProgress:
+    end_offset: int | None = None  # last fetch offset: what the replica has durably
+    last_fetch_ms: int | None = None
+    last_caught_up_ms: int | None = None
+    leader_end_at_last_fetch: int = 0
+    acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
+    next_begin_quorum_ms: int = 0
+
+
+@dataclass(slots=True)
+class _ParkedFetch:
+    source: int
+    correlation_id: int
+    request: FetchRequest
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class _Leader:
+    epoch: int
+    voted_key: ReplicaKey | None
+    epoch_start_offset: int
+    check_quorum_deadline_ms: int
+    voters: dict[ReplicaKey, _ReplicaProgress]
+    observers: dict[ReplicaKey, _ReplicaProgress] = field(default_factory=dict)
+    high_watermark: int | None = None  # unknown until this epoch's LeaderChange is committed
+    fetched_voters: set[ReplicaKey] = field(default_factory=set)
+    pending: list[Record] = field(default_factory=list)
+    pending_bytes: int = 0
+    linger_deadline_ms: int = NEVER
+    parked: list[_ParkedFetch] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Resigned:
+    epoch: int
+    voted_key: ReplicaKey | None
+    election_deadline_ms: int
+    preferred_successors: tuple[ReplicaKey, ...]
+    unacknowledged: set[int]
+
+
+_State = _Unattached | _Prospective | _Candidate | _Follower | _Leader | _Resigned
+
+_STATE_NAMES: dict[type, RaftState] = {
+    _Unattached: RaftState.UNATTACHED,
+    _Prospective: RaftState.PROSPECTIVE,
+    _Candidate: RaftState.CANDIDATE,
+    _Follower: RaftState.FOLLOWER,
+    _Leader: RaftState.LEADER,
+    _Resigned: RaftState.RESIGNED,
+}
+
+
+def _record_size(record: Record) -> int:
+    return len(record.value) + (len(record.key) if record.key is not None else 0) + 8
+
+
+class RaftCore:
+    """One replica's protocol engine. See the module docstring for the driver's contract."""
+
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        directory_id: uuid.UUID | None,
+        cluster_id: str,
+        voters: Iterable[ReplicaKey],
+        log: RaftLog,
+        election_state: ElectionState | None,
+        config: QuorumConfig,
+        random: random.Random,
+        now_ms: int,
+    ) -> None:
+        self.node_id = node_id
+        self.local_key = ReplicaKey(node_id, directory_id)
+        self.cluster_id = cluster_id
+        self.voters: tuple[ReplicaKey, ...] = tuple(voters)
+        if not self.voters:
+            raise ValueError("the voter set is empty")
+        self.log = log
+        self.config = config
+        self._random = random
+        self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
+        self._effects = Effects()
+        self._next_correlation_id = 0
+        self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
+        self._high_watermark: int | None = None
+        self._shutting_down = False
+        self._now_ms = now_ms
+
+        stored = election_state if election_state is not None else ElectionState.initial()
+        self._persisted = stored
+        self._state: _State = self._initial_state(stored, now_ms)
+        if self._election_state_of(self._state) != stored:
+            self._effects.persist = self._persisted = self._election_state_of(self._state)
+        self._drive(now_ms)
+
+    # --- inspection --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> RaftState:
+        return _STATE_NAMES[type(self._state)]
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def leader_id(self) -> int | None:
+        state = self._state
+        if isinstance(state, _Leader | _Resigned):
+            return self.node_id
+        if isinstance(state, _Candidate):
+            return None
+        return state.leader_id
+
+    @property
+    def high_watermark(self) -> int | None:
+        """The local high watermark: every offset below it is committed. Never decreases."""
+        return self._high_watermark
+
+    @property
+    def election_state(self) -> ElectionState:
+        return self._election_state_of(self._state)
+
+    @property
+    def is_voter(self) -> bool:
+        return any(key.matches(self.local_key) for key in self.voters)
+
+    @property
+    def _is_only_voter(self) -> bool:
+        return len(self.voters) == 1 and self.is_voter
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def epoch_start_offset(self) -> int | None:
+        return self._state.epoch_start_offset if isinstance(self._state, _Leader) else None
+
+    def take_effects(self) -> Effects:
+        effects, self._effects = self._effects, Effects()
+        return effects
+
+    def next_deadline_ms(self) -> int:
+        state = self._state
+        times = [self._requests.next_deadline_ms(self._now_ms) or NEVER]
+        if isinstance(state, _Unattached) and state.next_discovery_ms > self._now_ms:
+            times.append(state.next_discovery_ms)
+        if isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
+            times.append(state.election_deadline_ms)
+        elif isinstance(state, _Follower):
+            times.append(state.fetch_deadline_ms)
+        else:
+            times.append(state.check_quorum_deadline_ms)
+            times.append(state.linger_deadline_ms)
+            times.extend(p.deadline_ms for p in state.parked)
+            times.extend(
+                self._next_begin_quorum_ms(p)
+                for key, p in state.voters.items()
+                if not key.matches(self.local_key) and not self._requests.has_in_flight(key.id)
+            )
+        return max(min(times), self._now_ms)
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def poll(self, now_ms: int) -> None:
+        self._drive(now_ms)
+
+    def handle_request(
+        self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
+    ) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
+        if isinstance(request, FetchRequest):
+            response = self._handle_fetch(now_ms, source, correlation_id, request)
+            if response is not None:
+                self._respond(source, correlation_id, response)
+        elif isinstance(request, VoteRequest):
+            self._respond(source, correlation_id, self._handle_vote(now_ms, request))
+        elif isinstance(request, BeginQuorumEpochRequest):
+            self._respond(source, correlation_id, self._handle_begin_quorum_epoch(now_ms, request))
+        else:
+            self._respond(source, correlation_id, self._handle_end_quorum_epoch(now_ms, request))
+        self._drive(now_ms)
+
+    def handle_response(
+        self, now_ms: int, source: int, correlation_id: int, response: RaftResponse
+    ) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
+        ok = response.error_code == Errors.NONE
+        if not self._requests.on_response(source, correlation_id, now_ms, ok):
+            return  # not the request in flight in this state: stale or duplicated
+        if isinstance(response, FetchResponse):
+            self._handle_fetch_response(now_ms, source, response)
+        elif isinstance(response, VoteResponse):
+            self._handle_vote_response(now_ms, source, response)
+        elif isinstance(response, BeginQuorumEpochResponse):
+            self._handle_begin_quorum_epoch_response(now_ms, source, response)
+        else:
+            self._handle_end_quorum_epoch_response(now_ms, source, response)
+        self._drive(now_ms)
+
+    def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int) -> None:
+        """The request could not be delivered (connection refused, peer gone): back off."""
+        self._now_ms = max(self._now_ms, now_ms)
+        self._requests.on_response(destination, correlation_id, now_ms, ok=False)
+        self._drive(now_ms)
+
+    def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:
+        """The log is durable up to ``flushed_offset`` (the end offset the flush covered)."""
+        self._now_ms = max(self._now_ms, now_ms)
+        self._flushed_offset = max(self._flushed_offset, min(flushed_offset, self.log.end_offset))
+        if isinstance(self._state, _Leader):
+            self._maybe_advance_leader_high_watermark(now_ms)
+        self._drive(now_ms)
+
+    def propose(self, now_ms: int, records: Sequence[Record]) -> tuple[int, int]:
+        """Accept records for appending (after the linger); return their (first, last) offsets.
+
+        The offsets are committed once the high watermark passes them in this epoch."""
+        self._now_ms = max(self._now_ms, now_ms)
+        state = self._state
+        if not isinstance(state, _Leader) or self._shutting_down:
+            raise NotLeaderError(self.leader_id, self.epoch)
+        if not records:
+            raise ValueError("nothing to append")
+        base = self.log.end_offset + len(state.pending)
+        state.pending.extend(records)
+        state.pending_bytes += sum(_record_size(r) for r in records)
+        if state.linger_deadline_ms == NEVER:
+            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
+        self._drive(now_ms)
+        return base, base + len(records) - 1
+
+    def begin_shutdown(self, now_ms: int) -> None:
+        """Graceful shutdown: a leader resigns at once and asks the voters to elect a successor."""
+        self._now_ms = max(self._now_ms, now_ms)
+        self._shutting_down = True
+        if isinstance(self._state, _Leader):
+            self._resign(now_ms)
+        self._drive(now_ms)
+
+    def resign(self, now_ms: int) -> None:
+        """Give up leadership of the current epoch (no-op unless leader)."""
+        if isinstance(self._state, _Leader):
+            self._resign(now_ms)
+            self._drive(now_ms)
+
+    # --- start-up ----------------------------------------------------------------------------
+
+    def _initial_state(self, stored: ElectionState, now_ms: int) -> _State:
+        log_epoch = self.log.last_fetched_epoch()
+        if stored.epoch < log_epoch:
+            logger.warning(
+                "quorum-state epoch %d is behind the log's last epoch %d; starting unattached",
+                stored.epoch,
+                log_epoch,
+            )
+            return _Unattached(log_epoch, None, None, self._unattached_deadline(now_ms))
+        voter = self.is_voter
+        if stored.leader_id == self.node_id and voter:
+            # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
+            # lost, and reusing an (offset, epoch) pair would break log matching.
+            remote = {key.id for key in self.voters if not key.matches(self.local_key)}
+            return _Resigned(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
+                             (), remote)
+        # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
+        # which forgets the leader and campaigns in an epoch that already has one.
+        if stored.leader_id is not None and stored.leader_id != self.node_id:
+            return _Follower(stored.epoch, stored.leader_id, stored.voted_key,
+                             now_ms + self.config.fetch_timeout_ms)
+        if stored.voted_key is not None and stored.voted_key.matches(self.local_key) and voter:
+            return self._new_candidate_state(stored.epoch, now_ms)
+        return _Unattached(stored.epoch, None, stored.voted_key, self._unattached_deadline(now_ms))
+
+    # --- the state machine's clock -----------------------------------------------------------
+
+    def _drive(self, now_ms: int) -> None:
+        """Run timers and send what the current state wants to send. Loops while the state
+        changes, so that a lone voter goes Unattached -> Prospective -> Candidate -> Leader in one
+        call."""
+        self._now_ms = max(self._now_ms, now_ms)
+        now_ms = self._now_ms
+        self._requests.expire(now_ms)
+        for _ in range(8):
+            before = self._state
+            state = self._state
+            if isinstance(state, _Leader):
+                self._poll_leader(now_ms, state)
+            elif isinstance(state, _Candidate):
+                self._poll_candidate(now_ms, state)
+            elif isinstance(state, _Prospective):
+                self._poll_prospective(now_ms, state)
+            elif isinstance(state, _Follower):
+                self._poll_follower(now_ms, state)
+            elif isinstance(state, _Resigned):
+                self._poll_resigned(now_ms, state)
+            else:
+                self._poll_unattached(now_ms, state)
+            if self._state is before:
+                return
+
+    def _poll_leader(self, now_ms: int, state: _Leader) -> None:
+        remote_voters = [k for k in state.voters if not k.matches(self.local_key)]
+        if remote_voters and now_ms >= state.check_quorum_deadline_ms:
+            logger.warning(
+                "node %d: no fetch from a majority of voters in %d ms; resigning epoch %d",
+                self.node_id, self.config.check_quorum_timeout_ms, state.epoch,
+            )
+            self._resign(now_ms)
+            return
+        if state.pending and (
+            now_ms >= state.linger_deadline_ms
+            or state.pending_bytes >= self.config.max_batch_bytes
+        ):
+            self._append_pending(now_ms, state)
+        self._expire_parked_fetches(now_ms, state)
+        for key in remote_voters:
+            progress = state.voters[key]
+            if now_ms < self._next_begin_quorum_ms(progress):
+                continue
+            if not self._requests.is_ready(key.id, now_ms):
+                continue
+            progress.next_begin_quorum_ms = now_ms + self.config.begin_quorum_interval_ms
+            self._send(now_ms, key.id, BeginQuorumEpochRequest(
+                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
+                voter_id=key.id, voter_directory_id=key.directory_id,
+            ))
+
+    def _next_begin_quorum_ms(self, progress: _ReplicaProgress) -> int:
+        """BeginQuorumEpoch goes to a voter until it acknowledges the epoch, then again only
+        when it has not fetched for half the fetch timeout (the heartbeat)."""
+        due = progress.next_begin_quorum_ms
+        if progress.acknowledged and progress.last_fetch_ms is not None:
+            due = max(due, progress.last_fetch_ms + self.config.begin_quorum_interval_ms)
+        return due
+
+    def _poll_candidate(self, now_ms: int, state: _Candidate) -> None:
+        if state.election.is_granted:
+            self._become_leader(now_ms, state)
+        elif now_ms >= state.election_deadline_ms:
+            # KAFKA-18345: a candidate that did not win waits out its randomized timer, then
+            # starts over with a pre-vote instead of bumping the epoch again.
+            self._transition(self._new_prospective_state(state.epoch, None, self.local_key, now_ms))
+        else:
+            self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
+
+    def _poll_prospective(self, now_ms: int, state: _Prospective) -> None:
+        if state.election.is_granted:
+            self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
+        elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
+            self._lose_pre_vote(now_ms, state)
+        else:
+            self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
+
+    def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:
+        if state.leader_id is not None and state.leader_id != self.node_id:
+            self._transition(_Follower(state.epoch, state.leader_id, state.voted_key,
+                                       now_ms + self.config.fetch_timeout_ms))
+        else:
+            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key,
+                                         self._election_deadline(now_ms)))
+
+    def _poll_follower(self, now_ms: int, state: _Follower) -> None:
+        if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
+            if self.is_voter:
+                self._transition(self._new_prospective_state(
+                    state.epoch, state.leader_id, state.voted_key, now_ms))
+                return
+            # An observer cannot campaign: it looks for the leader through the other voters.
+            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key, NEVER))
+            return
+        self._maybe_send_fetch(now_ms, state.leader_id)
+
+    def _poll_unattached(self, now_ms: int, state: _Unattached) -> None:
+        if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
+            self._transition(self._new_prospective_state(
+                state.epoch, state.leader_id, state.voted_key, now_ms))
+            return
+        # KAFKA-17030: while waiting, fetch from a voter now and then to discover the leader.
+        others = [key.id for key in self.voters if key.id != self.node_id]
+        if others and now_ms >= state.next_discovery_ms and not self._requests.any_in_flight():
+            target = others[self._random.randrange(len(others))]
+            if self._maybe_send_fetch(now_ms, target):
+                state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
+
+    def _poll_resigned(self, now_ms: int, state: _Resigned) -> None:
+        expired = now_ms >= state.election_deadline_ms or self._is_only_voter
+        if expired and not self._shutting_down:
+            # Leave the epoch we led for good: the next one can be led by anyone, us included.
+            self._transition(_Unattached(state.epoch + 1, None, None,
+                                         self._election_deadline(now_ms)))
+            return
+        successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
+        for key in self.voters:
+            if key.id not in state.unacknowledged or not self._requests.is_ready(key.id, now_ms):
+                continue
+            self._send(now_ms, key.id, EndQuorumEpochRequest(
+                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
+                voter_id=key.id, voter_directory_id=key.directory_id,
+                preferred_successors=successors,
+            ))
+
+    # --- transitions -------------------------------------------------------------------------
+
+    def _election_state_of(self, state: _State) -> ElectionState:
+        if isinstance(state, _Leader | _Resigned):
+            return ElectionState(state.epoch, self.node_id, state.voted_key)
+        if isinstance(state, _Candidate):
+            return ElectionState(state.epoch, None, self.local_key)
+        return ElectionState(state.epoch, state.leader_id, state.voted_key)
+
+    def _transition(self, new: _State) -> None:
+        """Enter ``new``. The election state is persisted (before any message of this step goes
+        out) whenever it changes; Prospective and Resigned never change it, by construction."""
+        if new.epoch < self._state.epoch:
+            raise RaftInvariantError(f"epoch going backwards: {self._state.epoch} -> {new.epoch}")
+        new_election = self._election_state_of(new)
+        if new_election != self._persisted:
+            if isinstance(new, _Prospective | _Resigned):
+                raise RaftInvariantError(f"{type(new).__name__} must not change the quorum-state")
+            self._persisted = new_election
+            self._effects.persist = new_election
+        old, self._state = self._state, new
+        if isinstance(old, _Leader):
+            self._leave_leadership(old)
+        # Responses are matched to the state that sent the request (KRaft resets connections).
+        self._requests.reset()
+
+    def _new_prospective_state(
+        self, epoch: int, leader_id: int | None, voted_key: ReplicaKey | None, now_ms: int
+    ) -> _Prospective:
+        return _Prospective(epoch, leader_id, voted_key,
+                            EpochElection(self.local_key, self.voters),
+                            self._election_deadline(now_ms))
+
+    def _new_candidate_state(self, epoch: int, now_ms: int) -> _Candidate:
+        return _Candidate(epoch, EpochElection(self.local_key, self.voters),
+                          self._election_deadline(now_ms))
+
+    def _become_follower(self, now_ms: int, epoch: int, leader_id: int) -> None:
+        voted = self._state_voted_key() if epoch == self.epoch else None
+        self._transition(_Follower(epoch, leader_id, voted, now_ms + self.config.fetch_timeout_ms))
+
+    def _become_unattached(self, now_ms: int, epoch: int) -> None:
+        voted = self._state_voted_key() if epoch == self.epoch else None
+        self._transition(_Unattached(epoch, None, voted, self._unattached_deadline(now_ms)))
+
+    def _state_voted_key(self) -> ReplicaKey | None:
+        return self._election_state_of(self._state).voted_key
+
+    def _become_leader(self, now_ms: int, candidate: _Candidate) -> None:
+        remote = {k: _ReplicaProgress() for k in self.voters if not k.matches(self.local_key)}
+        voters = {self._local_voter_key(): _ReplicaProgress(), **remote}
+        start = self.log.end_offset
+        leader = _Leader(candidate.epoch, self.local_key, start,
+                         now_ms + self.config.check_quorum_timeout_ms, voters)
+        self._transition(leader)
+        logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
+        change = LeaderChangeMessage(
+            leader_id=self.node_id,
+            voters=tuple(ReplicaInfo.of(k) for k in self.voters),
+            granting_voters=tuple(ReplicaInfo.of(k) for k in candidate.election.granting()),
+        )
+        payload = change.model_dump_json(by_alias=True).encode()
+        self.log.append_as_leader(
+            [control_record(ControlRecordType.LEADER_CHANGE, payload)], leader.epoch, now_ms,
+            is_control=True,
+        )
+        self._effects.flush = True
+
+    def _local_voter_key(self) -> ReplicaKey:
+        return next(k for k in self.voters if k.matches(self.local_key))
+
+    def _resign(self, now_ms: int) -> None:
+        state = self._state
+        assert isinstance(state, _Leader)
+        remote = [(k, p) for k, p in state.voters.items() if not k.matches(self.local_key)]
+        # Most caught-up first, so that the likeliest winner campaigns first.
+        remote.sort(key=lambda kp: -(kp[1].end_offset if kp[1].end_offset is not None else -1))
+        self._transition(_Resigned(
+            state.epoch, state.voted_key, self._election_deadline(now_ms),
+            tuple(k for k, _ in remote), {k.id for k, _ in remote},
+        ))
+
+    def _leave_leadership(self, leader: _Leader) -> None:
+        leader.pending.clear()
+        for parked in leader.parked:
+            self._respond(parked.source, parked.correlation_id, self._fetch_error(
+                Errors.NOT_LEADER_OR_FOLLOWER))
+        leader.parked.clear()
+
+    def _maybe_transition(self, now_ms: int, leader_id: int | None, epoch: int) -> None:
+        """React to an epoch and leader learned from a peer (Kafka's maybeTransition)."""
+        if leader_id is not None and leader_id < 0:
+            leader_id = None
+        if epoch > self.epoch:
+            if leader_id is not None and leader_id != self.node_id:
+                self._become_follower(now_ms, epoch, leader_id)
+            else:
+                self._become_unattached(now_ms, epoch)
+            return
+        if epoch < self.epoch or leader_id is None:
+            return
+        known = self.leader_id
+        if known is not None and known != leader_id:
+            raise RaftInvariantError(
+                f"node {self.node_id}: two leaders for epoch {epoch}: {known} and {leader_id}"
+            )
+        if leader_id == self.node_id:
+            return
+        if isinstance(self._state, _Unattached | _Prospective | _Candidate):
+            self._become_follower(now_ms, epoch, leader_id)
+
+    def _unattached_deadline(self, now_ms: int) -> int:
+        return self._election_deadline(now_ms) if self.is_voter else NEVER
+
+    def _election_deadline(self, now_ms: int) -> int:
+        timeout = self.config.election_timeout_ms
+        return now_ms + timeout + self._random.randrange(timeout)
+
+    # --- sending -----------------------------------------------------------------------------
+
+    def _send(self, now_ms: int, destination: int, message: RaftRequest) -> None:
+        self._next_correlation_id += 1
+        correlation_id = self._next_correlation_id
+        self._requests.on_sent(destination, correlation_id, now_ms)
+        self._effects.messages.append(OutboundRequest(destination, correlation_id, message))
+
+    def _respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
+        self._effects.messages.append(OutboundResponse(destination, correlation_id, message))
+
+    def _request_votes(
+        self, now_ms: int, election: EpochElection, epoch: int, *, pre_vote: bool
+    ) -> None:
+        for key in election.unrecorded():
+            if not self._requests.is_ready(key.id, now_ms):
+                continue
+            self._send(now_ms, key.id, VoteRequest(
+                cluster_id=self.cluster_id, voter_id=key.id, voter_directory_id=key.directory_id,
+                replica_epoch=epoch, replica_id=self.node_id,
+                replica_directory_id=self.local_key.directory_id,
+                last_offset_epoch=self.log.last_fetched_epoch(), last_offset=self.log.end_offset,
+                pre_vote=pre_vote,
+            ))
+
+    def _maybe_send_fetch(self, now_ms: int, target: int) -> bool:
+        # One fetch at a time, and only once the log is flushed: the fetch offset is the
+        # follower's acknowledgement of durable data.
+        if self._requests.any_in_flight() or not self._requests.is_ready(target, now_ms):
+            return False
+        if self._flushed_offset < self.log.end_offset:
+            return False
+        self._send(now_ms, target, FetchRequest(
+            cluster_id=self.cluster_id, replica_id=self.node_id,
+            replica_directory_id=self.local_key.directory_id,
+            max_wait_ms=self.config.fetch_max_wait_ms, current_leader_epoch=self.epoch,
+            fetch_offset=self.log.end_offset, last_fetch_epoch=self.log.last_fetched_epoch(),
+            high_watermark=self._high_watermark, max_bytes=self.config.fetch_max_bytes,
+        ))
+        return True
+
+    # --- Vote --------------------------------------------------------------------------------
+
+    def _cluster_ok(self, cluster_id: str | None) -> bool:
+        return cluster_id is None or cluster_id == self.cluster_id
+
+    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
+        return ReplicaKey(voter_id, voter_directory_id).matches(self.local_key)
+
+    def _vote_response(self, error: Errors, granted: bool = False) -> VoteResponse:
+        return VoteResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
+                            vote_granted=granted)
+
+    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
+        if not self._cluster_ok(request.cluster_id):
+            return self._vote_response(Errors.INCONSISTENT_CLUSTER_ID)
+        last_epoch_ok = (
+            request.last_offset_epoch <= request.replica_epoch
+            if request.pre_vote
+            else request.last_offset_epoch < request.replica_epoch
+        )
+        if (request.last_offset < 0 or request.last_offset_epoch < 0 or request.replica_id < 0
+                or not last_epoch_ok):
+            return self._vote_response(Errors.INVALID_REQUEST)
+        if request.replica_epoch < self.epoch:
+            return self._vote_response(Errors.FENCED_LEADER_EPOCH)
+        if request.replica_epoch > self.epoch:
+            self._become_unattached(now_ms, request.replica_epoch)
+        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
+            return self._vote_response(Errors.INVALID_VOTER_KEY)
+        candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
+        up_to_date = (request.last_offset_epoch, request.last_offset) >= (
+            self.log.last_fetched_epoch(), self.log.end_offset)
+        granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
+        state = self._state
+        if (granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective)
+                and state.voted_key is None):
+            # The vote is durable before the response leaves (Effects.persist goes first).
+            self._transition(_Unattached(state.epoch, state.leader_id, candidate,
+                                         self._election_deadline(now_ms)))
+        return self._vote_response(Errors.NONE, granted)
+
+    def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
+        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped)."""
+        state = self._state
+        if isinstance(state, _Leader):
+            return False
+        if isinstance(state, _Candidate | _Resigned):
+            return up_to_date if pre_vote else False
+        if isinstance(state, _Follower):
+            return pre_vote and up_to_date and not state.has_fetched_from_leader
+        if pre_vote:
+            return up_to_date
+        if state.voted_key is not None:
+            return state.voted_key.id == candidate.id and (
+                state.voted_key.directory_id is None
+                or state.voted_key.directory_id == candidate.directory_id
+            )
+        if state.leader_id is not None:
+            return False
+        return up_to_date
+
+    def _handle_vote_response(self, now_ms: int, source: int, response: VoteResponse) -> None:
+        state = self._state
+        if response.error_code == Errors.UNSUPPORTED_VERSION and isinstance(state, _Prospective):
+            # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
+            self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
+            return
+        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+                                        response.leader_epoch):
+            return
+        state = self._state
+        if (response.error_code == Errors.NONE and response.leader_epoch == state.epoch
+                and isinstance(state, _Prospective | _Candidate)):
+            state.election.record(source, response.vote_granted)
+
+    # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
+
+    def _bqe_response(self, error: Errors) -> BeginQuorumEpochResponse:
+        return BeginQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
+                                        leader_epoch=self.epoch)
+
+    def _handle_begin_quorum_epoch(
+        self, now_ms: int, request: BeginQuorumEpochRequest
+    ) -> BeginQuorumEpochResponse:
+        if not self._cluster_ok(request.cluster_id):
+            return self._bqe_response(Errors.INCONSISTENT_CLUSTER_ID)
+        if request.leader_epoch < self.epoch:
+            return self._bqe_response(Errors.FENCED_LEADER_EPOCH)
+        if request.leader_id < 0 or request.leader_id == self.node_id:
+            return self._bqe_response(Errors.INVALID_REQUEST)
+        self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
+        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
+            return self._bqe_response(Errors.INVALID_VOTER_KEY)
+        return self._bqe_response(Errors.NONE)
+
+    def _handle_begin_quorum_epoch_response(
+        self, now_ms: int, source: int, response: BeginQuorumEpochResponse
+    ) -> None:
+        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+                                        response.leader_epoch):
+            return
+        state = self._state
+        if response.error_code == Errors.NONE and isinstance(state, _Leader):
+            for key, progress in state.voters.items():
+                if key.id == source:
+                    progress.acknowledged = True
+
+    def _eqe_response(self, error: Errors) -> EndQuorumEpochResponse:
+        return EndQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
+                                      leader_epoch=self.epoch)
+
+    def _handle_end_quorum_epoch(
+        self, now_ms: int, request: EndQuorumEpochRequest
+    ) -> EndQuorumEpochResponse:
+        if not self._cluster_ok(request.cluster_id):
+            return self._eqe_response(Errors.INCONSISTENT_CLUSTER_ID)
+        if request.leader_epoch < self.epoch:
+            return self._eqe_response(Errors.FENCED_LEADER_EPOCH)
+        if request.leader_id < 0 or request.leader_id == self.node_id:
+            return self._eqe_response(Errors.INVALID_REQUEST)
+        self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
+        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
+            return self._eqe_response(Errors.INVALID_VOTER_KEY)
+        state = self._state
+        if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
+            successors = [info.key() for info in request.preferred_successors]
+            backoff = self._end_epoch_backoff_ms(successors)
+            state.fetch_deadline_ms = min(state.fetch_deadline_ms, now_ms + backoff)
+        return self._eqe_response(Errors.NONE)
+
+    def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
+        """Kafka's strict exponential back-off by position in the preferred-successor list: the
+        first successor campaigns at once, the others progressively later, the rest last."""
+        limit = self.config.election_backoff_max_ms
+        position = next(
+            (i for i, key in enumerate(successors) if key.matches(self.local_key)), None
+        )
+        if position is None:
+            return limit
+        if position == 0:
+            return 0
+        return min(limit, (limit >> (len(successors) - 1)) << (position - 1))
+
+    def _handle_end_quorum_epoch_response(
+        self, now_ms: int, source: int, response: EndQuorumEpochResponse
+    ) -> None:
+        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+                                        response.leader_epoch):
+            return
+        state = self._state
+        if response.error_code == Errors.NONE and isinstance(state, _Resigned):
+            state.unacknowledged.discard(source)
+
+    # --- Fetch, leader side ------------------------------------------------------------------
+
+    def _fetch_error(self, error: Errors) -> FetchResponse:
+        return FetchResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
+                             log_start_offset=self.log.start_offset)
+
+    def _handle_fetch(
+        self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
+    ) -> FetchResponse | None:
+        if not self._cluster_ok(request.cluster_id):
+            return self._fetch_error(Errors.INCONSISTENT_CLUSTER_ID)
+        if (request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
+                or request.last_fetch_epoch > request.current_leader_epoch
+                or request.replica_id < 0 or request.max_bytes <= 0):
+            return self._fetch_error(Errors.INVALID_REQUEST)
+        if request.current_leader_epoch < self.epoch:
+            return self._fetch_error(Errors.FENCED_LEADER_EPOCH)
+        if request.current_leader_epoch > self.epoch:
+            return self._fetch_error(Errors.UNKNOWN_LEADER_EPOCH)
+        state = self._state
+        if not isinstance(state, _Leader):
+            return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
+
+        diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
+        if diverging is not None:
+            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
+                                 high_watermark=state.high_watermark,
+                                 log_start_offset=self.log.start_offset,
+                                 diverging_epoch=diverging)
+
+        self._record_fetch(now_ms, state, ReplicaKey(request.replica_id,
+                                                     request.replica_directory_id),
+                           request.fetch_offset)
+        self._maybe_advance_leader_high_watermark(now_ms)
+        response = self._valid_fetch_response(state, request)
+        newer_hwm = state.high_watermark is not None and (
+            request.high_watermark is None or state.high_watermark > request.high_watermark)
+        if response.records or request.max_wait_ms == 0 or newer_hwm:
+            return response
+        wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
+        state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
+        return None
+
+    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
+        """None if (offset, last fetched epoch) is consistent with the leader's log; otherwise the
+        epoch and end offset the follower should truncate towards."""
+        if offset == 0 and self.log.start_offset == 0:
+            return None
+        end = self.log.end_offset_for_epoch(last_epoch)
+        if end.epoch != last_epoch or end.offset < offset:
+            return EpochEndOffset(epoch=end.epoch, end_offset=end.offset)
+        return None
+
+    def _valid_fetch_response(self, state: _Leader, request: FetchRequest) -> FetchResponse:
+        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
+        return FetchResponse(
+            leader_id=self.node_id, leader_epoch=state.epoch,
+            high_watermark=state.high_watermark, log_start_offset=self.log.start_offset,
+            records=self.log.read(request.fetch_offset, max_bytes),
+        )
+
+    def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
+        voter_key = next((k for k in state.voters if k.matches(replica)), None)
+        if voter_key is None:
+            progress = state.observers.setdefault(replica, _ReplicaProgress())
+        else:
+            progress = state.voters[voter_key]
+            progress.acknowledged = True
+            if not voter_key.matches(self.local_key):
+                state.fetched_voters.add(voter_key)
+                needed = len(state.voters) // 2 + 1 - 1  # the leader counts itself
+                if len(state.fetched_voters) >= needed:
+                    state.fetched_voters.clear()
+                    state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
+        leader_end = self.log.end_offset
+        if offset >= leader_end:
+            progress.last_caught_up_ms = now_ms
+        elif offset >= progress.leader_end_at_last_fetch and progress.last_fetch_ms is not None:
+            progress.last_caught_up_ms = progress.last_fetch_ms
+        progress.end_offset = offset
+        progress.last_fetch_ms = now_ms
+        progress.leader_end_at_last_fetch = leader_end
+
+    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
+        """Raise the leader's high watermark to the offset a majority of voters holds, but only
+        past this epoch's LeaderChange record (Raft: commit an entry of the current term), and
+        never downwards. Returns True if it moved."""
+        state = self._state
+        if not isinstance(state, _Leader):
+            return False
+        ends = sorted(
+            (
+                self._flushed_offset if key.matches(self.local_key)
+                else (p.end_offset if p.end_offset is not None else -1)
+                for key, p in state.voters.items()
+            ),
+            reverse=True,
+        )
+        majority_end = ends[len(ends) // 2]
+        if majority_end <= state.epoch_start_offset:
+            return False
+        if state.high_watermark is not None and majority_end <= state.high_watermark:
+            return False
+        state.high_watermark = majority_end
+        self._advance_local_high_watermark(majority_end)
+        self._complete_parked_fetches(state, lambda parked: True)
+        return True
+
+    def _append_pending(self, now_ms: int, state: _Leader) -> None:
+        self.log.append_as_leader(state.pending, state.epoch, now_ms)
+        state.pending = []
+        state.pending_bytes = 0
+        state.linger_deadline_ms = NEVER
+        self._effects.flush = True
+        end = self.log.end_offset
+        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+
+    def _expire_parked_fetches(self, now_ms: int, state: _Leader) -> None:
+        self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
+
+    def _complete_parked_fetches(
+        self, state: _Leader, done: Callable[[_ParkedFetch], bool]
+    ) -> None:
+        keep: list[_ParkedFetch] = []
+        for parked in state.parked:
+            if done(parked):
+                self._respond(parked.source, parked.correlation_id,
+                              self._valid_fetch_response(state, parked.request))
+            else:
+                keep.append(parked)
+        state.parked = keep
+
+    # --- Fetch, follower side ----------------------------------------------------------------
+
+    def _handle_fetch_response(self, now_ms: int, source: int, response: FetchResponse) -> None:
+        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+                                        response.leader_epoch):
+            return
+        state = self._state
+        if (response.error_code != Errors.NONE or not isinstance(state, _Follower)
+                or state.leader_id != source or response.leader_epoch != state.epoch):
+            return
+        if response.diverging_epoch is not None:
+            self._truncate_diverging(response.diverging_epoch)
+        elif response.records:
+            try:
+                batches = decode_batches(response.records)
+            except ValueError as error:
+                logger.warning("node %d: corrupt records from leader %d: %s",
+                               self.node_id, source, error)
+                return
+            if batches and batches[0].base_offset != self.log.end_offset:
+                logger.warning("node %d: fetched batch at %d but log ends at %d; ignored",
+                               self.node_id, batches[0].base_offset, self.log.end_offset)
+                return
+            self.log.append_as_follower(batches)
+            self._effects.flush = True
+        if response.high_watermark is not None:
+            self._advance_local_high_watermark(min(response.high_watermark, self.log.end_offset))
+        state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
+        state.has_fetched_from_leader = True
+
+    def _truncate_diverging(self, diverging: EpochEndOffset) -> None:
+        if diverging.epoch == 0:
+            point = min(diverging.end_offset, self.log.end_offset)
+        else:
+            local = self.log.end_offset_for_epoch(diverging.epoch)
+            point = min(local.offset, diverging.end_offset) if local.epoch == diverging.epoch \
+                else local.offset
+        if self._high_watermark is not None and point < self._high_watermark:
+            raise RaftInvariantError(
+                f"node {self.node_id}: leader asked to truncate to {point}, below the high "
+                f"watermark {self._high_watermark}: committed data would be lost"
+            )
+        self.log.truncate_to(point)
+        self._flushed_offset = min(self._flushed_offset, self.log.end_offset)
+
+    def _advance_local_high_watermark(self, offset: int) -> None:
+        # Truncation never goes below the high watermark and a leader's HWM starts above every
+        # committed offset, so a smaller value means a broken peer or a bug: stop, loudly.
+        if self._high_watermark is not None and offset < self._high_watermark:
+            raise RaftInvariantError(
+                f"node {self.node_id}: high watermark would go back from "
+                f"{self._high_watermark} to {offset}"
+            )
+        self._high_watermark = offset
+
+    # --- responses in general ----------------------------------------------------------------
+
+    def _handle_common_response(
+        self, now_ms: int, error: Errors, leader_id: int | None, epoch: int
+    ) -> bool:
+        """Epoch and leader discovery shared by every response. True if the response is fully
+        handled (dropped as stale, or turned into a transition)."""
+        if epoch < self.epoch or error == Errors.UNKNOWN_LEADER_EPOCH:
+            return True
+        if epoch > self.epoch or error in (Errors.FENCED_LEADER_EPOCH,
+                                           Errors.NOT_LEADER_OR_FOLLOWER):
+            self._maybe_transition(now_ms, leader_id, epoch)
+            return True
+        if error == Errors.INVALID_REQUEST:
+            raise RaftInvariantError(f"node {self.node_id}: a peer found our request invalid")
+        if leader_id is not None and self.leader_id is None:
+            self._maybe_transition(now_ms, leader_id, epoch)
+            return error != Errors.NONE
+        if (isinstance(self._state, _Unattached) and leader_id is not None
+                and leader_id != self.node_id):
+            # An unattached replica that kept the last leader's id rediscovered it.
+            self._become_follower(now_ms, epoch, leader_id)
+            return error != Errors.NONE
+        return False
+

@@ -1,0 +1,58 @@
+"""Vote tally of one election round (Prospective or Candidate), Kafka's EpochElection."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from quorum_node.raft.types import ReplicaKey
+
+
+class VoteState(enum.Enum):
+    UNRECORDED = "unrecorded"
+    GRANTED = "granted"
+    REJECTED = "rejected"
+
+
+class EpochElection:
+    """Tracks the answers of the voter set fixed when the round started; the local replica has
+    granted itself already."""
+
+    def __init__(self, local: ReplicaKey, voters: Iterable[ReplicaKey]) -> None:
+        self._votes: dict[ReplicaKey, VoteState] = dict.fromkeys(voters, VoteState.UNRECORDED)
+        for key in self._votes:
+            if key.matches(local):
+                self._votes[key] = VoteState.GRANTED
+        self._majority = len(self._votes) // 2 + 1
+
+    def _key_of(self, voter_id: int) -> ReplicaKey | None:
+        for key in self._votes:
+            if key.id == voter_id:
+                return key
+        return None
+
+    def record(self, voter_id: int, granted: bool) -> None:
+        """Record a voter's answer; the first answer of a voter stands (duplicates are ignored)."""
+        key = self._key_of(voter_id)
+        if key is None or self._votes[key] is not VoteState.UNRECORDED:
+            return
+        self._votes[key] = VoteState.GRANTED if granted else VoteState.REJECTED
+
+    def _count(self, state: VoteState) -> int:
+        return sum(1 for vote in self._votes.values() if vote is state)
+
+    @property
+    def is_granted(self) -> bool:
+        return self._count(VoteState.GRANTED) >= self._majority
+
+    @property
+    def is_rejected(self) -> bool:
+        """True once the round can no longer reach a majority."""
+        possible = self._count(VoteState.GRANTED) + self._count(VoteState.UNRECORDED)
+        return possible < self._majority
+
+    def unrecorded(self) -> list[ReplicaKey]:
+        return [key for key, vote in self._votes.items() if vote is VoteState.UNRECORDED]
+
+    def granting(self) -> list[ReplicaKey]:
+        return [key for key, vote in self._votes.items() if vote is VoteState.GRANTED]

@@ -1,0 +1,64 @@
+"""Outbound request bookkeeping: one request in flight per destination, timeouts and back-off.
+
+Every state transition resets it, so a response is accepted only if it answers the request in
+flight to that destination in the current state (responses carry no PreVote flag or state: Kafka
+disambiguates the same way)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _InFlight:
+    correlation_id: int
+    deadline_ms: int
+
+
+class RequestManager:
+    def __init__(self, request_timeout_ms: int, retry_backoff_ms: int) -> None:
+        self._request_timeout_ms = request_timeout_ms
+        self._retry_backoff_ms = retry_backoff_ms
+        self._in_flight: dict[int, _InFlight] = {}
+        self._backoff_until: dict[int, int] = {}
+
+    def is_ready(self, destination: int, now_ms: int) -> bool:
+        return (
+            destination not in self._in_flight
+            and self._backoff_until.get(destination, 0) <= now_ms
+        )
+
+    def has_in_flight(self, destination: int) -> bool:
+        return destination in self._in_flight
+
+    def any_in_flight(self) -> bool:
+        return bool(self._in_flight)
+
+    def on_sent(self, destination: int, correlation_id: int, now_ms: int) -> None:
+        self._in_flight[destination] = _InFlight(correlation_id, now_ms + self._request_timeout_ms)
+
+    def on_response(self, source: int, correlation_id: int, now_ms: int, ok: bool) -> bool:
+        """Settle the request in flight to ``source``; False if the response was not expected."""
+        in_flight = self._in_flight.get(source)
+        if in_flight is None or in_flight.correlation_id != correlation_id:
+            return False
+        del self._in_flight[source]
+        if not ok:
+            self._backoff_until[source] = now_ms + self._retry_backoff_ms
+        return True
+
+    def expire(self, now_ms: int) -> list[int]:
+        """Forget requests past their deadline (the destination is ready again); return them."""
+        expired = [dest for dest, req in self._in_flight.items() if req.deadline_ms <= now_ms]
+        for dest in expired:
+            del self._in_flight[dest]
+        return expired
+
+    def reset(self) -> None:
+        self._in_flight.clear()
+        self._backoff_until.clear()
+
+    def next_deadline_ms(self, now_ms: int) -> int | None:
+        times = [req.deadline_ms for req in self._in_flight.values()]
+        times += [until for until in self._backoff_until.values() if until > now_ms]
+        return min(times) if times else None

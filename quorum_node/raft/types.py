@@ -1,0 +1,83 @@
+"""Identities, error codes and small value types shared by the Raft core, storage and transport."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ReplicaKey:
+    """A replica: a node id plus the storage UUID (``directory.id``) of its log directory (KIP-856).
+
+    ``directory_id`` is ``None`` where it is not known yet (a statically configured voter before the
+    quorum has learned its uuid).
+    """
+
+    id: int
+    directory_id: uuid.UUID | None = None
+
+    def matches(self, other: ReplicaKey) -> bool:
+        """Kafka's matching rule: ids must be equal; uuids must be too when both sides know them."""
+        if self.id != other.id:
+            return False
+        if self.directory_id is None or other.directory_id is None:
+            return True
+        return self.directory_id == other.directory_id
+
+    def __str__(self) -> str:
+        return f"{self.id}" if self.directory_id is None else f"{self.id}:{self.directory_id}"
+
+
+class Errors(enum.IntEnum):
+    """Kafka's error codes as the quorum protocol uses them (KIP-595, KIP-856, KRaft)."""
+
+    NONE = 0
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_VERSION = 35
+    INVALID_REQUEST = 42
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    INCONSISTENT_VOTER_SET = 94
+    SNAPSHOT_NOT_FOUND = 98
+    POSITION_OUT_OF_RANGE = 99
+    INCONSISTENT_CLUSTER_ID = 104
+    INVALID_VOTER_KEY = 125
+    DUPLICATE_VOTER = 126
+    VOTER_NOT_FOUND = 127
+
+
+class ControlRecordType(enum.IntEnum):
+    """Types of control records, numbered as Kafka numbers them."""
+
+    LEADER_CHANGE = 2
+    SNAPSHOT_HEADER = 3
+    SNAPSHOT_FOOTER = 4
+    KRAFT_VERSION = 5
+    KRAFT_VOTERS = 6
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndEpoch:
+    offset: int
+    epoch: int
+
+
+class RaftInvariantError(RuntimeError):
+    """Raised by the core when a peer or the log presents a state that Raft's safety rules say is
+    impossible (for example a leader asking a follower to truncate committed data). It signals a bug
+    or a corrupted replica and must stop the node rather than be papered over."""
+
+
+class NotLeaderError(Exception):
+    """A write was offered to a replica that is not the leader of the current epoch."""
+
+    def __init__(self, leader_id: int | None, epoch: int) -> None:
+        super().__init__(f"not the leader (leader={leader_id}, epoch={epoch})")
+        self.leader_id = leader_id
+        self.epoch = epoch
