@@ -538,7 +538,11 @@ class RaftCore:
             raise RaftInvariantError(f"epoch going backwards: {self._state.epoch} -> {new.epoch}")
         new_election = self._election_state_of(new)
         if new_election != self._persisted:
-            if isinstance(new, _Prospective | _Resigned):
+            # Entering Prospective or Resigned never changes the quorum-state; the one durable
+            # change a Prospective makes is recording a standard vote it grants.
+            entering = isinstance(new, _Resigned) or (
+                isinstance(new, _Prospective) and not isinstance(self._state, _Prospective))
+            if entering:
                 raise RaftInvariantError(f"{type(new).__name__} must not change the quorum-state")
             self._persisted = new_election
             self._effects.persist = new_election
@@ -715,11 +719,15 @@ class RaftCore:
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
         state = self._state
-        if (granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective)
-                and state.voted_key is None):
+        if granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective) \
+                and state.voted_key is None:
             # The vote is durable before the response leaves (Effects.persist goes first).
-            self._transition(_Unattached(state.epoch, state.leader_id, candidate,
-                                         self._election_deadline(now_ms)))
+            deadline = self._election_deadline(now_ms)
+            if isinstance(state, _Prospective):
+                self._transition(_Prospective(state.epoch, state.leader_id, candidate,
+                                              state.election, deadline))
+            else:
+                self._transition(_Unattached(state.epoch, state.leader_id, candidate, deadline))
         return self._vote_response(Errors.NONE, granted)
 
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
@@ -808,7 +816,7 @@ class RaftCore:
         if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
             successors = [info.key() for info in request.preferred_successors]
             backoff = self._end_epoch_backoff_ms(successors)
-            state.fetch_deadline_ms = min(state.fetch_deadline_ms, now_ms + backoff)
+            state.fetch_deadline_ms = now_ms + backoff
         return self._eqe_response(Errors.NONE)
 
     def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
