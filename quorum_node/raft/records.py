@@ -137,8 +137,27 @@ def batch_size_at(buffer: bytes | memoryview, position: int) -> int | None:
     return int(_PREFIX.size + batch_length)
 
 
-def decode_batch(buffer: bytes | memoryview, position: int = 0) -> tuple[RecordBatch, int]:
-    """Decode and verify one batch at ``position``; return it and the position after it.
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    epoch: int
+    record_count: int
+    timestamp_ms: int
+    is_control: bool
+    crc: int
+    position: int  # where the batch starts in the buffer
+    end: int  # where the next batch starts
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+def read_batch_header(
+    buffer: bytes | memoryview, position: int = 0, *, verify_crc: bool = True
+) -> BatchHeader:
+    """Check the header of the batch at ``position`` and, with ``verify_crc``, its CRC32C, without
+    parsing its records (the cheap check recovery runs over whole segments).
 
     Raises TruncatedBatchError when the buffer ends inside the batch and CorruptRecordError when the
     batch is complete but invalid.
@@ -156,28 +175,49 @@ def decode_batch(buffer: bytes | memoryview, position: int = 0) -> tuple[RecordB
         raise TruncatedBatchError("batch extends past the end of the data", position)
     if magic != MAGIC:
         raise CorruptRecordError(f"unknown batch magic {magic}", position)
-    actual_crc = crc32c.crc32c(bytes(buffer[position + _CRC_START : end]))
-    if actual_crc != crc:
-        raise CorruptRecordError(
-            f"CRC32C mismatch (stored {crc:#010x}, computed {actual_crc:#010x})", position
-        )
+    if verify_crc:
+        actual_crc = crc32c.crc32c(buffer[position + _CRC_START : end])
+        if actual_crc != crc:
+            raise CorruptRecordError(
+                f"CRC32C mismatch (stored {crc:#010x}, computed {actual_crc:#010x})", position
+            )
     if count < 1 or last_delta != count - 1 or base_offset < 0 or epoch < 0:
         raise CorruptRecordError("inconsistent batch header", position)
+    return BatchHeader(
+        base_offset=base_offset,
+        epoch=epoch,
+        record_count=count,
+        timestamp_ms=timestamp,
+        is_control=bool(attributes & CONTROL_FLAG),
+        crc=crc,
+        position=position,
+        end=end,
+    )
+
+
+def decode_batch(buffer: bytes | memoryview, position: int = 0) -> tuple[RecordBatch, int]:
+    """Decode and verify one batch at ``position``; return it and the position after it.
+
+    Raises TruncatedBatchError when the buffer ends inside the batch and CorruptRecordError when the
+    batch is complete but invalid.
+    """
+    header = read_batch_header(buffer, position)
+    end = header.end
     records: list[Record] = []
     cursor = position + HEADER_SIZE
-    for _ in range(count):
+    for _ in range(header.record_count):
         key, cursor = _read_bytes(buffer, cursor, end, nullable=True)
         value, cursor = _read_bytes(buffer, cursor, end, nullable=False)
         records.append(Record(value=value if value is not None else b"", key=key))
     if cursor != end:
         raise CorruptRecordError("batch length does not match its records", position)
     batch = RecordBatch(
-        base_offset=base_offset,
-        epoch=epoch,
+        base_offset=header.base_offset,
+        epoch=header.epoch,
         records=tuple(records),
-        timestamp_ms=timestamp,
-        is_control=bool(attributes & CONTROL_FLAG),
-        crc=crc,
+        timestamp_ms=header.timestamp_ms,
+        is_control=header.is_control,
+        crc=header.crc,
     )
     return batch, end
 

@@ -1,0 +1,34 @@
+"""Durable storage for a quorum node: the log directory's identity (``meta.properties``), the
+segmented replicated log, group commit of its fsyncs, and the ``quorum-state`` file."""
+
+from quorum_node.storage.errors import (
+    CorruptLogError,
+    MetaPropertiesError,
+    NotFormattedError,
+    QuorumStateError,
+    StorageError,
+)
+from quorum_node.storage.group_commit import GroupCommitter
+from quorum_node.storage.meta_properties import (
+    MetaProperties,
+    format_log_dir,
+    load_meta_properties,
+    random_cluster_id,
+)
+from quorum_node.storage.quorum_state import QuorumStateStore
+from quorum_node.storage.segment_log import SegmentLog
+
+__all__ = [
+    "CorruptLogError",
+    "GroupCommitter",
+    "MetaProperties",
+    "MetaPropertiesError",
+    "NotFormattedError",
+    "QuorumStateError",
+    "QuorumStateStore",
+    "SegmentLog",
+    "StorageError",
+    "format_log_dir",
+    "load_meta_properties",
+    "random_cluster_id",
+]

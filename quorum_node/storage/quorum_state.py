@@ -1,0 +1,113 @@
+"""The ``quorum-state`` file: the election state a voter must never forget (epoch and vote).
+
+Raft's safety needs a node to remember across restarts the highest epoch it has seen and whom it
+voted for in it, so the state is replaced atomically and durably before the node acts on it. A
+file that cannot be read is an error, never a reason to start from scratch: forgetting a vote would
+let the node vote twice in one epoch.
+
+The file is one line of JSON with Kafka's field names (QuorumStateData v1): ``leaderId``,
+``leaderEpoch``, ``votedId``, ``votedDirectoryId`` and ``data_version``; -1 means "none".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from quorum_node.raft.state import ElectionState
+from quorum_node.raft.types import ReplicaKey
+from quorum_node.storage import kafka_uuid
+from quorum_node.storage.errors import QuorumStateError
+from quorum_node.storage.fsutil import StepHook, atomic_write
+
+QUORUM_STATE = "quorum-state"
+DATA_VERSION = 1
+NO_ID = -1  # the file's sentinel for "no leader" / "no vote", as in Kafka
+
+_Id = Annotated[int, Field(ge=NO_ID)]
+
+
+class _QuorumStateData(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    leader_id: _Id = Field(alias="leaderId")
+    leader_epoch: int = Field(alias="leaderEpoch", ge=0)
+    voted_id: _Id = Field(alias="votedId")
+    voted_directory_id: str | None = Field(alias="votedDirectoryId")
+    data_version: int
+
+    @field_validator("data_version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version != DATA_VERSION:
+            raise ValueError(f"unsupported data_version {version} (expected {DATA_VERSION})")
+        return version
+
+    @field_validator("voted_directory_id")
+    @classmethod
+    def _uuid_text(cls, text: str | None) -> str | None:
+        if text is not None:
+            kafka_uuid.parse_uuid(text)  # raises ValueError on a malformed uuid
+        return text
+
+
+class QuorumStateStore:
+    """Reads and atomically replaces ``<log_dir>/quorum-state``.
+
+    ``after_step`` is called after each step of a write (see ``WriteStep``); tests raise from it to
+    simulate a crash at that point.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str], after_step: StepHook | None = None) -> None:
+        self.path = Path(log_dir) / QUORUM_STATE
+        self._after_step = after_step
+
+    def read(self) -> ElectionState | None:
+        """The stored state, or None when no state was ever written. A leftover
+        ``quorum-state.tmp`` is ignored: only a renamed file counts."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise QuorumStateError(f"{self.path}: unreadable: {exc}") from exc
+        try:
+            data = _QuorumStateData.model_validate_json(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'file'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise QuorumStateError(f"{self.path}: invalid quorum-state ({problems})") from exc
+        if data.voted_directory_id is not None and data.voted_id == NO_ID:
+            raise QuorumStateError(f"{self.path}: votedDirectoryId without votedId")
+        voted_key = None
+        if data.voted_id != NO_ID:
+            directory = data.voted_directory_id
+            voted_key = ReplicaKey(
+                data.voted_id, kafka_uuid.parse_uuid(directory) if directory else None
+            )
+        return ElectionState(
+            epoch=data.leader_epoch,
+            leader_id=None if data.leader_id == NO_ID else data.leader_id,
+            voted_key=voted_key,
+        )
+
+    def write(self, state: ElectionState) -> None:
+        """Durably replace the file; when this returns the new state survives a crash."""
+        voted = state.voted_key
+        data = _QuorumStateData(
+            leader_id=NO_ID if state.leader_id is None else state.leader_id,
+            leader_epoch=state.epoch,
+            voted_id=NO_ID if voted is None else voted.id,
+            voted_directory_id=(
+                None if voted is None or voted.directory_id is None
+                else kafka_uuid.to_kafka_string(voted.directory_id)
+            ),
+            data_version=DATA_VERSION,
+        )
+        line = data.model_dump_json(by_alias=True) + "\n"
+        atomic_write(self.path, line.encode("utf-8"), replace=True, after_step=self._after_step)

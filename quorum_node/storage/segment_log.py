@@ -1,0 +1,513 @@
+"""``SegmentLog``: the replicated log kept in segment files, with crash recovery at open.
+
+Layout: ``<base offset, 20 digits>.log`` files in one directory, each holding encoded batches back
+to back; the last one is active and the next roll starts a new one. The batch index and the epoch
+cache live in memory only and are rebuilt at open by scanning the batch headers.
+
+Durability and recovery rest on one invariant: **only the last segment can hold unflushed data**.
+Appends go to the OS without fsync; ``flush`` fsyncs. A roll fsyncs the outgoing segment before the
+new one gets its first byte. So after a crash only the tail of the last segment may be torn, and
+recovery cuts exactly that: a defect anywhere else, or one followed by valid data, is corruption of
+data that may have been acknowledged, and opening refuses without touching a byte.
+
+Threading: one thread appends, truncates and reads; ``flush`` may run concurrently in another
+thread (group commit runs it via ``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from quorum_node.raft.records import (
+    HEADER_SIZE,
+    MAGIC,
+    MAX_BATCH_SIZE,
+    CorruptRecordError,
+    Record,
+    RecordBatch,
+    decode_batch,
+    decode_batches,
+    encode_batch,
+    read_batch_header,
+)
+from quorum_node.raft.types import OffsetAndEpoch
+from quorum_node.storage.errors import CorruptLogError, StorageError
+from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 1 << 30  # Kafka's metadata.log.segment.bytes
+SEGMENT_SUFFIX = ".log"
+_SEGMENT_NAME = re.compile(r"([0-9]{20})\.log")
+
+# Where the magic byte sits in a batch (after base_offset, batch_length and epoch), to resynchronise
+# on it when looking for valid data past a defect.
+_MAGIC_POSITION = 16
+_MAGIC_BYTE = bytes([MAGIC])
+_MIN_RECORD_SIZE = 8  # a record holds at least its key length and value length
+
+
+@dataclass(eq=False)
+class _Segment:
+    base_offset: int
+    path: Path
+    fd: int
+    size: int = 0
+    next_offset: int = 0  # offset after the last batch; base_offset while empty
+    bases: list[int] = field(default_factory=list)  # base offset of each batch
+    positions: list[int] = field(default_factory=list)  # its byte position in the file
+    dirty: bool = False  # written or truncated since its last fsync
+
+    def batch_end(self, index: int) -> int:
+        return self.positions[index + 1] if index + 1 < len(self.positions) else self.size
+
+
+@dataclass
+class _FlushTicket:
+    """The end offset an in-progress flush will report; a concurrent truncation lowers it."""
+
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class _Defect:
+    position: int
+    reason: str
+    undecodable: bool  # False: the batch is intact but out of sequence (never a torn write)
+
+
+class SegmentLog:
+    """A ``DurableLog`` in segment files. Open with ``SegmentLog.open(directory)``."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        """Open (creating if needed) the log in ``directory`` and recover it; see ``open``."""
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be positive, not {segment_bytes}")
+        self.directory = Path(directory)
+        self._segment_bytes = segment_bytes
+        self._segments: list[_Segment] = []
+        self._segment_bases: list[int] = []
+        self._epochs: list[tuple[int, int]] = []  # (epoch, start offset), increasing
+        self._lock = threading.Lock()
+        self._tickets: list[_FlushTicket] = []
+        self._dir_dirty = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        self.fsync_count = 0
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> SegmentLog:
+        """Open the log, cutting a torn or corrupt tail off the last segment (logged as a warning).
+
+        Every batch of every segment has its header and CRC32C checked (records are not parsed,
+        which keeps this at disk speed). Raises ``CorruptLogError`` and modifies nothing when the
+        damage is not confined to the tail of the last segment. What it finds is fsynced, so
+        ``end_offset`` after opening is durable.
+        """
+        return cls(directory, segment_bytes)
+
+    # -- RaftLog -----------------------------------------------------------------------------
+    @property
+    def start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    def last_fetched_epoch(self) -> int:
+        # Epochs never decrease, so the newest cache entry is the epoch of the last batch.
+        return self._epochs[-1][0] if self._epochs else 0
+
+    def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
+        index = bisect.bisect_right(self._epochs, (epoch, float("inf"))) - 1
+        if index < 0:
+            return OffsetAndEpoch(self.start_offset, 0)
+        found_epoch, _ = self._epochs[index]
+        if index + 1 < len(self._epochs):
+            return OffsetAndEpoch(self._epochs[index + 1][1], found_epoch)
+        return OffsetAndEpoch(self.end_offset, found_epoch)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        self._check_usable()
+        found = self._locate(offset)
+        if found is None:
+            return b""
+        ranges: list[tuple[_Segment, int, int]] = []
+        total = 0
+        for segment, start, end in self._batches_from(*found):
+            if ranges and total + end - start > max_bytes:
+                break
+            total += end - start
+            if ranges and ranges[-1][0] is segment:
+                ranges[-1] = (segment, ranges[-1][1], end)  # adjacent batches: one pread
+            else:
+                ranges.append((segment, start, end))
+        return b"".join(_pread(segment, start, end) for segment, start, end in ranges)
+
+    def append_as_leader(
+        self, records: Sequence[Record], epoch: int, timestamp_ms: int, is_control: bool = False
+    ) -> RecordBatch:
+        if epoch < self.last_fetched_epoch():
+            raise ValueError(f"epoch {epoch} is older than the log's {self.last_fetched_epoch()}")
+        encoded = encode_batch(self.end_offset, epoch, records, timestamp_ms, is_control)
+        (batch,) = decode_batches(encoded)  # also refuses what recovery could not read back
+        self._append(batch, encoded)
+        return batch
+
+    def append_as_follower(self, batches: Sequence[RecordBatch]) -> None:
+        for batch in batches:
+            if batch.base_offset != self.end_offset:
+                raise ValueError(
+                    f"batch at {batch.base_offset} does not start at log end {self.end_offset}"
+                )
+            if batch.epoch < self.last_fetched_epoch():
+                raise ValueError(f"batch epoch {batch.epoch} goes backwards")
+            encoded = batch.encode()
+            if len(encoded) > MAX_BATCH_SIZE:
+                # Recovery would take such a batch for corruption; refuse it up front.
+                raise ValueError(f"batch of {len(encoded)} bytes exceeds {MAX_BATCH_SIZE}")
+            self._append(batch, encoded)
+
+    def truncate_to(self, offset: int) -> None:
+        with self._lock:
+            self._check_usable()
+            if offset >= self.end_offset:
+                return
+            # Contiguous offsets: the batch holding `offset` goes (whole), with all after it.
+            index = max(bisect.bisect_right(self._segment_bases, offset) - 1, 0)
+            segment = self._segments[index]
+            batch = max(bisect.bisect_right(segment.bases, offset) - 1, 0)
+            cut = segment.positions[batch] if segment.positions else 0
+            new_end = segment.bases[batch] if segment.bases else segment.base_offset
+            try:
+                # Newest first, so that if only some of these steps reach the disk before a
+                # crash, what is left is still a prefix of the log.
+                for doomed in reversed(self._segments[index + 1 :]):
+                    os.close(doomed.fd)
+                    os.unlink(doomed.path)
+                    self._dir_dirty = True
+                    self._segments.pop()
+                    self._segment_bases.pop()
+                os.ftruncate(segment.fd, cut)
+            except OSError as exc:
+                raise self._fail("truncation failed", exc) from exc
+            segment.size = cut
+            segment.next_offset = new_end
+            segment.dirty = True
+            del segment.bases[batch:]
+            del segment.positions[batch:]
+            while self._epochs and self._epochs[-1][1] >= new_end:
+                self._epochs.pop()
+            for ticket in self._tickets:
+                ticket.end_offset = min(ticket.end_offset, new_end)
+
+    # -- DurableLog --------------------------------------------------------------------------
+    def flush(self) -> int:
+        """fsync what was written since the last flush; return the end offset now durable.
+
+        Safe to call from another thread while this one keeps appending: the answer covers what
+        was appended before the call, and never an offset a concurrent truncation took away."""
+        with self._lock:
+            self._check_usable()
+            # Duplicates keep the files open even if a truncation closes them meanwhile.
+            fds: list[int] = []
+            try:
+                for segment in self._segments:
+                    if segment.dirty:
+                        fds.append(os.dup(segment.fd))
+            except OSError:
+                _close_all(fds)
+                raise
+            for segment in self._segments:
+                segment.dirty = False
+            sync_directory, self._dir_dirty = self._dir_dirty, False
+            ticket = _FlushTicket(self.end_offset)
+            self._tickets.append(ticket)
+        try:
+            for fd in fds:
+                os.fsync(fd)
+            if sync_directory:
+                fsync_directory(self.directory)
+        except OSError as exc:
+            # After a failed fsync the kernel may have dropped the dirty pages, and a retry can
+            # report success without them: the log cannot be trusted any more.
+            raise self._fail("fsync failed", exc) from exc
+        finally:
+            _close_all(fds)
+            with self._lock:
+                self._tickets.remove(ticket)
+        with self._lock:
+            self.fsync_count += len(fds) + sync_directory
+        return ticket.end_offset
+
+    # -- lifecycle and inspection ---------------------------------------------------------------
+    def close(self) -> None:
+        """Close the files without flushing (un-flushed data stays with the OS)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for segment in self._segments:
+                os.close(segment.fd)
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def segment_paths(self) -> list[Path]:
+        return [segment.path for segment in self._segments]
+
+    # -- internals -----------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.directory}: the log is closed")
+        if self._failure is not None:
+            raise StorageError(
+                f"{self.directory}: an earlier I/O error ({self._failure}) left the log in an "
+                "unknown state; restart to recover it from disk"
+            )
+
+    def _fail(self, what: str, exc: OSError) -> StorageError:
+        self._failure = exc
+        return StorageError(f"{self.directory}: {what}: {exc}")
+
+    def _locate(self, offset: int) -> tuple[int, int] | None:
+        """(segment index, batch index) of the batch starting exactly at ``offset``."""
+        index = bisect.bisect_right(self._segment_bases, offset) - 1
+        if index < 0:
+            return None
+        bases = self._segments[index].bases
+        batch = bisect.bisect_left(bases, offset)
+        if batch == len(bases) or bases[batch] != offset:
+            return None
+        return index, batch
+
+    def _batches_from(self, index: int, batch: int) -> Iterator[tuple[_Segment, int, int]]:
+        for segment in self._segments[index:]:
+            for position in range(batch, len(segment.positions)):
+                yield segment, segment.positions[position], segment.batch_end(position)
+            batch = 0
+
+    def _append(self, batch: RecordBatch, encoded: bytes) -> None:
+        with self._lock:
+            self._check_usable()
+            active = self._segments[-1]
+            try:
+                if active.size > 0 and active.size + len(encoded) > self._segment_bytes:
+                    active = self._roll(batch.base_offset)
+                write_all(active.fd, encoded, active.size)
+            except OSError as exc:
+                raise self._fail("append failed", exc) from exc
+            active.bases.append(batch.base_offset)
+            active.positions.append(active.size)
+            active.size += len(encoded)
+            active.next_offset = batch.next_offset
+            active.dirty = True
+            if not self._epochs or batch.epoch > self._epochs[-1][0]:
+                self._epochs.append((batch.epoch, batch.base_offset))
+
+    def _roll(self, base_offset: int) -> _Segment:
+        outgoing = self._segments[-1]
+        if outgoing.dirty:
+            # Keeps the invariant that only the last segment may hold unflushed data.
+            os.fsync(outgoing.fd)
+            self.fsync_count += 1
+            outgoing.dirty = False
+        segment = self._new_segment(base_offset)
+        self._dir_dirty = True
+        return segment
+
+    def _new_segment(self, base_offset: int) -> _Segment:
+        path = self.directory / f"{base_offset:020d}{SEGMENT_SUFFIX}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        segment = _Segment(base_offset=base_offset, path=path, fd=fd, next_offset=base_offset)
+        self._segments.append(segment)
+        self._segment_bases.append(base_offset)
+        return segment
+
+    # -- recovery ------------------------------------------------------------------------------
+    def _recover(self) -> None:
+        ensure_directory(self.directory)
+        names = sorted(
+            (int(match.group(1)), entry.name)
+            for entry in os.scandir(self.directory)
+            if (match := _SEGMENT_NAME.fullmatch(entry.name)) and entry.is_file()
+        )
+        if not names:
+            self._sync_found(self._new_segment(0))
+            return
+        for base_offset, name in names:
+            path = self.directory / name
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            segment = _Segment(base_offset=base_offset, path=path, fd=fd, next_offset=base_offset)
+            self._segments.append(segment)
+            self._segment_bases.append(base_offset)
+        # Everything is checked before the only modification recovery makes (the tail cut).
+        *older, last = self._segments
+        for segment in older:
+            self._check_starts_after_previous(segment)
+            defect = self._scan(segment)
+            if defect is not None:
+                raise CorruptLogError(segment.path, defect.position, defect.reason)
+            if not segment.bases:
+                raise CorruptLogError(segment.path, 0, "empty segment before the last one")
+        self._check_starts_after_previous(last)
+        defect = self._scan(last)
+        if defect is not None:
+            if not defect.undecodable:
+                raise CorruptLogError(last.path, defect.position, defect.reason)
+            follower = self._find_valid_batch_after(last, defect.position)
+            if follower is not None:
+                raise CorruptLogError(
+                    last.path,
+                    defect.position,
+                    f"{defect.reason}, followed by a valid batch at byte {follower}",
+                )
+            self._cut_tail(last, defect)
+        self._sync_found(last)
+
+    def _sync_found(self, last: _Segment) -> None:
+        """Make what open found durable. After a process crash (the OS kept running) the page
+        cache still holds writes that were never fsynced; the caller may count everything found
+        at open as flushed, so it must be."""
+        os.fsync(last.fd)
+        fsync_directory(self.directory)
+        self.fsync_count += 2
+
+    def _check_starts_after_previous(self, segment: _Segment) -> None:
+        index = self._segments.index(segment)
+        if index > 0 and segment.base_offset != self._segments[index - 1].next_offset:
+            raise CorruptLogError(
+                segment.path,
+                0,
+                f"segment starts at offset {segment.base_offset} but the log before it ends at "
+                f"{self._segments[index - 1].next_offset}",
+            )
+
+    def _cut_tail(self, segment: _Segment, defect: _Defect) -> None:
+        file_size = os.fstat(segment.fd).st_size
+        logger.warning(
+            "%s: cutting %d bytes at byte %d off the end of the log: %s (a torn or corrupt tail)",
+            segment.path,
+            file_size - defect.position,
+            defect.position,
+            defect.reason,
+        )
+        os.ftruncate(segment.fd, defect.position)
+
+    def _scan(self, segment: _Segment) -> _Defect | None:
+        """Index the segment's batches up to the first defect, which is returned."""
+        size = os.fstat(segment.fd).st_size
+        if size == 0:
+            return None
+        with (
+            mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as mapped,
+            memoryview(mapped) as data,
+        ):
+            position = 0
+            while position < size:
+                try:
+                    header = read_batch_header(data, position)
+                    base, epoch, next_offset, end = (
+                        header.base_offset, header.epoch, header.next_offset, header.end
+                    )
+                except CorruptRecordError as exc:
+                    return _Defect(position, _describe(exc, position), undecodable=True)
+                if base != segment.next_offset:
+                    reason = f"batch holds offset {base}, expected {segment.next_offset}"
+                    return _Defect(position, reason, undecodable=False)
+                if epoch < self.last_fetched_epoch():
+                    reason = f"batch epoch {epoch} is older than {self.last_fetched_epoch()}"
+                    return _Defect(position, reason, undecodable=False)
+                segment.bases.append(base)
+                segment.positions.append(position)
+                segment.next_offset = next_offset
+                segment.size = position = end
+                if not self._epochs or epoch > self._epochs[-1][0]:
+                    self._epochs.append((epoch, base))
+        return None
+
+    def _find_valid_batch_after(self, segment: _Segment, defect: int) -> int | None:
+        """Position of a valid batch that could follow the undecodable one at ``defect``.
+
+        Finding one means the defect is in the middle of the data, not a torn tail. Its length
+        field may be what is damaged, so candidates are found by resynchronising on the magic byte;
+        a candidate must decode with a good CRC and continue the log plausibly (offset and epoch),
+        so stale or random bytes in a torn tail do not count.
+        """
+        size = os.fstat(segment.fd).st_size
+        first_offset = segment.next_offset
+        with (
+            mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as mapped,
+            memoryview(mapped) as data,
+        ):
+            candidate = defect + 1
+            while candidate + HEADER_SIZE <= size:
+                hit = mapped.find(_MAGIC_BYTE, candidate + _MAGIC_POSITION)
+                if hit < 0:
+                    return None
+                candidate = hit - _MAGIC_POSITION
+                base, _, epoch = struct.unpack_from(">qii", data, candidate)
+                # Each offset skipped since the defect needs at least one record's bytes.
+                max_base = first_offset + (candidate - defect) // _MIN_RECORD_SIZE
+                if first_offset <= base <= max_base and epoch >= self.last_fetched_epoch():
+                    try:
+                        decode_batch(data, candidate)
+                    except CorruptRecordError:
+                        pass
+                    else:
+                        return candidate
+                candidate += 1
+        return None
+
+
+def _describe(exc: CorruptRecordError, position: int) -> str:
+    """The decoder's reason, without its position when that is the batch's own."""
+    return str(exc).removesuffix(f" at byte {position}")
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _pread(segment: _Segment, start: int, end: int) -> bytes:
+    data = os.pread(segment.fd, end - start, start)
+    if len(data) != end - start:
+        raise StorageError(
+            f"{segment.path}: short read at byte {start} ({len(data)} of {end - start} bytes): "
+            "the file changed underneath the log"
+        )
+    return data
