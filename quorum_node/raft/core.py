@@ -194,13 +194,12 @@ class RaftCore:
         self.node_id = node_id
         self.local_key = ReplicaKey(node_id, directory_id)
         self.cluster_id = cluster_id
-        self.voters: tuple[ReplicaKey, ...] = tuple(voters)
-        if not self.voters:
-            raise ValueError("the voter set is empty")
+        self._set_voters(tuple(voters))
         self.log = log
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
+        self._heartbeat_ms = config.begin_quorum_interval_ms
         self._effects = Effects()
         self._next_correlation_id = 0
         self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
@@ -245,11 +244,16 @@ class RaftCore:
 
     @property
     def is_voter(self) -> bool:
-        return any(key.matches(self.local_key) for key in self.voters)
+        return self._is_voter
 
-    @property
-    def _is_only_voter(self) -> bool:
-        return len(self.voters) == 1 and self.is_voter
+    def _set_voters(self, voters: tuple[ReplicaKey, ...]) -> None:
+        """Adopt a voter set and the facts derived from it, which the hot paths read."""
+        if not voters:
+            raise ValueError("the voter set is empty")
+        self.voters = voters
+        self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
+        self._is_voter = len(self._remote_voters) < len(voters)
+        self._is_only_voter = self._is_voter and len(voters) == 1
 
     @property
     def flushed_offset(self) -> int:
@@ -277,9 +281,9 @@ class RaftCore:
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(
-                self._next_begin_quorum_ms(p)
-                for key, p in state.voters.items()
-                if not key.matches(self.local_key) and not self._requests.has_in_flight(key.id)
+                self._next_begin_quorum_ms(state.voters[key])
+                for key in self._remote_voters
+                if not self._requests.has_in_flight(key.id)
             )
         return max(min(times), self._now_ms)
 
@@ -382,7 +386,7 @@ class RaftCore:
         if stored.leader_id == self.node_id and voter:
             # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
             # lost, and reusing an (offset, epoch) pair would break log matching.
-            remote = {key.id for key in self.voters if not key.matches(self.local_key)}
+            remote = {key.id for key in self._remote_voters}
             return _Resigned(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
                              (), remote)
         # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
@@ -422,7 +426,7 @@ class RaftCore:
                 return
 
     def _poll_leader(self, now_ms: int, state: _Leader) -> None:
-        remote_voters = [k for k in state.voters if not k.matches(self.local_key)]
+        remote_voters = self._remote_voters
         if remote_voters and now_ms >= state.check_quorum_deadline_ms:
             logger.warning(
                 "node %d: no fetch from a majority of voters in %d ms; resigning epoch %d",
@@ -453,7 +457,7 @@ class RaftCore:
         when it has not fetched for half the fetch timeout (the heartbeat)."""
         due = progress.next_begin_quorum_ms
         if progress.acknowledged and progress.last_fetch_ms is not None:
-            due = max(due, progress.last_fetch_ms + self.config.begin_quorum_interval_ms)
+            due = max(due, progress.last_fetch_ms + self._heartbeat_ms)
         return due
 
     def _poll_candidate(self, now_ms: int, state: _Candidate) -> None:
@@ -499,6 +503,7 @@ class RaftCore:
                 state.epoch, state.leader_id, state.voted_key, now_ms))
             return
         # KAFKA-17030: while waiting, fetch from a voter now and then to discover the leader.
+        # By id, not key: a replica whose disk was replaced shares its id with a voter.
         others = [key.id for key in self.voters if key.id != self.node_id]
         if others and now_ms >= state.next_discovery_ms and not self._requests.any_in_flight():
             target = others[self._random.randrange(len(others))]
@@ -575,7 +580,7 @@ class RaftCore:
         return self._election_state_of(self._state).voted_key
 
     def _become_leader(self, now_ms: int, candidate: _Candidate) -> None:
-        remote = {k: _ReplicaProgress() for k in self.voters if not k.matches(self.local_key)}
+        remote = {k: _ReplicaProgress() for k in self._remote_voters}
         voters = {self._local_voter_key(): _ReplicaProgress(), **remote}
         start = self.log.end_offset
         leader = _Leader(candidate.epoch, self.local_key, start,
