@@ -281,7 +281,8 @@ class RaftCore:
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(
-                self._next_begin_quorum_ms(state.voters[key])
+                max(self._next_begin_quorum_ms(state.voters[key]),
+                    self._requests.ready_at_ms(key.id))
                 for key in self._remote_voters
                 if not self._requests.has_in_flight(key.id)
             )
@@ -426,6 +427,10 @@ class RaftCore:
                 return
 
     def _poll_leader(self, now_ms: int, state: _Leader) -> None:
+        if self._shutting_down:
+            # Elected while shutting down (a nominee keeps campaigning): hand over at once.
+            self._resign(now_ms)
+            return
         remote_voters = self._remote_voters
         if remote_voters and now_ms >= state.check_quorum_deadline_ms:
             logger.warning(
@@ -639,7 +644,11 @@ class RaftCore:
             )
         if leader_id == self.node_id:
             return
-        if isinstance(self._state, _Unattached | _Prospective | _Candidate):
+        # Follow a leader newly learned for this epoch. A Prospective that already knew it keeps
+        # campaigning (its fetches failed); an Unattached that kept its id has rediscovered it.
+        if isinstance(self._state, _Unattached) or (
+            known is None and isinstance(self._state, _Prospective | _Candidate)
+        ):
             self._become_follower(now_ms, epoch, leader_id)
 
     def _unattached_deadline(self, now_ms: int) -> int:

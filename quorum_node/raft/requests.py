@@ -28,6 +28,10 @@ class RequestManager:
             and self._backoff_until.get(destination, 0) <= now_ms
         )
 
+    def ready_at_ms(self, destination: int) -> int:
+        """When the destination's back-off ends (0 if it is not backing off)."""
+        return self._backoff_until.get(destination, 0)
+
     def has_in_flight(self, destination: int) -> bool:
         return destination in self._in_flight
 
