@@ -1,0 +1,50 @@
+"""A node's log directory as a whole: its identity, the metadata partition's log and its
+quorum-state, opened together and only after the identity checks out.
+
+Layout, as Kafka's::
+
+    <log_dir>/meta.properties                      cluster id, node id, directory id
+    <log_dir>/__cluster_metadata-0/<offset>.log    segments
+    <log_dir>/__cluster_metadata-0/quorum-state    election state
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from quorum_node.storage.meta_properties import MetaProperties, load_meta_properties
+from quorum_node.storage.quorum_state import QuorumStateStore
+from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES, SegmentLog
+
+METADATA_PARTITION_DIR = "__cluster_metadata-0"
+
+
+@dataclass(frozen=True)
+class LogDirectory:
+    path: Path
+    meta: MetaProperties
+    log: SegmentLog
+    quorum_state: QuorumStateStore
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        cluster_id: str,
+        node_id: int,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> LogDirectory:
+        """Open a formatted directory for ``node_id`` of ``cluster_id``. Raises a StorageError
+        (and touches nothing) when meta.properties is missing or names another node or cluster,
+        before the log is even looked at."""
+        root = Path(path)
+        meta = load_meta_properties(root, cluster_id, node_id)
+        partition = root / METADATA_PARTITION_DIR
+        log = SegmentLog.open(partition, segment_bytes)
+        return cls(root, meta, log, QuorumStateStore(partition))
+
+    def close(self) -> None:
+        self.log.close()
