@@ -69,7 +69,7 @@ def test_single_voter_survives_a_restart_on_disk(tmp_path: Path) -> None:
 
 
 def test_refuses_an_unformatted_directory(tmp_path: Path) -> None:
-    with pytest.raises(NotFormattedError, match="meta.properties"):
+    with pytest.raises(NotFormattedError, match=r"meta\.properties"):
         LogDirectory.open(tmp_path, cluster_id=CLUSTER, node_id=1)
     assert list(tmp_path.iterdir()) == []
 
