@@ -277,7 +277,8 @@ class RaftCore:
         elif isinstance(state, _Follower):
             times.append(state.fetch_deadline_ms)
         else:
-            times.append(state.check_quorum_deadline_ms)
+            if self._remote_voters:  # a lone voter has no quorum to check
+                times.append(state.check_quorum_deadline_ms)
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(

@@ -285,6 +285,8 @@ def test_leader_should_not_resign_leadership_if_only_one_voters(make_ctx: MakeCt
         assert ctx.core.state is RaftState.LEADER
     assert ctx.core.epoch == 1
     assert ctx.pending_requests() == []
+    # Nor does it ask to be polled again at once: an idle lone leader must not spin.
+    assert ctx.core.next_deadline_ms() > ctx.now_ms
 
 
 def test_begin_quorum_epoch_heartbeat(make_ctx: MakeCtx) -> None:

@@ -1,0 +1,144 @@
+"""The simulated cluster: nodes, message routing between them over the network, and the fault
+verbs scenarios use (kill, restart, graceful shutdown, partitions)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Iterator
+
+from quorum_node.raft.config import QuorumConfig
+from quorum_node.raft.core import OutboundRequest, OutboundResponse
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import ReplicaKey
+from quorum_node.sim.events import EventLoop
+from quorum_node.sim.network import Network
+from quorum_node.sim.node import CoreFactory, CoreMonitor, SimNode, random_uuid
+
+CLUSTER_ID = "sim-cluster"
+GRACEFUL_SHUTDOWN_TIMEOUT_MS = 500
+
+
+class Cluster:
+    def __init__(
+        self,
+        *,
+        loop: EventLoop,
+        rng: random.Random,
+        voters: int,
+        observers: int,
+        config: QuorumConfig,
+        core_factory: CoreFactory,
+        monitor: CoreMonitor,
+    ) -> None:
+        self.loop = loop
+        self.network = Network(loop, rng)
+        self.voter_ids = list(range(voters))
+        self.observer_ids = list(range(voters, voters + observers))
+        directories = {node_id: random_uuid(rng) for node_id in self.voter_ids + self.observer_ids}
+        voter_keys = tuple(ReplicaKey(node_id, directories[node_id]) for node_id in self.voter_ids)
+        self.nodes: dict[int, SimNode] = {
+            node_id: SimNode(
+                node_id=node_id,
+                directory_id=directory_id,
+                cluster_id=CLUSTER_ID,
+                voters=voter_keys,
+                config=config,
+                core_factory=core_factory,
+                host=self,
+                monitor=monitor,
+                rng=rng,
+            )
+            for node_id, directory_id in directories.items()
+        }
+
+    # -- queries ------------------------------------------------------------------------------
+    def alive(self) -> Iterator[SimNode]:
+        return (node for node in self.nodes.values() if node.alive)
+
+    def leader(self) -> SimNode | None:
+        """The running node that is leader of the highest epoch, if any."""
+        best: SimNode | None = None
+        best_epoch = -1
+        for node in self.nodes.values():
+            core = node.core
+            if core is not None and core.state is RaftState.LEADER and core.epoch > best_epoch:
+                best, best_epoch = node, core.epoch
+        return best
+
+    # -- NodeHost -----------------------------------------------------------------------------
+    def send(self, source: SimNode, message: OutboundRequest | OutboundResponse) -> None:
+        destination = self.nodes.get(message.destination)
+        # A message reaches the process it was sent to: one addressed to a process that has
+        # since died or restarted is lost with the connection it travelled on.
+        target_incarnation = destination.incarnation if destination is not None else -1
+        source_incarnation = source.incarnation
+
+        def reachable() -> bool:
+            return (
+                destination is not None
+                and destination.alive
+                and destination.incarnation == target_incarnation
+            )
+
+        if isinstance(message, OutboundRequest):
+            request = message.message
+
+            def deliver_request() -> bool:
+                if not reachable():
+                    self._refuse(source, source_incarnation, message)
+                    return False
+                assert destination is not None
+                destination.handle_request(source.node_id, message.correlation_id, request)
+                return True
+
+            self.network.send(source.node_id, message.destination, deliver_request)
+        else:
+            response = message.message
+
+            def deliver_response() -> bool:
+                if not reachable():
+                    return False
+                assert destination is not None
+                destination.handle_response(source.node_id, message.correlation_id, response)
+                return True
+
+            self.network.send(source.node_id, message.destination, deliver_response)
+
+    def _refuse(self, source: SimNode, incarnation: int, request: OutboundRequest) -> None:
+        """Tell the sender its connection failed, as a refused or reset TCP connection would."""
+
+        def fail() -> bool:
+            if source.incarnation != incarnation or not source.alive:
+                return False
+            source.handle_request_failure(request.destination, request.correlation_id)
+            return True
+
+        self.loop.after(self.network.latency_ms(), fail)
+
+    # -- faults -------------------------------------------------------------------------------
+    def start(self, node_id: int) -> None:
+        if not self.nodes[node_id].alive:
+            self.nodes[node_id].start()
+
+    def start_all(self) -> None:
+        for node_id in self.nodes:
+            self.start(node_id)
+
+    def kill(self, node_id: int) -> None:
+        self.nodes[node_id].kill()
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+    def shutdown(self, node_id: int) -> None:
+        self.nodes[node_id].shutdown(GRACEFUL_SHUTDOWN_TIMEOUT_MS)
+
+    def isolate(self, node_id: int) -> None:
+        self.network.isolate(node_id, self.nodes)
+
+    def split(self, groups: Collection[Collection[int]]) -> None:
+        self.network.split(groups)
+
+    def heal(self) -> None:
+        self.network.heal()

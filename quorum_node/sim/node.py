@@ -1,0 +1,294 @@
+"""One simulated replica: a RaftCore, its disk (a MemoryLog plus the persisted election state) and
+the driver duties the core leaves to its host: persisting, sending, flushing and polling.
+
+The disk outlives the process. A hard kill throws away whatever was not flushed; a restart builds a
+fresh core from what is on the disk, as a real restart would.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from quorum_node.raft.config import QuorumConfig
+from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore
+from quorum_node.raft.log import MemoryLog, RaftLog
+from quorum_node.raft.messages import RaftRequest, RaftResponse
+from quorum_node.raft.records import Record
+from quorum_node.raft.state import ElectionState, RaftState
+from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.sim.events import EventLoop
+
+MIN_FLUSH_MS = 1
+MAX_FLUSH_MS = 5
+# How often a node in graceful shutdown checks whether a successor has taken over.
+SHUTDOWN_CHECK_MS = 5
+# Consecutive polls after which a core whose next deadline is never in the future is reported.
+SPINNING_POLLS = 100
+
+
+def random_uuid(rng: random.Random) -> uuid.UUID:
+    return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
+class CoreFactory(Protocol):
+    """RaftCore's constructor; tests pass deliberately broken subclasses."""
+
+    def __call__(
+        self,
+        *,
+        node_id: int,
+        directory_id: uuid.UUID | None,
+        cluster_id: str,
+        voters: Iterable[ReplicaKey],
+        log: RaftLog,
+        election_state: ElectionState | None,
+        config: QuorumConfig,
+        random: random.Random,
+        now_ms: int,
+    ) -> RaftCore: ...
+
+
+class NodeHost(Protocol):
+    """What a node needs from the cluster around it."""
+
+    loop: EventLoop
+
+    def send(self, source: SimNode, message: OutboundRequest | OutboundResponse) -> None: ...
+
+
+class CoreMonitor(Protocol):
+    """Where a node reports a misbehaving core."""
+
+    def core_failed(self, node_id: int, error: Exception) -> None: ...
+
+    def core_spinning(self, node_id: int, polls: int) -> None: ...
+
+
+class SimNode:
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        directory_id: uuid.UUID,
+        cluster_id: str,
+        voters: Sequence[ReplicaKey],
+        config: QuorumConfig,
+        core_factory: CoreFactory,
+        host: NodeHost,
+        monitor: CoreMonitor,
+        rng: random.Random,
+    ) -> None:
+        self.node_id = node_id
+        self.directory_id = directory_id
+        self._cluster_id = cluster_id
+        self._voters = voters
+        self._config = config
+        self._core_factory = core_factory
+        self._host = host
+        self._monitor = monitor
+        self._loop = host.loop
+        self._rng = rng
+        # The disk: survives kills and restarts.
+        self.log = MemoryLog()
+        self.persisted: ElectionState | None = None
+        # The process: None while the node is down.
+        self.core: RaftCore | None = None
+        # Bumped on every start and stop, so events addressed to an earlier process are dropped.
+        self.incarnation = 0
+        self._flushing = False
+        self._poll_token = 0
+        self._poll_at: int | None = None
+        self._spinning_polls = 0
+        self._shutdown_deadline_ms: int | None = None
+        # Set by anything that may change the node; the invariant checker clears it.
+        self.touched = True
+
+    @property
+    def alive(self) -> bool:
+        return self.core is not None
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown_deadline_ms is not None
+
+    # -- process lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        assert self.core is None, f"node {self.node_id} is already running"
+        self._new_process()
+        try:
+            self.core = self._core_factory(
+                node_id=self.node_id,
+                directory_id=self.directory_id,
+                cluster_id=self._cluster_id,
+                voters=self._voters,
+                log=self.log,
+                election_state=self.persisted,
+                config=self._config,
+                # A Random per process, derived from the run's one, keeps the seed in charge.
+                random=random.Random(self._rng.getrandbits(64)),
+                now_ms=self._loop.now_ms,
+            )
+        except Exception as error:  # any core failure is a finding, not a crash
+            self._monitor.core_failed(self.node_id, error)
+            return
+        self._after_step(polled=False)
+
+    def kill(self) -> None:
+        """Hard kill: the process vanishes and the un-flushed part of the log with it."""
+        if self.core is None:
+            return
+        self._new_process()
+        self.core = None
+        self.log.crash()
+
+    def wipe_disk(self) -> None:
+        """Total loss of the disk (the node must be down): empty log, no election state, and a
+        new directory id as a re-formatted log directory gets (KIP-856)."""
+        assert self.core is None, "wipe the disk of a stopped node only"
+        self.touched = True
+        self.log.wipe()
+        self.persisted = None
+        self.directory_id = random_uuid(self._rng)
+
+    def shutdown(self, timeout_ms: int) -> None:
+        """Graceful shutdown: a leader resigns and hands over; the process exits once a newer
+        epoch is known, or after ``timeout_ms``. A clean exit loses nothing (the log is closed)."""
+        core = self.core
+        if core is None or self.shutting_down:
+            return
+        epoch = core.epoch
+        self._shutdown_deadline_ms = self._loop.now_ms + timeout_ms
+        self._call(lambda c: c.begin_shutdown(self._loop.now_ms))
+        incarnation = self.incarnation
+
+        def check() -> bool:
+            current = self.core
+            if current is None or self.incarnation != incarnation:
+                return False
+            handed_over = current.epoch > epoch or current.state not in (
+                RaftState.LEADER,
+                RaftState.RESIGNED,
+            )
+            assert self._shutdown_deadline_ms is not None
+            if handed_over or self._loop.now_ms >= self._shutdown_deadline_ms:
+                self._new_process()
+                self.core = None
+                self.log.flush()
+                return True
+            self._loop.after(SHUTDOWN_CHECK_MS, check)
+            return False
+
+        self._loop.after(0, check)
+
+    def _new_process(self) -> None:
+        self.touched = True
+        self.incarnation += 1
+        self._flushing = False
+        self._poll_token += 1
+        self._poll_at = None
+        self._spinning_polls = 0
+        self._shutdown_deadline_ms = None
+
+    # -- inputs -------------------------------------------------------------------------------
+    def handle_request(self, source: int, correlation_id: int, request: RaftRequest) -> None:
+        self._call(lambda c: c.handle_request(self._loop.now_ms, source, correlation_id, request))
+
+    def handle_response(self, source: int, correlation_id: int, response: RaftResponse) -> None:
+        self._call(lambda c: c.handle_response(self._loop.now_ms, source, correlation_id, response))
+
+    def handle_request_failure(self, destination: int, correlation_id: int) -> None:
+        self._call(
+            lambda c: c.handle_request_failure(self._loop.now_ms, destination, correlation_id)
+        )
+
+    def propose(self, records: Sequence[Record]) -> tuple[int, int] | None:
+        """Offer records to the core; None if it is not the leader (or failed)."""
+        offsets: tuple[int, int] | None = None
+
+        def call(core: RaftCore) -> None:
+            nonlocal offsets
+            try:
+                offsets = core.propose(self._loop.now_ms, records)
+            except NotLeaderError:
+                offsets = None
+
+        self._call(call)
+        return offsets
+
+    # -- driver duties ------------------------------------------------------------------------
+    def _call(self, step: Callable[[RaftCore], None], *, polled: bool = False) -> None:
+        core = self.core
+        if core is None:
+            return
+        self.touched = True
+        try:
+            step(core)
+        except Exception as error:  # reported as a CoreError violation
+            self._monitor.core_failed(self.node_id, error)
+            return
+        self._after_step(polled=polled)
+
+    def _after_step(self, *, polled: bool) -> None:
+        core = self.core
+        assert core is not None
+        try:
+            effects = core.take_effects()
+            deadline = core.next_deadline_ms()
+        except Exception as error:
+            self._monitor.core_failed(self.node_id, error)
+            return
+        # The contract: the election state is durable before any message of the step leaves.
+        if effects.persist is not None:
+            self.persisted = effects.persist
+        for message in effects.messages:
+            self._host.send(self, message)
+        if effects.flush and not self._flushing:
+            self._start_flush()
+        self._schedule_poll(deadline, polled=polled)
+
+    def _start_flush(self) -> None:
+        # Group commit: requests that arrive while this flush runs are covered by it, because the
+        # flush makes durable everything appended by the time it completes.
+        self._flushing = True
+        incarnation = self.incarnation
+
+        def complete() -> bool:
+            if self.incarnation != incarnation or self.core is None:
+                return False
+            self._flushing = False
+            offset = self.log.flush()
+            self._call(lambda c: c.handle_flushed(self._loop.now_ms, offset))
+            return True
+
+        self._loop.after(self._rng.randint(MIN_FLUSH_MS, MAX_FLUSH_MS), complete)
+
+    def _schedule_poll(self, deadline_ms: int, *, polled: bool) -> None:
+        now = self._loop.now_ms
+        if polled:
+            # Right after a poll every timer up to now has run, so a deadline that is not in the
+            # future asks the driver to spin. Insist on time passing, and report a core that
+            # keeps asking.
+            if deadline_ms <= now:
+                self._spinning_polls += 1
+                if self._spinning_polls == SPINNING_POLLS:
+                    self._monitor.core_spinning(self.node_id, self._spinning_polls)
+            else:
+                self._spinning_polls = 0
+        at = max(deadline_ms, now + 1 if polled else now)
+        if self._poll_at is not None and self._poll_at <= at:
+            return  # an earlier poll is already due; it will reschedule
+        self._poll_token += 1
+        token = self._poll_token
+        self._poll_at = at
+
+        def poll() -> bool:
+            if token != self._poll_token or self.core is None:
+                return False
+            self._poll_at = None
+            self._call(lambda c: c.poll(self._loop.now_ms), polled=True)
+            return True
+
+        self._loop.at(at, poll)

@@ -1,0 +1,275 @@
+"""Fault scenarios, after Kafka's RaftEventSimulationTest, plus a mixed random one.
+
+A scenario fixes the range of cluster shapes it runs on and a script that schedules faults and the
+progress expected once they heal. All nodes start within the first few milliseconds and the client
+proposes throughout; the safety invariants are checked after every event whatever the scenario.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from quorum_node.sim.cluster import GRACEFUL_SHUTDOWN_TIMEOUT_MS
+from quorum_node.sim.liveness import expect_commit_since, expect_recovery, watch_no_commit_since
+from quorum_node.sim.node import SimNode
+from quorum_node.sim.simulation import Simulation
+
+# Time for elections and catch-up once a fault heals; a few election and fetch timeouts.
+RECOVERY_WINDOW_MS = 10_000
+# How long a scenario waits for the leader it wants to hurt.
+LEADER_WAIT_MS = 15_000
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    voters: tuple[int, int]  # inclusive range
+    observers: tuple[int, int]
+    script: Callable[[Simulation], None]
+
+
+def _then_at_leader(sim: Simulation, at_ms: int, action: Callable[[SimNode], None]) -> None:
+    """At ``at_ms``, wait for a leader and hand it to ``action``."""
+    sim.at(
+        at_ms,
+        lambda: sim.wait_for("leader", sim.cluster.leader, action, timeout_ms=LEADER_WAIT_MS),
+    )
+
+
+def initial_election(sim: Simulation) -> None:
+    expect_recovery(sim, 0, RECOVERY_WINDOW_MS)
+
+
+def _leader_failure(graceful: bool) -> Callable[[Simulation], None]:
+    def script(sim: Simulation) -> None:
+        def fail(leader: SimNode) -> None:
+            now = sim.now_ms
+            if graceful:
+                sim.cluster.shutdown(leader.node_id)
+            else:
+                sim.cluster.kill(leader.node_id)
+            # The rest still form a majority: progress resumes, and the old leader catches up
+            # once it is back.
+            sim.at(now + sim.rng.randint(1000, 5000), lambda: sim.cluster.start(leader.node_id))
+            expect_recovery(sim, now, RECOVERY_WINDOW_MS)
+
+        _then_at_leader(sim, sim.rng.randint(1500, 4000), fail)
+
+    return script
+
+
+def all_killed(sim: Simulation) -> None:
+    def kill_all() -> None:
+        sim.cluster.kill_all()
+        restarts = {
+            node_id: sim.now_ms + sim.rng.randint(100, 2000) for node_id in sim.cluster.nodes
+        }
+        for node_id, at_ms in restarts.items():
+            sim.at(at_ms, partial(sim.cluster.start, node_id))
+        expect_recovery(sim, max(restarts.values()), RECOVERY_WINDOW_MS)
+
+    sim.at(sim.rng.randint(1500, 5000), kill_all)
+
+
+def leader_partition(sim: Simulation) -> None:
+    def isolate(leader: SimNode) -> None:
+        now = sim.now_ms
+        sim.cluster.isolate(leader.node_id)
+        heal_at = now + sim.rng.randint(5000, 8000)
+        expect_commit_since(sim, now, heal_at)
+        sim.at(heal_at, sim.cluster.heal)
+        expect_recovery(sim, heal_at, RECOVERY_WINDOW_MS)
+
+    _then_at_leader(sim, sim.rng.randint(1500, 4000), isolate)
+
+
+def majority_split(sim: Simulation) -> None:
+    cluster = sim.cluster
+
+    def split(leader: SimNode) -> None:
+        now = sim.now_ms
+        voters = list(cluster.voter_ids)
+        sim.rng.shuffle(voters)
+        if sim.rng.random() < 0.5:  # the old leader on the minority side, or not
+            voters.remove(leader.node_id)
+            voters.insert(0, leader.node_id)
+        minority = voters[: (len(voters) - 1) // 2]
+        majority = voters[len(minority) :]
+        for observer in cluster.observer_ids:
+            (minority if sim.rng.random() < 0.5 else majority).append(observer)
+        cluster.split([minority, majority])
+        heal_at = now + sim.rng.randint(6000, 9000)
+        expect_commit_since(sim, now, heal_at)
+        unwatch = watch_no_commit_since(sim, minority, now)
+
+        def heal() -> None:
+            unwatch()
+            cluster.heal()
+
+        sim.at(heal_at, heal)
+        expect_recovery(sim, heal_at, RECOVERY_WINDOW_MS)
+
+    _then_at_leader(sim, sim.rng.randint(1500, 4000), split)
+
+
+def back_to_back_failures(sim: Simulation) -> None:
+    cluster = sim.cluster
+
+    def isolate_first(first: SimNode) -> None:
+        assert first.core is not None
+        first_epoch = first.core.epoch
+        cluster.isolate(first.node_id)
+
+        def successor() -> SimNode | None:
+            leader = cluster.leader()
+            if leader is None or leader.core is None or leader.core.epoch <= first_epoch:
+                return None
+            return leader
+
+        def isolate_second(second: SimNode) -> None:
+            # As soon as there is a successor, cut it off too and bring the first one back.
+            now = sim.now_ms
+            cluster.heal()
+            cluster.isolate(second.node_id)
+            heal_at = now + sim.rng.randint(6000, 9000)
+            expect_commit_since(sim, now, heal_at)
+            sim.at(heal_at, cluster.heal)
+            expect_recovery(sim, heal_at, RECOVERY_WINDOW_MS)
+
+        sim.wait_for("successor leader", successor, isolate_second, timeout_ms=LEADER_WAIT_MS)
+
+    _then_at_leader(sim, sim.rng.randint(1500, 4000), isolate_first)
+
+
+def random_faults(sim: Simulation) -> None:
+    """Kills, graceful shutdowns, restarts, partitions, message loss and duplication at random
+    for a while, mostly keeping a majority of voters up; then everything heals."""
+    cluster = sim.cluster
+    network = cluster.network
+    rng = sim.rng
+    tolerated = (len(cluster.voter_ids) - 1) // 2
+
+    def dead_voters() -> int:
+        return sum(not cluster.nodes[v].alive for v in cluster.voter_ids)
+
+    def kill() -> None:
+        alive = [node.node_id for node in cluster.alive()]
+        if alive and (dead_voters() < tolerated or rng.random() < 0.1):
+            cluster.kill(rng.choice(alive))
+
+    def shutdown_leader() -> None:
+        leader = cluster.leader()
+        if leader is not None and (dead_voters() < tolerated or rng.random() < 0.1):
+            cluster.shutdown(leader.node_id)
+
+    def restart() -> None:
+        dead = [node_id for node_id, node in cluster.nodes.items() if not node.alive]
+        if dead:
+            cluster.start(rng.choice(dead))
+
+    def isolate() -> None:
+        cluster.isolate(rng.choice(list(cluster.nodes)))
+
+    def split() -> None:
+        ids = list(cluster.nodes)
+        rng.shuffle(ids)
+        cut = rng.randint(1, len(ids) - 1)
+        cluster.split([ids[:cut], ids[cut:]])
+
+    def noise() -> None:
+        quiet = rng.random() < 0.3
+        network.drop_probability = 0.0 if quiet else rng.uniform(0.0, 0.2)
+        network.duplicate_probability = 0.0 if quiet else rng.uniform(0.0, 0.1)
+
+    actions: list[tuple[Callable[[], None], float]] = [
+        (kill, 3.0),
+        (shutdown_leader, 1.0),
+        (restart, 4.0),
+        (isolate, 2.0),
+        (split, 1.5),
+        (cluster.heal, 3.0),
+        (noise, 2.0),
+        (cluster.kill_all, 0.2),
+    ]
+    faults_end = rng.randint(10_000, 20_000)
+    at_ms = rng.randint(500, 2000)
+    while at_ms < faults_end:
+        action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
+        sim.at(at_ms, action)
+        at_ms += rng.randint(100, 1500)
+
+    def heal_everything() -> None:
+        cluster.heal()
+        network.drop_probability = network.duplicate_probability = 0.0
+        cluster.start_all()
+
+    sim.at(faults_end, heal_everything)
+    # A graceful shutdown under way at the end exits later: bring that node back too.
+    sim.at(faults_end + 2 * GRACEFUL_SHUTDOWN_TIMEOUT_MS, cluster.start_all)
+    expect_recovery(sim, faults_end, RECOVERY_WINDOW_MS + 5000)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    scenario.name: scenario
+    for scenario in (
+        Scenario(
+            "initial_election",
+            "elect a first leader and commit",
+            voters=(1, 5),
+            observers=(0, 3),
+            script=initial_election,
+        ),
+        Scenario(
+            "leader_crash",
+            "hard-kill the leader; a new one takes over",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=_leader_failure(graceful=False),
+        ),
+        Scenario(
+            "leader_shutdown",
+            "gracefully shut the leader down; a successor takes over",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=_leader_failure(graceful=True),
+        ),
+        Scenario(
+            "all_killed",
+            "hard-kill every node, restart them all",
+            voters=(1, 5),
+            observers=(0, 1),
+            script=all_killed,
+        ),
+        Scenario(
+            "leader_partition",
+            "cut the leader off, heal later",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=leader_partition,
+        ),
+        Scenario(
+            "majority_split",
+            "split into minority|majority; only the majority commits",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=majority_split,
+        ),
+        Scenario(
+            "back_to_back_failures",
+            "cut off the leader, then its successor",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=back_to_back_failures,
+        ),
+        Scenario(
+            "random_faults",
+            "random kills, restarts, partitions, loss and duplication",
+            voters=(3, 5),
+            observers=(0, 2),
+            script=random_faults,
+        ),
+    )
+}

@@ -1,0 +1,178 @@
+"""The simulator's moving parts on their own: event order, the network, a node's disk and
+process lifecycle, and the command line."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from quorum_node.raft.core import RaftCore
+from quorum_node.raft.records import Record
+from quorum_node.raft.state import RaftState
+from quorum_node.sim import __main__ as cli
+from quorum_node.sim import runner
+from quorum_node.sim.events import EventLoop
+from quorum_node.sim.network import Network
+from quorum_node.sim.runner import SeedResult
+from quorum_node.sim.scenarios import SCENARIOS
+from quorum_node.sim.simulation import Simulation
+from quorum_node.sim.violation import Violation
+
+
+def test_event_loop_runs_by_time_then_insertion_order() -> None:
+    loop = EventLoop()
+    seen: list[str] = []
+
+    def note(label: str) -> bool:
+        seen.append(f"{label}@{loop.now_ms}")
+        return True
+
+    loop.at(5, lambda: note("b"))
+    loop.at(1, lambda: note("a"))
+    loop.at(5, lambda: note("c"))
+    while loop.run_one(until_ms=10) is not None:
+        pass
+    assert seen == ["a@1", "b@5", "c@5"]
+    assert loop.now_ms == 10
+
+
+def _deliveries(network: Network, loop: EventLoop, source: int, destination: int) -> list[int]:
+    arrivals: list[int] = []
+
+    def deliver() -> bool:
+        arrivals.append(loop.now_ms)
+        return True
+
+    network.send(source, destination, deliver)
+    return arrivals
+
+
+def _drain(loop: EventLoop) -> None:
+    while loop.run_one(until_ms=1000) is not None:
+        pass
+
+
+def test_partition_drops_messages_sent_and_in_flight() -> None:
+    loop = EventLoop()
+    network = Network(loop, random.Random(1), min_latency_ms=5, max_latency_ms=5)
+    in_flight = _deliveries(network, loop, 0, 1)
+    network.split([[0], [1, 2]])
+    blocked = _deliveries(network, loop, 0, 1)
+    inside = _deliveries(network, loop, 1, 2)
+    _drain(loop)
+    assert (in_flight, blocked, inside) == ([], [], [5])
+    network.heal()
+    network.isolate(2, [0, 1, 2])
+    assert network.is_blocked(2, 0) and network.is_blocked(1, 2)
+    assert not network.is_blocked(0, 1)
+
+
+def test_network_duplicates_and_drops() -> None:
+    loop = EventLoop()
+    network = Network(loop, random.Random(1))
+    network.duplicate_probability = 1.0
+    twice = _deliveries(network, loop, 0, 1)
+    _drain(loop)
+    network.drop_probability = 1.0
+    never = _deliveries(network, loop, 0, 1)
+    _drain(loop)
+    assert (len(twice), never) == (2, [])
+
+
+def _single_voter_with_data() -> Simulation:
+    sim = Simulation(
+        seed=0,
+        scenario="test",
+        rng=random.Random(0),
+        voters=1,
+        observers=0,
+        core_factory=RaftCore,
+    )
+    sim.cluster.start(0)
+    node = sim.cluster.nodes[0]
+    while node.core is not None and node.core.state is not RaftState.LEADER:
+        sim.loop.run_one(until_ms=5000)
+    node.propose([Record(value=b"x")])
+    sim.end_ms = sim.now_ms + 100
+    sim.run()
+    node.propose([Record(value=b"y")])
+    return sim
+
+
+def test_hard_kill_loses_unflushed_writes_and_keeps_the_election_state() -> None:
+    sim = _single_voter_with_data()
+    node = sim.cluster.nodes[0]
+    assert node.core is not None
+    epoch = node.core.epoch
+    while node.log.end_offset == node.log.durable_end_offset:  # appended, not yet flushed
+        sim.loop.run_one(until_ms=sim.now_ms + 100)
+    durable = node.log.durable_end_offset
+    node.kill()
+    assert node.log.end_offset == durable
+    assert node.persisted is not None and node.persisted.epoch == epoch
+    node.start()
+    assert node.core is not None and node.core.epoch >= epoch
+
+
+def test_graceful_shutdown_flushes_the_log() -> None:
+    sim = _single_voter_with_data()
+    node = sim.cluster.nodes[0]
+    node.shutdown(timeout_ms=50)
+    sim.end_ms = sim.now_ms + 100
+    sim.run()
+    assert not node.alive
+    assert node.log.durable_end_offset == node.log.end_offset
+
+
+def test_wiped_disk_comes_back_empty_under_a_new_directory_id() -> None:
+    sim = _single_voter_with_data()
+    node = sim.cluster.nodes[0]
+    directory_id = node.directory_id
+    node.kill()
+    node.wipe_disk()
+    assert (node.log.end_offset, node.persisted) == (0, None)
+    assert node.directory_id != directory_id
+    node.start()
+    assert node.core is not None and not node.core.is_voter
+
+
+def test_cli_lists_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--list-scenarios"]) == 0
+    listed = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(SCENARIOS)
+
+
+def test_cli_reports_violations_and_exits_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    violation = Violation(5, "leader_partition", "SingleLeader", 1234, "two leaders")
+
+    def fake_run_seeds(seeds: range, scenario: str | None, jobs: int) -> list[SeedResult]:
+        return [
+            SeedResult(seed, "leader_partition", 3, 0, 10, 100, 1, [violation] if seed else [], ())
+            for seed in seeds
+        ]
+
+    monkeypatch.setattr(cli, "run_seeds", fake_run_seeds)
+    assert cli.main(["--seed", "0", "--seeds", "2"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        "violation: seed=5 scenario=leader_partition invariant=SingleLeader t=1234ms: two leaders"
+    )
+    assert lines[1] == "seeds: 2, events: 20, violations: 1"
+    assert lines[2].startswith("events/s: ")
+
+
+def test_cli_runs_real_seeds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--seed", "9", "--seeds", "2", "--jobs", "2"]) == 0
+    summary = capsys.readouterr().out.splitlines()[-2]
+    assert summary.startswith("seeds: 2, events: ") and summary.endswith(", violations: 0")
+
+
+def test_scenario_for_is_round_robin_unless_named() -> None:
+    names = list(SCENARIOS)
+    assert [runner.scenario_for(seed) for seed in range(len(names))] == names
+    assert runner.scenario_for(3, "majority_split") == "majority_split"
+    with pytest.raises(ValueError, match="unknown scenario"):
+        runner.scenario_for(0, "nope")

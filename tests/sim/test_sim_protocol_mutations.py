@@ -1,0 +1,56 @@
+"""The simulator catches Raft protocol bugs, not only broken outputs: each mutation below removes
+one rule of the core's logic (in a subclass, never in the product) and one invariant finds it.
+
+These reach into the core's private methods on purpose: the point is the very rule they break.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from quorum_node.raft.core import RaftCore
+from quorum_node.raft.messages import EpochEndOffset
+from quorum_node.raft.types import ReplicaKey
+from quorum_node.sim import run_seed
+from quorum_node.sim.invariants import (
+    CONSISTENT_COMMITTED_DATA,
+    NO_COMMITTED_LOSS,
+)
+from quorum_node.sim.node import CoreFactory
+
+
+class NeverReportsDivergence(RaftCore):
+    """The leader skips the (fetch offset, last fetched epoch) check: a follower keeps its
+    divergent suffix and appends the leader's records after it."""
+
+    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
+        return None
+
+
+class IgnoresLogComparison(RaftCore):
+    """Grants votes whether or not the candidate's log is at least as up to date as its own, so
+    a replica missing committed records can be elected."""
+
+    def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
+        return super()._can_grant_vote(candidate, True, pre_vote)
+
+
+def _caught(factory: CoreFactory, checks: set[str], scenario: str, seeds: range) -> str:
+    for seed in seeds:
+        result = run_seed(seed, scenario, core_factory=factory, checks=checks)
+        if result.violations:
+            return str(result.violations[0])
+    pytest.fail(f"none of {sorted(checks)} caught the mutation in seeds {seeds} of {scenario}")
+
+
+@pytest.mark.parametrize(
+    ("factory", "checks", "scenario"),
+    [
+        (NeverReportsDivergence, {CONSISTENT_COMMITTED_DATA, NO_COMMITTED_LOSS}, "random_faults"),
+        (IgnoresLogComparison, {NO_COMMITTED_LOSS, CONSISTENT_COMMITTED_DATA}, "random_faults"),
+    ],
+)
+def test_protocol_mutation_is_caught(
+    factory: CoreFactory, checks: set[str], scenario: str
+) -> None:
+    print(_caught(factory, checks, scenario, range(40)))
