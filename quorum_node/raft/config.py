@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class QuorumConfig(BaseModel):
@@ -41,3 +41,45 @@ class QuorumConfig(BaseModel):
     @property
     def begin_quorum_interval_ms(self) -> int:
         return self.fetch_timeout_ms // 2
+
+
+class VoterEndpoint(BaseModel):
+    """One entry of ``controller.quorum.voters``: ``id@host:port``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int = Field(ge=0)
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.id}@{host}:{self.port}"
+
+
+def parse_quorum_voters(value: str) -> tuple[VoterEndpoint, ...]:
+    """Parse Kafka's static voter list, ``1@host1:9093,2@[::1]:9093,...``.
+
+    Raises ValueError naming the offending entry: an empty list, a malformed entry, a port out of
+    range or a node id given twice."""
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    if not entries:
+        raise ValueError("controller.quorum.voters is empty: expected id@host:port,...")
+    voters: list[VoterEndpoint] = []
+    for entry in entries:
+        node_id, at, address = entry.partition("@")
+        host, colon, port = address.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]  # an IPv6 literal
+        if not (at and colon and node_id.strip().isdigit() and port.isdigit() and host):
+            raise ValueError(f"controller.quorum.voters: {entry!r} is not of the form id@host:port")
+        try:
+            voters.append(VoterEndpoint(id=int(node_id), host=host, port=int(port)))
+        except ValidationError as error:
+            problem = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in error.errors())
+            raise ValueError(f"controller.quorum.voters: {entry!r}: {problem}") from None
+    ids = [voter.id for voter in voters]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"controller.quorum.voters: node id {duplicates[0]} appears twice")
+    return tuple(voters)
