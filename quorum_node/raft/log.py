@@ -64,6 +64,21 @@ class DurableLog(RaftLog, Protocol):
         ...
 
 
+def check_leader_append(log: RaftLog, epoch: int) -> None:
+    """The rule every log enforces on a leader's append: epochs never go backwards."""
+    if epoch < log.last_fetched_epoch():
+        raise ValueError(f"epoch {epoch} is older than the log's {log.last_fetched_epoch()}")
+
+
+def check_follower_append(log: RaftLog, batch: RecordBatch) -> None:
+    """The rules every log enforces on a replicated batch: it continues the log exactly and its
+    epoch does not go backwards."""
+    if batch.base_offset != log.end_offset:
+        raise ValueError(f"batch at {batch.base_offset} does not start at log end {log.end_offset}")
+    if batch.epoch < log.last_fetched_epoch():
+        raise ValueError(f"batch epoch {batch.epoch} goes backwards")
+
+
 class MemoryLog:
     """A log held in memory that models a disk: ``flush`` marks the current contents durable and
     ``crash`` throws away whatever was not flushed, as a power loss would."""
@@ -113,8 +128,7 @@ class MemoryLog:
     def append_as_leader(
         self, records: Sequence[Record], epoch: int, timestamp_ms: int, is_control: bool = False
     ) -> RecordBatch:
-        if epoch < self.last_fetched_epoch():
-            raise ValueError(f"epoch {epoch} is older than the log's {self.last_fetched_epoch()}")
+        check_leader_append(self, epoch)
         encoded = encode_batch(self.end_offset, epoch, records, timestamp_ms, is_control)
         (batch,) = decode_batches(encoded)
         self._push(batch, encoded)
@@ -122,12 +136,7 @@ class MemoryLog:
 
     def append_as_follower(self, batches: Sequence[RecordBatch]) -> None:
         for batch in batches:
-            if batch.base_offset != self.end_offset:
-                raise ValueError(
-                    f"batch at {batch.base_offset} does not start at log end {self.end_offset}"
-                )
-            if batch.epoch < self.last_fetched_epoch():
-                raise ValueError(f"batch epoch {batch.epoch} goes backwards")
+            check_follower_append(self, batch)
             self._push(batch, batch.encode())
 
     def truncate_to(self, offset: int) -> None:

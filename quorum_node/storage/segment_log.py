@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from quorum_node.raft.log import check_follower_append, check_leader_append
 from quorum_node.raft.records import (
     HEADER_SIZE,
     MAGIC,
@@ -171,8 +172,7 @@ class SegmentLog:
     def append_as_leader(
         self, records: Sequence[Record], epoch: int, timestamp_ms: int, is_control: bool = False
     ) -> RecordBatch:
-        if epoch < self.last_fetched_epoch():
-            raise ValueError(f"epoch {epoch} is older than the log's {self.last_fetched_epoch()}")
+        check_leader_append(self, epoch)
         encoded = encode_batch(self.end_offset, epoch, records, timestamp_ms, is_control)
         (batch,) = decode_batches(encoded)  # also refuses what recovery could not read back
         self._append(batch, encoded)
@@ -180,12 +180,7 @@ class SegmentLog:
 
     def append_as_follower(self, batches: Sequence[RecordBatch]) -> None:
         for batch in batches:
-            if batch.base_offset != self.end_offset:
-                raise ValueError(
-                    f"batch at {batch.base_offset} does not start at log end {self.end_offset}"
-                )
-            if batch.epoch < self.last_fetched_epoch():
-                raise ValueError(f"batch epoch {batch.epoch} goes backwards")
+            check_follower_append(self, batch)
             encoded = batch.encode()
             if len(encoded) > MAX_BATCH_SIZE:
                 # Recovery would take such a batch for corruption; refuse it up front.
