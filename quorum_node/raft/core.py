@@ -71,6 +71,40 @@ class OutboundResponse:
     message: RaftResponse
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaDescription:
+    key: ReplicaKey
+    log_end_offset: int | None
+    last_fetch_ms: int | None
+    last_caught_up_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumDescription:
+    """The leader's view of the quorum (DescribeQuorum)."""
+
+    leader_id: int
+    epoch: int
+    high_watermark: int | None
+    voters: tuple[ReplicaDescription, ...]
+    observers: tuple[ReplicaDescription, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBarrier:
+    """A linearizable read in progress (ReadIndex): once a majority of voters has fetched from
+    this leader, in its epoch, after the barrier was taken, every write acknowledged before the
+    read began lies below ``read_index``."""
+
+    epoch: int
+    read_index: int
+    fetch_sequence: int
+
+
+# Observers that stopped fetching this long ago drop out of DescribeQuorum (Kafka: 5 minutes).
+OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
+
+
 @dataclass(slots=True)
 class Effects:
     persist: ElectionState | None = None
@@ -124,6 +158,7 @@ class _ReplicaProgress:
     leader_end_at_last_fetch: int = 0
     acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
     next_begin_quorum_ms: int = 0
+    last_fetch_sequence: int = 0  # the leader's fetch counter at this replica's last valid fetch
 
 
 @dataclass(slots=True)
@@ -204,6 +239,7 @@ class RaftCore:
         self._next_correlation_id = 0
         self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
         self._high_watermark: int | None = None
+        self._fetch_sequence = 0  # counts valid fetches at the leader, for read barriers
         self._shutting_down = False
         self._now_ms = now_ms
 
@@ -366,6 +402,57 @@ class RaftCore:
         if isinstance(self._state, _Leader):
             self._resign(now_ms)
         self._drive(now_ms)
+
+    def begin_read(self, now_ms: int) -> ReadBarrier | None:
+        """Start a linearizable read on the leader. None while the leader has no high watermark
+        yet (its LeaderChange is not committed): retry shortly. Raises NotLeaderError elsewhere.
+
+        Parked fetches are answered at once so that followers fetch again right away: their next
+        fetches are what confirm that this replica is still the leader."""
+        self._now_ms = max(self._now_ms, now_ms)
+        state = self._state
+        if not isinstance(state, _Leader) or self._shutting_down:
+            raise NotLeaderError(self.leader_id, self.epoch)
+        if state.high_watermark is None:
+            return None
+        barrier = ReadBarrier(state.epoch, state.high_watermark, self._fetch_sequence)
+        self._complete_parked_fetches(state, lambda parked: True)
+        return barrier
+
+    def read_confirmed(self, barrier: ReadBarrier) -> bool:
+        """Whether a majority of voters (this leader included) has fetched since the barrier.
+        Raises NotLeaderError once this replica no longer leads the barrier's epoch."""
+        state = self._state
+        if not isinstance(state, _Leader) or state.epoch != barrier.epoch:
+            raise NotLeaderError(self.leader_id, self.epoch)
+        confirmed = sum(
+            1 for key, progress in state.voters.items()
+            if key.matches(self.local_key) or progress.last_fetch_sequence > barrier.fetch_sequence
+        )
+        return confirmed >= len(state.voters) // 2 + 1
+
+    def describe_quorum(self, now_ms: int) -> QuorumDescription:
+        """DescribeQuorum: the leader's record of every replica. Raises NotLeaderError elsewhere."""
+        state = self._state
+        if not isinstance(state, _Leader):
+            raise NotLeaderError(self.leader_id, self.epoch)
+
+        def row(key: ReplicaKey, progress: _ReplicaProgress) -> ReplicaDescription:
+            if key.matches(self.local_key):
+                return ReplicaDescription(self.local_key, self.log.end_offset, now_ms, now_ms)
+            return ReplicaDescription(key, progress.end_offset, progress.last_fetch_ms,
+                                      progress.last_caught_up_ms)
+
+        observers = tuple(
+            row(key, progress) for key, progress in state.observers.items()
+            if progress.last_fetch_ms is not None
+            and now_ms - progress.last_fetch_ms < OBSERVER_SESSION_TIMEOUT_MS
+        )
+        return QuorumDescription(
+            leader_id=self.node_id, epoch=state.epoch, high_watermark=state.high_watermark,
+            voters=tuple(row(key, progress) for key, progress in state.voters.items()),
+            observers=observers,
+        )
 
     def resign(self, now_ms: int) -> None:
         """Give up leadership of the current epoch (no-op unless leader)."""
@@ -939,6 +1026,8 @@ class RaftCore:
         progress.end_offset = offset
         progress.last_fetch_ms = now_ms
         progress.leader_end_at_last_fetch = leader_end
+        self._fetch_sequence += 1
+        progress.last_fetch_sequence = self._fetch_sequence
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
         """Raise the leader's high watermark to the offset a majority of voters holds, but only

@@ -39,8 +39,8 @@ class RaftLog(Protocol):
         ...
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        """Encoded batches from the batch that starts at ``offset``, up to about ``max_bytes``
-        (always at least one whole batch when any exists at ``offset``)."""
+        """Encoded batches from the batch holding ``offset``, up to about ``max_bytes`` (always
+        at least one whole batch when the log holds ``offset``; empty past the log end)."""
         ...
 
     def append_as_leader(
@@ -113,8 +113,8 @@ class MemoryLog:
         return OffsetAndEpoch(self.end_offset, found_epoch)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        index = bisect.bisect_left(self._bases, offset)
-        if index >= len(self._bases) or self._bases[index] != offset:
+        index = bisect.bisect_right(self._bases, offset) - 1
+        if index < 0 or offset >= self.end_offset:
             return b""
         chunks = [self._encoded[index]]
         size = len(chunks[0])

@@ -299,13 +299,13 @@ class SegmentLog:
         return StorageError(f"{self.directory}: {what}: {exc}")
 
     def _locate(self, offset: int) -> tuple[int, int] | None:
-        """(segment index, batch index) of the batch starting exactly at ``offset``."""
+        """(segment index, batch index) of the batch holding ``offset``."""
         index = bisect.bisect_right(self._segment_bases, offset) - 1
-        if index < 0:
+        if index < 0 or offset >= self.end_offset:
             return None
         bases = self._segments[index].bases
-        batch = bisect.bisect_left(bases, offset)
-        if batch == len(bases) or bases[batch] != offset:
+        batch = bisect.bisect_right(bases, offset) - 1
+        if batch < 0:
             return None
         return index, batch
 

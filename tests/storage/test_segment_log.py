@@ -45,7 +45,10 @@ class ModelLog:
         return OffsetAndEpoch(later[0] if later else self.end_offset, found)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        starts = [n for n, batch in enumerate(self.batches) if batch.base_offset == offset]
+        starts = [
+            n for n, batch in enumerate(self.batches)
+            if batch.base_offset <= offset <= batch.last_offset
+        ]
         if not starts:
             return b""
         out = self.batches[starts[0]].encode()
@@ -57,7 +60,7 @@ class ModelLog:
 
     def read_size(self, offset: int, count: int) -> int:
         """Bytes of the ``count`` batches starting at ``offset``."""
-        following = [batch for batch in self.batches if batch.base_offset >= offset]
+        following = [batch for batch in self.batches if batch.last_offset >= offset]
         return sum(len(batch.encode()) for batch in following[:count])
 
     def append(self, batch: RecordBatch) -> None:

@@ -1,0 +1,88 @@
+"""Linearizable reads (ReadIndex) and DescribeQuorum on the leader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+from quorum_node.raft.messages import FetchRequest, FetchResponse
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import NotLeaderError
+
+if TYPE_CHECKING:
+    from context import RaftTestContext
+
+    MakeCtx = Callable[..., RaftTestContext]
+
+
+def _fetch(ctx: RaftTestContext, source: int, request: FetchRequest) -> FetchResponse:
+    response = ctx.deliver_one(source, request)
+    assert isinstance(response, FetchResponse)
+    return response
+
+
+def _leader_with_hwm(make_ctx: MakeCtx) -> RaftTestContext:
+    ctx = make_ctx(1, [1, 2, 3])
+    ctx.become_leader()
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1))
+    assert ctx.core.high_watermark == 1
+    return ctx
+
+
+def test_read_barrier_needs_a_fetch_from_a_majority_after_it(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    parked = ctx.fetch_request(2, 1, 1, 1, high_watermark=1)
+    assert ctx.deliver_request(2, parked) == []  # parked: nothing new
+    barrier = ctx.core.begin_read(ctx.now_ms)
+    ctx.collect()
+    assert barrier is not None and barrier.read_index == 1
+    # Taking the barrier releases the parked fetch, so that the follower fetches again now.
+    assert [r.error_code for r in ctx.take_responses(2)] == [0]
+    # Fetches that happened before the barrier do not confirm it.
+    assert not ctx.core.read_confirmed(barrier)
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0))
+    assert ctx.core.read_confirmed(barrier)
+
+
+def test_read_barrier_waits_for_the_leaders_own_commit(make_ctx: MakeCtx) -> None:
+    ctx = make_ctx(1, [1, 2, 3])
+    ctx.become_leader()
+    assert ctx.core.high_watermark is None
+    assert ctx.core.begin_read(ctx.now_ms) is None  # no HWM of its own epoch yet
+
+
+def test_read_barrier_fails_once_leadership_is_lost(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    barrier = ctx.core.begin_read(ctx.now_ms)
+    assert barrier is not None
+    ctx.deliver_request(2, ctx.begin_quorum_request(2, 5))
+    assert ctx.core.state is RaftState.FOLLOWER
+    with pytest.raises(NotLeaderError):
+        ctx.core.read_confirmed(barrier)
+    with pytest.raises(NotLeaderError):
+        ctx.core.begin_read(ctx.now_ms)
+
+
+def test_single_voter_read_is_confirmed_at_once(make_ctx: MakeCtx) -> None:
+    ctx = make_ctx(1, [1])
+    ctx.flush()
+    barrier = ctx.core.begin_read(ctx.now_ms)
+    assert barrier is not None and ctx.core.read_confirmed(barrier)
+
+
+def test_describe_quorum(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    _fetch(ctx, 7, ctx.fetch_request(7, 1, 0, 0))  # an observer
+    described = ctx.core.describe_quorum(ctx.now_ms)
+    assert (described.leader_id, described.epoch, described.high_watermark) == (1, 1, 1)
+    rows = {row.key.id: row for row in described.voters}
+    assert rows[1].log_end_offset == 1 and rows[1].last_fetch_ms == ctx.now_ms
+    assert rows[2].log_end_offset == 1 and rows[2].last_caught_up_ms == ctx.now_ms
+    assert rows[3].log_end_offset is None and rows[3].last_fetch_ms is None
+    assert [row.key.id for row in described.observers] == [7]
+    ctx.advance(5 * 60 * 1000)
+    with pytest.raises(NotLeaderError):  # it lost its quorum meanwhile (check-quorum)
+        ctx.core.describe_quorum(ctx.now_ms)
