@@ -527,9 +527,12 @@ class RaftCore:
             )
             self._resign(now_ms)
             return
+        # Group commit: while an fsync is running, records accumulate (up to the linger) and go
+        # out together once it completes; with the disk idle there is nothing to wait for.
         if state.pending and (
             now_ms >= state.linger_deadline_ms
             or state.pending_bytes >= self.config.max_batch_bytes
+            or self._flushed_offset >= self.log.end_offset
         ):
             self._append_pending(now_ms, state)
         self._expire_parked_fetches(now_ms, state)

@@ -164,13 +164,31 @@ def test_purgatory_fetch_satisfied_by_write(make_ctx: MakeCtx) -> None:
     ctx = _leader(make_ctx)
     _parked_fetch(ctx)
     ctx.core.propose(ctx.now_ms, ctx.records("a", "b"))
-    ctx.advance(ctx.config.append_linger_ms - 1)
-    assert ctx.take_responses(2) == []
-    ctx.advance(1)
+    ctx.collect()
+    # The disk is idle, so there is nothing to batch with: the records are appended at once.
     (response,) = ctx.take_responses(2)
     assert isinstance(response, FetchResponse)
     assert response.error_code is Errors.NONE
     assert _layout(response.records) == [(1, 2, 1)]
+
+
+def test_appends_accumulate_while_an_fsync_runs(make_ctx: MakeCtx) -> None:
+    """Group commit: records proposed while the previous append is being flushed wait, together,
+    until that flush completes (or the linger expires, whichever is first)."""
+    ctx = _leader(make_ctx)
+    ctx.core.propose(ctx.now_ms, ctx.records("a"))
+    ctx.collect()
+    assert ctx.log.end_offset == 2  # appended at once, now being flushed
+    ctx.core.propose(ctx.now_ms, ctx.records("b"))
+    ctx.core.propose(ctx.now_ms, ctx.records("c"))
+    ctx.collect()
+    assert ctx.log.end_offset == 2
+    assert ctx.core.next_deadline_ms() == ctx.now_ms + ctx.config.append_linger_ms
+    ctx.flush()  # the flush completes: b and c go out as one batch
+    assert ctx.log_layout()[-1] == (2, 3, 1)
+    ctx.core.propose(ctx.now_ms, ctx.records("d"))
+    ctx.advance(ctx.config.append_linger_ms)  # a slow fsync: the linger caps the wait
+    assert ctx.log_layout()[-1] == (4, 4, 1)
 
 
 def test_purgatory_fetch_timeout(make_ctx: MakeCtx) -> None:
@@ -698,7 +716,8 @@ def test_next_deadline_follows_the_timers(make_ctx: MakeCtx) -> None:
         ctx.deliver_response(request, ctx.begin_quorum_response(1, 1))
     # ... once answered, the next heartbeat.
     assert ctx.core.next_deadline_ms() == ctx.now_ms + BEGIN_QUORUM_INTERVAL
-    ctx.core.propose(ctx.now_ms, ctx.records("a"))
+    ctx.core.propose(ctx.now_ms, ctx.records("a"))  # appended at once: the disk was idle
+    ctx.core.propose(ctx.now_ms, ctx.records("b"))  # waits behind the flush, at most the linger
     assert ctx.core.next_deadline_ms() == ctx.now_ms + ctx.config.append_linger_ms
 
 
