@@ -308,7 +308,9 @@ class RaftCore:
         times = [self._requests.next_deadline_ms(self._now_ms) or NEVER]
         if isinstance(state, _Unattached) and state.next_discovery_ms > self._now_ms:
             times.append(state.next_discovery_ms)
-        if isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
+        if isinstance(state, _Resigned) and self._shutting_down:
+            pass  # a stopping resigned leader stays resigned: its timer means nothing
+        elif isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
             times.append(state.election_deadline_ms)
         elif isinstance(state, _Follower):
             times.append(state.fetch_deadline_ms)
@@ -387,9 +389,15 @@ class RaftCore:
             raise NotLeaderError(self.leader_id, self.epoch)
         if not records:
             raise ValueError("nothing to append")
+        size = sum(_record_size(r) for r in records)
+        if size > self.config.max_batch_bytes:
+            raise ValueError(f"{size} bytes of records exceed one batch "
+                             f"({self.config.max_batch_bytes} bytes)")
+        if state.pending and state.pending_bytes + size > self.config.max_batch_bytes:
+            self._append_pending(now_ms, state)  # a batch never outgrows the limit
         base = self.log.end_offset + len(state.pending)
         state.pending.extend(records)
-        state.pending_bytes += sum(_record_size(r) for r in records)
+        state.pending_bytes += size
         if state.linger_deadline_ms == NEVER:
             state.linger_deadline_ms = now_ms + self.config.append_linger_ms
         self._drive(now_ms)

@@ -756,3 +756,22 @@ def test_failed_fetch_is_retried_after_the_back_off(make_ctx: MakeCtx) -> None:
     assert ctx.pending_requests(FetchRequest) == []
     ctx.advance(1)
     assert len(ctx.take_requests(FetchRequest, 2)) == 1
+
+
+def test_a_batch_never_outgrows_the_limit(make_ctx: MakeCtx) -> None:
+    """Proposals that would together overflow one batch are split at a proposal boundary; one
+    proposal larger than a batch is refused and changes nothing."""
+    ctx = make_ctx(1, [1, 2, 3], max_batch_bytes=100)
+    ctx.become_leader()
+    ctx.core.propose(ctx.now_ms, ctx.records("a" * 60))  # appended at once (idle disk)
+    ctx.core.propose(ctx.now_ms, ctx.records("b" * 60))
+    ctx.core.propose(ctx.now_ms, ctx.records("c" * 60))  # b + c would not fit one batch
+    ctx.collect()
+    ctx.flush()
+    ctx.advance(ctx.config.append_linger_ms)
+    assert ctx.log_layout()[-3:] == [(1, 1, 1), (2, 2, 1), (3, 3, 1)]
+    end = ctx.log.end_offset
+    with pytest.raises(ValueError, match="exceed one batch"):
+        ctx.core.propose(ctx.now_ms, ctx.records("d" * 200))
+    ctx.advance(ctx.config.append_linger_ms)
+    assert ctx.log.end_offset == end

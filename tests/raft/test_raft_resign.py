@@ -321,3 +321,16 @@ def test_shutting_down_candidate_resigns_once_elected(make_ctx: MakeCtx) -> None
     ctx.grant_votes(2)
     assert ctx.core.state is RaftState.RESIGNED
     assert set(_end_quorum_requests(ctx)) == {2, 3}
+
+
+def test_shutting_down_resigned_leader_does_not_ask_to_be_polled_at_once(
+        make_ctx: MakeCtx) -> None:
+    """A stopping leader stays Resigned past its election timeout; that timeout must not keep
+    showing as due, or its driver would spin until the process exits."""
+    ctx = make_ctx(1, [1, 2, 3])
+    ctx.become_leader()
+    ctx.core.begin_shutdown(ctx.now_ms)
+    ctx.collect()
+    ctx.advance(10 * ctx.config.election_timeout_ms)
+    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.core.next_deadline_ms() > ctx.now_ms

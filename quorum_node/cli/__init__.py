@@ -1,0 +1,1 @@
+"""Command-line tools: quorum-node, quorum-admin, quorum-client."""

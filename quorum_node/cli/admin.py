@@ -1,0 +1,315 @@
+"""``quorum-admin``: describe the quorum, like Kafka's ``kafka-metadata-quorum``.
+
+    quorum-admin --bootstrap-server HOST:PORT[,HOST:PORT...] describe --status
+    quorum-admin --bootstrap-server HOST:PORT describe --replication [--human-readable]
+    quorum-admin describe --status --json
+
+The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
+While no leader is known (an election), the servers are retried until ``--timeout-ms``.
+Errors are one line on stderr. Exit codes: 0 done, 1 the quorum could not be described, 2 bad
+usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+PROG = "quorum-admin"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+ENV_BOOTSTRAP = "QUORUM_BOOTSTRAP_SERVER"
+# What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
+# without flags on a fresh machine.
+DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+QUORUM_PATH = "/v1/quorum"
+MAX_REDIRECTS = 5
+RETRY_BACKOFF_S = 0.1
+_LABEL_WIDTH = 24  # Kafka pads "ClusterId:" and the other labels to 24 columns
+
+
+class AdminError(Exception):
+    """The quorum could not be described; the message is one line."""
+
+
+class _NoLeader(AdminError):
+    """A server answered that no leader is known: worth retrying once an election is over."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line instead of argparse's usage block; --help has the usage.
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see {PROG} --help)\n")
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(
+        prog=PROG,
+        description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum).",
+    )
+    parser.add_argument(
+        "--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
+        default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP), metavar="HOST:PORT[,...]",
+        help=f"nodes to ask, tried in order (default ${ENV_BOOTSTRAP} or {DEFAULT_BOOTSTRAP})",
+    )
+    parser.add_argument(
+        "--timeout-ms", type=int, default=5000,
+        help="give up after this long, including waiting out an election (default 5000)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    describe = commands.add_parser(
+        "describe", help="describe the quorum",
+        description="Describe the quorum, as its leader sees it.",
+    )
+    # Also accepted after the command, where people tend to put it.
+    describe.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
+                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    what = describe.add_mutually_exclusive_group(required=True)
+    what.add_argument("--status", action="store_true",
+                      help="leader, epoch, high watermark, lag and the voters and observers")
+    what.add_argument("--replication", action="store_true",
+                      help="one row per replica: offsets, lag and fetch times")
+    describe.add_argument("--json", action="store_true",
+                          help="print the leader's answer (GET /v1/quorum) as JSON")
+    describe.add_argument("--human-readable", action="store_true",
+                          help="with --replication: timestamps as 'N ms ago'")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    if args.human_readable and not args.replication:
+        return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
+    if args.timeout_ms <= 0:
+        return _fail(f"--timeout-ms must be positive, got {args.timeout_ms}", EXIT_USAGE)
+    try:
+        servers = parse_bootstrap(args.bootstrap)
+    except ValueError as error:
+        return _fail(str(error), EXIT_USAGE)
+    try:
+        quorum = fetch_quorum(servers, args.timeout_ms / 1000)
+        if args.json:
+            text = json.dumps(quorum, indent=2)
+        elif args.status:
+            text = format_status(quorum)
+        else:
+            text = format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000)
+    except AdminError as error:
+        return _fail(str(error), EXIT_FAILED)
+    print(text)
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+# --- talking to the nodes --------------------------------------------------------------------
+
+
+def parse_bootstrap(value: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port...]``; IPv6 literals in brackets; an ``http://`` prefix is allowed."""
+    servers: list[tuple[str, int]] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        address = entry.removeprefix("http://").rstrip("/")
+        host, colon, port = address.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not (colon and host and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"--bootstrap-server: {entry!r} is not HOST:PORT")
+        servers.append((host, int(port)))
+    if not servers:
+        raise ValueError("--bootstrap-server is empty: expected HOST:PORT[,HOST:PORT...]")
+    return servers
+
+
+def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float) -> dict[str, Any]:
+    """The leader's DescribeQuorum answer, asked of the first server that can give it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        problems: list[str] = []
+        election = False
+        for host, port in servers:
+            try:
+                return _get_quorum(_url(host, port) + QUORUM_PATH, deadline)
+            except _NoLeader as error:
+                election = True
+                problems.append(str(error))
+            except AdminError as error:
+                problems.append(str(error))
+        if not election or time.monotonic() + RETRY_BACKOFF_S >= deadline:
+            raise AdminError("cannot describe the quorum: " + "; ".join(problems))
+        time.sleep(RETRY_BACKOFF_S)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _get_quorum(url: str, deadline: float) -> dict[str, Any]:
+    for _ in range(MAX_REDIRECTS + 1):
+        status, headers, body = _get(url, deadline)
+        if status in (301, 302, 303, 307, 308) and "location" in headers:
+            url = urllib.parse.urljoin(url, headers["location"])
+            continue
+        answer = _json(url, body)
+        if status == 200:
+            return _checked(url, answer)
+        code = answer.get("code") if isinstance(answer, dict) else None
+        message = answer.get("message", code) if isinstance(answer, dict) else None
+        if status == 503 and code == "NO_LEADER":
+            raise _NoLeader(f"{url}: {message}")
+        raise AdminError(f"{url}: HTTP {status}" + (f": {message}" if message else ""))
+    raise AdminError(f"{url}: more than {MAX_REDIRECTS} redirects")
+
+
+def _get(url: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None:
+        raise AdminError(f"{url}: not an http:// URL")
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise AdminError(f"{url}: timed out")
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=remaining)
+    try:
+        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                           headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        body = response.read()
+        headers = {name.lower(): value for name, value in response.getheaders()}
+        return response.status, headers, body
+    except TimeoutError:
+        raise AdminError(f"{url}: timed out") from None
+    except OSError as error:
+        raise AdminError(f"{url}: {error.strerror or error}") from None
+    except http.client.HTTPException as error:
+        raise AdminError(f"{url}: bad HTTP answer: {error!r}") from None
+    finally:
+        connection.close()
+
+
+def _json(url: str, body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None if not body else {"message": body.decode(errors="replace").strip()[:200]}
+
+
+_REPLICA_FIELDS = ("id", "directory_id", "log_end_offset", "lag", "last_fetch_timestamp",
+                   "last_caught_up_timestamp")
+_QUORUM_FIELDS = ("cluster_id", "leader_id", "leader_epoch", "high_watermark", "voters",
+                  "observers")
+
+
+def _checked(url: str, answer: Any) -> dict[str, Any]:
+    """Fail with one line now rather than with a KeyError while printing."""
+    ok = isinstance(answer, dict) and all(key in answer for key in _QUORUM_FIELDS) and all(
+        isinstance(replica, dict) and all(key in replica for key in _REPLICA_FIELDS)
+        for replica in [*answer["voters"], *answer["observers"]]
+    )
+    if not ok:
+        raise AdminError(f"{url}: not a DescribeQuorum answer")
+    result: dict[str, Any] = answer
+    return result
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _leader_row(quorum: dict[str, Any]) -> dict[str, Any] | None:
+    return next((v for v in quorum["voters"] if v["id"] == quorum["leader_id"]), None)
+
+
+def max_follower_lag(quorum: dict[str, Any]) -> tuple[int, int]:
+    """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs: the laggiest voter's offsets behind the
+    leader, and how much longer ago it was last caught up (0 if the leader is the laggiest, -1 if
+    unknown)."""
+    leader = _leader_row(quorum)
+    if leader is None or not quorum["voters"]:
+        return -1, -1
+    # The leader first, so that it wins ties: no follower is behind then.
+    voters = [leader, *(v for v in quorum["voters"] if v is not leader)]
+    if any(v["log_end_offset"] < 0 for v in voters):
+        laggiest = next(v for v in voters if v["log_end_offset"] < 0)
+        lag = -1  # a voter that has not fetched yet: how far behind it is, is unknown
+    else:
+        laggiest = min(voters, key=lambda v: v["log_end_offset"])
+        lag = leader["log_end_offset"] - laggiest["log_end_offset"]
+    if laggiest is leader:
+        return lag, 0
+    leader_caught_up = leader["last_caught_up_timestamp"]
+    follower_caught_up = laggiest["last_caught_up_timestamp"]
+    if leader_caught_up < 0 or follower_caught_up < 0:
+        return lag, -1
+    return lag, leader_caught_up - follower_caught_up
+
+
+def _replica_entry(replica: dict[str, Any]) -> str:
+    endpoint = replica.get("endpoint")
+    return json.dumps({"id": replica["id"], "directoryId": replica["directory_id"],
+                       "endpoints": [endpoint] if endpoint else []})
+
+
+def format_status(quorum: dict[str, Any]) -> str:
+    lag, lag_time_ms = max_follower_lag(quorum)
+    lines = [
+        ("ClusterId", quorum["cluster_id"]),
+        ("LeaderId", quorum["leader_id"]),
+        ("LeaderEpoch", quorum["leader_epoch"]),
+        ("HighWatermark", quorum["high_watermark"]),
+        ("MaxFollowerLag", lag),
+        ("MaxFollowerLagTimeMs", lag_time_ms),
+        ("CurrentVoters", "[" + ", ".join(map(_replica_entry, quorum["voters"])) + "]"),
+        ("CurrentObservers", "[" + ", ".join(map(_replica_entry, quorum["observers"])) + "]"),
+    ]
+    return "\n".join(f"{label + ':':<{_LABEL_WIDTH}}{value}" for label, value in lines)
+
+
+REPLICATION_COLUMNS = ("NodeId", "DirectoryId", "LogEndOffset", "Lag", "LastFetchTimestamp",
+                       "LastCaughtUpTimestamp", "Status")
+
+
+def format_replication(quorum: dict[str, Any], human_readable: bool, now_ms: int) -> str:
+    """Kafka's table: the leader first, then the other voters, then the observers."""
+    leader = _leader_row(quorum)
+    others = sorted((v for v in quorum["voters"] if v is not leader), key=lambda v: v["id"])
+    rows: list[tuple[dict[str, Any], str]] = [
+        *([(leader, "Leader")] if leader is not None else []),
+        *((v, "Follower") for v in others),
+        *((o, "Observer") for o in sorted(quorum["observers"], key=lambda o: o["id"])),
+    ]
+
+    def timestamp(value: int) -> str:
+        if not human_readable:
+            return str(value)
+        return "unknown" if value < 0 else f"{max(0, now_ms - value)} ms ago"
+
+    table = [list(REPLICATION_COLUMNS)] + [
+        [str(replica["id"]), replica["directory_id"] or "-", str(replica["log_end_offset"]),
+         str(replica["lag"]), timestamp(replica["last_fetch_timestamp"]),
+         timestamp(replica["last_caught_up_timestamp"]), status]
+        for replica, status in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(REPLICATION_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""``quorum-node``: format a log directory, run a node, or run a whole local quorum.
+
+Errors are one line on stderr. Exit codes: 0 done, 1 a node failed while running, 2 refused
+(bad usage, bad configuration, or a log directory that cannot be used as it is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, NoReturn
+
+from quorum_node.node.config import (
+    CONFIG_KEYS,
+    ENV_PREFIX,
+    KEYS_BY_NAME,
+    ConfigError,
+    ConfigKey,
+    NodeConfig,
+    Setting,
+    config_from_settings,
+    format_address,
+    load_config,
+    read_properties,
+    settings_from_environ,
+)
+from quorum_node.storage import kafka_uuid
+from quorum_node.storage.errors import StorageError
+from quorum_node.storage.fsutil import atomic_write
+from quorum_node.storage.meta_properties import (
+    META_PROPERTIES,
+    format_log_dir,
+    random_cluster_id,
+    validate_cluster_id,
+)
+
+PROG = "quorum-node"
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+DEFAULT_DATA_DIR = Path("quorum-data")
+DEFAULT_BASE_PORT = 9091
+DEFAULT_HOST = "127.0.0.1"
+STOP_GRACE_S = 10.0
+CLUSTER_ID_FILE = "cluster.id"
+_LOCAL_SOURCE = "quorum-node local"
+_NODE_ENTRY = re.compile(r"node-([0-9]+)(?:\.properties)?")
+
+
+class LocalClusterError(Exception):
+    """``quorum-node local`` cannot use the data directory or ports it was given."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line instead of argparse's usage block; --help has the usage.
+        self.exit(EXIT_REFUSED, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed
+        return exit_.code if isinstance(exit_.code, int) else EXIT_REFUSED
+    command: Callable[[argparse.Namespace], int] = args.command
+    return command(args)
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog=PROG, description="A KRaft-style Raft quorum node.")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    fmt = commands.add_parser(
+        "format", help="format a log directory (prints its new directory id)",
+        description="Write meta.properties into a log directory, with a new directory id, and "
+        "print that id.",
+    )
+    fmt.add_argument("--log-dir", type=Path, required=True, help="the log directory")
+    fmt.add_argument("--node-id", type=int, required=True, help="the node id it belongs to")
+    fmt.add_argument("--cluster-id", required=True, help="the cluster id (random-cluster-id)")
+    fmt.add_argument(
+        "--ignore-formatted", action="store_true",
+        help="accept a directory already formatted for this cluster and node (left unchanged)",
+    )
+    fmt.set_defaults(command=_cmd_format)
+
+    rid = commands.add_parser(
+        "random-cluster-id", help="print a new random cluster id",
+        description="Print a new cluster id (22 base64url characters, as Kafka's).",
+    )
+    rid.set_defaults(command=_cmd_random_cluster_id)
+
+    run = commands.add_parser(
+        "run", help="run a node",
+        description="Run one node until SIGTERM or SIGINT. Every key can come from the config "
+        f"file, a flag or an environment variable ({ENV_PREFIX}<KEY>); flags win over the "
+        "environment, which wins over the file.",
+    )
+    run.add_argument("--config", type=Path, metavar="FILE", help="a Kafka-style properties file")
+    # Set by `local` for its children (Linux only): stop with SIGTERM when that process is gone.
+    run.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    _add_key_flags(run, CONFIG_KEYS)
+    run.set_defaults(command=_cmd_run)
+
+    local = commands.add_parser(
+        "local", help="run a whole quorum on this machine",
+        description="Start a quorum of N nodes on loopback, formatting their directories on first "
+        "use, and stop them all on Ctrl-C. Node i listens on base-port + i - 1; its config, log "
+        "directory and output are DATA_DIR/node-i.properties, DATA_DIR/node-i and "
+        "DATA_DIR/node-i.log. The timing flags below apply to every node.",
+    )
+    local.add_argument("--nodes", type=int, default=3, help="how many voters (default 3)")
+    local.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+        help=f"where the nodes keep their data (default ./{DEFAULT_DATA_DIR})",
+    )
+    local.add_argument(
+        "--base-port", type=int, default=DEFAULT_BASE_PORT,
+        help=f"port of node 1 (default {DEFAULT_BASE_PORT})",
+    )
+    local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
+    _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
+    local.set_defaults(command=_cmd_local)
+    return parser
+
+
+def _add_key_flags(parser: argparse.ArgumentParser, keys: Sequence[ConfigKey]) -> None:
+    group = parser.add_argument_group("configuration keys")
+    for key in keys:
+        default = "required" if key.default is None else f"default {key.default}"
+        # Values stay strings: load_config validates them and names the flag in its errors. A
+        # boolean flag alone means true (--format-if-empty), or takes a value like the others.
+        boolean = key.default == "false"
+        group.add_argument(
+            key.flag, dest=key.name, default=argparse.SUPPRESS,
+            metavar="true|false" if boolean else "VALUE",
+            nargs="?" if boolean else None, const="true" if boolean else None,
+            help=f"{key.help} [{key.name}, {key.env_var}; {default}]",
+        )
+
+
+def _key_flags(args: argparse.Namespace) -> dict[str, str]:
+    return {name: value for name, value in vars(args).items() if name in KEYS_BY_NAME}
+
+
+def _error(prog: str, message: object) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+
+
+# -- format, random-cluster-id, run ----------------------------------------------------------------
+
+
+def _cmd_format(args: argparse.Namespace) -> int:
+    prog = f"{PROG} format"
+    log_dir: Path = args.log_dir
+    already = (log_dir / META_PROPERTIES).exists()
+    if already and not args.ignore_formatted:
+        _error(prog, f"{log_dir / META_PROPERTIES} already exists; refusing to overwrite it "
+                     "(--ignore-formatted keeps a directory formatted for this cluster and node)")
+        return EXIT_REFUSED
+    try:
+        meta = format_log_dir(log_dir, args.cluster_id, args.node_id, args.ignore_formatted)
+    except (StorageError, ValueError, OSError) as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    if already:
+        print(f"{log_dir} is already formatted for node {meta.node_id}; left unchanged",
+              file=sys.stderr)
+    print(kafka_uuid.to_kafka_string(meta.directory_id))
+    return 0
+
+
+def _cmd_random_cluster_id(args: argparse.Namespace) -> int:
+    print(random_cluster_id())
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    prog = f"{PROG} run"
+    try:
+        config = load_config(args.config, _key_flags(args), os.environ)
+    except ConfigError as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    if args.parent_pid is not None and not _stop_with_parent(args.parent_pid):
+        _error(prog, f"parent process {args.parent_pid} is gone; not starting")
+        return EXIT_FAILED
+    # Imported here: the runtime pulls in aiohttp and the whole node, which the other commands
+    # (and a refused configuration) do not need.
+    from quorum_node.node.runtime import run_node  # noqa: PLC0415
+
+    try:
+        return run_node(config)
+    except (StorageError, ConfigError) as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+
+
+# -- local -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """One node of a local quorum, as ``prepare_local_cluster`` set it up."""
+
+    config: NodeConfig
+    config_path: Path
+    log_path: Path  # the node's stdout and stderr
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+
+def prepare_local_cluster(
+    data_dir: Path,
+    nodes: int,
+    *,
+    host: str = DEFAULT_HOST,
+    base_port: int = DEFAULT_BASE_PORT,
+    settings: Mapping[str, Setting] | None = None,
+) -> list[LocalNode]:
+    """Set up (first use) or check and reuse (later) a local quorum's data directory: its
+    cluster id in ``cluster.id``, node i's log directory ``node-i`` (formatted once), and
+    ``node-i.properties``, rewritten every time from the arguments and ``settings`` (shared keys
+    only, e.g. timeouts). Raises LocalClusterError, ConfigError or StorageError; nothing is
+    written when the directory belongs to a quorum of another size or to something else."""
+    if nodes < 1:
+        raise LocalClusterError(f"--nodes must be at least 1, got {nodes}")
+    if not 1 <= base_port <= 65536 - nodes:
+        raise LocalClusterError(f"--base-port {base_port}: ports up to {base_port + nodes - 1} "
+                                "do not fit below 65536")
+    overrides = dict(settings or {})
+    for name, setting in overrides.items():
+        if not KEYS_BY_NAME[name].shared:
+            raise LocalClusterError(f"{setting.source}: quorum-node local sets {name} for each "
+                                    "node itself; remove it")
+    # Absolute paths, so that a node-i.properties also works when run by hand from elsewhere.
+    data_dir = data_dir.absolute()
+    _check_existing_layout(data_dir, nodes)
+    cluster_id = _local_cluster_id(data_dir)
+    ports = {i: base_port + i - 1 for i in range(1, nodes + 1)}
+    voters = ",".join(f"{i}@{format_address(host, port)}" for i, port in ports.items())
+    # Every config is validated before anything is formatted or written.
+    prepared = [
+        LocalNode(
+            config_from_settings({
+                **overrides,
+                "node.id": Setting(str(node_id), _LOCAL_SOURCE),
+                "cluster.id": Setting(cluster_id, _LOCAL_SOURCE),
+                "log.dir": Setting(str(data_dir / f"node-{node_id}"), _LOCAL_SOURCE),
+                "listeners": Setting(format_address(host, port), _LOCAL_SOURCE),
+                "controller.quorum.voters": Setting(voters, _LOCAL_SOURCE),
+            }),
+            data_dir / f"node-{node_id}.properties",
+            data_dir / f"node-{node_id}.log",
+        )
+        for node_id, port in ports.items()
+    ]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _store_cluster_id(data_dir, cluster_id)
+    for node in prepared:
+        # Formats a new directory; checks that an existing one is this cluster's and node's.
+        format_log_dir(node.config.log_dir, cluster_id, node.node_id, ignore_formatted=True)
+        atomic_write(node.config_path, node.config.to_properties().encode("utf-8"), replace=True)
+    return prepared
+
+
+def _check_existing_layout(data_dir: Path, nodes: int) -> None:
+    if not data_dir.exists():
+        return
+    if not data_dir.is_dir():
+        raise LocalClusterError(f"{data_dir} is not a directory")
+    entries = sorted(os.listdir(data_dir))
+    if not entries:
+        return
+    if CLUSTER_ID_FILE not in entries:
+        raise LocalClusterError(
+            f"{data_dir} is not empty and holds no local quorum ({CLUSTER_ID_FILE} is missing); "
+            "choose a new or empty --data-dir"
+        )
+    found = {int(m.group(1)) for e in entries if (m := _NODE_ENTRY.fullmatch(e))}
+    expected = set(range(1, nodes + 1))
+    if found and found != expected:
+        raise LocalClusterError(
+            f"{data_dir} holds a local quorum of nodes {_id_list(found)}, not {_id_list(expected)}"
+            f"; run with --nodes {len(found)} or choose another --data-dir"
+        )
+    for node_id in sorted(found):
+        path = data_dir / f"node-{node_id}.properties"
+        if path.exists():
+            voters = read_properties(path).get("controller.quorum.voters")
+            count = len(voters.value.split(",")) if voters else 0
+            if count != nodes:
+                raise LocalClusterError(
+                    f"{path} lists {count} voters, not {nodes}; run with --nodes {count} or "
+                    "choose another --data-dir"
+                )
+
+
+def _id_list(ids: set[int]) -> str:
+    return ", ".join(str(i) for i in sorted(ids))
+
+
+def _local_cluster_id(data_dir: Path) -> str:
+    """The cluster id kept in the data directory, or a new one (stored by _store_cluster_id)."""
+    path = data_dir / CLUSTER_ID_FILE
+    try:
+        cluster_id = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return random_cluster_id()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LocalClusterError(f"{path}: unreadable: {exc}") from None
+    try:
+        validate_cluster_id(cluster_id)
+    except ValueError as exc:
+        raise LocalClusterError(f"{path}: {exc}") from None
+    return cluster_id
+
+
+def _store_cluster_id(data_dir: Path, cluster_id: str) -> None:
+    path = data_dir / CLUSTER_ID_FILE
+    if not path.exists():
+        atomic_write(path, f"{cluster_id}\n".encode("ascii"), replace=False)
+
+
+def check_ports_free(host: str, ports: Sequence[int]) -> None:
+    """Fail early, with the port's number, instead of letting a node die on a taken port."""
+    for port in ports:
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as sock:
+                # As asyncio's server does, so a port in TIME_WAIT counts as free.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+        except OSError as exc:
+            raise LocalClusterError(
+                f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}; is another "
+                "quorum running? (--base-port picks other ports)"
+            ) from None
+
+
+def node_command(node: LocalNode) -> list[str]:
+    return [
+        sys.executable, "-m", "quorum_node.cli.node", "run", "--config", str(node.config_path),
+        "--parent-pid", str(os.getpid()),
+    ]
+
+
+def _stop_with_parent(parent_pid: int) -> bool:
+    """Have Linux send us SIGTERM when ``parent_pid`` (``local``) exits, even by SIGKILL, so that
+    its nodes never outlive it holding their ports. False if it is already gone."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    # Checked after prctl: a parent that died before it would otherwise go unnoticed.
+    return os.getppid() == parent_pid
+
+
+class LocalCluster:
+    """Child processes of a local quorum: started together, watched, stopped together.
+
+    Only the processes it started are ever signalled, each through its own Popen."""
+
+    def __init__(
+        self,
+        nodes: Sequence[LocalNode],
+        command: Callable[[LocalNode], list[str]] = node_command,
+        *,
+        out: IO[str] | None = None,
+        grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        self.nodes = list(nodes)
+        self._command = command
+        self._out = out if out is not None else sys.stderr
+        self._grace_s = grace_s
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> None:
+        # The config file is the whole configuration: QUORUM_* variables would override it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+        env["PYTHONUNBUFFERED"] = "1"  # so that node-i.log is current
+        for node in self.nodes:
+            with node.log_path.open("ab") as log:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                log.write(f"--- {stamp} quorum-node local: starting node {node.node_id}\n".encode())
+                log.flush()
+                self.processes[node.node_id] = subprocess.Popen(
+                    self._command(node), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=env,
+                    # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the
+                    # nodes one way, with SIGTERM (a graceful resignation), not twice.
+                    start_new_session=True,
+                )
+
+    def supervise(
+        self,
+        stop_requested: Callable[[], bool],
+        kill_now: Callable[[], bool] = lambda: False,
+        *,
+        poll_s: float = 0.1,
+    ) -> int:
+        """Wait until ``stop_requested()`` (stop all, return 0) or a node exits on its own
+        (report it, stop the others, return 1). ``kill_now`` is passed on to ``stop``."""
+        while True:
+            if stop_requested():
+                self.stop(kill_now)
+                return 0
+            exited = [(i, p.returncode) for i, p in self.processes.items() if p.poll() is not None]
+            if exited:
+                for node_id, code in exited:
+                    log = next(n.log_path for n in self.nodes if n.node_id == node_id)
+                    print(f"node {node_id} {_describe_exit(code)}; its log: {log}",
+                          file=self._out, flush=True)
+                self.stop(kill_now)
+                return EXIT_FAILED
+            time.sleep(poll_s)
+
+    def stop(self, kill_now: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM every running node, wait up to the grace period (all in parallel), SIGKILL
+        the ones still running (at once when ``kill_now()`` turns true)."""
+        running = {i: p for i, p in self.processes.items() if p.poll() is None}
+        for process in running.values():
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self._grace_s
+        forced = False
+        while any(p.poll() is None for p in running.values()):
+            forced = kill_now()
+            if forced or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        for node_id, process in running.items():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+                why = "on a second signal" if forced else (
+                    f"after {self._grace_s:g} s (SIGTERM did not stop it)")
+                print(f"node {node_id} killed {why}", file=self._out, flush=True)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    prog = f"{PROG} local"
+    try:
+        settings = settings_from_environ(os.environ)
+        settings.update({k: Setting(v, KEYS_BY_NAME[k].flag) for k, v in _key_flags(args).items()})
+        nodes = prepare_local_cluster(
+            args.data_dir, args.nodes, host=args.host, base_port=args.base_port, settings=settings
+        )
+        check_ports_free(args.host, [node.config.listen_port for node in nodes])
+    except (LocalClusterError, ConfigError, StorageError, OSError) as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+
+    signals_seen = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = LocalCluster(nodes)
+    try:
+        cluster.start()
+        print(f"local quorum of {len(nodes)} nodes, cluster id {nodes[0].config.cluster_id}, "
+              f"data in {nodes[0].config_path.parent}")
+        for node in nodes:
+            pid = cluster.processes[node.node_id].pid
+            url = node.config.client_url
+            print(f"node {node.node_id}: {url}  (pid {pid}, log {node.log_path})")
+        print("Ctrl-C stops every node.", flush=True)
+        code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1)
+        if code == 0:
+            print("all nodes stopped", file=sys.stderr)
+        return code
+    finally:
+        # Also on an error while starting: never leave started nodes behind. A second Ctrl-C
+        # while they shut down kills them at once.
+        cluster.stop(kill_now=lambda: signals_seen > 1)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

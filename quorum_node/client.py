@@ -1,0 +1,382 @@
+"""A synchronous Python client for the quorum's client API (``quorum_node.node.client_api``).
+
+    with QuorumClient("127.0.0.1:9091,127.0.0.1:9092") as client:
+        client.put("colour", "blue")
+        client.get("colour")                 # 'blue', linearizable
+        client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
+        first, last = client.append([b"a", b"b"])
+        client.read(first, wait_ms=1000).records
+
+It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
+leader it found), and retries across the list with a bounded exponential back-off, within
+``timeout_s`` per call, whenever a try is known not to have taken effect: the node could not be
+reached, knew no leader, was shutting down, or the leader lost the append to a new leader.
+When a connection breaks after a request was sent, its outcome is unknown: reads, puts and
+deletes are retried all the same (idempotent, as HTTP's GET, PUT and DELETE are), but a cas or
+an append is not, as it could apply twice: that raises QuorumClientError with code
+OUTCOME_UNKNOWN. A write the node timed out on (code TIMEOUT) may still commit and is never
+retried; a read is.
+
+Only the standard library is used (``http.client`` with keep-alive connections). A client is
+not thread-safe: use one per thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import random
+import select
+import socket
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+DEFAULT_TIMEOUT_S = 10.0
+MAX_REDIRECTS = 5
+_FIRST_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 1.0
+# Time left for the answer to travel back after the server's own timeout.
+_SERVER_TIMEOUT_MARGIN_S = 0.25
+# Server answers after which nothing took effect, so that trying again (elsewhere) is safe.
+_RETRYABLE_CODES = frozenset({"NO_LEADER", "NODE_FAILED", "SHUTTING_DOWN", "APPEND_LOST"})
+# ... and, for reads, which change nothing.
+_RETRYABLE_READ_CODES = _RETRYABLE_CODES | {"TIMEOUT"}
+
+
+class QuorumClientError(Exception):
+    """A call failed. ``code`` is the server's error code (BAD_REQUEST, TOO_LARGE, TIMEOUT,
+    OUTCOME_UNKNOWN, ...) or UNAVAILABLE when no node could serve it in time."""
+
+    def __init__(self, message: str, *, code: str = "ERROR", status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """A committed key-value write. ``applied``: always True for put; for delete, whether the
+    key existed; for cas, whether the expectation held (and the value was set)."""
+
+    key: str
+    offset: int
+    epoch: int
+    applied: bool
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    offset: int
+    value: bytes
+    key: bytes | None
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    records: list[ReadRecord]
+    high_watermark: int | None
+    next_offset: int  # where the next read continues (past any skipped control records)
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    """``host:port[,host:port]`` (or a list of them, ``http://`` optional) as base URLs."""
+    entries = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    servers: list[str] = []
+    for raw in entries:
+        entry = raw.strip()
+        if not entry:
+            continue
+        url = entry if "://" in entry else f"http://{entry}"
+        parts = urllib.parse.urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or not parts.hostname or port is None \
+                or parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"bootstrap server {entry!r} is not of the form host:port")
+        servers.append(f"http://{parts.netloc}")
+    if not servers:
+        raise ValueError("no bootstrap server given (expected host:port[,host:port...])")
+    return servers
+
+
+class _NotSent(Exception):
+    """The request never reached the server: trying again elsewhere is safe."""
+
+
+class _OutOfTime(Exception):
+    """The call's deadline passed before a request could be sent."""
+
+
+class _Interrupted(Exception):
+    """The request was sent but no answer came: its outcome is unknown."""
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: bytes | None
+    content_type: str | None
+    server_timeout: bool  # whether to tell the node how long this client will wait
+
+
+@dataclass
+class _Answer:
+    status: int
+    body: Any
+    location: str | None
+
+
+class QuorumClient:
+    def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S
+                 ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.servers = parse_bootstrap(bootstrap)
+        self.timeout_s = timeout_s
+        self._preferred = self.servers[0]  # the last server that answered (the leader, once found)
+        self._connections: dict[str, http.client.HTTPConnection] = {}
+
+    def __enter__(self) -> QuorumClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+
+    # --- key-value store ---------------------------------------------------------------------
+
+    def put(self, key: str, value: str) -> WriteResult:
+        body = self._call("PUT", _kv_path(key), body=value.encode("utf-8"),
+                          content_type="text/plain; charset=utf-8")
+        return _write_result(body, "applied")
+
+    def get(self, key: str, stale: bool = False) -> str | None:
+        """The key's value, None if absent. Linearizable unless ``stale`` (then any node's
+        local copy, possibly behind)."""
+        body = self._call("GET", _kv_path(key), query={"stale": "true"} if stale else {},
+                          server_timeout=not stale, absent_ok=True)
+        if body.get("code") == "KEY_NOT_FOUND":
+            return None
+        return _field(body, "value", str)
+
+    def delete(self, key: str) -> WriteResult:
+        return _write_result(self._call("DELETE", _kv_path(key)), "deleted")
+
+    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
+        """Set ``key`` to ``value`` (None: delete it) only if its value is ``expected`` (None:
+        only if it is absent); ``applied`` tells whether it did."""
+        body = json.dumps({"expected": expected, "value": value}).encode()
+        return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
+                                        content_type="application/json"), "applied")
+
+    # --- records -----------------------------------------------------------------------------
+
+    def append(self, values: Sequence[bytes]) -> tuple[int, int]:
+        """Append records as one batch; their (first, last) offsets once committed."""
+        if not values:
+            raise ValueError("nothing to append")
+        body = b"".join(len(value).to_bytes(4, "big") + bytes(value) for value in values)
+        answer = self._call("POST", "/v1/records", body=body,
+                            content_type="application/octet-stream")
+        return _field(answer, "first_offset", int), _field(answer, "last_offset", int)
+
+    def read(self, offset: int, max_records: int = 100, wait_ms: int = 0) -> ReadResult:
+        """Committed records from ``offset``, waiting up to ``wait_ms`` for the first one."""
+        query = {"offset": str(offset), "max_records": str(max_records), "wait_ms": str(wait_ms)}
+        body = self._call("GET", "/v1/records", query=query, server_timeout=False,
+                          extra_time_s=max(wait_ms, 0) / 1000)
+        records = []
+        for entry in _field(body, "records", list):
+            key = entry.get("key")
+            records.append(ReadRecord(
+                offset=_field(entry, "offset", int),
+                value=base64.b64decode(_field(entry, "value", str)),
+                key=base64.b64decode(key) if isinstance(key, str) else None,
+                timestamp_ms=int(entry.get("timestamp_ms", 0)),
+            ))
+        high_watermark = body.get("high_watermark")
+        return ReadResult(records, high_watermark if isinstance(high_watermark, int) else None,
+                          _field(body, "next_offset", int))
+
+    # --- transport ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+              body: bytes | None = None, content_type: str | None = None,
+              server_timeout: bool = True, absent_ok: bool = False,
+              extra_time_s: float = 0.0) -> dict[str, Any]:
+        """One API call with redirects and retries; the JSON answer of a success."""
+        read = method == "GET"  # changes nothing: any failure may be retried
+        idempotent = method in ("GET", "PUT", "DELETE")  # applying twice = applying once
+        request = _Request(method, path, dict(query or {}), body, content_type, server_timeout)
+        start = time.monotonic()
+        deadline = start + self.timeout_s + extra_time_s
+        candidates = [self._preferred] + [s for s in self.servers if s != self._preferred]
+        attempt = 0
+        last_problem = "no attempt made"
+        while True:
+            server = candidates[attempt % len(candidates)]
+            attempt += 1
+            try:
+                answer, server = self._follow(request, server, deadline)
+            except _OutOfTime:
+                break
+            except _NotSent as problem:
+                last_problem = str(problem)
+            except _Interrupted as problem:
+                if not idempotent:
+                    raise QuorumClientError(
+                        f"{problem}; the write may or may not have taken effect",
+                        code="OUTCOME_UNKNOWN") from None
+                last_problem = str(problem)
+            else:
+                code = answer.body.get("code") if isinstance(answer.body, dict) else None
+                if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
+                    self._preferred = server
+                    return answer.body  # type: ignore[no-any-return]
+                message = _error_message(answer)
+                if code not in (_RETRYABLE_READ_CODES if read else _RETRYABLE_CODES):
+                    raise QuorumClientError(message, code=code or "ERROR", status=answer.status)
+                last_problem = f"{server}: {message}"
+            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(attempt - 1, 10))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(min(remaining, backoff * random.uniform(0.5, 1.0)))
+        raise QuorumClientError(f"no node served the request within "
+                                f"{time.monotonic() - start:.1f} s (last: {last_problem})",
+                                code="UNAVAILABLE")
+
+    def _follow(self, request: _Request, server: str, deadline: float) -> tuple[_Answer, str]:
+        """Send to ``server``, following redirects to the leader; the answer and who gave it."""
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _OutOfTime
+            query = dict(request.query)
+            if request.server_timeout:
+                # The node gives up (and says so) before this client stops waiting for it.
+                budget_ms = int((remaining - _SERVER_TIMEOUT_MARGIN_S) * 1000)
+                query["timeout_ms"] = str(max(1, min(budget_ms, 60_000)))
+            target = request.path + ("?" + urllib.parse.urlencode(query) if query else "")
+            answer = self._send(server, request, target, remaining)
+            if answer.status not in (307, 308):
+                return answer, server
+            if not answer.location:
+                raise QuorumClientError(f"{server}: redirect without a Location", code="ERROR",
+                                        status=answer.status)
+            location = urllib.parse.urlsplit(urllib.parse.urljoin(server + request.path,
+                                                                  answer.location))
+            server = f"{location.scheme}://{location.netloc}"
+        # Nodes disagree about the leader (an election in progress): nothing was applied.
+        raise _NotSent(f"redirected more than {MAX_REDIRECTS} times (last to {server})")
+
+    def _send(self, server: str, request: _Request, target: str, timeout_s: float) -> _Answer:
+        connection = self._connection(server, timeout_s)
+        headers = {"Accept": "application/json"}
+        if request.content_type is not None:
+            headers["Content-Type"] = request.content_type
+        try:
+            connection.request(request.method, target, body=request.body, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            self._connections.pop(server, None)
+            raise _Interrupted(f"{server}: {_describe(error)}") from None
+        if response.will_close:
+            connection.close()
+            self._connections.pop(server, None)
+        try:
+            document = json.loads(data) if data else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            document = None
+        if not isinstance(document, dict):
+            snippet = data[:200].decode("utf-8", "replace").strip()
+            raise QuorumClientError(
+                f"{server} answered HTTP {response.status} with no JSON: {snippet!r} (is it a "
+                f"quorum node?)", code="ERROR", status=response.status)
+        return _Answer(response.status, document, response.getheader("Location"))
+
+    def _connection(self, server: str, timeout_s: float) -> http.client.HTTPConnection:
+        """A connected keep-alive connection; a fresh one if the server closed the old one
+        (checked before sending, so that a closed idle connection never leaves a write's
+        outcome unknown)."""
+        connection = self._connections.get(server)
+        if connection is not None and (connection.sock is None or _is_dropped(connection.sock)):
+            connection.close()
+            connection = None
+        if connection is None:
+            parts = urllib.parse.urlsplit(server)
+            connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
+                                                    timeout=timeout_s)
+            try:
+                connection.connect()
+            except OSError as error:
+                connection.close()
+                raise _NotSent(f"{server}: {_describe(error)}") from None
+            connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._connections[server] = connection
+        connection.timeout = timeout_s
+        connection.sock.settimeout(timeout_s)
+        return connection
+
+
+def _is_dropped(sock: socket.socket) -> bool:
+    # An idle keep-alive connection has nothing to read unless the server closed it.
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, TimeoutError | socket.timeout):
+        return "no answer in time"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, http.client.RemoteDisconnected):
+        return "connection closed by the server"
+    return str(error) or type(error).__name__
+
+
+def _error_message(answer: _Answer) -> str:
+    message = answer.body.get("error")
+    return str(message) if message else f"HTTP {answer.status}"
+
+
+def _kv_path(key: str) -> str:
+    if not key:
+        raise ValueError("a key must not be empty")
+    return "/v1/kv/" + urllib.parse.quote(key, safe="")
+
+
+def _field(body: Mapping[str, Any], name: str, kind: type[_T]) -> _T:
+    value = body.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise QuorumClientError(f"malformed answer: {name!r} missing or not a {kind.__name__}",
+                                code="ERROR")
+    return value
+
+
+def _write_result(body: Mapping[str, Any], applied_field: str) -> WriteResult:
+    return WriteResult(key=_field(body, "key", str), offset=_field(body, "offset", int),
+                       epoch=_field(body, "epoch", int),
+                       applied=_field(body, applied_field, bool))

@@ -1,0 +1,1 @@
+"""The networked quorum node: runtime, transport, APIs."""

@@ -1,0 +1,491 @@
+"""A node's configuration: Kafka-style keys from a properties file, environment variables and
+command-line flags, validated with pydantic.
+
+Every key has three spellings, e.g. ``controller.quorum.election.timeout.ms`` in the properties
+file, ``--controller-quorum-election-timeout-ms`` on the command line and
+``QUORUM_CONTROLLER_QUORUM_ELECTION_TIMEOUT_MS`` in the environment (containers and Kubernetes pass
+configuration that way). Precedence: flag > environment > file > default. Every value is carried
+with where it came from, so that a bad one is reported as a single line naming the key and that
+source, e.g. ``node.id (from /etc/quorum/node.properties, line 3): expected an integer, got 'x'``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+
+from quorum_node.raft.config import QuorumConfig, VoterEndpoint, parse_quorum_voters
+from quorum_node.storage.meta_properties import validate_cluster_id
+from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES
+
+ENV_PREFIX = "QUORUM_"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message is one line naming the key and its source."""
+
+
+def _cluster_id(value: str) -> str:
+    validate_cluster_id(value)
+    return value
+
+
+class NodeConfig(BaseModel):
+    """Everything a node needs to start. Build it with ``load_config`` (or directly in code)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_id: int = Field(ge=0)
+    cluster_id: Annotated[str, AfterValidator(_cluster_id)]
+    log_dir: Path
+    # One listener serves the peer RPCs, the client API and the admin API.
+    listen_host: str = Field(min_length=1)
+    listen_port: int = Field(ge=1, le=65535)
+    voters: tuple[VoterEndpoint, ...] = Field(min_length=1)
+    quorum: QuorumConfig = Field(default_factory=QuorumConfig)
+    segment_bytes: int = Field(DEFAULT_SEGMENT_BYTES, ge=1)
+    format_if_empty: bool = False
+
+    @field_validator("voters", mode="before")
+    @classmethod
+    def _parse_voters(cls, value: object) -> object:
+        return parse_quorum_voters(value) if isinstance(value, str) else value
+
+    @field_validator("log_dir", mode="before")
+    @classmethod
+    def _non_empty_log_dir(cls, value: object) -> object:
+        # Path("") is ".", which would quietly put the log wherever the node was started from.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("expected a directory path, got ''")
+        return value
+
+    @property
+    def listener(self) -> str:
+        """The ``listeners`` value, in Kafka's form."""
+        return f"PLAINTEXT://{format_address(self.listen_host, self.listen_port)}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{format_address(self.listen_host, self.listen_port)}"
+
+    def to_properties(self) -> str:
+        """The Kafka-style properties file that ``load_config`` reads back into this config,
+        every key written out with its help as a comment. Only the settings that have a key are
+        written (``QuorumConfig``'s fetch sizes and long-poll wait are fixed)."""
+        lines = ["# quorum-node configuration; `quorum-node run --help` lists every key."]
+        for key in CONFIG_KEYS:
+            lines += ["", f"# {key.help}", f"{key.name}={_escape(_render(key, self))}"]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One configuration key, and the NodeConfig field(s) it sets (dotted for nested ones)."""
+
+    name: str
+    fields: tuple[str, ...]
+    help: str
+    # False for the keys that identify a node (``quorum-node local`` sets those itself).
+    shared: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace(".", "-")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + re.sub(r"[.-]", "_", self.name).upper()
+
+    @property
+    def required(self) -> bool:
+        return _field_info(self.fields[0]).is_required()
+
+    @property
+    def default(self) -> str | None:
+        """The default in properties syntax; None for a required key."""
+        if self.required:
+            return None
+        return _format_value(_field_info(self.fields[0]).get_default(call_default_factory=True))
+
+
+_QUORUM_TIMING = "controller.quorum."
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("node.id", ("node_id",), "This node's id: an integer >= 0, unique in the cluster."),
+    ConfigKey("cluster.id", ("cluster_id",),
+              "The cluster id (base64url, as `quorum-node random-cluster-id` prints); must match "
+              "meta.properties."),
+    ConfigKey("log.dir", ("log_dir",),
+              "The log directory, formatted by `quorum-node format` (or format.if.empty)."),
+    ConfigKey("listeners", ("listen_host", "listen_port"),
+              "Where to listen for peers, clients and admin: host:port, PLAINTEXT://host:port or "
+              "[::1]:port."),
+    ConfigKey("controller.quorum.voters", ("voters",),
+              "The voters, id@host:port,... (each voter's listener)."),
+    ConfigKey(_QUORUM_TIMING + "election.timeout.ms", ("quorum.election_timeout_ms",),
+              "Election timeout; each timer is drawn from [T, 2T).", shared=True),
+    ConfigKey(_QUORUM_TIMING + "fetch.timeout.ms", ("quorum.fetch_timeout_ms",),
+              "A follower that has not heard from its leader for this long starts an election.",
+              shared=True),
+    ConfigKey(_QUORUM_TIMING + "election.backoff.max.ms", ("quorum.election_backoff_max_ms",),
+              "Cap of the back-off before a resigned leader's successors campaign.", shared=True),
+    ConfigKey(_QUORUM_TIMING + "request.timeout.ms", ("quorum.request_timeout_ms",),
+              "Timeout of a request to a peer (above the 500 ms fetch long-poll).", shared=True),
+    ConfigKey(_QUORUM_TIMING + "retry.backoff.ms", ("quorum.retry_backoff_ms",),
+              "Wait before retrying a failed request to a peer.", shared=True),
+    ConfigKey(_QUORUM_TIMING + "append.linger.ms", ("quorum.append_linger_ms",),
+              "How long the leader gathers appends into one batch.", shared=True),
+    ConfigKey("log.segment.bytes", ("segment_bytes",), "Size at which a log segment rolls.",
+              shared=True),
+    ConfigKey("format.if.empty", ("format_if_empty",),
+              "Format an empty log.dir at start-up with a new directory id (for containers)."),
+)
+KEYS_BY_NAME: Mapping[str, ConfigKey] = {key.name: key for key in CONFIG_KEYS}
+_KEYS_BY_ENV: Mapping[str, ConfigKey] = {key.env_var: key for key in CONFIG_KEYS}
+_KEYS_BY_FIELD: Mapping[str, ConfigKey] = {f: key for key in CONFIG_KEYS for f in key.fields}
+# Model-level checks of a nested model, attributed to the one key a user can change to fix them:
+# QuorumConfig's long-poll wait is fixed, so only the request timeout can make room for it.
+_KEYS_BY_MODEL_CHECK: Mapping[str, ConfigKey] = {
+    "quorum": KEYS_BY_NAME[_QUORUM_TIMING + "request.timeout.ms"]
+}
+
+
+class Setting(NamedTuple):
+    """A raw value and where it came from (``path, line N``, ``--flag`` or ``ENV_VAR``)."""
+
+    value: str
+    source: str
+
+
+def load_config(
+    config_file: Path | None, flags: Mapping[str, str], environ: Mapping[str, str]
+) -> NodeConfig:
+    """Read the properties file (if any), the ``QUORUM_*`` variables of ``environ`` and ``flags``
+    (keyed by key name, e.g. ``{"node.id": "1"}``), flags winning over the environment over the
+    file, and validate the result. Raises ConfigError, one line, on an unknown key anywhere, a
+    syntax error in the file, a missing required key or a bad value."""
+    settings: dict[str, Setting] = {}
+    if config_file is not None:
+        settings.update(read_properties(config_file))
+    settings.update(settings_from_environ(environ))
+    settings.update(settings_from_flags(flags))
+    return config_from_settings(settings)
+
+
+def settings_from_flags(flags: Mapping[str, str]) -> dict[str, Setting]:
+    settings = {}
+    for name, value in flags.items():
+        key = KEYS_BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(f"unknown key {name!r}{_suggest(name, KEYS_BY_NAME)}")
+        settings[name] = Setting(value, key.flag)
+    return settings
+
+
+def settings_from_environ(environ: Mapping[str, str]) -> dict[str, Setting]:
+    """The ``QUORUM_*`` variables; any other variable is ignored, an unknown ``QUORUM_*`` one is
+    an error (a misspelt variable would otherwise be silently dropped), except Kubernetes'
+    service links."""
+    settings = {}
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or _is_service_link(var, environ[var]):
+            continue
+        key = _KEYS_BY_ENV.get(var)
+        if key is None:
+            raise ConfigError(
+                f"{var}: unknown environment variable; QUORUM_* variables are configuration "
+                f"keys{_suggest(var, _KEYS_BY_ENV)}"
+            )
+        settings[key.name] = Setting(environ[var], var)
+    return settings
+
+
+# Kubernetes gives every pod variables for each service of its namespace (unless the pod sets
+# enableServiceLinks: false): a service "quorum" or "quorum-node" yields QUORUM_SERVICE_HOST,
+# QUORUM_NODE_PORT=tcp://10.0.0.7:9093, QUORUM_PORT_9093_TCP_ADDR and so on. They are recognised
+# by their shape (and a bare *_PORT by its tcp:// value, so QUORUM_LISTEN_PORT=9093 is still
+# refused as unknown).
+_SERVICE_LINK = re.compile(
+    r"QUORUM_(?:\w+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT_\d+_(?:TCP|UDP|SCTP)"
+    r"(?:_(?:PROTO|PORT|ADDR))?)"
+)
+_SERVICE_LINK_PORT = re.compile(r"QUORUM_(?:\w+_)?PORT")
+_SERVICE_URL = re.compile(r"(?:tcp|udp|sctp)://\S+")
+
+
+def _is_service_link(var: str, value: str) -> bool:
+    if _SERVICE_LINK.fullmatch(var):
+        return True
+    return bool(_SERVICE_LINK_PORT.fullmatch(var) and _SERVICE_URL.fullmatch(value))
+
+
+def keys_markdown_table() -> str:
+    """The keys as a Markdown table (key, flag, environment variable, default, meaning), for the
+    README."""
+    rows = ["| key | flag | environment | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for key in CONFIG_KEYS:
+        default = "(required)" if key.default is None else f"`{key.default}`"
+        rows.append(f"| `{key.name}` | `{key.flag}` | `{key.env_var}` | {default} | {key.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def read_properties(path: Path) -> dict[str, Setting]:
+    """Read a properties file of known keys; ConfigError names the file and line of a problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: unreadable: {exc}") from None
+    settings: dict[str, Setting] = {}
+    first_line: dict[str, int] = {}
+    for name, value, line in parse_properties(text):
+        where = f"{path}, line {line}"
+        if name not in KEYS_BY_NAME:
+            raise ConfigError(f"{where}: unknown key {name!r}{_suggest(name, KEYS_BY_NAME)}")
+        if name in settings:
+            # Java keeps the last one; a key set twice is more likely a mistake than an override.
+            raise ConfigError(f"{where}: {name} is set twice (first on line {first_line[name]})")
+        settings[name] = Setting(value, where)
+        first_line[name] = line
+    return settings
+
+
+def config_from_settings(settings: Mapping[str, Setting]) -> NodeConfig:
+    """Validate raw settings (from any mix of sources) into a NodeConfig."""
+    data: dict[str, Any] = {}
+    for name, (raw, source) in settings.items():
+        key = KEYS_BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(f"unknown key {name!r} (from {source})")
+        value = raw.strip()  # no key's value can begin or end with whitespace
+        if name == "listeners":
+            try:
+                host, port = split_listener(value)
+            except ValueError as exc:
+                raise ConfigError(f"listeners (from {source}): {exc}") from None
+            parts: dict[str, str] = {"listen_host": host, "listen_port": port}
+        else:
+            parts = {key.fields[0]: value}
+        for field, part in parts.items():
+            parent, _, leaf = field.rpartition(".")
+            (data.setdefault(parent, {}) if parent else data)[leaf] = part
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, settings)) from None
+
+
+def split_listener(value: str) -> tuple[str, str]:
+    """Split ``host:port``, ``PLAINTEXT://host:port`` or ``[::1]:port`` into host and port text
+    (the port is validated as part of NodeConfig)."""
+    address = value
+    scheme, separator, rest = value.partition("://")
+    if separator:
+        if scheme.upper() != "PLAINTEXT":
+            raise ValueError(f"{value!r}: only PLAINTEXT listeners are supported (no TLS or SASL)")
+        address = rest
+    if "," in address:
+        raise ValueError(f"{value!r}: expected one listener (it serves peers, clients and admin)")
+    host, colon, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 literal
+    elif ":" in host:
+        raise ValueError(f"{value!r}: put an IPv6 address in brackets, as in [::1]:9093")
+    if not colon or not host or any(c.isspace() or c in "/[]" for c in host):
+        raise ValueError(
+            f"{value!r} is not of the form host:port, PLAINTEXT://host:port or [::1]:port "
+            "(0.0.0.0 listens on every interface)"
+        )
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_properties(text: str) -> list[tuple[str, str, int]]:
+    """Java's properties syntax: ``key=value``, ``key: value`` or ``key value`` lines, ``#``/``!``
+    comments, blank lines, backslash escapes (``\\t``, ``\\n``, ``\\uXXXX``, ``\\=``, ...) and
+    lines continued by a trailing backslash. Returns (key, value, line number) in file order."""
+    entries: list[tuple[str, str, int]] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        start = index
+        line = lines[index].lstrip()
+        index += 1
+        if not line or line[0] in "#!":
+            continue  # a comment ending in a backslash is not continued, as in Java
+        while _continues(line) and index < len(lines):
+            line = line[:-1] + lines[index].lstrip()
+            index += 1
+        if _continues(line):
+            line = line[:-1]  # a continuation at the end of the file continues into nothing
+        key_end = _key_end(line)
+        rest = line[key_end:].lstrip()
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip()
+        entries.append((_unescape(line[:key_end]), _unescape(rest), start + 1))
+    return entries
+
+
+def _continues(line: str) -> bool:
+    trailing = len(line) - len(line.rstrip("\\"))
+    return trailing % 2 == 1
+
+
+def _key_end(line: str) -> int:
+    position = 0
+    while position < len(line):
+        char = line[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char in "=:" or char.isspace():
+            return position
+        position += 1
+    return len(line)
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+_UNICODE_ESCAPE = re.compile(r"[0-9a-fA-F]{4}")
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    position = 0
+    while position < len(text):
+        char = text[position]
+        position += 1
+        if char != "\\" or position == len(text):
+            out.append(char)
+            continue
+        code = text[position]
+        position += 1
+        if code == "u" and _UNICODE_ESCAPE.fullmatch(text, position, position + 4):
+            out.append(chr(int(text[position : position + 4], 16)))
+            position += 4
+        else:
+            out.append(_ESCAPES.get(code, code))  # \= \: \# \! \\ and any other: the char itself
+    return "".join(out)
+
+
+def _escape(value: str) -> str:
+    # Surrounding whitespace needs no escape: every value is trimmed when read.
+    return (
+        value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        .replace("\t", "\\t").replace("\f", "\\f")
+    )
+
+
+def _render(key: ConfigKey, config: NodeConfig) -> str:
+    if key.name == "listeners":
+        return config.listener
+    if key.name == "controller.quorum.voters":
+        return ",".join(str(voter) for voter in config.voters)
+    value: Any = config
+    for part in key.fields[0].split("."):
+        value = getattr(value, part)
+    return _format_value(value)
+
+
+def _format_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _field_info(field: str) -> FieldInfo:
+    parent, _, leaf = field.rpartition(".")
+    model: type[BaseModel] = QuorumConfig if parent == "quorum" else NodeConfig
+    return model.model_fields[leaf]
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _describe(error: ValidationError, settings: Mapping[str, Setting]) -> str:
+    """One line for a ValidationError: the first bad value with its key and source (what was
+    given comes first), or else every missing required key."""
+    problems = error.errors()
+    missing = _unique(
+        _KEYS_BY_FIELD[_loc(p)]
+        for p in problems
+        if p["type"] == "missing" and _loc(p) in _KEYS_BY_FIELD
+    )
+    bad = [p for p in problems if p["type"] != "missing"]
+    if missing and not bad:
+        names = ", ".join(key.name for key in missing)
+        flags = ", ".join(key.flag for key in missing)
+        envs = ", ".join(key.env_var for key in missing)
+        plural = "s" if len(missing) > 1 else ""
+        return (
+            f"missing required setting{plural} {names}: set {'them' if plural else 'it'} in the "
+            f"config file, with {flags} or with {envs}"
+        )
+    first = bad[0]
+    loc = _loc(first)
+    key = _KEYS_BY_FIELD.get(loc) or _KEYS_BY_MODEL_CHECK.get(loc)
+    if key is None:  # not reachable from the known keys; report pydantic's view of it
+        return f"invalid configuration: {loc}: {first['msg']}"
+    setting = settings.get(key.name)
+    source = setting.source if setting is not None else "default"
+    problem = _problem(first)
+    if len(key.fields) > 1:  # say which part of a compound value is wrong
+        problem = f"{loc.rpartition('_')[2]}: {problem}"
+    if loc in _KEYS_BY_MODEL_CHECK and setting is not None:
+        problem += f", got {setting.value.strip()!r}"
+    more = ""
+    if len(bad) > 1:
+        more += f" (and {len(bad) - 1} more bad value{'s' if len(bad) > 2 else ''})"
+    if missing:
+        more += f"; also missing {', '.join(k.name for k in missing)}"
+    return f"{key.name} (from {source}): {problem}{more}"
+
+
+def _loc(problem: Mapping[str, Any]) -> str:
+    return ".".join(str(part) for part in problem["loc"])
+
+
+def _unique(keys: Iterable[ConfigKey]) -> list[ConfigKey]:
+    return list(dict.fromkeys(keys))
+
+
+def _problem(problem: Mapping[str, Any]) -> str:
+    kind: str = problem["type"]
+    context: Mapping[str, Any] = problem.get("ctx") or {}
+    got = f", got {problem['input']!r}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "expected an integer" + got
+    if kind in ("bool_parsing", "bool_type"):
+        return "expected true or false" + got
+    if kind == "greater_than_equal":
+        return f"must be at least {context['ge']}" + got
+    if kind == "greater_than":
+        return f"must be greater than {context['gt']}" + got
+    if kind == "less_than_equal":
+        return f"must be at most {context['le']}" + got
+    if kind == "value_error":
+        reason = str(context.get("error", problem["msg"]))
+        # parse_quorum_voters names the key itself; it is already at the start of the line.
+        return reason.removeprefix("controller.quorum.voters: ").removeprefix(
+            "controller.quorum.voters "
+        )
+    message: str = problem["msg"]
+    return message[:1].lower() + message[1:] + got

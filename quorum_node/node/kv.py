@@ -1,0 +1,289 @@
+"""The key-value state machine: a map of UTF-8 strings applied from committed records.
+
+A KV operation is a record whose key is ``KV_RECORD_KEY`` and whose value is one JSON object::
+
+    {"op": "put", "key": K, "value": V}
+    {"op": "delete", "key": K}
+    {"op": "cas", "key": K, "expected": E or null, "value": V or null}
+
+A cas applies only when the key's current value equals ``expected`` (null: the key must be
+absent); it then sets ``value`` (null: deletes the key). Every other record, and every control
+batch, is skipped, so the record log can carry application records and KV operations side by
+side. The store is pure and synchronous: the same committed records in the same order give the
+same map on every replica. It lives in memory and is rebuilt from the log at start-up.
+
+Each applied operation leaves an ``Outcome`` under its offset, so that the API that wrote it can
+tell its caller whether a cas applied. Outcomes are kept for the most recent ``outcome_limit``
+operations only (writers collect theirs as soon as their offset is applied).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from quorum_node.raft.records import Record, RecordBatch, decode_batch, read_batch_header
+
+logger = logging.getLogger(__name__)
+
+# The NUL byte keeps it apart from any printable key an application might use.
+KV_RECORD_KEY = b"\x00kv"
+MAX_KEY_BYTES = 1024  # UTF-8 bytes of a key
+MAX_VALUE_BYTES = 1024 * 1024  # UTF-8 bytes of a value
+DEFAULT_OUTCOME_LIMIT = 100_000
+
+
+class KvOpError(ValueError):
+    """An operation is malformed or exceeds a limit; ``too_large`` tells a limit from a typo."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cas:
+    key: str
+    expected: str | None  # None: the key must be absent
+    value: str | None  # None: delete the key
+
+
+KvOp = Put | Delete | Cas
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an applied operation did. ``applied`` is False only for a cas whose expectation did
+    not hold (the map is then unchanged); ``existed`` is whether the key was present before."""
+
+    applied: bool
+    existed: bool
+
+
+def check_key(key: str) -> None:
+    if not key:
+        raise KvOpError("a key must not be empty")
+    size = _utf8_size(key, "key")
+    if size > MAX_KEY_BYTES:
+        raise KvOpError(f"key of {size} bytes exceeds the limit of {MAX_KEY_BYTES} bytes",
+                        too_large=True)
+
+
+def check_value(value: str) -> None:
+    size = _utf8_size(value, "value")
+    if size > MAX_VALUE_BYTES:
+        raise KvOpError(f"value of {size} bytes exceeds the limit of {MAX_VALUE_BYTES} bytes",
+                        too_large=True)
+
+
+def _utf8_size(text: str, what: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates, e.g. from a JSON "\ud800" escape
+        raise KvOpError(f"the {what} is not valid Unicode text") from None
+
+
+def check_op(op: KvOp) -> None:
+    """Raise KvOpError if ``op`` breaks a limit (what the API refuses before appending)."""
+    check_key(op.key)
+    if isinstance(op, Put):
+        check_value(op.value)
+    elif isinstance(op, Cas):
+        for text in (op.expected, op.value):
+            if text is not None:
+                check_value(text)
+
+
+def encode_op(op: KvOp) -> Record:
+    """The record that carries ``op``; it is checked first, so the log only gets valid ops."""
+    check_op(op)
+    document: dict[str, Any]
+    if isinstance(op, Put):
+        document = {"op": "put", "key": op.key, "value": op.value}
+    elif isinstance(op, Delete):
+        document = {"op": "delete", "key": op.key}
+    else:
+        document = {"op": "cas", "key": op.key, "expected": op.expected, "value": op.value}
+    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return Record(value=payload.encode("utf-8"), key=KV_RECORD_KEY)
+
+
+def decode_op(record: Record) -> KvOp | None:
+    """The KV operation a record carries; None for a record that is not a KV operation.
+    Raises KvOpError for a KV record whose payload is not a valid operation."""
+    if record.key != KV_RECORD_KEY:
+        return None
+    try:
+        document = json.loads(record.value.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise KvOpError(f"not a JSON document: {error}") from None
+    if not isinstance(document, dict):
+        raise KvOpError("not a JSON object")
+    kind = document.get("op")
+    key = document.get("key")
+    if not isinstance(key, str):
+        raise KvOpError("'key' must be a string")
+    op: KvOp
+    if kind == "put":
+        op = Put(key, _string(document, "value"))
+    elif kind == "delete":
+        op = Delete(key)
+    elif kind == "cas":
+        op = Cas(key, _optional_string(document, "expected"),
+                 _optional_string(document, "value"))
+    else:
+        raise KvOpError(f"unknown op {kind!r}")
+    check_op(op)
+    return op
+
+
+def _string(document: dict[str, Any], name: str) -> str:
+    value = _optional_string(document, name)
+    if value is None:
+        raise KvOpError(f"{name!r} must be a string")
+    return value
+
+
+def _optional_string(document: dict[str, Any], name: str) -> str | None:
+    if name not in document:
+        raise KvOpError(f"{name!r} is missing")
+    value = document[name]
+    if value is None or isinstance(value, str):
+        return value
+    raise KvOpError(f"{name!r} must be a string or null")
+
+
+class KvStore:
+    """The map, the offset it has applied up to, and the outcomes of recent operations."""
+
+    def __init__(self, outcome_limit: int = DEFAULT_OUTCOME_LIMIT) -> None:
+        if outcome_limit < 1:
+            raise ValueError("outcome_limit must be at least 1")
+        self._data: dict[str, str] = {}
+        self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
+        self._outcome_limit = outcome_limit
+        self.next_offset = 0  # every offset below it is applied
+
+    @property
+    def applied_offset(self) -> int:
+        """The last offset applied; -1 before any."""
+        return self.next_offset - 1
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get(self, key: str) -> str | None:
+        return self._data.get(key)
+
+    def items(self) -> list[tuple[str, str]]:
+        return sorted(self._data.items())
+
+    def apply_batch(self, batch: RecordBatch, limit: int | None = None) -> int:
+        """Apply the records of a committed batch that are not applied yet, in offset order,
+        stopping before offset ``limit`` (the high watermark: nothing above it is committed).
+        Returns how many KV operations were applied.
+
+        Raises ValueError if the batch starts after ``next_offset``: a gap would mean a record
+        was skipped, and replicas would diverge."""
+        if batch.base_offset > self.next_offset:
+            raise ValueError(
+                f"batch at offset {batch.base_offset} leaves a gap after {self.applied_offset}")
+        end = batch.next_offset if limit is None else min(batch.next_offset, limit)
+        if end <= self.next_offset:
+            return 0
+        applied = 0
+        if not batch.is_control:
+            for offset in range(self.next_offset, end):
+                if self._apply_record(offset, batch.records[offset - batch.base_offset]):
+                    applied += 1
+        self.next_offset = end
+        return applied
+
+    def apply_encoded(self, data: bytes, limit: int) -> None:
+        """Apply encoded batches (as read from the log, starting with the batch holding
+        ``next_offset``) up to offset ``limit`` (the high watermark).
+
+        Most batches hold application records only: those are recognized from their bytes,
+        which cannot hold a KV operation without holding KV_RECORD_KEY, and skipped undecoded
+        (decoding every record on every replica would cost as much as the whole write path)."""
+        position = 0
+        while position < len(data):
+            # The log checked every CRC when it wrote or recovered the batch.
+            header = read_batch_header(data, position, verify_crc=False)
+            if header.base_offset >= limit:
+                return
+            if header.is_control or data.find(KV_RECORD_KEY, position, header.end) < 0:
+                self.skip_batch(header.base_offset, header.next_offset, limit)
+            else:
+                batch, _ = decode_batch(data, position)
+                self.apply_batch(batch, limit)
+            position = header.end
+
+    def skip_batch(self, base_offset: int, next_offset: int, limit: int | None = None) -> None:
+        """Move past a committed batch known to hold no KV operation (a control batch, or one
+        whose bytes do not contain KV_RECORD_KEY), without decoding it. Same offset rules as
+        ``apply_batch``."""
+        if base_offset > self.next_offset:
+            raise ValueError(
+                f"batch at offset {base_offset} leaves a gap after {self.applied_offset}")
+        end = next_offset if limit is None else min(next_offset, limit)
+        self.next_offset = max(self.next_offset, end)
+
+    def _apply_record(self, offset: int, record: Record) -> bool:
+        try:
+            op = decode_op(record)
+        except KvOpError as error:
+            # Only a foreign writer could produce this (the API checks every op it appends);
+            # skipping it is deterministic, so every replica skips it alike.
+            logger.warning("skipping malformed KV operation at offset %d: %s", offset, error)
+            return False
+        if op is None:
+            return False
+        self._record(offset, self.apply(op))
+        return True
+
+    def apply(self, op: KvOp) -> Outcome:
+        """Apply one operation to the map (without moving ``next_offset``)."""
+        current = self._data.get(op.key)
+        existed = current is not None
+        if isinstance(op, Put):
+            self._data[op.key] = op.value
+            return Outcome(applied=True, existed=existed)
+        if isinstance(op, Delete):
+            self._data.pop(op.key, None)
+            return Outcome(applied=existed, existed=existed)
+        if current != op.expected:
+            return Outcome(applied=False, existed=existed)
+        if op.value is None:
+            self._data.pop(op.key, None)
+        else:
+            self._data[op.key] = op.value
+        return Outcome(applied=True, existed=existed)
+
+    def _record(self, offset: int, outcome: Outcome) -> None:
+        self._outcomes[offset] = outcome
+        while len(self._outcomes) > self._outcome_limit:
+            self._outcomes.popitem(last=False)
+
+    def outcome(self, offset: int) -> Outcome | None:
+        """The outcome of the operation at ``offset``; None if there is none (not applied yet,
+        not a KV operation, or too old to be remembered)."""
+        return self._outcomes.get(offset)
+
+    def pop_outcome(self, offset: int) -> Outcome | None:
+        """Like ``outcome``, and forget it (a writer collects its outcome once)."""
+        return self._outcomes.pop(offset, None)

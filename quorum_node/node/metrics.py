@@ -1,0 +1,273 @@
+"""Prometheus metrics of a node: Kafka's ``raft-metrics`` (``KafkaRaftMetrics``), named the
+Prometheus way, served by ``GET /metrics`` in the text exposition format.
+
+Each node has its own ``CollectorRegistry`` (several nodes may share one test process), reached
+through ``metrics_for(node)``: the runtime, the client API and the route all get the same
+``NodeMetrics`` that way, without the node having to carry an attribute for it.
+
+Gauges are read from the core at scrape time. What cannot be read from a snapshot (election
+latency, transitions, records appended and fetched) is derived by a ``StateWatcher`` that compares
+the core before and after each step; each scrape samples it too, so the counters are current even
+between steps (and calling it more than once per step is harmless).
+
+Wiring (``app.build_app``)::
+
+    metrics = metrics_for(node)
+    node.step_hooks.append(metrics.on_step)                  # after every call into the core
+    node.commit_hooks.append(metrics.observe_commit_latency)  # once per committed append
+    app.add_routes(metrics_routes(node))
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Final, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import NotLeaderError
+from quorum_node.storage.kafka_uuid import to_kafka_string
+
+if TYPE_CHECKING:
+    from quorum_node.node.runtime import QuorumNode
+    from quorum_node.raft.core import RaftCore
+
+# Kafka's current-state values (KafkaRaftMetrics, 4.x). Every one is exported, 1 for the current
+# state and 0 for the others, so that dashboards can select on a fixed label set.
+KAFKA_STATES: Final = (
+    "leader", "prospective", "prospective-voted", "candidate", "unattached-voted", "follower",
+    "observer", "unattached",
+)
+
+COMMIT_LATENCY_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+# Elections take at least one election timeout (default 1-2 s), and a failover adds the fetch
+# timeout before that.
+ELECTION_LATENCY_BUCKETS: Final = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+)
+
+_STABLE: Final = frozenset({RaftState.LEADER, RaftState.FOLLOWER})
+_ELECTING: Final = frozenset({RaftState.PROSPECTIVE, RaftState.CANDIDATE})
+
+
+def kafka_state_name(state: RaftState, has_voted: bool, is_voter: bool) -> str:
+    """The current-state value Kafka reports. Resigned reports as unattached, as in Kafka."""
+    if state is RaftState.LEADER:
+        return "leader"
+    if state is RaftState.CANDIDATE:
+        return "candidate"
+    if state is RaftState.PROSPECTIVE:
+        return "prospective-voted" if has_voted else "prospective"
+    if state is RaftState.FOLLOWER:
+        return "follower" if is_voter else "observer"
+    if state is RaftState.UNATTACHED and has_voted:
+        return "unattached-voted"
+    return "unattached"
+
+
+class _WatchedLog(Protocol):
+    @property
+    def end_offset(self) -> int: ...
+
+
+class WatchedCore(Protocol):
+    """What the watcher reads of the core (a RaftCore, or a stand-in in tests)."""
+
+    @property
+    def state(self) -> RaftState: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def log(self) -> _WatchedLog: ...
+
+
+class StateWatcher:
+    """Derives event metrics from successive snapshots of the core.
+
+    Election latency runs from the moment the replica leaves Leader or Follower (or, from any
+    state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
+    Growth of the log end offset counts as records appended while Leader and as records fetched
+    while Follower; a truncation only moves the baseline down."""
+
+    def __init__(self, core: WatchedCore, observe_election: Callable[[float], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._core = core
+        self._observe_election = observe_election
+        self._clock = clock
+        self._state = core.state
+        self._epoch = core.epoch
+        self._end_offset = core.log.end_offset
+        self._election_started: float | None = clock() if self._state in _ELECTING else None
+        self.appended_records = 0
+        self.fetched_records = 0
+        self.transitions: dict[RaftState, int] = dict.fromkeys(RaftState, 0)
+
+    def on_step(self) -> None:
+        core = self._core
+        state = core.state
+        end_offset = core.log.end_offset
+        if end_offset > self._end_offset:
+            if state is RaftState.LEADER:
+                self.appended_records += end_offset - self._end_offset
+            elif state is RaftState.FOLLOWER:
+                self.fetched_records += end_offset - self._end_offset
+        self._end_offset = end_offset
+        epoch = core.epoch
+        if state is self._state and epoch == self._epoch:
+            return
+        self.transitions[state] += 1
+        if state in _STABLE:
+            if self._election_started is not None:
+                self._observe_election(max(0.0, self._clock() - self._election_started))
+                self._election_started = None
+        elif self._election_started is None and (self._state in _STABLE or state in _ELECTING):
+            self._election_started = self._clock()
+        self._state, self._epoch = state, epoch
+
+
+class _CoreCollector:
+    """Reads the core at scrape time."""
+
+    def __init__(self, core: RaftCore, watcher: StateWatcher) -> None:
+        self._core = core
+        self._watcher = watcher
+
+    def collect(self) -> Iterable[Metric]:
+        core = self._core
+        self._watcher.on_step()  # counters include whatever happened since the last step
+
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, value=value)
+
+        info = InfoMetricFamily("quorum_node", "This replica's identity.")
+        directory_id = core.local_key.directory_id
+        info.add_metric([], {
+            "node_id": str(core.node_id),
+            "cluster_id": core.cluster_id,
+            "directory_id": to_kafka_string(directory_id) if directory_id is not None else "",
+        })
+        yield info
+
+        voted = core.election_state.voted_key
+        current = kafka_state_name(core.state, voted is not None, core.is_voter)
+        states = GaugeMetricFamily("quorum_current_state",
+                                   "1 for the replica's current state (Kafka's names), else 0.",
+                                   labels=["state"])
+        for name in KAFKA_STATES:
+            states.add_metric([name], 1.0 if name == current else 0.0)
+        yield states
+
+        leader = core.leader_id
+        yield gauge("quorum_current_leader", "The current leader's id, -1 if unknown.",
+                    -1 if leader is None else leader)
+        yield gauge("quorum_current_vote", "The id voted for in the current epoch, -1 if none.",
+                    -1 if voted is None else voted.id)
+        yield gauge("quorum_current_epoch", "The current epoch.", core.epoch)
+        high_watermark = core.high_watermark
+        yield gauge("quorum_high_watermark", "The high watermark known here, -1 if unknown.",
+                    -1 if high_watermark is None else high_watermark)
+        yield gauge("quorum_log_end_offset", "The end offset of the local log.",
+                    core.log.end_offset)
+        yield gauge("quorum_log_end_epoch", "The epoch of the last batch in the local log.",
+                    core.log.last_fetched_epoch())
+        yield gauge("quorum_flushed_offset", "The end offset of the local log known durable.",
+                    core.flushed_offset)
+        yield gauge("quorum_number_of_voters", "The number of voters in the voter set.",
+                    len(core.voters))
+        yield gauge("quorum_number_of_observers",
+                    "Observers fetching from this replica (leader only, else 0).",
+                    _observer_count(core))
+        yield gauge("quorum_is_observer", "1 if this replica is not a voter.",
+                    0 if core.is_voter else 1)
+
+        watcher = self._watcher
+        yield CounterMetricFamily("quorum_append_records",
+                                  "Records (offsets) appended to the log as leader.",
+                                  value=watcher.appended_records)
+        yield CounterMetricFamily("quorum_fetch_records",
+                                  "Records (offsets) fetched from the leader as follower.",
+                                  value=watcher.fetched_records)
+        transitions = CounterMetricFamily("quorum_state_transitions",
+                                          "Changes of state or epoch, by the state entered.",
+                                          labels=["to"])
+        for state, count in watcher.transitions.items():
+            transitions.add_metric([state.value], count)
+        yield transitions
+
+
+def _observer_count(core: RaftCore) -> int:
+    if core.state is not RaftState.LEADER:
+        return 0
+    try:
+        return len(core.describe_quorum(time.time_ns() // 1_000_000).observers)
+    except NotLeaderError:
+        return 0
+
+
+class NodeMetrics:
+    """One node's registry and the metrics fed by events. Get it with ``metrics_for(node)``."""
+
+    def __init__(self, core: RaftCore) -> None:
+        self.registry = CollectorRegistry()
+        self.commit_latency = Histogram(
+            "quorum_commit_latency_seconds",
+            "Time from proposing an append to seeing it committed, per append.",
+            buckets=COMMIT_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.election_latency = Histogram(
+            "quorum_election_latency_seconds",
+            "Time from leaving Leader/Follower (or starting to campaign) to Leader/Follower again.",
+            buckets=ELECTION_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.watcher = StateWatcher(core, self.election_latency.observe)
+        self.registry.register(_CoreCollector(core, self.watcher))
+        # One process per node in production: its RSS and CPU belong to the node.
+        ProcessCollector(registry=self.registry)
+
+    def on_step(self) -> None:
+        """Call after every call into the core (cheap: a few attribute reads)."""
+        self.watcher.on_step()
+
+    def observe_commit_latency(self, seconds: float) -> None:
+        self.commit_latency.observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# Keyed weakly by node; a NodeMetrics refers to the core only, never back to the node, so a
+# stopped node and its metrics can be collected.
+_BY_NODE: weakref.WeakKeyDictionary[QuorumNode, NodeMetrics] = weakref.WeakKeyDictionary()
+
+
+def metrics_for(node: QuorumNode) -> NodeMetrics:
+    """The node's metrics, created on first use (create them early to see the first election)."""
+    metrics = _BY_NODE.get(node)
+    if metrics is None:
+        metrics = _BY_NODE[node] = NodeMetrics(node.core)
+    return metrics
+
+
+def metrics_routes(node: QuorumNode) -> list[web.RouteDef]:
+    metrics = metrics_for(node)
+
+    async def scrape(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return [web.get("/metrics", scrape)]

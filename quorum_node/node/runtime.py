@@ -1,0 +1,399 @@
+"""The node runtime: one asyncio process driving a RaftCore over real storage and HTTP.
+
+It keeps the core's contract (``quorum_node/raft/core.py``): after every call into the core it
+takes the effects, writes the election state durably *before* sending anything, sends requests
+and answers inbound ones (a parked Fetch is answered whenever the core releases it), and hands
+flush requests to one flusher task, so that any number of appends waiting together share one
+fsync (group commit). A timer task polls the core at its next deadline.
+
+The core is only ever called from the event loop's thread; the fsync runs in a worker thread
+(the segment log allows that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from quorum_node.node.transport import PeerClient, PeerUnavailable, peer_routes
+from quorum_node.raft.core import OutboundRequest, RaftCore
+from quorum_node.raft.messages import (
+    BeginQuorumEpochRequest,
+    EndQuorumEpochRequest,
+    FetchRequest,
+    RaftRequest,
+    RaftResponse,
+    VoteRequest,
+)
+from quorum_node.raft.records import Record, RecordBatch, decode_batches
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.storage.errors import NotFormattedError
+from quorum_node.storage.log_dir import LogDirectory
+from quorum_node.storage.meta_properties import format_log_dir
+
+if TYPE_CHECKING:
+    from quorum_node.node.config import NodeConfig
+
+logger = logging.getLogger(__name__)
+
+
+class CommitUnknownError(Exception):
+    """An append was not seen committed in time; it may still commit (the client may retry)."""
+
+
+class AppendLostError(Exception):
+    """An append was truncated away by a new leader: it will never commit."""
+
+
+def _now_ms() -> int:
+    # Wall-clock milliseconds: batch timestamps and DescribeQuorum report wall-clock times, as in
+    # Kafka. The core never lets time go backwards, so a clock step only fires timers early.
+    return time.time_ns() // 1_000_000
+
+
+def open_log_directory(config: NodeConfig) -> LogDirectory:
+    """Open the node's log directory; with ``format.if.empty``, format an empty one first (a new
+    directory id, so that a replaced disk comes back as a new replica, never the old one)."""
+    try:
+        return LogDirectory.open(config.log_dir, cluster_id=config.cluster_id,
+                                 node_id=config.node_id, segment_bytes=config.segment_bytes)
+    except NotFormattedError:
+        if not config.format_if_empty or _has_entries(config.log_dir):
+            raise
+        meta = format_log_dir(config.log_dir, config.cluster_id, config.node_id)
+        logger.warning("formatted empty log directory %s with new directory id %s",
+                       config.log_dir, meta.directory_id)
+        return LogDirectory.open(config.log_dir, cluster_id=config.cluster_id,
+                                 node_id=config.node_id, segment_bytes=config.segment_bytes)
+
+
+def _has_entries(path: os.PathLike[str]) -> bool:
+    try:
+        return any(os.scandir(path))
+    except FileNotFoundError:
+        return False
+
+
+class QuorumNode:
+    """A running replica. Create with ``QuorumNode(config)``, then ``await start()``."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.log_dir = open_log_directory(config)
+        self.endpoints = {voter.id: (voter.host, voter.port) for voter in config.voters}
+        self.core = RaftCore(
+            node_id=config.node_id,
+            directory_id=self.log_dir.meta.directory_id,
+            cluster_id=config.cluster_id,
+            voters=[ReplicaKey(voter.id) for voter in config.voters],
+            log=self.log_dir.log,
+            election_state=self.log_dir.quorum_state.read(),
+            config=config.quorum,
+            random=random.Random(int.from_bytes(os.urandom(8), "big")),
+            now_ms=_now_ms(),
+        )
+        self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms)
+        self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
+        self._next_inbound_id = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer_wakeup = asyncio.Event()
+        self._flush_wanted = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+        self._closing = False  # set once shutdown stops driving the core
+        self.failure: BaseException | None = None
+        # Observers of the node (metrics): called after every step, and with each append's
+        # commit latency in seconds.
+        self.step_hooks: list[Callable[[], None]] = []
+        self.commit_hooks: list[Callable[[float], None]] = []
+        self._after_step()  # the core may have changed state (and asked to persist) at start-up
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, app: web.Application | None = None) -> None:
+        """Serve the peer RPCs (and whatever else ``app`` routes) and start the timers."""
+        app = app if app is not None else web.Application()
+        app.add_routes(peer_routes(self.handle_peer_request))
+        # In-flight requests get a second to finish at shutdown (a long poll ends within
+        # fetch_max_wait_ms anyway), not aiohttp's default minute.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
+                           reuse_address=True)
+        await site.start()
+        self._spawn(self._timer_loop())
+        self._spawn(self._flush_loop())
+        logger.info("node %d listening on %s:%d", self.config.node_id, self.config.listen_host,
+                    self.config.listen_port)
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so
+        the quorum does not wait out a fetch timeout; then everything is closed and flushed."""
+        if self._stopped.is_set():
+            return
+        if self.failure is None:
+            self.core.begin_shutdown(_now_ms())
+            self._after_step()
+            with contextlib.suppress(TimeoutError):
+                await self._wait_for(self._successor_known, timeout_s)
+        # From here on nothing drives the core: every call into it runs its timers, so a peer's
+        # request would otherwise keep a stopping node campaigning.
+        self._closing = True
+        self._stopped.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for future in self._inbound.values():
+            if not future.done():
+                future.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._peers.close()
+        if self.failure is None:
+            self.log_dir.log.flush()
+        self.log_dir.close()
+
+    def _successor_known(self) -> bool:
+        leader = self.core.leader_id
+        state = self.core.state
+        if not self.core.is_voter or len(self.core.voters) == 1:
+            return True
+        return state not in (RaftState.LEADER, RaftState.RESIGNED) and leader is not None
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # --- driving the core --------------------------------------------------------------------
+
+    def _after_step(self) -> None:
+        """Carry out what the core asked for, in the order its contract requires."""
+        effects = self.core.take_effects()
+        if effects.persist is not None:
+            # Synchronous on purpose: nothing of this step may leave before it is durable.
+            self.log_dir.quorum_state.write(effects.persist)
+        for message in effects.messages:
+            if isinstance(message, OutboundRequest):
+                self._spawn(self._deliver(message))
+            else:
+                future = self._inbound.pop(message.correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(message.message)
+        if effects.flush:
+            self._flush_wanted.set()
+        self._timer_wakeup.set()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        for hook in self.step_hooks:
+            hook()
+
+    def _call(self, step: str, *args: object) -> None:
+        """Call into the core; an invariant failure stops this node (it must not go on)."""
+        if self.failure is not None or self._closing:
+            return
+        try:
+            getattr(self.core, step)(*args)
+        except Exception as error:  # an invariant failure, or a bug: never carry on past it
+            logger.exception("node %d: the core failed in %s", self.config.node_id, step)
+            self._fail(error)
+            return
+        self._after_step()
+
+    def _fail(self, error: BaseException) -> None:
+        logger.critical("node %d stopping: %s", self.config.node_id, error)
+        self.failure = error
+        self._stopped.set()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, outbound: OutboundRequest) -> None:
+        try:
+            response = await self._peers.send(outbound.destination, outbound.message)
+        except PeerUnavailable as error:
+            logger.debug("%s", error)
+            self._call("handle_request_failure", _now_ms(), outbound.destination,
+                       outbound.correlation_id)
+            return
+        self._call("handle_response", _now_ms(), outbound.destination, outbound.correlation_id,
+                   response)
+
+    async def handle_peer_request(self, request: RaftRequest) -> RaftResponse:
+        if self.failure is not None or self._closing:
+            raise web.HTTPServiceUnavailable(text="node stopping\n")
+        self._next_inbound_id += 1
+        correlation_id = self._next_inbound_id
+        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
+        self._inbound[correlation_id] = future
+        self._call("handle_request", _now_ms(), _sender_of(request), correlation_id, request)
+        try:
+            # A parked Fetch is answered within fetch_max_wait_ms; the bound is a safety net.
+            return await asyncio.wait_for(future, self.config.quorum.request_timeout_ms / 1000)
+        except TimeoutError:
+            raise web.HTTPServiceUnavailable(text="no response from the quorum core\n") from None
+        finally:
+            self._inbound.pop(correlation_id, None)
+
+    async def _timer_loop(self) -> None:
+        # The loops end on ``_closing`` too, not only by cancellation: Python 3.11's wait_for
+        # can swallow a cancellation that races with its own completion.
+        while not self._closing:
+            self._timer_wakeup.clear()
+            delay_ms = self.core.next_deadline_ms() - _now_ms()
+            if delay_ms <= 0:
+                self._call("poll", _now_ms())
+                # Polling settles the deadline into the future; should it not, do not spin.
+                if self.core.next_deadline_ms() <= _now_ms():
+                    await asyncio.sleep(0.001)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._timer_wakeup.wait(), delay_ms / 1000)
+
+    async def _flush_loop(self) -> None:
+        log = self.log_dir.log
+        while not self._closing:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            try:
+                flushed = await asyncio.to_thread(log.flush)
+            except OSError as error:
+                # After a failed fsync the page cache cannot be trusted: stop (Kafka does too).
+                self._fail(error)
+                return
+            self._call("handle_flushed", _now_ms(), flushed)
+
+    async def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> None:
+        """Wait until ``condition()`` holds, re-checking after every step of the core."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not condition():
+            if self.failure is not None:
+                raise NotLeaderError(None, self.core.epoch)
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    # --- what the client and admin APIs build on ---------------------------------------------
+
+    async def append(self, records: Sequence[Record], timeout_s: float) -> tuple[int, int]:
+        """Append records through the leader and wait until they are committed.
+
+        Raises NotLeaderError (with the leader, if known) on a non-leader, AppendLostError when
+        a new leader truncated them, CommitUnknownError when the timeout passed first."""
+        if self.failure is not None:
+            raise NotLeaderError(None, self.core.epoch)
+        started = time.perf_counter()
+        first, last = self.core.propose(_now_ms(), records)
+        epoch = self.core.epoch
+        self._after_step()
+        try:
+            await self._wait_for(lambda: self._is_settled(last), timeout_s)
+        except TimeoutError:
+            raise CommitUnknownError(
+                f"offsets {first}-{last} not committed within {timeout_s:g} s") from None
+        if not self._committed_in_epoch(last, epoch):
+            raise AppendLostError(f"offsets {first}-{last} of epoch {epoch} were truncated")
+        for hook in self.commit_hooks:
+            hook(time.perf_counter() - started)
+        return first, last
+
+    def _is_settled(self, offset: int) -> bool:
+        high_watermark = self.core.high_watermark
+        return high_watermark is not None and high_watermark > offset
+
+    def _committed_in_epoch(self, offset: int, epoch: int) -> bool:
+        # Epochs hold contiguous offset ranges: the offset is still ours iff our epoch ends after
+        # it (a later leader's truncation would have ended it at or before the offset).
+        end = self.log_dir.log.end_offset_for_epoch(epoch)
+        return end.epoch == epoch and end.offset > offset
+
+    async def read_barrier(self, timeout_s: float) -> int:
+        """A linearizable read point (ReadIndex): an offset covering every write acknowledged
+        before this call, confirmed by a majority to be read on the current leader.
+        Raises NotLeaderError on a non-leader, TimeoutError if it cannot be confirmed in time."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            barrier = self.core.begin_read(_now_ms())
+            self._after_step()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if barrier is not None:
+                await self._wait_for(functools.partial(self.core.read_confirmed, barrier),
+                                     remaining)
+                return barrier.read_index
+            # A new leader has no high watermark until its LeaderChange commits: wait for it.
+            await self._wait_for(lambda: self.core.high_watermark is not None
+                                 and self.core.epoch_start_offset is not None
+                                 and self.core.high_watermark > self.core.epoch_start_offset,
+                                 remaining)
+
+    async def wait_for_high_watermark(self, offset: int, timeout_s: float) -> bool:
+        """Wait until this replica knows ``offset`` is committed; False on timeout."""
+        try:
+            await self._wait_for(lambda: self._is_settled(offset), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def read_committed(self, offset: int, max_bytes: int) -> list[RecordBatch]:
+        """Committed batches from the one holding ``offset`` (whole batches, below the high
+        watermark only)."""
+        high_watermark = self.core.high_watermark or 0
+        if offset >= high_watermark:
+            return []
+        batches = decode_batches(self.log_dir.log.read(offset, max_bytes))
+        return [batch for batch in batches if batch.base_offset < high_watermark]
+
+    def leader_endpoint(self) -> tuple[str, int] | None:
+        leader = self.core.leader_id
+        return self.endpoints.get(leader) if leader is not None else None
+
+
+def _sender_of(request: RaftRequest) -> int:
+    if isinstance(request, FetchRequest | VoteRequest):
+        return request.replica_id
+    if isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
+        return request.leader_id
+    raise TypeError(type(request))
+
+
+async def serve(config: NodeConfig) -> int:
+    """Run a node until SIGTERM/SIGINT (graceful) or a fatal failure; return the exit code."""
+    # Imported here: the API modules build on this one (an import cycle at module level).
+    from quorum_node.node.app import build_app  # noqa: PLC0415
+
+    node = QuorumNode(config)
+    await node.start(build_app(node))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(node.wait_stopped())
+    await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    failed.cancel()
+    await node.shutdown()
+    return 1 if node.failure is not None else 0
+
+
+def run_node(config: NodeConfig) -> int:
+    """Blocking entry point of ``quorum-node run``."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(config))

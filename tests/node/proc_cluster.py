@@ -1,0 +1,239 @@
+"""A quorum of real node processes on loopback, with a fault proxy in front of each node's peer
+port, for the multi-process tests.
+
+Every node listens on its own port; the other nodes reach it through a ``FaultProxy`` (so the
+voter list names proxy ports), which can cut the node off (a silent partition: connections are
+accepted but nothing is forwarded, like a blackholed route). Clients talk to the nodes directly.
+Only processes this module started are ever signalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class FaultProxy:
+    """A TCP proxy on its own event loop thread; ``cut()`` stops all forwarding both ways."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self._target = target_port
+        self._cut = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+
+    def cut(self) -> None:
+        self._cut.set()
+        # Established connections go silent too: drop them without a reset being forwarded.
+        self._loop.call_soon_threadsafe(self._abort_all)
+
+    def heal(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
+        self._thread.join(5)
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        self._abort_all()
+        await self._server.wait_closed()
+        self._loop.call_soon(self._loop.stop)
+
+    def _abort_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._cut.is_set():
+            await self._hold(reader, writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+        self._writers.difference_update((writer, up_writer))
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A cut link swallows everything until the peer gives up."""
+        self._writers.add(writer)
+        with contextlib.suppress(Exception):
+            while await reader.read(65536):
+                pass
+        self._writers.discard(writer)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                if self._cut.is_set():
+                    break
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.transport.abort()
+
+
+@dataclass
+class NodeProcess:
+    node_id: int
+    port: int
+    proxy: FaultProxy
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class ProcessCluster:
+    directory: Path
+    nodes: dict[int, NodeProcess] = field(default_factory=dict)
+    cluster_id: str = field(default_factory=random_cluster_id)
+
+    @classmethod
+    def create(cls, directory: Path, size: int, **settings: int) -> ProcessCluster:
+        cluster = cls(directory)
+        ports = {i: free_port() for i in range(1, size + 1)}
+        proxies = {i: FaultProxy(port) for i, port in ports.items()}
+        voters = ",".join(f"{i}@127.0.0.1:{proxies[i].port}" for i in ports)
+        for i, port in ports.items():
+            log_dir = directory / f"node-{i}"
+            format_log_dir(log_dir, cluster.cluster_id, i)
+            lines = {
+                "node.id": i, "cluster.id": cluster.cluster_id, "log.dir": log_dir,
+                "listeners": f"127.0.0.1:{port}", "controller.quorum.voters": voters,
+                **{key.replace("_", "."): value for key, value in settings.items()},
+            }
+            config = directory / f"node-{i}.properties"
+            config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
+            cluster.nodes[i] = NodeProcess(i, port, proxies[i], config, directory / f"node-{i}.log")
+        return cluster
+
+    def start(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        assert node.process is None or node.process.poll() is not None
+        log = node.log_path.open("ab")
+        command = [sys.executable, "-m", "quorum_node.cli.node", "run",
+                   "--config", str(node.config_path)]
+        node.process = subprocess.Popen(
+            command,
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    def start_all(self) -> None:
+        for node_id in self.nodes:
+            self.start(node_id)
+
+    def signal(self, node_id: int, signum: int) -> None:
+        process = self.nodes[node_id].process
+        assert process is not None and process.poll() is None
+        os.kill(process.pid, signum)
+
+    def kill(self, node_id: int) -> None:
+        process = self.nodes[node_id].process
+        assert process is not None
+        process.kill()
+        process.wait(10)
+
+    def stop_all(self) -> None:
+        for node in self.nodes.values():
+            process = node.process
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)  # a paused node cannot exit
+                process.terminate()
+        for node in self.nodes.values():
+            if node.process is not None:
+                try:
+                    node.process.wait(10)
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(10)
+            node.proxy.close()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- node {n.node_id}\n{n.log_path.read_text(errors='replace')[-3000:]}"
+            for n in self.nodes.values() if n.log_path.exists()
+        )
+
+    def quorum(self, node_id: int) -> dict[str, Any] | None:
+        """``GET /v1/quorum`` on a node (following no redirect); None if it does not answer 200."""
+        try:
+            return http_json("GET", f"{self.nodes[node_id].url}/v1/quorum", follow=False)
+        except OSError:
+            return None
+
+    def wait_for_leader(self, among: set[int] | None = None, timeout_s: float = 20) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node_id in among or set(self.nodes):
+                described = self.quorum(node_id)
+                if described is not None and described.get("leader_id") == node_id:
+                    return node_id
+            time.sleep(0.05)
+        raise AssertionError(f"no leader among {among or set(self.nodes)}\n{self.logs()}")
+
+
+def http_json(method: str, url: str, body: Any = None, *, follow: bool = True,
+              timeout_s: float = 5) -> Any:
+    """One JSON request. Raises urllib.error.HTTPError for non-2xx (and, unless ``follow``, for
+    redirects) and OSError when the node cannot be reached."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener() if follow else urllib.request.build_opener(_NoRedirect)
+    with opener.open(request, timeout=timeout_s) as response:
+        return json.loads(response.read() or b"null")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def is_http_error(error: BaseException) -> bool:
+    return isinstance(error, urllib.error.HTTPError)

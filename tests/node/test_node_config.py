@@ -1,0 +1,309 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quorum_node.node.config import (
+    CONFIG_KEYS,
+    KEYS_BY_NAME,
+    ConfigError,
+    NodeConfig,
+    keys_markdown_table,
+    load_config,
+    parse_properties,
+)
+from quorum_node.raft.config import QuorumConfig, VoterEndpoint
+
+REQUIRED = {
+    "node.id": "1",
+    "cluster.id": "MkU3OEVBNTcwNTJENDM2Qk",
+    "log.dir": "/var/lib/quorum/node-1",
+    "listeners": "PLAINTEXT://127.0.0.1:9091",
+    "controller.quorum.voters": "1@127.0.0.1:9091,2@127.0.0.1:9092,3@127.0.0.1:9093",
+}
+ELECTION = "controller.quorum.election.timeout.ms"
+ELECTION_ENV = "QUORUM_CONTROLLER_QUORUM_ELECTION_TIMEOUT_MS"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.properties"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(config_file: Path | None = None, flags: dict[str, str] | None = None,
+             environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(config_file, flags or {}, environ or {})
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_full_config_from_flags() -> None:
+    config = load_config(None, REQUIRED, {})
+    assert config == NodeConfig(
+        node_id=1, cluster_id="MkU3OEVBNTcwNTJENDM2Qk", log_dir=Path("/var/lib/quorum/node-1"),
+        listen_host="127.0.0.1", listen_port=9091,
+        voters=tuple(VoterEndpoint(id=i, host="127.0.0.1", port=9090 + i) for i in (1, 2, 3)),
+    )
+    assert config.quorum == QuorumConfig()  # Kafka's defaults
+    assert (config.segment_bytes, config.format_if_empty) == (1 << 30, False)
+    assert config.client_url == "http://127.0.0.1:9091"
+
+
+@pytest.mark.parametrize(
+    ("in_file", "in_env", "in_flag", "expected"),
+    [
+        (True, True, True, 1700),
+        (True, True, False, 1600),
+        (True, False, True, 1700),
+        (True, False, False, 1500),
+        (False, True, False, 1600),
+        (False, False, False, 1000),
+    ],
+)
+def test_precedence_flag_over_env_over_file_over_default(
+    tmp_path: Path, in_file: bool, in_env: bool, in_flag: bool, expected: int
+) -> None:
+    lines = [f"{key}={value}" for key, value in REQUIRED.items()]
+    if in_file:
+        lines.append(f"{ELECTION}=1500")
+    environ = {ELECTION_ENV: "1600", "PATH": "/bin"} if in_env else {}
+    flags = {ELECTION: "1700"} if in_flag else {}
+    config = load_config(write(tmp_path, "\n".join(lines)), flags, environ)
+    assert config.quorum.election_timeout_ms == expected
+
+
+def test_required_keys_can_come_from_a_mix_of_sources(tmp_path: Path) -> None:
+    path = write(tmp_path, "node.id=1\ncluster.id=abc\n")
+    config = load_config(
+        path, {"log.dir": "/d", "node.id": "4"},
+        {"QUORUM_LISTENERS": "h:1", "QUORUM_CONTROLLER_QUORUM_VOTERS": "4@h:1"},
+    )
+    assert (config.node_id, config.cluster_id, config.listen_host) == (4, "abc", "h")
+
+
+@pytest.mark.parametrize("missing", [key.name for key in CONFIG_KEYS if key.required])
+def test_each_missing_required_key_is_named(missing: str) -> None:
+    flags = {key: value for key, value in REQUIRED.items() if key != missing}
+    message = error_of(flags=flags)
+    key = KEYS_BY_NAME[missing]
+    assert message.startswith(f"missing required setting {missing}:")
+    assert key.flag in message and key.env_var in message
+
+
+def test_all_missing_keys_are_named_on_one_line() -> None:
+    message = error_of()
+    assert message.startswith("missing required settings node.id, cluster.id, log.dir, "
+                              "listeners, controller.quorum.voters:")
+
+
+def test_bad_value_from_env_names_the_key_and_the_variable() -> None:
+    environ = {"QUORUM_CONTROLLER_QUORUM_FETCH_TIMEOUT_MS": "abc"}
+    assert error_of(flags=REQUIRED, environ=environ) == (
+        "controller.quorum.fetch.timeout.ms (from QUORUM_CONTROLLER_QUORUM_FETCH_TIMEOUT_MS): "
+        "expected an integer, got 'abc'"
+    )
+
+
+def test_bad_value_from_a_flag_names_the_flag() -> None:
+    assert error_of(flags={**REQUIRED, "node.id": "-1"}) == (
+        "node.id (from --node-id): must be at least 0, got '-1'"
+    )
+
+
+def test_bad_value_from_the_file_names_the_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "# a node\n\nlog.segment.bytes = lots\n")
+    assert error_of(path, flags=REQUIRED) == (
+        f"log.segment.bytes (from {path}, line 3): expected an integer, got 'lots'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("format.if.empty", "maybe", "expected true or false, got 'maybe'"),
+        ("cluster.id", "not a/valid id", "invalid cluster id 'not a/valid id'"),
+        ("log.dir", "  ", "expected a directory path, got ''"),
+        ("controller.quorum.fetch.timeout.ms", "1", "must be at least 2, got '1'"),
+        ("controller.quorum.request.timeout.ms", "400",
+         "fetch_max_wait_ms must be below request_timeout_ms"),
+    ],
+)
+def test_bad_values(key: str, value: str, problem: str) -> None:
+    message = error_of(flags={**REQUIRED, key: value})
+    assert message.startswith(f"{key} (from {KEYS_BY_NAME[key].flag}): {problem}")
+
+
+def test_values_are_trimmed_and_booleans_parsed() -> None:
+    config = load_config(None, {**REQUIRED, "node.id": " 7 ", "format.if.empty": "TRUE"}, {})
+    assert (config.node_id, config.format_if_empty) == (7, True)
+
+
+def test_unknown_key_in_the_file_is_refused_with_a_suggestion(tmp_path: Path) -> None:
+    path = write(tmp_path, "node.id=1\nnode.idd=2\n")
+    assert error_of(path) == f"{path}, line 2: unknown key 'node.idd' (did you mean node.id?)"
+
+
+def test_unknown_quorum_variable_is_refused_and_others_ignored() -> None:
+    message = error_of(flags=REQUIRED, environ={"QUORUM_NODE_IDD": "1", "HOME": "/root"})
+    assert message.startswith("QUORUM_NODE_IDD: unknown environment variable")
+    assert "did you mean QUORUM_NODE_ID?" in message
+    load_config(None, REQUIRED, {"HOME": "/root", "QUORUMX": "1"})
+
+
+def test_unknown_flag_key_is_refused() -> None:
+    assert error_of(flags={**REQUIRED, "process.roles": "controller"}).startswith(
+        "unknown key 'process.roles'")
+
+
+def test_a_key_set_twice_in_the_file_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "node.id=1\n\nnode.id=2\n")
+    assert error_of(path) == f"{path}, line 3: node.id is set twice (first on line 1)"
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    assert error_of(tmp_path / "nope.properties") == (
+        f"config file {tmp_path / 'nope.properties'}: not found")
+
+
+@pytest.mark.parametrize(
+    ("listener", "host", "port"),
+    [
+        ("127.0.0.1:9092", "127.0.0.1", 9092),
+        ("PLAINTEXT://node-1.quorum.svc:9093", "node-1.quorum.svc", 9093),
+        ("plaintext://0.0.0.0:1", "0.0.0.0", 1),
+        ("[::1]:9094", "::1", 9094),
+        ("PLAINTEXT://[::]:65535", "::", 65535),
+    ],
+)
+def test_listener_forms(listener: str, host: str, port: int) -> None:
+    config = load_config(None, {**REQUIRED, "listeners": listener}, {})
+    assert (config.listen_host, config.listen_port) == (host, port)
+
+
+@pytest.mark.parametrize(
+    ("listener", "problem"),
+    [
+        ("SSL://h:9093", "only PLAINTEXT listeners are supported"),
+        ("h", "is not of the form host:port"),
+        (":9093", "is not of the form host:port"),
+        ("::1:9093", "put an IPv6 address in brackets"),
+        ("h:1,h:2", "expected one listener"),
+        ("h:99999", "port: must be at most 65535, got '99999'"),
+        ("h:0", "port: must be at least 1, got '0'"),
+        ("h:http", "port: expected an integer, got 'http'"),
+    ],
+)
+def test_bad_listeners(listener: str, problem: str) -> None:
+    message = error_of(environ={"QUORUM_LISTENERS": listener}, flags={
+        k: v for k, v in REQUIRED.items() if k != "listeners"})
+    assert message.startswith("listeners (from QUORUM_LISTENERS): ")
+    assert problem in message
+
+
+@pytest.mark.parametrize(
+    ("voters", "problem"),
+    [
+        ("1@h", "'1@h' is not of the form id@host:port"),
+        ("1@h:1,1@h:2", "node id 1 appears twice"),
+        (" , ", "is empty"),
+        ("1@h:70000", "'1@h:70000': port"),
+    ],
+)
+def test_voter_errors_name_the_key(tmp_path: Path, voters: str, problem: str) -> None:
+    path = write(tmp_path, f"controller.quorum.voters={voters}\n")
+    flags = {k: v for k, v in REQUIRED.items() if k != "controller.quorum.voters"}
+    message = error_of(path, flags=flags)
+    assert message.startswith(f"controller.quorum.voters (from {path}, line 1): ")
+    assert problem in message
+
+
+def test_properties_syntax() -> None:
+    text = (
+        "# comment\n"
+        "! also a comment \\\n"
+        "\n"
+        "   a=1\n"
+        "b : 2\n"
+        "c 3\n"
+        "d=x\\\n"
+        "    y\\\n"
+        "  z\n"
+        "e=tab\\there \\u00e9\\\\\n"
+        "f\\=g=h\n"
+        "empty=\n"
+        "url=PLAINTEXT://h:1 # not a comment\n"
+    )
+    assert parse_properties(text) == [
+        ("a", "1", 4), ("b", "2", 5), ("c", "3", 6), ("d", "xyz", 7),
+        ("e", "tab\there \u00e9\\", 10), ("f=g", "h", 11), ("empty", "", 12),
+        ("url", "PLAINTEXT://h:1 # not a comment", 13),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "host"),
+    [("/data/quorum", "127.0.0.1"), ("/odd dir\\with#chars\tand é", "::1")],
+)
+def test_properties_round_trip(tmp_path: Path, log_dir: str, host: str) -> None:
+    config = NodeConfig(
+        node_id=3, cluster_id="abc-_XYZ", log_dir=Path(log_dir), listen_host=host,
+        listen_port=9093,
+        voters=(VoterEndpoint(id=1, host="a", port=1), VoterEndpoint(id=3, host=host, port=9093)),
+        quorum=QuorumConfig(election_timeout_ms=500, fetch_timeout_ms=1000,
+                            election_backoff_max_ms=700, request_timeout_ms=1500,
+                            retry_backoff_ms=5, append_linger_ms=1),
+        segment_bytes=4096, format_if_empty=True,
+    )
+    text = config.to_properties()
+    assert all(f"\n{key.name}=" in text for key in CONFIG_KEYS)
+    assert load_config(write(tmp_path, text), {}, {}) == config
+
+
+def test_key_spellings() -> None:
+    key = KEYS_BY_NAME["controller.quorum.election.timeout.ms"]
+    assert key.flag == "--controller-quorum-election-timeout-ms"
+    assert key.env_var == ELECTION_ENV
+    assert (key.default, key.required, key.shared) == ("1000", False, True)
+    assert KEYS_BY_NAME["node.id"].default is None
+
+
+def test_every_field_has_a_key() -> None:
+    fields = {field for key in CONFIG_KEYS for field in key.fields}
+    top = {field.partition(".")[0] for field in fields}
+    assert top == set(NodeConfig.model_fields)
+    assert all(key.help and key.help.endswith(".") for key in CONFIG_KEYS)
+
+
+def test_a_bad_value_is_reported_before_missing_keys() -> None:
+    message = error_of(flags={"node.id": "x", "log.segment.bytes": "y", "log.dir": "/d"})
+    assert message == (
+        "node.id (from --node-id): expected an integer, got 'x' (and 1 more bad value); also "
+        "missing cluster.id, listeners, controller.quorum.voters"
+    )
+
+
+def test_kubernetes_service_links_are_not_taken_for_keys() -> None:
+    links = {
+        "QUORUM_SERVICE_HOST": "10.0.0.7", "QUORUM_SERVICE_PORT": "9093",
+        "QUORUM_SERVICE_PORT_CLIENT": "9093", "QUORUM_PORT": "tcp://10.0.0.7:9093",
+        "QUORUM_PORT_9093_TCP": "tcp://10.0.0.7:9093", "QUORUM_PORT_9093_TCP_ADDR": "10.0.0.7",
+        "QUORUM_NODE_SERVICE_HOST": "10.0.0.8", "QUORUM_NODE_PORT": "tcp://10.0.0.8:9093",
+        "QUORUM_NODE_PORT_9093_TCP_PROTO": "tcp",
+    }
+    assert load_config(None, REQUIRED, links) == load_config(None, REQUIRED, {})
+    # Not a service link: a guessed key name is still refused.
+    assert error_of(flags=REQUIRED, environ={"QUORUM_LISTEN_PORT": "9093"}).startswith(
+        "QUORUM_LISTEN_PORT: unknown environment variable")
+
+
+def test_keys_markdown_table() -> None:
+    table = keys_markdown_table().splitlines()
+    assert len(table) == 2 + len(CONFIG_KEYS)
+    assert table[2] == ("| `node.id` | `--node-id` | `QUORUM_NODE_ID` | (required) | This node's "
+                        "id: an integer >= 0, unique in the cluster. |")
+    assert "| `log.segment.bytes` | `--log-segment-bytes` | `QUORUM_LOG_SEGMENT_BYTES` | "\
+        "`1073741824` |" in keys_markdown_table()
