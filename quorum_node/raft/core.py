@@ -159,6 +159,7 @@ class _ReplicaProgress:
     acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
     next_begin_quorum_ms: int = 0
     last_fetch_sequence: int = 0  # the leader's fetch counter at this replica's last valid fetch
+    directory_id: uuid.UUID | None = None  # as the replica reports it in its fetches
 
 
 @dataclass(slots=True)
@@ -448,7 +449,9 @@ class RaftCore:
         def row(key: ReplicaKey, progress: _ReplicaProgress) -> ReplicaDescription:
             if key.matches(self.local_key):
                 return ReplicaDescription(self.local_key, self.log.end_offset, now_ms, now_ms)
-            return ReplicaDescription(key, progress.end_offset, progress.last_fetch_ms,
+            # A static voter's uuid is not configured; report the one its fetches carry.
+            reported = ReplicaKey(key.id, key.directory_id or progress.directory_id)
+            return ReplicaDescription(reported, progress.end_offset, progress.last_fetch_ms,
                                       progress.last_caught_up_ms)
 
         observers = tuple(
@@ -1035,6 +1038,7 @@ class RaftCore:
         elif offset >= progress.leader_end_at_last_fetch and progress.last_fetch_ms is not None:
             progress.last_caught_up_ms = progress.last_fetch_ms
         progress.end_offset = offset
+        progress.directory_id = replica.directory_id
         progress.last_fetch_ms = now_ms
         progress.leader_end_at_last_fetch = leader_end
         self._fetch_sequence += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -76,12 +77,15 @@ def test_single_voter_read_is_confirmed_at_once(make_ctx: MakeCtx) -> None:
 def test_describe_quorum(make_ctx: MakeCtx) -> None:
     ctx = _leader_with_hwm(make_ctx)
     _fetch(ctx, 7, ctx.fetch_request(7, 1, 0, 0))  # an observer
+    directory = uuid.uuid4()
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 0, 0, max_wait_ms=0, directory_id=directory))
     described = ctx.core.describe_quorum(ctx.now_ms)
     assert (described.leader_id, described.epoch, described.high_watermark) == (1, 1, 1)
     rows = {row.key.id: row for row in described.voters}
+    assert rows[2].key.directory_id is None  # voter 2 fetched without a directory id
     assert rows[1].log_end_offset == 1 and rows[1].last_fetch_ms == ctx.now_ms
     assert rows[2].log_end_offset == 1 and rows[2].last_caught_up_ms == ctx.now_ms
-    assert rows[3].log_end_offset is None and rows[3].last_fetch_ms is None
+    assert rows[3].log_end_offset == 0 and rows[3].key.directory_id == directory
     assert [row.key.id for row in described.observers] == [7]
     ctx.advance(5 * 60 * 1000)
     with pytest.raises(NotLeaderError):  # it lost its quorum meanwhile (check-quorum)
