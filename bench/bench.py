@@ -226,6 +226,20 @@ def sequential_latency(system: System, port: int, count: int) -> dict[str, float
             "p99_ms": samples[int(len(samples) * 0.99) - 1], "count": len(samples)}
 
 
+def _run_workers(worker: Callable[[int], None], count: int, seconds: float,
+                 stop: threading.Event) -> float:
+    """Run ``count`` workers for ``seconds``; return the elapsed time."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def concurrent_throughput(system: System, port: int, seconds: float) -> float:
     done = [0] * CLIENTS
     stop = threading.Event()
@@ -237,15 +251,8 @@ def concurrent_throughput(system: System, port: int, seconds: float) -> float:
                 if system.put(client, f"c{index}-{done[index]}", VALUE):
                     done[index] += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(CLIENTS)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    return sum(done) / (time.perf_counter() - started)
+    elapsed = _run_workers(worker, CLIENTS, seconds, stop)
+    return sum(done) / elapsed
 
 
 def batched_append(system: System, port: int, seconds: float) -> float:
@@ -257,15 +264,8 @@ def batched_append(system: System, port: int, seconds: float) -> float:
         while not stop.is_set():
             written[index] += system.append_batch(client, 1000)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    return sum(written) / (time.perf_counter() - started)
+    elapsed = _run_workers(worker, 4, seconds, stop)
+    return sum(written) / elapsed
 
 
 def failover(system: System, port: int) -> float:
