@@ -24,8 +24,7 @@ def is_ready(node: QuorumNode) -> tuple[bool, str]:
         return False, f"stopped after a failure: {node.failure}"
     if core.high_watermark is None:
         return False, f"{core.state} in epoch {core.epoch}, no committed offset known yet"
-    if core.state is RaftState.LEADER and core.epoch_start_offset is not None \
-            and core.high_watermark > core.epoch_start_offset:
+    if core.leader_has_committed:
         return True, f"leader of epoch {core.epoch}"
     if core.state is RaftState.FOLLOWER:
         return True, f"following {core.leader_id} in epoch {core.epoch}"

@@ -337,10 +337,7 @@ class QuorumNode:
                                      remaining)
                 return barrier.read_index
             # A new leader has no high watermark until its LeaderChange commits: wait for it.
-            await self._wait_for(lambda: self.core.high_watermark is not None
-                                 and self.core.epoch_start_offset is not None
-                                 and self.core.high_watermark > self.core.epoch_start_offset,
-                                 remaining)
+            await self._wait_for(lambda: self.core.leader_has_committed, remaining)
 
     async def wait_for_high_watermark(self, offset: int, timeout_s: float) -> bool:
         """Wait until this replica knows ``offset`` is committed; False on timeout."""

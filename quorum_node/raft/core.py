@@ -300,6 +300,12 @@ class RaftCore:
     def epoch_start_offset(self) -> int | None:
         return self._state.epoch_start_offset if isinstance(self._state, _Leader) else None
 
+    @property
+    def leader_has_committed(self) -> bool:
+        """A leader whose LeaderChange is committed: its high watermark covers every write
+        acknowledged in earlier epochs, so it can serve reads and writes."""
+        return isinstance(self._state, _Leader) and self._state.high_watermark is not None
+
     def take_effects(self) -> Effects:
         effects, self._effects = self._effects, Effects()
         return effects

@@ -64,6 +64,19 @@ class DurableLog(RaftLog, Protocol):
         ...
 
 
+def epoch_end_offset(
+    epochs: Sequence[tuple[int, int]], epoch: int, start_offset: int, end_offset: int
+) -> OffsetAndEpoch:
+    """``end_offset_for_epoch`` over an epoch cache: (epoch, start offset) pairs, increasing."""
+    index = bisect.bisect_right(epochs, (epoch, float("inf"))) - 1
+    if index < 0:
+        return OffsetAndEpoch(start_offset, 0)
+    found_epoch, _ = epochs[index]
+    if index + 1 < len(epochs):
+        return OffsetAndEpoch(epochs[index + 1][1], found_epoch)
+    return OffsetAndEpoch(end_offset, found_epoch)
+
+
 def check_leader_append(log: RaftLog, epoch: int) -> None:
     """The rule every log enforces on a leader's append: epochs never go backwards."""
     if epoch < log.last_fetched_epoch():
@@ -104,13 +117,7 @@ class MemoryLog:
         return self._batches[-1].epoch if self._batches else 0
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
-        index = bisect.bisect_right(self._epochs, (epoch, float("inf"))) - 1
-        if index < 0:
-            return OffsetAndEpoch(self.start_offset, 0)
-        found_epoch, _ = self._epochs[index]
-        if index + 1 < len(self._epochs):
-            return OffsetAndEpoch(self._epochs[index + 1][1], found_epoch)
-        return OffsetAndEpoch(self.end_offset, found_epoch)
+        return epoch_end_offset(self._epochs, epoch, self.start_offset, self.end_offset)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         index = bisect.bisect_right(self._bases, offset) - 1

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from quorum_node.raft.log import check_follower_append, check_leader_append
+from quorum_node.raft.log import check_follower_append, check_leader_append, epoch_end_offset
 from quorum_node.raft.records import (
     HEADER_SIZE,
     MAGIC,
@@ -144,13 +144,7 @@ class SegmentLog:
         return self._epochs[-1][0] if self._epochs else 0
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
-        index = bisect.bisect_right(self._epochs, (epoch, float("inf"))) - 1
-        if index < 0:
-            return OffsetAndEpoch(self.start_offset, 0)
-        found_epoch, _ = self._epochs[index]
-        if index + 1 < len(self._epochs):
-            return OffsetAndEpoch(self._epochs[index + 1][1], found_epoch)
-        return OffsetAndEpoch(self.end_offset, found_epoch)
+        return epoch_end_offset(self._epochs, epoch, self.start_offset, self.end_offset)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         self._check_usable()

@@ -90,3 +90,12 @@ def test_describe_quorum(make_ctx: MakeCtx) -> None:
     ctx.advance(5 * 60 * 1000)
     with pytest.raises(NotLeaderError):  # it lost its quorum meanwhile (check-quorum)
         ctx.core.describe_quorum(ctx.now_ms)
+
+
+def test_leader_has_committed_only_once_its_leader_change_is(make_ctx: MakeCtx) -> None:
+    ctx = make_ctx(1, [1, 2, 3])
+    ctx.become_leader()
+    assert not ctx.core.leader_has_committed
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1))
+    assert ctx.core.leader_has_committed
