@@ -61,6 +61,9 @@ class VoteResponse(Message):
     leader_id: int | None = None
     leader_epoch: int = 0
     vote_granted: bool = False
+    # KIP-856: which replica voted, so that two voters sharing a node id (a disk being replaced)
+    # are never counted as one another.
+    voter_directory_id: uuid.UUID | None = None
 
 
 class BeginQuorumEpochRequest(Message):
@@ -108,6 +111,11 @@ class FetchRequest(Message):
     max_bytes: int = 8 * 1024 * 1024
 
 
+class SnapshotIdField(Message):
+    end_offset: int
+    epoch: int
+
+
 class FetchResponse(Message):
     error_code: Errors = Errors.NONE
     leader_id: int | None = None
@@ -116,10 +124,36 @@ class FetchResponse(Message):
     log_start_offset: int = 0
     records: bytes = b""
     diverging_epoch: EpochEndOffset | None = None
+    # KIP-630: the fetch offset lies below the leader's log start: fetch this snapshot instead.
+    snapshot_id: SnapshotIdField | None = None
 
 
-RaftRequest = VoteRequest | BeginQuorumEpochRequest | EndQuorumEpochRequest | FetchRequest
-RaftResponse = VoteResponse | BeginQuorumEpochResponse | EndQuorumEpochResponse | FetchResponse
+class FetchSnapshotRequest(Message):
+    """KIP-630: download a byte range of the leader's snapshot."""
+
+    cluster_id: str | None
+    replica_id: int
+    replica_directory_id: uuid.UUID | None = None
+    max_bytes: int = 8 * 1024 * 1024
+    current_leader_epoch: int
+    snapshot_id: SnapshotIdField
+    position: int
+
+
+class FetchSnapshotResponse(Message):
+    error_code: Errors = Errors.NONE
+    leader_id: int | None = None
+    leader_epoch: int = 0
+    snapshot_id: SnapshotIdField | None = None
+    size: int = 0
+    position: int = 0
+    records: bytes = b""  # the raw byte range (UnalignedRecords): not batch aligned
+
+
+RaftRequest = (VoteRequest | BeginQuorumEpochRequest | EndQuorumEpochRequest | FetchRequest
+               | FetchSnapshotRequest)
+RaftResponse = (VoteResponse | BeginQuorumEpochResponse | EndQuorumEpochResponse | FetchResponse
+                | FetchSnapshotResponse)
 
 
 class LeaderChangeMessage(Message):
@@ -129,3 +163,16 @@ class LeaderChangeMessage(Message):
     leader_id: int
     voters: tuple[ReplicaInfo, ...]
     granting_voters: tuple[ReplicaInfo, ...]
+
+
+class Voter(Message):
+    voter_id: NodeId
+    voter_directory_id: uuid.UUID
+
+
+class VotersRecord(Message):
+    """Control record (Kafka's KRAFT_VOTERS): the whole voter set, effective from its offset as
+    soon as it is in the log, committed or not, and gone again if the log is truncated below it."""
+
+    version: int = 0
+    voters: tuple[Voter, ...]

@@ -91,17 +91,24 @@ class RecordBatch:
         if not self.is_control:
             return
         for record in self.records:
-            if record.key is None or len(record.key) != _CONTROL_KEY.size:
-                continue
-            (type_code,) = _CONTROL_KEY.unpack(record.key)
-            try:
-                yield ControlRecordType(type_code), record.value
-            except ValueError:
-                continue
+            record_type = control_record_type(record)
+            if record_type is not None:
+                yield record_type, record.value
 
 
 def control_record(record_type: ControlRecordType, payload: bytes) -> Record:
     return Record(key=_CONTROL_KEY.pack(record_type), value=payload)
+
+
+def control_record_type(record: Record) -> ControlRecordType | None:
+    """The type of a record of a control batch; None for a key that names no known type."""
+    if record.key is None or len(record.key) != _CONTROL_KEY.size:
+        return None
+    (type_code,) = _CONTROL_KEY.unpack(record.key)
+    try:
+        return ControlRecordType(type_code)
+    except ValueError:
+        return None
 
 
 def encode_batch(

@@ -81,3 +81,12 @@ class NotLeaderError(Exception):
         super().__init__(f"not the leader (leader={leader_id}, epoch={epoch})")
         self.leader_id = leader_id
         self.epoch = epoch
+
+
+class VoterChangeError(Exception):
+    """An AddVoter or RemoveVoter that failed, with Kafka's error code and a message for people."""
+
+    def __init__(self, error: Errors, message: str) -> None:
+        super().__init__(f"{error.name}: {message}")
+        self.error = error
+        self.message = message
