@@ -28,6 +28,8 @@ from quorum_node.raft.messages import (
     EndQuorumEpochResponse,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
     Message,
     RaftRequest,
     RaftResponse,
@@ -46,12 +48,14 @@ RESPONSE_TYPES: Final[Mapping[type[Message], type[Message]]] = {
     BeginQuorumEpochRequest: BeginQuorumEpochResponse,
     EndQuorumEpochRequest: EndQuorumEpochResponse,
     FetchRequest: FetchResponse,
+    FetchSnapshotRequest: FetchSnapshotResponse,
 }
 REQUEST_TYPES: Final[Mapping[str, type[Message]]] = {
     "Vote": VoteRequest,
     "BeginQuorumEpoch": BeginQuorumEpochRequest,
     "EndQuorumEpoch": EndQuorumEpochRequest,
     "Fetch": FetchRequest,
+    "FetchSnapshot": FetchSnapshotRequest,
 }
 _RPC_NAMES: Final = {cls: name for name, cls in REQUEST_TYPES.items()}
 

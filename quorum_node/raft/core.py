@@ -34,23 +34,36 @@ from quorum_node.raft.messages import (
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
     LeaderChangeMessage,
     RaftRequest,
     RaftResponse,
     ReplicaInfo,
+    SnapshotIdField,
     VoteRequest,
     VoteResponse,
 )
-from quorum_node.raft.records import Record, control_record, decode_batches
+from quorum_node.raft.records import Record, RecordBatch, control_record, decode_batches
 from quorum_node.raft.requests import RequestManager
+from quorum_node.raft.snapshots import (
+    CorruptSnapshotError,
+    MemorySnapshotStore,
+    PartialSnapshot,
+    SnapshotId,
+    SnapshotStore,
+)
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import (
     ControlRecordType,
     Errors,
+    LeaderNotReadyError,
     NotLeaderError,
     RaftInvariantError,
     ReplicaKey,
+    VoterChangeError,
 )
+from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +118,31 @@ class ReadBarrier:
 OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
 
 
+@dataclass(frozen=True, slots=True)
+class VoterChangeOutcome:
+    error: Errors
+    message: str
+
+
+@dataclass(slots=True)
+class _VoterChange:
+    """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
+
+    ticket: int
+    kind: str  # "add" | "remove"
+    key: ReplicaKey
+    deadline_ms: int
+    record_offset: int | None = None  # once its VotersRecord is appended
+
+
 @dataclass(slots=True)
 class Effects:
     persist: ElectionState | None = None
     messages: list[OutboundRequest | OutboundResponse] = field(default_factory=list)
     flush: bool = False
+    # The log was replaced by this snapshot (downloaded from the leader): the state machine must
+    # load it and go on from its end offset.
+    snapshot_loaded: SnapshotId | None = None
 
 
 # --- replica states ------------------------------------------------------------------------
@@ -148,6 +181,10 @@ class _Follower:
     fetch_deadline_ms: int
     # KAFKA-17641: a follower grants pre-votes only until its first successful fetch in the epoch.
     has_fetched_from_leader: bool = False
+    # KIP-630: the leader's snapshot being downloaded, instead of fetching, when the log it needs
+    # is gone from the leader.
+    download: PartialSnapshot | None = None
+    download_size: int | None = None
 
 
 @dataclass(slots=True)
@@ -226,12 +263,27 @@ class RaftCore:
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
+        """``voters`` are the statically configured voters (``controller.quorum.voters``, known
+        by id): in force until the first leader writes them, with their directory ids, as a
+        VotersRecord; from then on the voter set is the one the log (or snapshot) defines."""
         self.node_id = node_id
         self.local_key = ReplicaKey(node_id, directory_id)
+        # Without a directory id the quorum is static (Kafka's kraft.version 0): no VotersRecord
+        # can name this replica, so the configured voters stay the voters.
+        self._reconfigurable = directory_id is not None
         self.cluster_id = cluster_id
-        self._set_voters(tuple(voters))
         self.log = log
+        self.snapshots: SnapshotStore = snapshots if snapshots is not None \
+            else MemorySnapshotStore()
+        self._history = VoterSetHistory(tuple(voters))
+        self._static_ids = frozenset(key.id for key in self._history.static_voters)
+        self._load_voter_history()
+        self._set_voters(self._history.latest())
+        self._voter_change: _VoterChange | None = None
+        self._voter_change_results: dict[int, VoterChangeOutcome] = {}
+        self._next_ticket = 0
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
@@ -283,10 +335,18 @@ class RaftCore:
     def is_voter(self) -> bool:
         return self._is_voter
 
-    def _set_voters(self, voters: tuple[ReplicaKey, ...]) -> None:
+    def _set_voters(self, voters: VoterSet) -> None:
         """Adopt a voter set and the facts derived from it, which the hot paths read."""
         if not voters:
             raise ValueError("the voter set is empty")
+        unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
+        if unknown:
+            # KIP-856: voter ids come from the configuration; a log naming others belongs to a
+            # differently configured quorum.
+            raise RaftInvariantError(
+                f"node {self.node_id}: the log names voter ids {unknown} that are not in "
+                f"controller.quorum.voters {sorted(self._static_ids)}"
+            )
         self.voters = voters
         self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
         self._is_voter = len(self._remote_voters) < len(voters)
@@ -295,6 +355,93 @@ class RaftCore:
     @property
     def flushed_offset(self) -> int:
         return self._flushed_offset
+
+    @property
+    def bootstrapped(self) -> bool:
+        """Whether the voter set comes from the log (or a snapshot) rather than the static
+        configuration: the first leader has written it, with every voter's directory id."""
+        return self._history.latest_offset() is not None
+
+    @property
+    def accepts_writes(self) -> bool:
+        """A leader accepts client records once the bootstrap VotersRecord is in its log: that
+        record goes first, in its own batch (KIP-856)."""
+        return (isinstance(self._state, _Leader) and not self._shutting_down
+                and (self.bootstrapped or not self._reconfigurable))
+
+    def voter_set_at(self, offset: int) -> VoterSet:
+        """The voter set in force at ``offset`` (what a snapshot ending after it carries)."""
+        return self._history.at(offset)
+
+    @property
+    def pending_voter_change(self) -> tuple[str, ReplicaKey] | None:
+        change = self._voter_change
+        return None if change is None else (change.kind, change.key)
+
+    # --- the voter set, read from the log ----------------------------------------------------
+
+    def _load_voter_history(self) -> None:
+        """Start-up: the set in the latest snapshot, then every VotersRecord of the log."""
+        latest = self.snapshots.latest()
+        if latest is not None:
+            self._history.reset(latest.end_offset - 1, self.snapshots.voters(latest))
+        offset = max(self.log.start_offset, latest.end_offset if latest is not None else 0)
+        while offset < self.log.end_offset:
+            batches = decode_batches(self.log.read(offset, 1 << 20))
+            if not batches:
+                break
+            self._read_voter_records(batches, offset)
+            offset = batches[-1].next_offset
+
+    def _read_voter_records(self, batches: Sequence[RecordBatch], from_offset: int = 0) -> None:
+        for batch in batches:
+            for offset, voters in voter_sets_in(batch):
+                if offset >= from_offset:
+                    self._history.add(offset, voters)
+
+    def _on_log_appended(self, batches: Sequence[RecordBatch]) -> None:
+        """Adopt a voter set as soon as its record is in the log, committed or not (KIP-856)."""
+        if any(batch.is_control for batch in batches):
+            self._read_voter_records(batches)
+            self._adopt_latest_voters()
+
+    def _on_log_truncated(self) -> None:
+        """A truncated VotersRecord is reverted: the previous set is in force again."""
+        self._history.truncate_new(self.log.end_offset)
+        self._adopt_latest_voters()
+
+    def _adopt_latest_voters(self) -> None:
+        latest = self._history.latest()
+        if latest == self.voters:
+            return
+        logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
+        self._set_voters(latest)
+        state = self._state
+        if isinstance(state, _Leader):
+            self._regroup_replicas(state)
+        elif isinstance(state, _Unattached):
+            state.election_deadline_ms = self._unattached_deadline(self._now_ms)
+
+    def _regroup_replicas(self, state: _Leader) -> None:
+        """Sort the leader's replica progress into voters and observers after a change of the
+        voter set, keeping what each has fetched; the high watermark stays (it never drops)."""
+        old = [*state.voters.items(), *state.observers.items()]
+        voters: dict[ReplicaKey, _ReplicaProgress] = {}
+        for key in self.voters:
+            # Exact key first: a static voter known by id only becomes the same replica's key.
+            found = next((kp for kp in old if kp[0] == key), None) or next(
+                (kp for kp in old if kp[0].matches(key)), None)
+            if found is not None:
+                old.remove(found)
+            voters[key] = found[1] if found is not None else _ReplicaProgress()
+        observers: dict[ReplicaKey, _ReplicaProgress] = {}
+        for key, progress in old:
+            if key.matches(self.local_key) or progress.last_fetch_ms is None:
+                continue  # the leader itself, or a voter that never fetched in this epoch
+            observers[ReplicaKey(key.id, key.directory_id or progress.directory_id)] = progress
+        state.voters = voters
+        state.observers = observers
+        state.fetched_voters &= set(voters)
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -351,6 +498,8 @@ class RaftCore:
             self._respond(source, correlation_id, self._handle_vote(now_ms, request))
         elif isinstance(request, BeginQuorumEpochRequest):
             self._respond(source, correlation_id, self._handle_begin_quorum_epoch(now_ms, request))
+        elif isinstance(request, FetchSnapshotRequest):
+            self._respond(source, correlation_id, self._handle_fetch_snapshot(now_ms, request))
         else:
             self._respond(source, correlation_id, self._handle_end_quorum_epoch(now_ms, request))
         self._drive(now_ms)
@@ -368,6 +517,8 @@ class RaftCore:
             self._handle_vote_response(now_ms, source, response)
         elif isinstance(response, BeginQuorumEpochResponse):
             self._handle_begin_quorum_epoch_response(now_ms, source, response)
+        elif isinstance(response, FetchSnapshotResponse):
+            self._handle_fetch_snapshot_response(now_ms, source, response)
         else:
             self._handle_end_quorum_epoch_response(now_ms, source, response)
         self._drive(now_ms)
@@ -394,6 +545,8 @@ class RaftCore:
         state = self._state
         if not isinstance(state, _Leader) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
+        if self._reconfigurable and not self.bootstrapped:
+            raise LeaderNotReadyError(self.leader_id, self.epoch)
         if not records:
             raise ValueError("nothing to append")
         size = sum(_record_size(r) for r in records)
@@ -470,6 +623,122 @@ class RaftCore:
             voters=tuple(row(key, progress) for key, progress in state.voters.items()),
             observers=observers,
         )
+
+    def add_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
+        """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket for
+        ``voter_change_result``; raises NotLeaderError on a non-leader and VoterChangeError for
+        a request refused at once. The change is appended once the observer has caught up, no
+        other voter change is uncommitted and this leader's LeaderChange is committed; it
+        succeeds once committed by a majority of the new voter set."""
+        state = self._check_voter_change(now_ms, key)
+        if any(voter == key for voter in self.voters):
+            raise VoterChangeError(Errors.DUPLICATE_VOTER, f"{key} is already a voter")
+        progress = state.observers.get(key)
+        if progress is None or progress.last_fetch_ms is None:
+            raise VoterChangeError(Errors.INVALID_REQUEST,
+                                   f"{key} is not an observer: it has not fetched from the leader")
+        return self._start_voter_change(now_ms, "add", key, timeout_ms)
+
+    def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
+        """KIP-856 RemoveVoter: drop the voter ``key``. Same contract as ``add_voter``. A leader
+        that removes itself leads on (not counting itself) until the change commits, then
+        resigns."""
+        self._check_voter_change(now_ms, key)
+        if not any(voter == key for voter in self.voters):
+            raise VoterChangeError(Errors.VOTER_NOT_FOUND, f"{key} is not a voter")
+        if not any(voter.id == key.id and voter != key for voter in self.voters):
+            raise VoterChangeError(
+                Errors.INVALID_REQUEST,
+                f"removing {key} would remove node {key.id} from the voters; only a replaced "
+                f"directory of a node can be removed (add the new one first)")
+        return self._start_voter_change(now_ms, "remove", key, timeout_ms)
+
+    def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:
+        """The outcome of a voter change (once, then forgotten); None while it is in progress."""
+        return self._voter_change_results.pop(ticket, None)
+
+    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> _Leader:
+        self._now_ms = max(self._now_ms, now_ms)
+        state = self._state
+        if not isinstance(state, _Leader) or self._shutting_down:
+            raise NotLeaderError(self.leader_id, self.epoch)
+        if not self._reconfigurable:
+            raise VoterChangeError(Errors.UNSUPPORTED_VERSION,
+                                   "this quorum is static: its replicas have no directory ids")
+        if key.directory_id is None:
+            raise VoterChangeError(Errors.INVALID_REQUEST, "a voter needs its directory id")
+        if key.id not in self._static_ids:
+            raise VoterChangeError(
+                Errors.INVALID_REQUEST,
+                f"node {key.id} is not in controller.quorum.voters {sorted(self._static_ids)}")
+        if self._voter_change is not None:
+            pending = self._voter_change
+            raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
+                                   f"another voter change is in progress ({pending.kind} "
+                                   f"{pending.key}); retry when it is done")
+        return state
+
+    def _start_voter_change(self, now_ms: int, kind: str, key: ReplicaKey, timeout_ms: int) -> int:
+        self._next_ticket += 1
+        self._voter_change = _VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
+        self._drive(now_ms)
+        return self._next_ticket
+
+    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+        """Take the pending change through KIP-856's steps as far as it can go now."""
+        hwm = state.high_watermark
+        if change.record_offset is not None:
+            if hwm is not None and hwm > change.record_offset:
+                self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: committed")
+                if change.kind == "remove" and change.key.matches(self.local_key):
+                    logger.info("node %d: removed from the voters; resigning", self.node_id)
+                    self._resign(now_ms)
+            elif now_ms >= change.deadline_ms:
+                self._finish_voter_change(
+                    Errors.REQUEST_TIMED_OUT,
+                    f"{change.kind} {change.key} appended at offset {change.record_offset} but "
+                    f"not committed in time; it may still commit")
+            return
+        waiting_for = self._voter_change_blocker(now_ms, state, change, hwm)
+        if waiting_for is not None:
+            if now_ms >= change.deadline_ms:
+                self._finish_voter_change(Errors.REQUEST_TIMED_OUT,
+                                          f"{change.kind} {change.key}: timed out {waiting_for}")
+            return
+        if change.kind == "add":
+            new = tuple(sorted((*self.voters, change.key)))
+        else:
+            new = tuple(voter for voter in self.voters if voter != change.key)
+        change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
+
+    def _voter_change_blocker(
+        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+    ) -> str | None:
+        """What the change still waits for, in KIP-856's order; None when it can be appended."""
+        if change.kind == "add":
+            progress = state.observers.get(change.key)
+            caught_up = progress is not None and progress.last_caught_up_ms is not None \
+                and now_ms - progress.last_caught_up_ms <= self.config.fetch_timeout_ms
+            if not caught_up:
+                return f"waiting for {change.key} to catch up with the leader"
+        if not self.bootstrapped:
+            return "waiting for the leader to write the bootstrap voters"
+        if hwm is None:
+            return "waiting for the leader's LeaderChange record to commit"
+        latest = self._history.latest_offset()
+        if latest is not None and latest >= hwm:
+            return "waiting for the previous voter change to commit"
+        return None
+
+    def _finish_voter_change(self, error: Errors, message: str) -> None:
+        change = self._voter_change
+        assert change is not None
+        self._voter_change = None
+        self._voter_change_results[change.ticket] = VoterChangeOutcome(error, message)
+        if error != Errors.NONE:
+            logger.warning("node %d: voter change failed: %s", self.node_id, message)
+        else:
+            logger.info("node %d: %s", self.node_id, message)
 
     def resign(self, now_ms: int) -> None:
         """Give up leadership of the current epoch (no-op unless leader)."""
@@ -552,8 +821,14 @@ class RaftCore:
             or self._flushed_offset >= self.log.end_offset
         ):
             self._append_pending(now_ms, state)
+        if self._reconfigurable and not self.bootstrapped:
+            self._maybe_write_bootstrap_voters(now_ms, state)
+        if self._voter_change is not None:
+            self._advance_voter_change(now_ms, state, self._voter_change)
+            if self._state is not state:
+                return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
-        for key in remote_voters:
+        for key in self._remote_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
             if now_ms < self._next_begin_quorum_ms(progress):
                 continue
@@ -564,6 +839,31 @@ class RaftCore:
                 cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
                 voter_id=key.id, voter_directory_id=key.directory_id,
             ))
+
+    def _maybe_write_bootstrap_voters(self, now_ms: int, state: _Leader) -> None:
+        """KIP-856 bootstrapping: once the leader knows every configured voter's directory id
+        (from their fetches), it writes them, in one batch of their own, before any client
+        record. From then on the log defines the voter set."""
+        keys = []
+        for key, progress in state.voters.items():
+            directory_id = key.directory_id or (
+                self.local_key.directory_id if key.matches(self.local_key)
+                else progress.directory_id)
+            if directory_id is None:
+                return
+            keys.append(ReplicaKey(key.id, directory_id))
+        self._append_control(now_ms, state, [voters_record(keys)])
+
+    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+        """Append a control batch after whatever client records are pending; its base offset."""
+        if state.pending:
+            self._append_pending(now_ms, state)  # proposals keep the offsets they were given
+        batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
+        self._effects.flush = True
+        self._on_log_appended([batch])
+        end = self.log.end_offset
+        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+        return batch.base_offset
 
     def _next_begin_quorum_ms(self, progress: _ReplicaProgress) -> int:
         """BeginQuorumEpoch goes to a voter until it acknowledges the epoch, then again only
@@ -628,7 +928,7 @@ class RaftCore:
         if expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
             self._transition(_Unattached(state.epoch + 1, None, None,
-                                         self._election_deadline(now_ms)))
+                                         self._unattached_deadline(now_ms)))
             return
         successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
         for key in self.voters:
@@ -667,6 +967,8 @@ class RaftCore:
         old, self._state = self._state, new
         if isinstance(old, _Leader):
             self._leave_leadership(old)
+        elif isinstance(old, _Follower) and old.download is not None:
+            old.download.abort()
         # Responses are matched to the state that sent the request (KRaft resets connections).
         self._requests.reset()
 
@@ -727,6 +1029,10 @@ class RaftCore:
         ))
 
     def _leave_leadership(self, leader: _Leader) -> None:
+        if self._voter_change is not None:
+            self._finish_voter_change(Errors.NOT_LEADER_OR_FOLLOWER,
+                                      f"node {self.node_id} lost the leadership of epoch "
+                                      f"{leader.epoch}; the change may or may not commit")
         leader.pending.clear()
         for parked in leader.parked:
             self._respond(parked.source, parked.correlation_id, self._fetch_error(
@@ -798,6 +1104,18 @@ class RaftCore:
             return False
         if self._flushed_offset < self.log.end_offset:
             return False
+        state = self._state
+        if isinstance(state, _Follower) and state.download is not None:
+            download = state.download
+            self._send(now_ms, target, FetchSnapshotRequest(
+                cluster_id=self.cluster_id, replica_id=self.node_id,
+                replica_directory_id=self.local_key.directory_id,
+                max_bytes=self.config.fetch_max_bytes, current_leader_epoch=self.epoch,
+                snapshot_id=SnapshotIdField(end_offset=download.snapshot_id.end_offset,
+                                            epoch=download.snapshot_id.epoch),
+                position=download.written,
+            ))
+            return True
         self._send(now_ms, target, FetchRequest(
             cluster_id=self.cluster_id, replica_id=self.node_id,
             replica_directory_id=self.local_key.directory_id,
@@ -817,7 +1135,7 @@ class RaftCore:
 
     def _vote_response(self, error: Errors, granted: bool = False) -> VoteResponse:
         return VoteResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                            vote_granted=granted)
+                            vote_granted=granted, voter_directory_id=self.local_key.directory_id)
 
     def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
         if not self._cluster_ok(request.cluster_id):
@@ -884,7 +1202,8 @@ class RaftCore:
         state = self._state
         if (response.error_code == Errors.NONE and response.leader_epoch == state.epoch
                 and isinstance(state, _Prospective | _Candidate)):
-            state.election.record(source, response.vote_granted)
+            state.election.record(ReplicaKey(source, response.voter_directory_id),
+                                  response.vote_granted)
 
     # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
 
@@ -987,6 +1306,15 @@ class RaftCore:
         if not isinstance(state, _Leader):
             return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
 
+        replica = ReplicaKey(request.replica_id, request.replica_directory_id)
+        snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
+        if snapshot is not None:
+            self._note_contact(now_ms, state, replica)
+            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
+                                 high_watermark=state.high_watermark,
+                                 log_start_offset=self.log.start_offset,
+                                 snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset,
+                                                             epoch=snapshot.epoch))
         diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
             return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
@@ -994,9 +1322,7 @@ class RaftCore:
                                  log_start_offset=self.log.start_offset,
                                  diverging_epoch=diverging)
 
-        self._record_fetch(now_ms, state, ReplicaKey(request.replica_id,
-                                                     request.replica_directory_id),
-                           request.fetch_offset)
+        self._record_fetch(now_ms, state, replica, request.fetch_offset)
         self._maybe_advance_leader_high_watermark(now_ms)
         response = self._valid_fetch_response(state, request)
         newer_hwm = state.high_watermark is not None and (
@@ -1005,6 +1331,19 @@ class RaftCore:
             return response
         wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
         state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
+        return None
+
+    def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
+        """KIP-630: the snapshot to send instead of records when the log the follower needs is
+        gone: its offset is below the log start, or its last epoch is older than every epoch
+        the log still holds."""
+        if self.log.start_offset == 0:
+            return None
+        latest = self.snapshots.latest()
+        if latest is None:
+            return None
+        if offset < self.log.start_offset or self.log.end_offset_for_epoch(last_epoch).epoch == 0:
+            return latest
         return None
 
     def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
@@ -1025,19 +1364,24 @@ class RaftCore:
             records=self.log.read(request.fetch_offset, max_bytes),
         )
 
-    def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
+    def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
+        """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
         voter_key = next((k for k in state.voters if k.matches(replica)), None)
         if voter_key is None:
-            progress = state.observers.setdefault(replica, _ReplicaProgress())
-        else:
-            progress = state.voters[voter_key]
-            progress.acknowledged = True
-            if not voter_key.matches(self.local_key):
-                state.fetched_voters.add(voter_key)
-                needed = len(state.voters) // 2 + 1 - 1  # the leader counts itself
-                if len(state.fetched_voters) >= needed:
-                    state.fetched_voters.clear()
-                    state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
+            return state.observers.setdefault(replica, _ReplicaProgress())
+        progress = state.voters[voter_key]
+        progress.acknowledged = True
+        if not voter_key.matches(self.local_key):
+            state.fetched_voters.add(voter_key)
+            # A leader counts itself, unless it is removing itself (KIP-856).
+            needed = len(state.voters) // 2 + 1 - (1 if self._is_voter else 0)
+            if len(state.fetched_voters) >= needed:
+                state.fetched_voters.clear()
+                state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
+        return progress
+
+    def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
+        progress = self._note_contact(now_ms, state, replica)
         leader_end = self.log.end_offset
         if offset >= leader_end:
             progress.last_caught_up_ms = now_ms
@@ -1109,7 +1453,10 @@ class RaftCore:
         if (response.error_code != Errors.NONE or not isinstance(state, _Follower)
                 or state.leader_id != source or response.leader_epoch != state.epoch):
             return
-        if response.diverging_epoch is not None:
+        if response.snapshot_id is not None:
+            self._begin_download(state, SnapshotId(response.snapshot_id.end_offset,
+                                                   response.snapshot_id.epoch))
+        elif response.diverging_epoch is not None:
             self._truncate_diverging(response.diverging_epoch)
         elif response.records:
             try:
@@ -1123,11 +1470,114 @@ class RaftCore:
                                self.node_id, batches[0].base_offset, self.log.end_offset)
                 return
             self.log.append_as_follower(batches)
+            self._on_log_appended(batches)
             self._effects.flush = True
         if response.high_watermark is not None:
             self._advance_local_high_watermark(min(response.high_watermark, self.log.end_offset))
         state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
         state.has_fetched_from_leader = True
+
+    def _begin_download(self, state: _Follower, snapshot_id: SnapshotId) -> None:
+        if state.download is not None:
+            if state.download.snapshot_id == snapshot_id:
+                return
+            state.download.abort()
+        logger.info("node %d: the leader's log starts past ours; fetching snapshot %s",
+                    self.node_id, snapshot_id)
+        state.download = self.snapshots.begin_download(snapshot_id)
+        state.download_size = None
+
+    # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
+
+    def _fetch_snapshot_error(self, error: Errors) -> FetchSnapshotResponse:
+        return FetchSnapshotResponse(error_code=error, leader_id=self.leader_id,
+                                     leader_epoch=self.epoch)
+
+    def _handle_fetch_snapshot(
+        self, now_ms: int, request: FetchSnapshotRequest
+    ) -> FetchSnapshotResponse:
+        if not self._cluster_ok(request.cluster_id):
+            return self._fetch_snapshot_error(Errors.INCONSISTENT_CLUSTER_ID)
+        if request.position < 0 or request.replica_id < 0 or request.max_bytes <= 0:
+            return self._fetch_snapshot_error(Errors.INVALID_REQUEST)
+        if request.current_leader_epoch < self.epoch:
+            return self._fetch_snapshot_error(Errors.FENCED_LEADER_EPOCH)
+        if request.current_leader_epoch > self.epoch:
+            return self._fetch_snapshot_error(Errors.UNKNOWN_LEADER_EPOCH)
+        state = self._state
+        if not isinstance(state, _Leader):
+            return self._fetch_snapshot_error(Errors.NOT_LEADER_OR_FOLLOWER)
+        snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
+        size = self.snapshots.size(snapshot_id)
+        if size is None:
+            return self._fetch_snapshot_error(Errors.SNAPSHOT_NOT_FOUND)
+        if request.position >= size:
+            return self._fetch_snapshot_error(Errors.POSITION_OUT_OF_RANGE)
+        self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
+                                                     request.replica_directory_id))
+        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
+        return FetchSnapshotResponse(
+            leader_id=self.node_id, leader_epoch=state.epoch, snapshot_id=request.snapshot_id,
+            size=size, position=request.position,
+            records=self.snapshots.read(snapshot_id, request.position, max_bytes),
+        )
+
+    def _handle_fetch_snapshot_response(
+        self, now_ms: int, source: int, response: FetchSnapshotResponse
+    ) -> None:
+        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+                                        response.leader_epoch):
+            return
+        state = self._state
+        if (not isinstance(state, _Follower) or state.leader_id != source
+                or response.leader_epoch != state.epoch or state.download is None):
+            return
+        download = state.download
+        if response.error_code in (Errors.SNAPSHOT_NOT_FOUND, Errors.POSITION_OUT_OF_RANGE):
+            # The leader moved on to a newer snapshot: fetch again, which names it.
+            self._abort_download(state)
+            return
+        if response.error_code != Errors.NONE:
+            return
+        expected = download.snapshot_id
+        if (response.snapshot_id is None
+                or SnapshotId(response.snapshot_id.end_offset, response.snapshot_id.epoch)
+                != expected or response.position != download.written or not response.records):
+            logger.warning("node %d: unexpected chunk of snapshot %s; starting over",
+                           self.node_id, expected)
+            self._abort_download(state)
+            return
+        download.append(response.records)
+        state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
+        state.has_fetched_from_leader = True
+        if download.written < response.size:
+            return
+        state.download = None
+        try:
+            download.freeze()
+        except CorruptSnapshotError as error:
+            logger.warning("node %d: snapshot %s from leader %d is corrupt (%s); fetching again",
+                           self.node_id, expected, source, error)
+            return
+        self._load_snapshot(expected)
+
+    def _abort_download(self, state: _Follower) -> None:
+        if state.download is not None:
+            state.download.abort()
+        state.download = None
+
+    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Replace the log by a downloaded snapshot: the log restarts at its end offset, the
+        voter set is the one it carries, and everything below it is committed."""
+        logger.info("node %d: loaded snapshot %s", self.node_id, snapshot_id)
+        self.log.truncate_to_snapshot(snapshot_id)
+        self._flushed_offset = self.log.end_offset
+        self._history.reset(snapshot_id.end_offset - 1, self.snapshots.voters(snapshot_id))
+        self._adopt_latest_voters()
+        if self._high_watermark is None or self._high_watermark < snapshot_id.end_offset:
+            self._advance_local_high_watermark(snapshot_id.end_offset)
+        self.snapshots.delete_before(snapshot_id)
+        self._effects.snapshot_loaded = snapshot_id
 
     def _truncate_diverging(self, diverging: EpochEndOffset) -> None:
         if diverging.epoch == 0:
@@ -1143,6 +1593,7 @@ class RaftCore:
             )
         self.log.truncate_to(point)
         self._flushed_offset = min(self._flushed_offset, self.log.end_offset)
+        self._on_log_truncated()
 
     def _advance_local_high_watermark(self, offset: int) -> None:
         # Truncation never goes below the high watermark and a leader's HWM starts above every

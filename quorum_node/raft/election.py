@@ -25,18 +25,16 @@ class EpochElection:
                 self._votes[key] = VoteState.GRANTED
         self._majority = len(self._votes) // 2 + 1
 
-    def _key_of(self, voter_id: int) -> ReplicaKey | None:
-        for key in self._votes:
-            if key.id == voter_id:
-                return key
-        return None
+    def record(self, voter: ReplicaKey, granted: bool) -> None:
+        """Record a voter's answer; the first answer of a voter stands (duplicates are ignored).
 
-    def record(self, voter_id: int, granted: bool) -> None:
-        """Record a voter's answer; the first answer of a voter stands (duplicates are ignored)."""
-        key = self._key_of(voter_id)
-        if key is None or self._votes[key] is not VoteState.UNRECORDED:
+        The answer counts for the one voter it matches: two voters sharing a node id (a replaced
+        disk, KIP-856) are told apart by directory id, and an answer that cannot tell them apart
+        counts for neither."""
+        matching = [key for key in self._votes if key.matches(voter)]
+        if len(matching) != 1 or self._votes[matching[0]] is not VoteState.UNRECORDED:
             return
-        self._votes[key] = VoteState.GRANTED if granted else VoteState.REJECTED
+        self._votes[matching[0]] = VoteState.GRANTED if granted else VoteState.REJECTED
 
     def _count(self, state: VoteState) -> int:
         return sum(1 for vote in self._votes.values() if vote is state)

@@ -83,6 +83,11 @@ class NotLeaderError(Exception):
         self.epoch = epoch
 
 
+class LeaderNotReadyError(NotLeaderError):
+    """The leader takes no client records until its bootstrap VotersRecord is written (it waits
+    to learn every configured voter's directory id): retry shortly."""
+
+
 class VoterChangeError(Exception):
     """An AddVoter or RemoveVoter that failed, with Kafka's error code and a message for people."""
 
