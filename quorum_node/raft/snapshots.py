@@ -90,6 +90,7 @@ class MemorySnapshotStore:
 
     def __init__(self) -> None:
         self._snapshots: dict[SnapshotId, bytes] = {}
+        self._generation = 0  # bumped by a crash: downloads begun before it are lost
 
     def latest(self) -> SnapshotId | None:
         return max(self._snapshots) if self._snapshots else None
@@ -105,9 +106,9 @@ class MemorySnapshotStore:
         return data[position : position + max_bytes]
 
     def voters(self, snapshot_id: SnapshotId) -> tuple[ReplicaKey, ...] | None:
-        from quorum_node.raft.snapshot_format import read_snapshot  # noqa: PLC0415
+        from quorum_node.raft.snapshot_format import read_snapshot_header  # noqa: PLC0415
 
-        return read_snapshot(self._snapshots[snapshot_id]).voters
+        return read_snapshot_header(self._snapshots[snapshot_id]).voters
 
     def begin_download(self, snapshot_id: SnapshotId) -> PartialSnapshot:
         return _MemoryPartial(self, snapshot_id)
@@ -123,10 +124,12 @@ class MemorySnapshotStore:
             del self._snapshots[old]
 
     def crash(self) -> None:
-        """Nothing to lose: only frozen snapshots are kept, and they are durable."""
+        """Lose the downloads in progress; frozen and saved snapshots are durable."""
+        self._generation += 1
 
     def wipe(self) -> None:
         self._snapshots.clear()
+        self._generation += 1
 
 
 class _MemoryPartial:
@@ -134,6 +137,7 @@ class _MemoryPartial:
         self._store = store
         self._id = snapshot_id
         self._data = bytearray()
+        self._generation = store._generation
 
     @property
     def snapshot_id(self) -> SnapshotId:
@@ -144,10 +148,17 @@ class _MemoryPartial:
         return len(self._data)
 
     def append(self, data: bytes) -> None:
+        self._check_alive()
         self._data += data
 
     def freeze(self) -> None:
-        self._store.save(self._id, bytes(self._data))
+        self._check_alive()
+        data, self._data = bytes(self._data), bytearray()
+        self._store.save(self._id, data)  # a corrupt download is dropped all the same
 
     def abort(self) -> None:
         self._data.clear()
+
+    def _check_alive(self) -> None:
+        if self._generation != self._store._generation:
+            raise ValueError(f"the download of snapshot {self._id} was lost in a crash")

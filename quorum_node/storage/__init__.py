@@ -17,9 +17,11 @@ from quorum_node.storage.meta_properties import (
 )
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import SegmentLog
+from quorum_node.storage.snapshot_store import FileSnapshotStore
 
 __all__ = [
     "CorruptLogError",
+    "FileSnapshotStore",
     "GroupCommitter",
     "MetaProperties",
     "MetaPropertiesError",

@@ -17,6 +17,7 @@ from quorum_node.raft.records import (
     encode_batch,
 )
 from quorum_node.raft.snapshot_format import (
+    SnapshotContents,
     check_snapshot,
     encode_snapshot,
     iter_snapshot_records,
@@ -56,7 +57,7 @@ def test_round_trip_with_voters() -> None:
 
 def test_round_trip_empty_without_voters() -> None:
     contents = read_snapshot(encode_snapshot(None, 0, []))
-    assert (contents.last_contained_timestamp_ms, contents.voters, contents.records) == (0, None, [])
+    assert contents == SnapshotContents(0, None, [])
 
 
 @settings(max_examples=40, deadline=None)
