@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from quorum_node.node.transport import PeerClient, PeerUnavailable, peer_routes
-from quorum_node.raft.core import OutboundRequest, RaftCore
+from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     EndQuorumEpochRequest,
@@ -37,7 +37,7 @@ from quorum_node.raft.messages import (
 )
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.state import RaftState
-from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.storage.errors import NotFormattedError
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
@@ -312,6 +312,43 @@ class QuorumNode:
         for hook in self.commit_hooks:
             hook(time.perf_counter() - started)
         return first, last
+
+    async def add_voter(self, key: ReplicaKey, timeout_s: float) -> None:
+        """AddVoter (KIP-856) through the leader; returns once the new voter set is committed.
+
+        Raises NotLeaderError on a non-leader, VoterChangeError when the change is refused or
+        not done within ``timeout_s`` (REQUEST_TIMED_OUT: it may still complete)."""
+        await self._change_voters(self.core.add_voter, key, timeout_s)
+
+    async def remove_voter(self, key: ReplicaKey, timeout_s: float) -> None:
+        """RemoveVoter (KIP-856), as ``add_voter``."""
+        await self._change_voters(self.core.remove_voter, key, timeout_s)
+
+    async def _change_voters(self, start: Callable[[int, ReplicaKey, int], int],
+                             key: ReplicaKey, timeout_s: float) -> None:
+        if self.failure is not None:
+            raise NotLeaderError(None, self.core.epoch)
+        # The core gets a little less time: its own timeout says what the change waited for,
+        # and answering first it leaves no outcome behind.
+        timeout_ms = int(timeout_s * 1000)
+        ticket = start(_now_ms(), key, max(1, timeout_ms - min(500, timeout_ms // 10)))
+        self._after_step()
+        outcome: VoterChangeOutcome | None = None
+
+        def done() -> bool:
+            nonlocal outcome
+            outcome = self.core.voter_change_result(ticket)  # hands each outcome out once
+            return outcome is not None
+
+        try:
+            await self._wait_for(done, timeout_s)
+        except TimeoutError:
+            raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
+                                   f"not done within {timeout_s:g} s; it may still complete"
+                                   ) from None
+        assert outcome is not None
+        if outcome.error is not Errors.NONE:
+            raise VoterChangeError(outcome.error, outcome.message)
 
     def _is_settled(self, offset: int) -> bool:
         high_watermark = self.core.high_watermark
