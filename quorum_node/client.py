@@ -6,6 +6,7 @@
         client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
         first, last = client.append([b"a", b"b"])
         client.read(first, wait_ms=1000).records
+        client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
 It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
 leader it found), and retries across the list with a bounded exponential back-off, within
@@ -40,6 +41,7 @@ _T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S = 10.0
 MAX_REDIRECTS = 5
+VOTERS_PATH = "/v1/quorum/voters"
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 # Time left for the answer to travel back after the server's own timeout.
@@ -69,6 +71,12 @@ class WriteResult:
     offset: int
     epoch: int
     applied: bool
+
+
+@dataclass(frozen=True)
+class Voter:
+    id: int
+    directory_id: str | None  # Kafka's 22-character base64url form; None: not known yet
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,24 @@ class QuorumClient:
         return ReadResult(records, high_watermark if isinstance(high_watermark, int) else None,
                           _field(body, "next_offset", int))
 
+    # --- voter changes (the admin API) ------------------------------------------------------
+
+    def add_voter(self, voter_id: int, directory_id: str) -> list[Voter]:
+        """AddVoter (KIP-856): make observer (``voter_id``, ``directory_id``: Kafka's base64url
+        form) a voter. Returns the voter set once the change is committed. A refusal raises
+        QuorumClientError with Kafka's error name as its code: DUPLICATE_VOTER,
+        INVALID_REQUEST, or REQUEST_TIMED_OUT (another change is pending, or this one was not
+        done in time and may still complete)."""
+        body = json.dumps({"id": voter_id, "directory_id": directory_id}).encode()
+        return _voters(self._call("POST", VOTERS_PATH, body=body,
+                                  content_type="application/json"))
+
+    def remove_voter(self, voter_id: int, directory_id: str) -> list[Voter]:
+        """RemoveVoter (KIP-856), as ``add_voter``; VOTER_NOT_FOUND if it is not a voter (also
+        when a retry follows a try whose answer was lost)."""
+        path = f"{VOTERS_PATH}/{voter_id}/{urllib.parse.quote(directory_id, safe='')}"
+        return _voters(self._call("DELETE", path))
+
     # --- transport ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
@@ -358,7 +384,8 @@ def _describe(error: BaseException) -> str:
 
 
 def _error_message(answer: _Answer) -> str:
-    message = answer.body.get("error")
+    # The client API says "error", the admin API "message" (Kafka's error name is the code).
+    message = answer.body.get("error") or answer.body.get("message")
     return str(message) if message else f"HTTP {answer.status}"
 
 
@@ -380,3 +407,14 @@ def _write_result(body: Mapping[str, Any], applied_field: str) -> WriteResult:
     return WriteResult(key=_field(body, "key", str), offset=_field(body, "offset", int),
                        epoch=_field(body, "epoch", int),
                        applied=_field(body, applied_field, bool))
+
+
+def _voters(body: Mapping[str, Any]) -> list[Voter]:
+    voters = []
+    for entry in _field(body, "voters", list):
+        if not isinstance(entry, dict):
+            raise QuorumClientError("malformed answer: a voter is not an object", code="ERROR")
+        directory_id = entry.get("directory_id")
+        voters.append(Voter(_field(entry, "id", int),
+                            directory_id if isinstance(directory_id, str) else None))
+    return voters

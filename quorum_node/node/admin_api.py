@@ -1,13 +1,18 @@
-"""The admin API: ``GET /v1/quorum``, DescribeQuorum as JSON.
+"""The admin API: DescribeQuorum, AddVoter and RemoveVoter (KIP-595, KIP-856) as JSON over HTTP.
 
-Only the leader keeps the progress of every replica, so only the leader answers (as in Kafka,
-where DescribeQuorum is leader-only). Elsewhere the request is redirected (307) to the leader
+- ``GET /v1/quorum``: DescribeQuorum.
+- ``POST /v1/quorum/voters`` with ``{"id": N, "directory_id": "<22-char base64url>"}``:
+  AddVoter, making observer (N, directory id) a voter.
+- ``DELETE /v1/quorum/voters/{id}/{directory_id}``: RemoveVoter, dropping that voter.
+
+Only the leader keeps the progress of every replica and changes the voter set, so only the leader
+answers (as in Kafka). Elsewhere a request is redirected (307, same path and query) to the leader
 when its address is known, or refused with 503 ``{"code": "NO_LEADER"}`` during an election.
 
-The answer::
+DescribeQuorum answers::
 
     {"cluster_id": "...", "leader_id": 1, "leader_epoch": 3, "high_watermark": 42,
-     "voters": [REPLICA, ...], "observers": [REPLICA, ...]}
+     "voters": [REPLICA, ...], "observers": [REPLICA + {"could_be_voter": bool}, ...]}
 
     REPLICA = {"id": 2, "directory_id": "<22-char base64url>" | null, "log_end_offset": 42,
                "lag": 0, "last_fetch_timestamp": <ms>, "last_caught_up_timestamp": <ms>,
@@ -19,24 +24,41 @@ Replicas are listed by id. Timestamps are wall-clock milliseconds; the leader's 
 "now" for both.
 ``directory_id`` is known for the leader itself and for replicas the core knows by directory id;
 statically configured voters are known by id only (Kafka's static quorums report them the same way).
+``could_be_voter``: the observer has a directory id and the id of a configured voter, the only
+ids AddVoter accepts (KIP-856's CouldBeVoters).
+
+A voter change takes ``timeout_ms`` (query, or the POST body; default 30000, at most 600000) and
+answers once the new voter set is committed: 200 ``{"error": "NONE", "id", "directory_id",
+"voters": [{"id", "directory_id"}, ...]}``. Refusals are ``{"code": KAFKA_ERROR, "message"}``:
+409 ``DUPLICATE_VOTER`` (already a voter), 409 ``VOTER_NOT_FOUND`` (not a voter), 400
+``INVALID_REQUEST`` (not an observer, an id not configured, removing an id's last directory, or a
+malformed request), 504 ``REQUEST_TIMED_OUT`` (another change is pending, or this one was not done
+in time: it may still complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry).
 """
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
+from collections.abc import Awaitable, Callable, Container
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from quorum_node.node.config import format_address
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
-from quorum_node.raft.types import NotLeaderError
-from quorum_node.storage.kafka_uuid import to_kafka_string
+from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
 
 QUORUM_PATH = "/v1/quorum"
+VOTERS_PATH = QUORUM_PATH + "/voters"
+# Long enough for a new voter to catch up with the leader's log before it is added.
+DEFAULT_VOTER_TIMEOUT_MS = 30_000
+MAX_VOTER_TIMEOUT_MS = 600_000
 
 
 def _now_ms() -> int:
@@ -57,10 +79,8 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
 
     def replica(row: ReplicaDescription) -> dict[str, Any]:
         end = row.log_end_offset
-        directory_id = row.key.directory_id
         return {
-            "id": row.key.id,
-            "directory_id": to_kafka_string(directory_id) if directory_id is not None else None,
+            **_key_json(row.key),
             "log_end_offset": -1 if end is None else end,
             "lag": -1 if end is None or leader_end is None else leader_end - end,
             "last_fetch_timestamp": _or_unknown(row.last_fetch_ms),
@@ -75,8 +95,15 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
         "high_watermark": _or_unknown(description.high_watermark),
         # By id: the core keeps the leader first, which would move rows around on a failover.
         "voters": [replica(row) for row in sorted(description.voters, key=_by_id)],
-        "observers": [replica(row) for row in sorted(description.observers, key=_by_id)],
+        "observers": [{**replica(row), "could_be_voter": could_be_voter(row, node.endpoints)}
+                      for row in sorted(description.observers, key=_by_id)],
     }
+
+
+def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> bool:
+    """Whether AddVoter could make this observer a voter: it fetches with a directory id, and
+    its id is a configured voter's (the leader refuses any other id, KIP-856)."""
+    return observer.key.directory_id is not None and observer.key.id in voter_ids
 
 
 def _by_id(row: ReplicaDescription) -> int:
@@ -87,27 +114,156 @@ def _or_unknown(value: int | None) -> int:
     return -1 if value is None else value
 
 
+def _not_leader(node: QuorumNode, request: web.Request) -> web.Response:
+    """307 to the leader, same path and query (and, for a POST or DELETE, method and body), or
+    503 NO_LEADER while none is known."""
+    core = node.core
+    leader = core.leader_id
+    location = endpoint_url(node.leader_endpoint())
+    # A resigned leader still names itself: no one to redirect to until a successor wins.
+    if leader is not None and leader != node.config.node_id and location is not None:
+        return web.json_response(
+            {"code": "NOT_LEADER", "leader_id": leader, "leader_url": location},
+            status=307, headers={"Location": location + request.path_qs})
+    return web.json_response(
+        {"code": "NO_LEADER", "epoch": core.epoch,
+         "message": f"no leader known in epoch {core.epoch} (state {core.state})"},
+        status=503)
+
+
+def _failed(node: QuorumNode) -> web.Response | None:
+    if node.failure is None:
+        return None
+    return web.json_response(
+        {"code": "NODE_FAILED", "message": f"node stopped after a failure: {node.failure}"},
+        status=503)
+
+
 def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
     async def describe_quorum(request: web.Request) -> web.Response:
-        core = node.core
-        if node.failure is not None:
-            return web.json_response(
-                {"code": "NODE_FAILED", "message": f"node stopped after a failure: {node.failure}"},
-                status=503)
+        failed = _failed(node)
+        if failed is not None:
+            return failed
         try:
-            description = core.describe_quorum(_now_ms())
+            description = node.core.describe_quorum(_now_ms())
         except NotLeaderError:
-            leader = core.leader_id
-            location = endpoint_url(node.leader_endpoint())
-            # A resigned leader still names itself: no one to redirect to until a successor wins.
-            if leader is not None and leader != node.config.node_id and location is not None:
-                return web.json_response(
-                    {"code": "NOT_LEADER", "leader_id": leader, "leader_url": location},
-                    status=307, headers={"Location": location + request.path_qs})
-            return web.json_response(
-                {"code": "NO_LEADER", "epoch": core.epoch,
-                 "message": f"no leader known in epoch {core.epoch} (state {core.state})"},
-                status=503)
+            return _not_leader(node, request)
         return web.json_response(describe_quorum_json(node, description))
 
-    return [web.get(QUORUM_PATH, describe_quorum)]
+    async def add_voter(request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        key = ReplicaKey(_voter_id(body.pop("id", None)),
+                         _directory_id(body.pop("directory_id", None)))
+        body_timeout = body.pop("timeout_ms", None)
+        if body:
+            raise _InvalidRequest(f"unknown field {sorted(body)[0]!r} (expected id, directory_id, "
+                           f"timeout_ms)")
+        return await change_voters(request, node.add_voter, key,
+                                   _timeout_ms(request, body_timeout))
+
+    async def remove_voter(request: web.Request) -> web.Response:
+        key = ReplicaKey(_voter_id(request.match_info["id"]),
+                         _directory_id(request.match_info["directory_id"]))
+        return await change_voters(request, node.remove_voter, key, _timeout_ms(request, None))
+
+    async def change_voters(request: web.Request,
+                            change: Callable[[ReplicaKey, float], Awaitable[None]],
+                            key: ReplicaKey, timeout_ms: int) -> web.Response:
+        failed = _failed(node)
+        if failed is not None:
+            return failed
+        try:
+            await change(key, timeout_ms / 1000)
+        except NotLeaderError:
+            return _not_leader(node, request)
+        except VoterChangeError as error:
+            return web.json_response(
+                {"code": error.error.name, "message": error.message},
+                status=_VOTER_CHANGE_STATUS.get(error.error, 500))
+        return web.json_response({"error": "NONE", **_key_json(key),
+                                  "voters": [_key_json(voter) for voter in node.core.voters]})
+
+    return [
+        web.get(QUORUM_PATH, describe_quorum),
+        web.post(VOTERS_PATH, _refusing_invalid(add_voter)),
+        web.delete(VOTERS_PATH + "/{id}/{directory_id}", _refusing_invalid(remove_voter)),
+    ]
+
+
+# Kafka's error of a refused voter change -> the HTTP status that says the same.
+_VOTER_CHANGE_STATUS: dict[Errors, int] = {
+    Errors.DUPLICATE_VOTER: 409,
+    Errors.VOTER_NOT_FOUND: 409,
+    Errors.INVALID_REQUEST: 400,
+    Errors.REQUEST_TIMED_OUT: 504,
+    Errors.NOT_LEADER_OR_FOLLOWER: 503,  # leadership lost while the change was under way
+}
+
+
+class _InvalidRequest(Exception):
+    """A malformed voter change request, answered 400 INVALID_REQUEST."""
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _refusing_invalid(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except _InvalidRequest as error:
+            return web.json_response({"code": Errors.INVALID_REQUEST.name,
+                                      "message": str(error)}, status=400)
+
+    return wrapped
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        raise _InvalidRequest('the body is not JSON: expected {"id": N, "directory_id": "..."}'
+                       ) from None
+    if not isinstance(body, dict):
+        raise _InvalidRequest('expected a JSON object {"id": N, "directory_id": "..."}')
+    return body
+
+
+def _voter_id(value: object) -> int:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)  # from the path
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+        raise _InvalidRequest(f"id must be a node id (an integer >= 0), got {value!r}")
+    return value
+
+
+def _directory_id(value: object) -> uuid.UUID:
+    if not isinstance(value, str):
+        raise _InvalidRequest(f"directory_id must be a directory id string, got {value!r}")
+    try:
+        return parse_uuid(value)
+    except ValueError as error:
+        raise _InvalidRequest(f"directory_id: {error}") from None
+
+
+def _timeout_ms(request: web.Request, from_body: object) -> int:
+    unknown = sorted(set(request.query) - {"timeout_ms"})
+    if unknown:
+        raise _InvalidRequest(f"unknown query parameter {unknown[0]!r} (allowed: timeout_ms)")
+    raw = request.query.getall("timeout_ms", [])
+    if len(raw) + (from_body is not None) > 1:
+        raise _InvalidRequest("timeout_ms is given more than once")
+    value = from_body if from_body is not None else (raw[0] if raw else DEFAULT_VOTER_TIMEOUT_MS)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) \
+            or not 1 <= value <= MAX_VOTER_TIMEOUT_MS:
+        raise _InvalidRequest(f"timeout_ms must be an integer from 1 to {MAX_VOTER_TIMEOUT_MS}, "
+                       f"got {value!r}")
+    return value
+
+
+def _key_json(key: ReplicaKey) -> dict[str, Any]:
+    directory_id = key.directory_id
+    return {"id": key.id,
+            "directory_id": to_kafka_string(directory_id) if directory_id is not None else None}

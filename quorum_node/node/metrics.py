@@ -35,13 +35,14 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from quorum_node.node.admin_api import could_be_voter
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
-    from quorum_node.raft.core import RaftCore
+    from quorum_node.raft.core import RaftCore, ReplicaDescription
 
 # Kafka's current-state values (KafkaRaftMetrics, 4.x). Every one is exported, 1 for the current
 # state and 0 for the others, so that dashboards can select on a fixed label set.
@@ -143,9 +144,10 @@ class StateWatcher:
 class _CoreCollector:
     """Reads the core at scrape time."""
 
-    def __init__(self, core: RaftCore, watcher: StateWatcher) -> None:
+    def __init__(self, core: RaftCore, watcher: StateWatcher, voter_ids: frozenset[int]) -> None:
         self._core = core
         self._watcher = watcher
+        self._voter_ids = voter_ids
 
     def collect(self) -> Iterable[Metric]:
         core = self._core
@@ -189,9 +191,20 @@ class _CoreCollector:
                     core.flushed_offset)
         yield gauge("quorum_number_of_voters", "The number of voters in the voter set.",
                     len(core.voters))
+        observers = _observers(core)
         yield gauge("quorum_number_of_observers",
                     "Observers fetching from this replica (leader only, else 0).",
-                    _observer_count(core))
+                    len(observers))
+        yield gauge("quorum_number_of_possible_voters",
+                    "Observers that AddVoter could make voters (leader only, else 0).",
+                    sum(1 for row in observers if could_be_voter(row, self._voter_ids)))
+        pending = core.pending_voter_change
+        pending_kind = None if pending is None else pending[0]
+        yield gauge("quorum_pending_add_voter", "1 while an AddVoter is in progress, else 0.",
+                    1 if pending_kind == "add" else 0)
+        yield gauge("quorum_pending_remove_voter",
+                    "1 while a RemoveVoter is in progress, else 0.",
+                    1 if pending_kind == "remove" else 0)
         yield gauge("quorum_is_observer", "1 if this replica is not a voter.",
                     0 if core.is_voter else 1)
 
@@ -210,19 +223,20 @@ class _CoreCollector:
         yield transitions
 
 
-def _observer_count(core: RaftCore) -> int:
+def _observers(core: RaftCore) -> tuple[ReplicaDescription, ...]:
     if core.state is not RaftState.LEADER:
-        return 0
+        return ()
     try:
-        return len(core.describe_quorum(time.time_ns() // 1_000_000).observers)
+        return core.describe_quorum(time.time_ns() // 1_000_000).observers
     except NotLeaderError:
-        return 0
+        return ()
 
 
 class NodeMetrics:
     """One node's registry and the metrics fed by events. Get it with ``metrics_for(node)``."""
 
-    def __init__(self, core: RaftCore) -> None:
+    def __init__(self, core: RaftCore, voter_ids: frozenset[int]) -> None:
+        """``voter_ids``: the configured voters' ids, which possible voters must have."""
         self.registry = CollectorRegistry()
         self.commit_latency = Histogram(
             "quorum_commit_latency_seconds",
@@ -235,7 +249,7 @@ class NodeMetrics:
             buckets=ELECTION_LATENCY_BUCKETS, registry=self.registry,
         )
         self.watcher = StateWatcher(core, self.election_latency.observe)
-        self.registry.register(_CoreCollector(core, self.watcher))
+        self.registry.register(_CoreCollector(core, self.watcher, voter_ids))
         # One process per node in production: its RSS and CPU belong to the node.
         ProcessCollector(registry=self.registry)
 
@@ -259,7 +273,7 @@ def metrics_for(node: QuorumNode) -> NodeMetrics:
     """The node's metrics, created on first use (create them early to see the first election)."""
     metrics = _BY_NODE.get(node)
     if metrics is None:
-        metrics = _BY_NODE[node] = NodeMetrics(node.core)
+        metrics = _BY_NODE[node] = NodeMetrics(node.core, frozenset(node.endpoints))
     return metrics
 
 

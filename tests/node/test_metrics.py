@@ -169,6 +169,9 @@ async def test_metrics_of_the_leader_and_the_followers(tmp_path: Path) -> None:
         assert value(samples, "quorum_log_end_epoch") == leader.core.epoch
         assert value(samples, "quorum_number_of_voters") == 3
         assert value(samples, "quorum_number_of_observers") == 0
+        assert value(samples, "quorum_number_of_possible_voters") == 0
+        assert value(samples, "quorum_pending_add_voter") == 0
+        assert value(samples, "quorum_pending_remove_voter") == 0
         assert value(samples, "quorum_is_observer") == 0
         # The LeaderChange record and ours, all appended while leader.
         assert value(samples, "quorum_append_records_total") == end
