@@ -1,13 +1,17 @@
-"""``quorum-admin``: describe the quorum, like Kafka's ``kafka-metadata-quorum``.
+"""``quorum-admin``: describe the quorum and change its voters, like Kafka's
+``kafka-metadata-quorum``.
 
     quorum-admin --bootstrap-server HOST:PORT[,HOST:PORT...] describe --status
     quorum-admin --bootstrap-server HOST:PORT describe --replication [--human-readable]
     quorum-admin describe --status --json
+    quorum-admin add-voter --id 3 --uuid DIRECTORY_ID      # AddVoter (KIP-856)
+    quorum-admin remove-voter --id 3 --uuid DIRECTORY_ID   # RemoveVoter
 
 The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
-While no leader is known (an election), the servers are retried until ``--timeout-ms``.
-Errors are one line on stderr. Exit codes: 0 done, 1 the quorum could not be described, 2 bad
-usage.
+While no leader is known (an election), the servers are retried until ``--timeout-ms`` (default
+5000 for describe, 30000 for a voter change, which waits for the new voter set to commit).
+Errors are one line on stderr. Exit codes: 0 done, 1 failed (the quorum could not be described,
+or the voter change was refused or not done in time), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import os
 import sys
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
+
+from quorum_node.client import QuorumClient, QuorumClientError, Voter
 
 PROG = "quorum-admin"
 EXIT_FAILED = 1
@@ -31,6 +37,9 @@ ENV_BOOTSTRAP = "QUORUM_BOOTSTRAP_SERVER"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 QUORUM_PATH = "/v1/quorum"
 MAX_REDIRECTS = 5
+DESCRIBE_TIMEOUT_MS = 5000
+# A voter change waits for the new voter to catch up and for the change to commit.
+VOTER_CHANGE_TIMEOUT_MS = 30_000
 RETRY_BACKOFF_S = 0.1
 _LABEL_WIDTH = 24  # Kafka pads "ClusterId:" and the other labels to 24 columns
 
@@ -60,17 +69,13 @@ def _build_parser() -> _Parser:
         help=f"nodes to ask, tried in order (default ${ENV_BOOTSTRAP} or {DEFAULT_BOOTSTRAP})",
     )
     parser.add_argument(
-        "--timeout-ms", type=int, default=5000,
-        help="give up after this long, including waiting out an election (default 5000)",
+        "--timeout-ms", type=int, default=None,
+        help=f"give up after this long, including waiting out an election (default "
+             f"{DESCRIBE_TIMEOUT_MS}; {VOTER_CHANGE_TIMEOUT_MS} for a voter change)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    describe = commands.add_parser(
-        "describe", help="describe the quorum",
-        description="Describe the quorum, as its leader sees it.",
-    )
-    # Also accepted after the command, where people tend to put it.
-    describe.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
-                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    describe = _add_command(commands, "describe", "describe the quorum",
+                            "Describe the quorum, as its leader sees it.")
     what = describe.add_mutually_exclusive_group(required=True)
     what.add_argument("--status", action="store_true",
                       help="leader, epoch, high watermark, lag and the voters and observers")
@@ -80,7 +85,27 @@ def _build_parser() -> _Parser:
                           help="print the leader's answer (GET /v1/quorum) as JSON")
     describe.add_argument("--human-readable", action="store_true",
                           help="with --replication: timestamps as 'N ms ago'")
+    for name, text in (("add-voter", "make an observer a voter (AddVoter)"),
+                       ("remove-voter", "remove a voter (RemoveVoter)")):
+        change = _add_command(commands, name, text,
+                              f"{text[0].upper()}{text[1:]}, as KIP-856: a replica is a node id "
+                              f"and the directory id its log directory was formatted with.")
+        change.add_argument("--id", dest="voter_id", type=int, required=True, metavar="N",
+                            help="the replica's node id")
+        change.add_argument("--uuid", "--directory-id", dest="uuid", required=True,
+                            metavar="DIRECTORY_ID",
+                            help="the replica's directory id (22-character base64url, as "
+                                 "describe prints it)")
     return parser
+
+
+def _add_command(commands: argparse._SubParsersAction[_Parser], name: str, text: str,
+                 description: str) -> _Parser:
+    command = commands.add_parser(name, help=text, description=description)
+    # Also accepted after the command, where people tend to put it.
+    command.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
+                         default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,16 +114,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    if args.human_readable and not args.replication:
-        return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
-    if args.timeout_ms <= 0:
+    if args.timeout_ms is not None and args.timeout_ms <= 0:
         return _fail(f"--timeout-ms must be positive, got {args.timeout_ms}", EXIT_USAGE)
     try:
         servers = parse_bootstrap(args.bootstrap)
     except ValueError as error:
         return _fail(str(error), EXIT_USAGE)
+    if args.command == "describe":
+        return _describe(args, servers, (args.timeout_ms or DESCRIBE_TIMEOUT_MS) / 1000)
+    return _change_voters(args, servers, (args.timeout_ms or VOTER_CHANGE_TIMEOUT_MS) / 1000)
+
+
+def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float) -> int:
+    if args.human_readable and not args.replication:
+        return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
     try:
-        quorum = fetch_quorum(servers, args.timeout_ms / 1000)
+        quorum = fetch_quorum(servers, timeout_s)
         if args.json:
             text = json.dumps(quorum, indent=2)
         elif args.status:
@@ -109,6 +140,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(error), EXIT_FAILED)
     print(text)
     return 0
+
+
+def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
+                   timeout_s: float) -> int:
+    # Imported here: the storage package is slow to import, and describe does not need it.
+    from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string  # noqa: PLC0415
+
+    if args.voter_id < 0:
+        return _fail(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE)
+    try:
+        directory_id = to_kafka_string(parse_uuid(args.uuid))
+    except ValueError as error:
+        return _fail(f"--uuid: {error}", EXIT_USAGE)
+    adding = args.command == "add-voter"
+    voter = f"voter {args.voter_id} with directory id {directory_id}"
+    try:
+        with QuorumClient([_url(host, port) for host, port in servers], timeout_s) as client:
+            change = client.add_voter if adding else client.remove_voter
+            voters = change(args.voter_id, directory_id)
+    except QuorumClientError as error:
+        return _fail(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
+                     EXIT_FAILED)
+    print(f"{'Added' if adding else 'Removed'} {voter}")
+    print(f"{'CurrentVoters:':<{_LABEL_WIDTH}}[{', '.join(map(_voter_entry, voters))}]")
+    return 0
+
+
+def _voter_entry(voter: Voter) -> str:
+    return json.dumps({"id": voter.id, "directoryId": voter.directory_id})
 
 
 def _fail(message: str, code: int) -> int:
@@ -264,6 +324,10 @@ def _replica_entry(replica: dict[str, Any]) -> str:
                        "endpoints": [endpoint] if endpoint else []})
 
 
+def _replica_list(replicas: Iterable[dict[str, Any]]) -> str:
+    return "[" + ", ".join(map(_replica_entry, replicas)) + "]"
+
+
 def format_status(quorum: dict[str, Any]) -> str:
     lag, lag_time_ms = max_follower_lag(quorum)
     lines = [
@@ -273,8 +337,11 @@ def format_status(quorum: dict[str, Any]) -> str:
         ("HighWatermark", quorum["high_watermark"]),
         ("MaxFollowerLag", lag),
         ("MaxFollowerLagTimeMs", lag_time_ms),
-        ("CurrentVoters", "[" + ", ".join(map(_replica_entry, quorum["voters"])) + "]"),
-        ("CurrentObservers", "[" + ", ".join(map(_replica_entry, quorum["observers"])) + "]"),
+        ("CurrentVoters", _replica_list(quorum["voters"])),
+        ("CurrentObservers", _replica_list(quorum["observers"])),
+        # KIP-856: the observers that AddVoter could make voters (the leader decides which).
+        ("CouldBeVoters", _replica_list(o for o in quorum["observers"]
+                                        if o.get("could_be_voter"))),
     ]
     return "\n".join(f"{label + ':':<{_LABEL_WIDTH}}{value}" for label, value in lines)
 

@@ -74,7 +74,7 @@ async def test_status_through_a_follower(trio: LocalCluster,
     lines = status_lines(out)
     assert list(lines) == ["ClusterId", "LeaderId", "LeaderEpoch", "HighWatermark",
                            "MaxFollowerLag", "MaxFollowerLagTimeMs", "CurrentVoters",
-                           "CurrentObservers"]
+                           "CurrentObservers", "CouldBeVoters"]
     assert lines["ClusterId"] == trio.cluster_id
     assert lines["LeaderId"] == str(leader.config.node_id)
     assert lines["LeaderEpoch"] == str(leader.core.epoch)
@@ -89,6 +89,7 @@ async def test_status_through_a_follower(trio: LocalCluster,
         if voter["id"] == leader.config.node_id:
             assert voter["directoryId"] == to_kafka_string(leader.log_dir.meta.directory_id)
     assert json.loads(lines["CurrentObservers"]) == []
+    assert json.loads(lines["CouldBeVoters"]) == []
     assert re.search(r'CurrentVoters:\s+\[\{"id": 1, "directoryId": ', out)
 
 
@@ -181,6 +182,16 @@ async def test_without_a_leader_it_waits_then_gives_up(
     (["describe", "--status", "--human-readable"],
      "--human-readable is only valid with --replication"),
     ([], "the following arguments are required: COMMAND"),
+    (["add-voter", "--id", "3"], "the following arguments are required: --uuid"),
+    (["remove-voter", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "the following arguments are required: --id"),
+    (["add-voter", "--id", "x", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "argument --id: invalid int value: 'x'"),
+    (["add-voter", "--id", "-1", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "--id must be a node id (>= 0), got -1"),
+    (["add-voter", "--id", "3", "--uuid", "nope"], "--uuid: 'nope' is neither"),
+    (["--timeout-ms", "0", "add-voter", "--id", "3", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "--timeout-ms must be positive, got 0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -237,8 +248,10 @@ def test_max_follower_lag_is_the_laggiest_voter() -> None:
 def test_status_format() -> None:
     leader = replica(1, 100, 5000, 5000, "AAAAAAAAAAAAAAAAAAAAAQ")
     leader["endpoint"] = "http://h:1"
+    candidate = replica(2, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAAAg") | {"could_be_voter": True}
     answer = quorum(leader, replica(2, 95, 4990, 4000),
-                    observers=(replica(9, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAACQ"),))
+                    observers=(candidate, replica(9, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAACQ")
+                               | {"could_be_voter": False}))
     assert format_status(answer) == "\n".join([
         "ClusterId:              c",
         "LeaderId:               1",
@@ -248,7 +261,9 @@ def test_status_format() -> None:
         "MaxFollowerLagTimeMs:   1000",
         'CurrentVoters:          [{"id": 1, "directoryId": "AAAAAAAAAAAAAAAAAAAAAQ", '
         '"endpoints": ["http://h:1"]}, {"id": 2, "directoryId": null, "endpoints": []}]',
-        'CurrentObservers:       [{"id": 9, "directoryId": "AAAAAAAAAAAAAAAAAAAACQ", '
+        'CurrentObservers:       [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAAAg", '
+        '"endpoints": []}, {"id": 9, "directoryId": "AAAAAAAAAAAAAAAAAAAACQ", "endpoints": []}]',
+        'CouldBeVoters:          [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAAAg", '
         '"endpoints": []}]',
     ])
 
