@@ -473,6 +473,8 @@ class RaftCore:
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
+            if self._voter_change is not None:
+                times.append(self._voter_change.deadline_ms)
             times.extend(
                 max(self._next_begin_quorum_ms(state.voters[key]),
                     self._requests.ready_at_ms(key.id))
