@@ -5,6 +5,12 @@ they never wait for the disk. Durability is a separate step the driver performs 
 for it (``Effects.flush``): it calls ``flush()`` and reports the flushed offset back to the core,
 which counts only flushed data as acknowledged. That keeps fsync (and its group commit) outside the
 core and lets a simulated disk lose exactly the un-flushed suffix on a crash.
+
+Snapshots (KIP-630) move the log's start. ``truncate_to_snapshot`` replaces the whole log by a
+snapshot, ``delete_before`` drops what a snapshot made redundant; both are durable when they
+return (no flush needed). A log that starts exactly at a snapshot's end offset keeps the
+snapshot's epoch as the base of its epoch cache: the epoch of the record just before its start,
+so that a follower which loaded that snapshot passes the divergence check at the log start.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
+from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import OffsetAndEpoch
 
 
 class RaftLog(Protocol):
     @property
     def start_offset(self) -> int:
-        """First offset held by the log (0 until snapshots let it move)."""
+        """First offset the log can hold: 0 until a snapshot lets it move (the base offset of its
+        first batch, or the end offset when it is empty)."""
         ...
 
     @property
@@ -29,13 +37,16 @@ class RaftLog(Protocol):
         ...
 
     def last_fetched_epoch(self) -> int:
-        """Epoch of the last batch in the log; 0 when it is empty."""
+        """Epoch of the last batch in the log; when it is empty, its base epoch (that of the
+        snapshot it starts at), or 0."""
         ...
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
         """The largest epoch held that is <= ``epoch`` and the offset where it ends (exclusive).
+        The base epoch counts as held, ending at the log start or where the next epoch begins.
 
-        When no held epoch qualifies, answers (start_offset, 0)."""
+        When no held epoch qualifies (the epoch lies wholly below the log start), answers
+        (start_offset, 0): the leader then sends a snapshot."""
         ...
 
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -54,7 +65,19 @@ class RaftLog(Protocol):
         ...
 
     def truncate_to(self, offset: int) -> None:
-        """Remove every batch holding an offset >= ``offset``; afterwards end_offset <= offset."""
+        """Remove every batch holding an offset >= ``offset``; afterwards end_offset <= offset
+        (but never below start_offset, and the base epoch stays)."""
+        ...
+
+    def truncate_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        """Discard the whole log for a snapshot just loaded: afterwards start_offset ==
+        end_offset == snapshot_id.end_offset and the base epoch is snapshot_id.epoch. Durable."""
+        ...
+
+    def delete_before(self, offset: int) -> None:
+        """Delete whole batches (or files) whose records all lie below ``offset``, nothing at or
+        above it. start_offset becomes the first offset kept (<= ``offset``); when that is
+        ``offset`` itself, the epoch of the record before it becomes the base epoch. Durable."""
         ...
 
 
@@ -77,6 +100,79 @@ def epoch_end_offset(
     return OffsetAndEpoch(end_offset, found_epoch)
 
 
+class EpochCache:
+    """The epoch cache both logs keep: (epoch, start offset) of each epoch held, increasing, over
+    an optional base entry (the epoch of the snapshot the log starts at), which only the snapshot
+    operations set or remove: truncation keeps it."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, int]] = []
+        self._has_base = False
+
+    @property
+    def base(self) -> SnapshotId | None:
+        """(start offset, epoch before it) when the log has a base epoch."""
+        if not self._has_base:
+            return None
+        epoch, offset = self._entries[0]
+        return SnapshotId(offset, epoch)
+
+    def reset(self, base: SnapshotId | None = None) -> None:
+        self._entries.clear()
+        self._has_base = False
+        if base is not None:
+            self.set_base(base)
+
+    def set_base(self, base: SnapshotId) -> None:
+        """Put the base under entries that all start at ``base.end_offset``."""
+        if self._entries and self._entries[0][1] != base.end_offset:
+            raise ValueError(f"base {base} is not at the start of the epochs {self._entries}")
+        if self._entries and self._entries[0][0] < base.epoch:
+            raise ValueError(f"base {base} is newer than the log's epoch {self._entries[0][0]}")
+        if not self._entries or self._entries[0][0] > base.epoch:
+            self._entries.insert(0, (base.epoch, base.end_offset))
+        self._has_base = True
+
+    def last_epoch(self) -> int:
+        return self._entries[-1][0] if self._entries else 0
+
+    def append(self, epoch: int, base_offset: int) -> None:
+        """A batch of ``epoch`` was appended at ``base_offset``."""
+        if not self._entries or epoch > self._entries[-1][0]:
+            self._entries.append((epoch, base_offset))
+
+    def truncate(self, end_offset: int) -> None:
+        """The log now ends at ``end_offset``: forget epochs that began there or later."""
+        keep = 1 if self._has_base else 0
+        while len(self._entries) > keep and self._entries[-1][1] >= end_offset:
+            self._entries.pop()
+
+    def delete_before(self, start_offset: int, requested: int) -> None:
+        """The log now starts at ``start_offset``, having been asked to delete below
+        ``requested``: forget epochs that ended at or before the start, move the start of the
+        one in force there, and make the epoch before the start the base if it is ``requested``
+        (what a snapshot at ``requested`` tells after a restart)."""
+        base = self.base
+        if base is not None and base.end_offset == start_offset == requested:
+            return  # already based there
+        base_epoch = self._epoch_at(start_offset - 1) if start_offset == requested else None
+        while len(self._entries) > 1 and self._entries[1][1] <= start_offset:
+            del self._entries[0]
+        if self._entries and self._entries[0][1] < start_offset:
+            self._entries[0] = (self._entries[0][0], start_offset)
+        self._has_base = False
+        if base_epoch is not None:
+            self.set_base(SnapshotId(start_offset, base_epoch))
+
+    def end_offset_for(self, epoch: int, start_offset: int, end_offset: int) -> OffsetAndEpoch:
+        return epoch_end_offset(self._entries, epoch, start_offset, end_offset)
+
+    def _epoch_at(self, offset: int) -> int | None:
+        """The epoch of the record at ``offset`` (None below every entry)."""
+        index = bisect.bisect_right(self._entries, offset, key=lambda entry: entry[1]) - 1
+        return self._entries[index][0] if index >= 0 else None
+
+
 def check_leader_append(log: RaftLog, epoch: int) -> None:
     """The rule every log enforces on a leader's append: epochs never go backwards."""
     if epoch < log.last_fetched_epoch():
@@ -94,30 +190,35 @@ def check_follower_append(log: RaftLog, batch: RecordBatch) -> None:
 
 class MemoryLog:
     """A log held in memory that models a disk: ``flush`` marks the current contents durable and
-    ``crash`` throws away whatever was not flushed, as a power loss would."""
+    ``crash`` throws away whatever was not flushed, as a power loss would.
+
+    ``truncate_to_snapshot`` and ``delete_before`` are durable at once, as on a disk where they
+    end with a directory fsync: a crash keeps the start offset and base epoch they left."""
 
     def __init__(self) -> None:
+        self._start = 0
         self._batches: list[RecordBatch] = []
         self._encoded: list[bytes] = []
         self._bases: list[int] = []
-        self._epochs: list[tuple[int, int]] = []  # (epoch, start offset), increasing
+        self._epochs = EpochCache()
+        # The durable log, which starts at self._start too: what a crash leaves.
         self._durable: list[tuple[RecordBatch, bytes]] = []
         self._stable_prefix = 0  # batches[:n] equal durable[:n]
 
     # -- RaftLog ---------------------------------------------------------------------------
     @property
     def start_offset(self) -> int:
-        return 0
+        return self._start
 
     @property
     def end_offset(self) -> int:
-        return self._batches[-1].next_offset if self._batches else 0
+        return self._batches[-1].next_offset if self._batches else self._start
 
     def last_fetched_epoch(self) -> int:
-        return self._batches[-1].epoch if self._batches else 0
+        return self._epochs.last_epoch()
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
-        return epoch_end_offset(self._epochs, epoch, self.start_offset, self.end_offset)
+        return self._epochs.end_offset_for(epoch, self.start_offset, self.end_offset)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         index = bisect.bisect_right(self._bases, offset) - 1
@@ -154,10 +255,34 @@ class MemoryLog:
         del self._batches[keep:]
         del self._encoded[keep:]
         del self._bases[keep:]
-        end = self.end_offset
-        while self._epochs and self._epochs[-1][1] >= end:
-            self._epochs.pop()
+        self._epochs.truncate(self.end_offset)
         self._stable_prefix = min(self._stable_prefix, keep)
+
+    def truncate_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        self._start = snapshot_id.end_offset
+        self._batches, self._encoded, self._bases = [], [], []
+        self._epochs.reset(snapshot_id)
+        self._durable, self._stable_prefix = [], 0
+
+    def delete_before(self, offset: int) -> None:
+        if offset <= self._start:
+            return
+        drop = 0
+        while drop < len(self._batches) and self._batches[drop].next_offset <= offset:
+            drop += 1
+        if drop > self._stable_prefix:
+            # Deleting is durable, so what it deletes must have been too: the durable log
+            # becomes the current one up to the new start (as after a flush of that much).
+            self._durable, self._stable_prefix = [], 0
+        else:
+            del self._durable[:drop]
+            self._stable_prefix -= drop
+        end = self.end_offset
+        del self._batches[:drop]
+        del self._encoded[:drop]
+        del self._bases[:drop]
+        self._start = self._batches[0].base_offset if self._batches else end
+        self._epochs.delete_before(self._start, min(offset, end))
 
     # -- durability --------------------------------------------------------------------------
     def flush(self) -> int:
@@ -169,8 +294,8 @@ class MemoryLog:
 
     def crash(self) -> None:
         """Lose everything appended (or truncated) since the last flush."""
-        self._batches, self._encoded, self._bases, self._epochs = [], [], [], []
-        self._stable_prefix = 0
+        self._batches, self._encoded, self._bases = [], [], []
+        self._epochs.reset(self._epochs.base)
         durable, self._durable = self._durable, []
         for batch, encoded in durable:
             self._push(batch, encoded)
@@ -188,7 +313,7 @@ class MemoryLog:
 
     @property
     def durable_end_offset(self) -> int:
-        return self._durable[-1][0].next_offset if self._durable else 0
+        return self._durable[-1][0].next_offset if self._durable else self._start
 
     def batch_containing(self, offset: int) -> RecordBatch | None:
         index = bisect.bisect_right(self._bases, offset) - 1
@@ -198,8 +323,7 @@ class MemoryLog:
         return batch if batch.last_offset >= offset else None
 
     def _push(self, batch: RecordBatch, encoded: bytes) -> None:
-        if not self._epochs or batch.epoch > self._epochs[-1][0]:
-            self._epochs.append((batch.epoch, batch.base_offset))
+        self._epochs.append(batch.epoch, batch.base_offset)
         self._batches.append(batch)
         self._encoded.append(encoded)
         self._bases.append(batch.base_offset)

@@ -1,10 +1,11 @@
-"""A node's log directory as a whole: its identity, the metadata partition's log and its
+"""A node's log directory as a whole: its identity, the metadata partition's log, snapshots and
 quorum-state, opened together and only after the identity checks out.
 
 Layout, as Kafka's::
 
     <log_dir>/meta.properties                      cluster id, node id, directory id
     <log_dir>/__cluster_metadata-0/<offset>.log    segments
+    <log_dir>/__cluster_metadata-0/<offset>-<epoch>.checkpoint    snapshots
     <log_dir>/__cluster_metadata-0/quorum-state    election state
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from quorum_node.storage.meta_properties import MetaProperties, load_meta_properties
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES, SegmentLog
+from quorum_node.storage.snapshot_store import FileSnapshotStore
 
 METADATA_PARTITION_DIR = "__cluster_metadata-0"
 
@@ -27,6 +29,7 @@ class LogDirectory:
     meta: MetaProperties
     log: SegmentLog
     quorum_state: QuorumStateStore
+    snapshots: FileSnapshotStore
 
     @classmethod
     def open(
@@ -43,8 +46,10 @@ class LogDirectory:
         root = Path(path)
         meta = load_meta_properties(root, cluster_id, node_id)
         partition = root / METADATA_PARTITION_DIR
-        log = SegmentLog.open(partition, segment_bytes)
-        return cls(root, meta, log, QuorumStateStore(partition))
+        # Snapshots first: the log reconciles its start with the latest one.
+        snapshots = FileSnapshotStore(partition)
+        log = SegmentLog.open(partition, segment_bytes, snapshots.latest())
+        return cls(root, meta, log, QuorumStateStore(partition), snapshots)
 
     def close(self) -> None:
         self.log.close()

@@ -10,6 +10,12 @@ new one gets its first byte. So after a crash only the tail of the last segment 
 recovery cuts exactly that: a defect anywhere else, or one followed by valid data, is corruption of
 data that may have been acknowledged, and opening refuses without touching a byte.
 
+Snapshots (KIP-630) move the start: ``delete_before`` deletes whole segments below a snapshot,
+oldest first, so a crash leaves a suffix of the log; ``truncate_to_snapshot`` deletes every segment
+and starts an empty one named after the snapshot's end offset, as Kafka does. A replica only loads
+a snapshot that lies past its log end, so whatever part of that reaches the disk before a crash,
+``open`` (given the latest snapshot) finds a log ending before the snapshot and finishes the job.
+
 Threading: one thread appends, truncates and reads; ``flush`` may run concurrently in another
 thread (group commit runs it via ``asyncio.to_thread``).
 """
@@ -28,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from quorum_node.raft.log import check_follower_append, check_leader_append, epoch_end_offset
+from quorum_node.raft.log import EpochCache, check_follower_append, check_leader_append
 from quorum_node.raft.records import (
     HEADER_SIZE,
     MAGIC,
@@ -41,6 +47,7 @@ from quorum_node.raft.records import (
     encode_batch,
     read_batch_header,
 )
+from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import OffsetAndEpoch
 from quorum_node.storage.errors import CorruptLogError, StorageError
 from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
@@ -94,6 +101,7 @@ class SegmentLog:
         self,
         directory: str | os.PathLike[str],
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        snapshot_id: SnapshotId | None = None,
     ) -> None:
         """Open (creating if needed) the log in ``directory`` and recover it; see ``open``."""
         if segment_bytes <= 0:
@@ -102,7 +110,7 @@ class SegmentLog:
         self._segment_bytes = segment_bytes
         self._segments: list[_Segment] = []
         self._segment_bases: list[int] = []
-        self._epochs: list[tuple[int, int]] = []  # (epoch, start offset), increasing
+        self._epochs = EpochCache()
         self._lock = threading.Lock()
         self._tickets: list[_FlushTicket] = []
         self._dir_dirty = False
@@ -111,6 +119,7 @@ class SegmentLog:
         self.fsync_count = 0
         try:
             self._recover()
+            self._meet_snapshot(snapshot_id)
         except BaseException:
             self.close()
             raise
@@ -120,6 +129,7 @@ class SegmentLog:
         cls,
         directory: str | os.PathLike[str],
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        snapshot_id: SnapshotId | None = None,
     ) -> SegmentLog:
         """Open the log, cutting a torn or corrupt tail off the last segment (logged as a warning).
 
@@ -127,8 +137,13 @@ class SegmentLog:
         which keeps this at disk speed). Raises ``CorruptLogError`` and modifies nothing when the
         damage is not confined to the tail of the last segment. What it finds is fsynced, so
         ``end_offset`` after opening is durable.
+
+        ``snapshot_id`` is the latest snapshot, if any. One ending past the log end (a crash
+        between freezing a downloaded snapshot and truncating the log to it) has the log
+        truncated to it; one ending at the log start gives the log its base epoch. A log that
+        starts past it (or past 0 without one) is refused: the offsets between are in neither.
         """
-        return cls(directory, segment_bytes)
+        return cls(directory, segment_bytes, snapshot_id)
 
     # -- RaftLog -----------------------------------------------------------------------------
     @property
@@ -141,10 +156,10 @@ class SegmentLog:
 
     def last_fetched_epoch(self) -> int:
         # Epochs never decrease, so the newest cache entry is the epoch of the last batch.
-        return self._epochs[-1][0] if self._epochs else 0
+        return self._epochs.last_epoch()
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
-        return epoch_end_offset(self._epochs, epoch, self.start_offset, self.end_offset)
+        return self._epochs.end_offset_for(epoch, self.start_offset, self.end_offset)
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         self._check_usable()
@@ -195,12 +210,8 @@ class SegmentLog:
             try:
                 # Newest first, so that if only some of these steps reach the disk before a
                 # crash, what is left is still a prefix of the log.
-                for doomed in reversed(self._segments[index + 1 :]):
-                    os.close(doomed.fd)
-                    os.unlink(doomed.path)
-                    self._dir_dirty = True
-                    self._segments.pop()
-                    self._segment_bases.pop()
+                while len(self._segments) > index + 1:
+                    self._delete_segment(self._segments[-1])
                 os.ftruncate(segment.fd, cut)
             except OSError as exc:
                 raise self._fail("truncation failed", exc) from exc
@@ -209,10 +220,39 @@ class SegmentLog:
             segment.dirty = True
             del segment.bases[batch:]
             del segment.positions[batch:]
-            while self._epochs and self._epochs[-1][1] >= new_end:
-                self._epochs.pop()
-            for ticket in self._tickets:
-                ticket.end_offset = min(ticket.end_offset, new_end)
+            self._epochs.truncate(new_end)
+            self._lower_tickets(new_end)
+
+    def truncate_to_snapshot(self, snapshot_id: SnapshotId) -> None:
+        with self._lock:
+            self._check_usable()
+            try:
+                # Newest first, like truncate_to: a crash leaves a prefix of the log, which ends
+                # before the snapshot, so the next open truncates again (see the module notes).
+                while self._segments:
+                    self._delete_segment(self._segments[-1])
+                self._sync_found(self._new_segment(snapshot_id.end_offset))
+            except OSError as exc:
+                raise self._fail("truncation to a snapshot failed", exc) from exc
+            self._dir_dirty = False  # just fsynced
+            self._epochs.reset(snapshot_id)
+            self._lower_tickets(snapshot_id.end_offset)
+
+    def delete_before(self, offset: int) -> None:
+        with self._lock:
+            self._check_usable()
+            if offset <= self.start_offset:
+                return
+            try:
+                # Oldest first, so that a crash leaves a suffix of the log; never the active one.
+                while len(self._segments) > 1 and self._segments[0].next_offset <= offset:
+                    self._delete_segment(self._segments[0])
+                if self._dir_dirty:
+                    fsync_directory(self.directory)
+                    self.fsync_count += 1
+            except OSError as exc:
+                raise self._fail("deleting old segments failed", exc) from exc
+            self._epochs.delete_before(self.start_offset, min(offset, self.end_offset))
 
     # -- DurableLog --------------------------------------------------------------------------
     def flush(self) -> int:
@@ -288,6 +328,20 @@ class SegmentLog:
                 "unknown state; restart to recover it from disk"
             )
 
+    def _delete_segment(self, segment: _Segment) -> None:
+        """Close, forget and unlink ``segment``."""
+        index = self._segments.index(segment)
+        os.close(segment.fd)
+        del self._segments[index]
+        del self._segment_bases[index]
+        os.unlink(segment.path)
+        self._dir_dirty = True
+
+    def _lower_tickets(self, end_offset: int) -> None:
+        """A flush in progress must not report more than the log now holds."""
+        for ticket in self._tickets:
+            ticket.end_offset = min(ticket.end_offset, end_offset)
+
     def _fail(self, what: str, exc: OSError) -> StorageError:
         self._failure = exc
         return StorageError(f"{self.directory}: {what}: {exc}")
@@ -324,8 +378,7 @@ class SegmentLog:
             active.size += len(encoded)
             active.next_offset = batch.next_offset
             active.dirty = True
-            if not self._epochs or batch.epoch > self._epochs[-1][0]:
-                self._epochs.append((batch.epoch, batch.base_offset))
+            self._epochs.append(batch.epoch, batch.base_offset)
 
     def _roll(self, base_offset: int) -> _Segment:
         outgoing = self._segments[-1]
@@ -387,6 +440,32 @@ class SegmentLog:
             self._cut_tail(last, defect)
         self._sync_found(last)
 
+    def _meet_snapshot(self, snapshot_id: SnapshotId | None) -> None:
+        """Reconcile the recovered log with the latest snapshot (see ``open``)."""
+        snapshot_end = snapshot_id.end_offset if snapshot_id is not None else 0
+        if self.start_offset > snapshot_end:
+            covered = "there is no snapshot" if snapshot_id is None \
+                else f"the latest snapshot ({snapshot_id}) ends at {snapshot_end}"
+            raise StorageError(
+                f"{self.directory}: the log starts at offset {self.start_offset} but {covered}: "
+                "the offsets before the log start are lost; refusing to open the log"
+            )
+        if snapshot_id is None:
+            return
+        if snapshot_end > self.end_offset:
+            logger.warning(
+                "%s: the log ends at %d, before the latest snapshot %s: truncating the log to the "
+                "snapshot (a crash after loading it)", self.directory, self.end_offset, snapshot_id
+            )
+            self.truncate_to_snapshot(snapshot_id)
+        elif snapshot_end == self.start_offset:
+            try:
+                self._epochs.set_base(snapshot_id)
+            except ValueError as exc:
+                raise StorageError(
+                    f"{self.directory}: the log does not continue snapshot {snapshot_id}: {exc}"
+                ) from None
+
     def _sync_found(self, last: _Segment) -> None:
         """Make what open found durable. After a process crash (the OS kept running) the page
         cache still holds writes that were never fsynced; the caller may count everything found
@@ -444,8 +523,7 @@ class SegmentLog:
                 segment.positions.append(position)
                 segment.next_offset = next_offset
                 segment.size = position = end
-                if not self._epochs or epoch > self._epochs[-1][0]:
-                    self._epochs.append((epoch, base))
+                self._epochs.append(epoch, base)
         return None
 
     def _find_valid_batch_after(self, segment: _Segment, defect: int) -> int | None:

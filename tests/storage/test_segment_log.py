@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from quorum_node.raft.log import DurableLog, MemoryLog
 from quorum_node.raft.records import RecordBatch, decode_batches
+from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import OffsetAndEpoch
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.segment_log import SegmentLog
@@ -28,21 +29,46 @@ from .helpers import build_log, make_records, segment_files
 class ModelLog:
     def __init__(self) -> None:
         self.batches: list[RecordBatch] = []
+        self.start = 0
+        self.snapshot: SnapshotId | None = None  # the latest
 
     @property
     def end_offset(self) -> int:
-        return self.batches[-1].next_offset if self.batches else 0
+        return self.batches[-1].next_offset if self.batches else self.start
+
+    @property
+    def base(self) -> SnapshotId | None:
+        """The snapshot the log starts at, whose epoch counts as held."""
+        at_start = self.snapshot is not None and self.snapshot.end_offset == self.start
+        return self.snapshot if at_start else None
 
     def last_fetched_epoch(self) -> int:
-        return self.batches[-1].epoch if self.batches else 0
+        if self.batches:
+            return self.batches[-1].epoch
+        return self.base.epoch if self.base is not None else 0
 
     def end_offset_for_epoch(self, epoch: int) -> OffsetAndEpoch:
-        held = [batch for batch in self.batches if batch.epoch <= epoch]
-        if not held:
-            return OffsetAndEpoch(0, 0)
-        found = held[-1].epoch
+        held = [batch.epoch for batch in self.batches]
+        if self.base is not None:
+            held.append(self.base.epoch)
+        if not any(held_epoch <= epoch for held_epoch in held):
+            return OffsetAndEpoch(self.start, 0)
+        found = max(held_epoch for held_epoch in held if held_epoch <= epoch)
         later = [batch.base_offset for batch in self.batches if batch.epoch > found]
         return OffsetAndEpoch(later[0] if later else self.end_offset, found)
+
+    def epoch_at(self, offset: int) -> int:
+        (batch,) = [b for b in self.batches if b.base_offset <= offset <= b.last_offset]
+        return batch.epoch
+
+    def drop_below(self, start: int) -> None:
+        """The log deleted whole batches: it now starts at ``start``."""
+        assert start in [batch.base_offset for batch in self.batches] + [self.end_offset]
+        self.batches = [batch for batch in self.batches if batch.base_offset >= start]
+        self.start = start
+
+    def load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        self.batches, self.start, self.snapshot = [], snapshot_id.end_offset, snapshot_id
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         starts = [
@@ -72,6 +98,11 @@ class ModelLog:
     def truncate_to(self, offset: int) -> None:
         self.batches = [batch for batch in self.batches if batch.last_offset < offset]
 
+    @property
+    def committed(self) -> int:
+        """Below the latest snapshot nothing is ever truncated: it was committed."""
+        return self.snapshot.end_offset if self.snapshot is not None else 0
+
 
 # -- the implementations under test ----------------------------------------------------------
 
@@ -80,10 +111,12 @@ class ModelLog:
 class Subject:
     name: str
     open: Callable[[Path], DurableLog]
-    restart: Callable[[DurableLog, Path], DurableLog]  # flush, then come back as after a reboot
+    # Flush, then come back as after a reboot, told the latest snapshot.
+    restart: Callable[[DurableLog, Path, SnapshotId | None], DurableLog]
 
 
-def _memory_restart(log: DurableLog, _directory: Path) -> DurableLog:
+def _memory_restart(log: DurableLog, _directory: Path, _snapshot: SnapshotId | None
+                    ) -> DurableLog:
     assert isinstance(log, MemoryLog)
     log.flush()
     log.crash()
@@ -91,11 +124,11 @@ def _memory_restart(log: DurableLog, _directory: Path) -> DurableLog:
 
 
 def _segment_subject(segment_bytes: int) -> Subject:
-    def restart(log: DurableLog, directory: Path) -> DurableLog:
+    def restart(log: DurableLog, directory: Path, snapshot: SnapshotId | None) -> DurableLog:
         assert isinstance(log, SegmentLog)
         log.flush()
         log.close()
-        return SegmentLog.open(directory, segment_bytes)
+        return SegmentLog.open(directory, segment_bytes, snapshot)
 
     return Subject(
         f"SegmentLog(segment_bytes={segment_bytes})",
@@ -133,6 +166,8 @@ OPERATIONS = st.lists(
         st.tuples(st.just("epoch"), st.integers(-1, 12)),
         st.tuples(st.just("flush")),
         st.tuples(st.just("restart")),
+        st.tuples(st.just("retain"), st.integers(0, 10_000)),
+        st.tuples(st.just("load"), st.integers(1, 30), st.integers(0, 2)),
     ),
     min_size=10,
     max_size=80,
@@ -147,7 +182,7 @@ def _outcome(action: Callable[..., Any], *args: Any) -> tuple[str, Any]:
 
 
 def _check_same_state(log: DurableLog, model: ModelLog) -> None:
-    assert log.start_offset == 0
+    assert log.start_offset == model.start
     assert log.end_offset == model.end_offset
     assert log.last_fetched_epoch() == model.last_fetched_epoch()
 
@@ -182,7 +217,7 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
                         break
                 assert result == expected
             elif kind == "truncate":
-                offset = args[0] % (model.end_offset + 3)
+                offset = max(args[0] % (model.end_offset + 3), model.committed)
                 log.truncate_to(offset)
                 model.truncate_to(offset)
             elif kind == "read":
@@ -199,8 +234,16 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
                 assert log.end_offset_for_epoch(args[0]) == model.end_offset_for_epoch(args[0])
             elif kind == "flush":
                 assert log.flush() == model.end_offset
+            elif kind == "retain":
+                _retain(log, model, args[0])
+            elif kind == "load":
+                delta, epoch_step = args
+                epoch = model.last_fetched_epoch() + epoch_step
+                snapshot = SnapshotId(log.end_offset + delta, epoch)
+                log.truncate_to_snapshot(snapshot)
+                model.load_snapshot(snapshot)
             else:
-                log = subject.restart(log, directory)
+                log = subject.restart(log, directory, model.snapshot)
             _check_same_state(log, model)
         assert log.read(0, 1 << 30) == model.read(0, 1 << 30)
         for epoch in range(-1, model.last_fetched_epoch() + 2):
@@ -208,6 +251,30 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
     finally:
         if isinstance(log, SegmentLog):
             log.close()
+
+
+def _retain(log: DurableLog, model: ModelLog, pick: int) -> None:
+    """Take a snapshot at the end of a batch the log holds (as a state machine does), then
+    delete the log below it, as far as the log's granularity allows: whole batches, or whole
+    segments but the active one."""
+    ends = [batch.next_offset for batch in model.batches if batch.next_offset >= model.committed]
+    if not ends:
+        return
+    offset = ends[pick % len(ends)]
+    snapshot = SnapshotId(offset, model.epoch_at(offset - 1))
+    log.delete_before(offset)
+    start = log.start_offset
+    assert model.start <= start <= offset
+    if isinstance(log, MemoryLog):
+        assert start == min([b.base_offset for b in model.batches if b.next_offset > offset],
+                            default=model.end_offset)
+    else:
+        assert isinstance(log, SegmentLog)
+        paths = log.segment_paths
+        assert int(paths[0].stem) == start
+        assert len(paths) == 1 or int(paths[1].stem) > offset  # nothing more could go
+    model.drop_below(start)
+    model.snapshot = snapshot
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids=lambda subject: subject.name)
