@@ -66,7 +66,7 @@ class FileSnapshotStore:
         size = self._size_of(snapshot_id)
         if not 0 <= position < size:
             raise ValueError(f"position {position} outside snapshot {snapshot_id} of {size} bytes")
-        return self._pread(snapshot_id, position, min(max_bytes, size - position))
+        return self._pread(snapshot_id, position, max(0, min(max_bytes, size - position)))
 
     def voters(self, snapshot_id: SnapshotId) -> tuple[ReplicaKey, ...] | None:
         # The voters are in the header batch: read that batch only, however big the snapshot.

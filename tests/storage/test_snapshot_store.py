@@ -70,6 +70,7 @@ def test_chunked_reads_by_position(store: SnapshotStore) -> None:
         assert all(len(piece) == chunk for piece in pieces[:-1])
         assert b"".join(pieces) == data
     assert store.read(snapshot_id, len(data) - 3, 100) == data[-3:]
+    assert store.read(snapshot_id, 5, 0) == b""
     for position in (-1, len(data), len(data) + 5):
         with pytest.raises(ValueError, match="position"):
             store.read(snapshot_id, position, 10)
