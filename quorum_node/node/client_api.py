@@ -49,6 +49,7 @@ from quorum_node.node.kv import (
     encode_op,
 )
 from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
+from quorum_node.node.snapshotting import KvSnapshots
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.types import NotLeaderError
 
@@ -210,6 +211,7 @@ class ClientApi:
     def __init__(self, node: QuorumNode) -> None:
         self.node = node
         self.store = KvStore()
+        self.snapshots = KvSnapshots(node, self.store)
         self.failure: BaseException | None = None
         self._applier: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -249,6 +251,7 @@ class ClientApi:
             self._applier.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._applier
+        await self.snapshots.stop()
 
     def _notify(self) -> None:
         progress, self._progress = self._progress, asyncio.Event()
@@ -259,6 +262,8 @@ class ClientApi:
         try:
             # Checked as well as cancelled: a cancellation can be lost in the node's waits.
             while not self._closing.is_set():
+                if self.snapshots.load_if_behind():
+                    self._notify()
                 high_watermark = node.core.high_watermark
                 if high_watermark is None or store.next_offset >= high_watermark:
                     # A bounded wait so that a stopped node is noticed (it raises then).
@@ -273,6 +278,7 @@ class ClientApi:
                     raise RuntimeError(f"no committed batch at offset {before} below the high "
                                        f"watermark {high_watermark}")
                 self._notify()
+                self.snapshots.maybe_start_writing()
                 await asyncio.sleep(0)  # a long replay must not starve the handlers
         except NotLeaderError:
             # What the runtime raises to waiters once the node has stopped after a failure.
@@ -417,6 +423,13 @@ class ClientApi:
         max_records = params.integer("max_records", default=DEFAULT_READ_RECORDS, minimum=1,
                                      maximum=MAX_READ_RECORDS)
         wait_ms = params.integer("wait_ms", default=0, minimum=0, maximum=MAX_WAIT_MS)
+        log_start = self.node.log_dir.log.start_offset
+        if offset < log_start:
+            raise ApiError(416, "OFFSET_OUT_OF_RANGE",
+                           f"offset {offset} is below the log start {log_start} on node "
+                           f"{self.node.config.node_id}: those records are compacted into a "
+                           f"snapshot of the key-value store",
+                           extra={"log_start_offset": log_start})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         position = offset

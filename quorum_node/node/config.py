@@ -59,6 +59,8 @@ class NodeConfig(BaseModel):
     quorum: QuorumConfig = Field(default_factory=QuorumConfig)
     segment_bytes: int = Field(DEFAULT_SEGMENT_BYTES, ge=1)
     format_if_empty: bool = False
+    snapshot_interval_records: int = Field(20_000, ge=0)
+    snapshot_retained_log_records: int = Field(0, ge=0)
 
     @field_validator("voters", mode="before")
     @classmethod
@@ -151,6 +153,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               shared=True),
     ConfigKey("log.segment.bytes", ("segment_bytes",), "Size at which a log segment rolls.",
               shared=True),
+    ConfigKey("snapshot.interval.records", ("snapshot_interval_records",),
+              "Write a snapshot of the key-value store after this many committed records "
+              "(0: never).", shared=True),
+    ConfigKey("snapshot.retained.log.records", ("snapshot_retained_log_records",),
+              "Records of log kept below the latest snapshot; whole segments older than that "
+              "are deleted.", shared=True),
     ConfigKey("format.if.empty", ("format_if_empty",),
               "Format an empty log.dir at start-up with a new directory id (for containers)."),
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,6 +192,22 @@ class KvStore:
 
     def items(self) -> list[tuple[str, str]]:
         return sorted(self._data.items())
+
+    def snapshot_records(self) -> list[Record]:
+        """The map as records (one put per key, sorted): a snapshot's data."""
+        return [encode_op(Put(key, value)) for key, value in sorted(self._data.items())]
+
+    def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
+        """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
+        data: dict[str, str] = {}
+        for record in records:
+            op = decode_op(record)
+            if not isinstance(op, Put):
+                raise ValueError(f"a snapshot holds puts only, not {op!r}")
+            data[op.key] = op.value
+        self._data = data
+        self._outcomes.clear()
+        self.next_offset = next_offset
 
     def apply_batch(self, batch: RecordBatch, limit: int | None = None) -> int:
         """Apply the records of a committed batch that are not applied yet, in offset order,

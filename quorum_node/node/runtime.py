@@ -31,6 +31,7 @@ from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     EndQuorumEpochRequest,
     FetchRequest,
+    FetchSnapshotRequest,
     RaftRequest,
     RaftResponse,
     VoteRequest,
@@ -102,6 +103,7 @@ class QuorumNode:
             config=config.quorum,
             random=random.Random(int.from_bytes(os.urandom(8), "big")),
             now_ms=_now_ms(),
+            snapshots=self.log_dir.snapshots,
         )
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms)
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
@@ -299,6 +301,12 @@ class QuorumNode:
         if self.failure is not None:
             raise NotLeaderError(None, self.core.epoch)
         started = time.perf_counter()
+        if not self.core.accepts_writes and self.core.state is RaftState.LEADER:
+            # A new leader takes writes once it has written the bootstrap voters (KIP-856).
+            with contextlib.suppress(TimeoutError):
+                await self._wait_for(
+                    lambda: self.core.accepts_writes or self.core.state is not RaftState.LEADER,
+                    timeout_s)
         first, last = self.core.propose(_now_ms(), records)
         epoch = self.core.epoch
         self._after_step()
@@ -399,7 +407,7 @@ class QuorumNode:
 
 
 def _sender_of(request: RaftRequest) -> int:
-    if isinstance(request, FetchRequest | VoteRequest):
+    if isinstance(request, FetchRequest | FetchSnapshotRequest | VoteRequest):
         return request.replica_id
     if isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
         return request.leader_id

@@ -1,0 +1,105 @@
+"""Snapshots of the key-value state machine (KIP-630): when to write one, how to load one.
+
+The state machine, not the Raft core, decides when to snapshot: every
+``snapshot.interval.records`` applied records it writes its map, as of the offset it has applied
+(always committed, always at a batch boundary), with the voter set in force there. The log below
+the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
+are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
+after the core replaced its log by a snapshot downloaded from the leader) loads the snapshot
+instead of replaying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from quorum_node.node.kv import KvStore
+from quorum_node.raft.records import Record, read_batch_header
+from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
+from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.voters import VoterSet
+
+if TYPE_CHECKING:
+    from quorum_node.node.runtime import QuorumNode
+
+logger = logging.getLogger(__name__)
+
+
+class KvSnapshots:
+    def __init__(self, node: QuorumNode, store: KvStore) -> None:
+        self.node = node
+        self.store = store
+        latest = node.log_dir.snapshots.latest()
+        self._last_end = latest.end_offset if latest is not None else 0
+        self._task: asyncio.Task[None] | None = None
+
+    def load_if_behind(self) -> bool:
+        """Load the latest snapshot if the store has not applied up to it. True if loaded."""
+        snapshots = self.node.log_dir.snapshots
+        latest = snapshots.latest()
+        if latest is None or latest.end_offset <= self.store.next_offset:
+            return False
+        size = snapshots.size(latest)
+        assert size is not None
+        started = time.perf_counter()
+        contents = read_snapshot(snapshots.read(latest, 0, size))
+        self.store.load_snapshot(contents.records, latest.end_offset)
+        self._last_end = max(self._last_end, latest.end_offset)
+        logger.info("node %d: loaded snapshot %s (%d keys, %d bytes) in %.3f s",
+                    self.node.config.node_id, latest, len(self.store), size,
+                    time.perf_counter() - started)
+        return True
+
+    def maybe_start_writing(self) -> None:
+        """Start writing a snapshot in the background if enough has been applied since the
+        last one (the applier goes on meanwhile: a snapshot is of the map as it is now)."""
+        interval = self.node.config.snapshot_interval_records
+        end = self.store.next_offset
+        if interval == 0 or self._task is not None or end - self._last_end < interval:
+            return
+        log = self.node.log_dir.log
+        if end - 1 < log.start_offset:
+            return
+        header = read_batch_header(log.read(end - 1, 1), verify_crc=False)
+        if header.next_offset != end:
+            return  # not at a batch boundary: try again after the next batch
+        voters = self.node.core.voter_set_at(end - 1)
+        carried = voters if all(key.directory_id is not None for key in voters) else None
+        snapshot_id = SnapshotId(end, header.epoch)
+        task = asyncio.ensure_future(self._write(snapshot_id, carried, header.timestamp_ms,
+                                                 self.store.snapshot_records()))
+        self._task = task
+        task.add_done_callback(self._written)
+
+    async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
+                     timestamp_ms: int, records: list[Record]) -> None:
+        started = time.perf_counter()
+        snapshots = self.node.log_dir.snapshots
+        contents = await asyncio.to_thread(encode_snapshot, voters, timestamp_ms, records)
+        await asyncio.to_thread(snapshots.save, snapshot_id, contents)
+        snapshots.delete_before(snapshot_id)
+        log = self.node.log_dir.log
+        log.delete_before(max(0, snapshot_id.end_offset
+                              - self.node.config.snapshot_retained_log_records))
+        self._last_end = snapshot_id.end_offset
+        logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
+                    "at %d", self.node.config.node_id, snapshot_id, len(records), len(contents),
+                    time.perf_counter() - started, log.start_offset)
+
+    def _written(self, task: asyncio.Task[None]) -> None:
+        self._task = None
+        if not task.cancelled() and task.exception() is not None:
+            # A failed snapshot loses nothing (the log is only deleted after it is saved).
+            logger.error("node %d: writing a snapshot failed: %s", self.node.config.node_id,
+                         task.exception())
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
