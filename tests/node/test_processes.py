@@ -106,7 +106,9 @@ def committed_values(cluster: ProcessCluster, node_id: int) -> list[str]:
         page = http_json("GET", f"{cluster.nodes[node_id].url}/v1/records?offset={offset}"
                                 f"&max_records=1000&wait_ms=0")
         values += [base64.b64decode(r["value"]).decode() for r in page["records"]]
-        if page["next_offset"] >= page["high_watermark"] or page["next_offset"] == offset:
+        high_watermark = page["high_watermark"]  # None until the node hears from a leader
+        if high_watermark is None or page["next_offset"] >= high_watermark \
+                or page["next_offset"] == offset:
             return values
         offset = page["next_offset"]
 

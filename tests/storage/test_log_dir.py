@@ -47,7 +47,7 @@ def test_single_voter_survives_a_restart_on_disk(tmp_path: Path) -> None:
     _apply(core, log_dir, 0)
     assert (core.state, core.epoch) == (RaftState.LEADER, 1)
     first, last = core.propose(1, [Record(b"a"), Record(b"b"), Record(b"c")])
-    assert (first, last) == (1, 3)  # offset 0 is the LeaderChange record
+    assert (first, last) == (2, 4)  # offset 0: the LeaderChange, 1: the bootstrap voters
     core.poll(1)
     _apply(core, log_dir, 1)
     assert core.high_watermark == last + 1
