@@ -1,5 +1,5 @@
 """The simulated cluster: nodes, message routing between them over the network, and the fault
-verbs scenarios use (kill, restart, graceful shutdown, partitions)."""
+verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss)."""
 
 from __future__ import annotations
 
@@ -29,19 +29,28 @@ class Cluster:
         config: QuorumConfig,
         core_factory: CoreFactory,
         monitor: CoreMonitor,
+        configured_directories: bool = True,
     ) -> None:
+        """``configured_directories``: the static voters come with their directory ids (as
+        Kafka's ``format --initial-controllers`` gives them), else by id only
+        (``controller.quorum.voters``), to be learned from their fetches."""
         self.loop = loop
+        self._rng = rng
         self.network = Network(loop, rng)
         self.voter_ids = list(range(voters))
         self.observer_ids = list(range(voters, voters + observers))
         directories = {node_id: random_uuid(rng) for node_id in self.voter_ids + self.observer_ids}
-        voter_keys = tuple(ReplicaKey(node_id, directories[node_id]) for node_id in self.voter_ids)
+        self._used_directories = set(directories.values())
+        self.static_voters = tuple(
+            ReplicaKey(node_id, directories[node_id] if configured_directories else None)
+            for node_id in self.voter_ids
+        )
         self.nodes: dict[int, SimNode] = {
             node_id: SimNode(
                 node_id=node_id,
                 directory_id=directory_id,
                 cluster_id=CLUSTER_ID,
-                voters=voter_keys,
+                voters=self.static_voters,
                 config=config,
                 core_factory=core_factory,
                 host=self,
@@ -130,6 +139,15 @@ class Cluster:
     def kill_all(self) -> None:
         for node in self.nodes.values():
             node.kill()
+
+    def wipe_disk(self, node_id: int) -> None:
+        """Lose a stopped node's disk: it comes back formatted afresh, under a directory id no
+        replica ever had."""
+        directory_id = random_uuid(self._rng)
+        while directory_id in self._used_directories:
+            directory_id = random_uuid(self._rng)
+        self._used_directories.add(directory_id)
+        self.nodes[node_id].wipe_disk(directory_id)
 
     def shutdown(self, node_id: int) -> None:
         self.nodes[node_id].shutdown(GRACEFUL_SHUTDOWN_TIMEOUT_MS)

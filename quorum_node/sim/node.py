@@ -1,8 +1,10 @@
-"""One simulated replica: a RaftCore, its disk (a MemoryLog plus the persisted election state) and
-the driver duties the core leaves to its host: persisting, sending, flushing and polling.
+"""One simulated replica: a RaftCore, its disk (a MemoryLog, a snapshot store and the persisted
+election state), the state machine it applies committed records to, and the driver duties the core
+leaves to its host: persisting, sending, flushing, polling, loading downloaded snapshots.
 
-The disk outlives the process. A hard kill throws away whatever was not flushed; a restart builds a
-fresh core from what is on the disk, as a real restart would.
+The disk outlives the process. A hard kill throws away whatever was not flushed (and snapshot
+downloads in progress); a restart builds a fresh core and state machine from what is on the disk,
+as a real restart would. A wiped disk comes back empty under a new directory id.
 """
 
 from __future__ import annotations
@@ -10,16 +12,24 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from quorum_node.raft.config import QuorumConfig
-from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore
+from quorum_node.raft.core import (
+    OutboundRequest,
+    OutboundResponse,
+    QuorumDescription,
+    RaftCore,
+    VoterChangeOutcome,
+)
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.records import Record
+from quorum_node.raft.snapshots import MemorySnapshotStore, SnapshotId, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.raft.types import NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.sim.events import EventLoop
+from quorum_node.sim.state_machine import StateMachine
 
 MIN_FLUSH_MS = 1
 MAX_FLUSH_MS = 5
@@ -27,6 +37,8 @@ MAX_FLUSH_MS = 5
 SHUTDOWN_CHECK_MS = 5
 # Consecutive polls after which a core whose next deadline is never in the future is reported.
 SPINNING_POLLS = 100
+
+T = TypeVar("T")
 
 
 def random_uuid(rng: random.Random) -> uuid.UUID:
@@ -48,6 +60,7 @@ class CoreFactory(Protocol):
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
+        snapshots: SnapshotStore | None = None,
     ) -> RaftCore: ...
 
 
@@ -93,9 +106,12 @@ class SimNode:
         self._rng = rng
         # The disk: survives kills and restarts.
         self.log = MemoryLog()
+        self.snapshots = MemorySnapshotStore()
         self.persisted: ElectionState | None = None
         # The process: None while the node is down.
         self.core: RaftCore | None = None
+        self.state_machine = StateMachine()
+        self.snapshots_loaded = 0  # downloaded from a leader, over the node's life
         # Bumped on every start and stop, so events addressed to an earlier process are dropped.
         self.incarnation = 0
         self._flushing = False
@@ -118,6 +134,7 @@ class SimNode:
     def start(self) -> None:
         assert self.core is None, f"node {self.node_id} is already running"
         self._new_process()
+        self.state_machine.restore(self.snapshots)
         try:
             self.core = self._core_factory(
                 node_id=self.node_id,
@@ -130,6 +147,7 @@ class SimNode:
                 # A Random per process, derived from the run's one, keeps the seed in charge.
                 random=random.Random(self._rng.getrandbits(64)),
                 now_ms=self._loop.now_ms,
+                snapshots=self.snapshots,
             )
         except Exception as error:  # any core failure is a finding, not a crash
             self._monitor.core_failed(self.node_id, error)
@@ -143,15 +161,19 @@ class SimNode:
         self._new_process()
         self.core = None
         self.log.crash()
+        self.snapshots.crash()
 
-    def wipe_disk(self) -> None:
-        """Total loss of the disk (the node must be down): empty log, no election state, and a
-        new directory id as a re-formatted log directory gets (KIP-856)."""
+    def wipe_disk(self, directory_id: uuid.UUID) -> None:
+        """Total loss of the disk (the node must be down): empty log and snapshot store, no
+        election state, and ``directory_id``, new, as a re-formatted log directory gets
+        (KIP-856): the node comes back as an observer."""
         assert self.core is None, "wipe the disk of a stopped node only"
+        assert directory_id != self.directory_id, "a wiped disk gets a new directory id"
         self.touched = True
         self.log.wipe()
+        self.snapshots.wipe()
         self.persisted = None
-        self.directory_id = random_uuid(self._rng)
+        self.directory_id = directory_id
 
     def shutdown(self, timeout_ms: int) -> None:
         """Graceful shutdown: a leader resigns and hands over; the process exits once a newer
@@ -206,17 +228,74 @@ class SimNode:
 
     def propose(self, records: Sequence[Record]) -> tuple[int, int] | None:
         """Offer records to the core; None if it is not the leader (or failed)."""
-        offsets: tuple[int, int] | None = None
+        try:
+            return self._request(lambda c: c.propose(self._loop.now_ms, records))
+        except NotLeaderError:
+            return None
+
+    def add_voter(self, key: ReplicaKey, timeout_ms: int) -> int | None:
+        """AddVoter to this node: a ticket, None if the node is down (or its core failed);
+        raises what the core refuses with (NotLeaderError, VoterChangeError)."""
+        return self._request(lambda c: c.add_voter(self._loop.now_ms, key, timeout_ms))
+
+    def remove_voter(self, key: ReplicaKey, timeout_ms: int) -> int | None:
+        """RemoveVoter to this node, as ``add_voter``."""
+        return self._request(lambda c: c.remove_voter(self._loop.now_ms, key, timeout_ms))
+
+    def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:
+        return self.core.voter_change_result(ticket) if self.core is not None else None
+
+    def describe_quorum(self) -> QuorumDescription | None:
+        """DescribeQuorum, if this node is a running leader."""
+        try:
+            return self._request(lambda c: c.describe_quorum(self._loop.now_ms))
+        except NotLeaderError:
+            return None
+
+    def _request(self, request: Callable[[RaftCore], T]) -> T | None:
+        """Call the core for a client or an administrator: what it answers, None if the node is
+        down or the core failed. The refusals a caller must expect are raised to it."""
+        answers: list[T] = []
+        refusals: list[NotLeaderError | VoterChangeError] = []
 
         def call(core: RaftCore) -> None:
-            nonlocal offsets
             try:
-                offsets = core.propose(self._loop.now_ms, records)
-            except NotLeaderError:
-                offsets = None
+                answers.append(request(core))
+            except (NotLeaderError, VoterChangeError) as refusal:
+                refusals.append(refusal)
 
         self._call(call)
-        return offsets
+        if refusals:
+            raise refusals[0]
+        return answers[0] if answers else None
+
+    # -- the state machine's duties -----------------------------------------------------------
+    def take_snapshot(self) -> SnapshotId | None:
+        """Snapshot the state machine as of what it has applied, if that is a batch boundary
+        the log still holds and is past the latest snapshot (KIP-630: the state machine, not
+        the core, decides). The voter set goes in only when every voter's directory is known."""
+        core = self.core
+        applied = self.state_machine.applied
+        latest = self.snapshots.latest()
+        if core is None or applied == 0 or (latest is not None and latest.end_offset >= applied):
+            return None
+        batch = self.log.batch_containing(applied - 1)
+        if batch is None or batch.next_offset != applied:
+            return None
+        voters = core.voter_set_at(applied - 1)
+        carried = voters if all(key.directory_id is not None for key in voters) else None
+        snapshot_id = SnapshotId(applied, batch.epoch)
+        self.touched = True
+        self.snapshots.save(snapshot_id, self.state_machine.snapshot(carried, batch.timestamp_ms))
+        self.snapshots.delete_before(snapshot_id)
+        return snapshot_id
+
+    def delete_log_before(self, offset: int) -> None:
+        """Delete the log below ``offset``, which a snapshot must cover."""
+        latest = self.snapshots.latest()
+        assert latest is not None and offset <= latest.end_offset, "no snapshot covers that"
+        self.touched = True
+        self.log.delete_before(offset)
 
     # -- driver duties ------------------------------------------------------------------------
     def _call(self, step: Callable[[RaftCore], None], *, polled: bool = False) -> None:
@@ -237,12 +316,20 @@ class SimNode:
         try:
             effects = core.take_effects()
             deadline = core.next_deadline_ms()
+            if effects.snapshot_loaded is not None:
+                # The core replaced the log by a snapshot from the leader: the state machine
+                # starts over from it (a snapshot the store cannot give back is a finding).
+                self.snapshots_loaded += 1
+                self.state_machine.load(self.snapshots, effects.snapshot_loaded)
         except Exception as error:
             self._monitor.core_failed(self.node_id, error)
             return
         # The contract: the election state is durable before any message of the step leaves.
         if effects.persist is not None:
             self.persisted = effects.persist
+        high_watermark = core.high_watermark
+        if high_watermark is not None and high_watermark > self.state_machine.applied:
+            self.state_machine.apply(self.log, high_watermark)
         for message in effects.messages:
             self._host.send(self, message)
         if effects.flush and not self._flushing:

@@ -19,6 +19,7 @@ from quorum_node.raft.core import Effects, OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.messages import RaftRequest, RaftResponse, VoteResponse
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
+from quorum_node.raft.snapshots import SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
 from quorum_node.sim import run_seed
@@ -160,6 +161,7 @@ def corrupts_replicated_data(
     config: QuorumConfig,
     random: random.Random,
     now_ms: int,
+    snapshots: SnapshotStore | None = None,
 ) -> RaftCore:
     """Node 1 stores a different value than the leader sent in every batch it replicates."""
     if node_id == 1:
@@ -180,6 +182,7 @@ def corrupts_replicated_data(
         config=config,
         random=random,
         now_ms=now_ms,
+        snapshots=snapshots,
     )
 
 

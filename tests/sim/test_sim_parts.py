@@ -129,12 +129,14 @@ def test_wiped_disk_comes_back_empty_under_a_new_directory_id() -> None:
     sim = _single_voter_with_data()
     node = sim.cluster.nodes[0]
     directory_id = node.directory_id
+    assert node.take_snapshot() is not None
     node.kill()
-    node.wipe_disk()
-    assert (node.log.end_offset, node.persisted) == (0, None)
+    sim.cluster.wipe_disk(0)
+    assert (node.log.end_offset, node.persisted, node.snapshots.latest()) == (0, None, None)
     assert node.directory_id != directory_id
     node.start()
     assert node.core is not None and not node.core.is_voter
+    assert node.state_machine.applied == 0
 
 
 def test_cli_lists_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
