@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 from aiohttp import web
 
-from quorum_node.node.transport import PeerClient, PeerUnavailable, peer_routes
+from quorum_node.node.transport import PeerClient, PeerServer, PeerUnavailable
 from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
@@ -112,6 +112,7 @@ class QuorumNode:
             snapshots=self.log_dir.snapshots,
         )
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms)
+        self._peer_server = PeerServer(self.handle_peer_request)
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
         self._next_inbound_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,7 +134,7 @@ class QuorumNode:
     async def start(self, app: web.Application | None = None) -> None:
         """Serve the peer RPCs (and whatever else ``app`` routes) and start the timers."""
         app = app if app is not None else web.Application()
-        app.add_routes(peer_routes(self.handle_peer_request))
+        app.add_routes(self._peer_server.routes())
         # In-flight requests get a second to finish at shutdown (a long poll ends within
         # fetch_max_wait_ms anyway), not aiohttp's default minute.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
@@ -167,6 +168,7 @@ class QuorumNode:
         for future in self._inbound.values():
             if not future.done():
                 future.cancel()
+        await self._peer_server.close()
         if self._runner is not None:
             await self._runner.cleanup()
         await self._peers.close()

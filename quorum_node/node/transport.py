@@ -1,18 +1,32 @@
 """Peer RPCs over HTTP: how the quorum's messages travel between nodes.
 
-Each RPC is a POST to ``/raft/v1/<Name>`` (``/raft/v1/Vote``, ``/raft/v1/Fetch``, ...). Bodies,
-both ways, are one frame::
+Every message is one frame::
 
     header_length  uint32 big-endian
     header         the message as JSON (the seeds' PascalCase field names), without Records
     records        the message's record batches, raw, in the log's own byte format
 
 so a Fetch response carries batches exactly as they lie on disk, never re-encoded as JSON.
+
+Nodes talk over one WebSocket per peer (``GET /raft/v1/stream``), each binary message a request
+or response tagged with a correlation id::
+
+    request   correlation uint32 | rpc index uint8 (REQUEST_TYPES order) | frame
+    response  correlation uint32 | status uint8 (0: frame follows, 1: UTF-8 error) | frame
+
+A commit waits for two peer messages (the Fetch answer, the next Fetch), and a WebSocket message
+costs a tenth of an HTTP request/response on the same connection. Requests are answered
+concurrently (a Fetch may be parked for its long poll). Each RPC is also served as a plain POST to
+``/raft/v1/<Name>`` (``/raft/v1/Vote``, ``/raft/v1/Fetch``, ...), one frame each way, for tools
+and tests.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, TypeVar
@@ -58,6 +72,15 @@ REQUEST_TYPES: Final[Mapping[str, type[Message]]] = {
     "FetchSnapshot": FetchSnapshotRequest,
 }
 _RPC_NAMES: Final = {cls: name for name, cls in REQUEST_TYPES.items()}
+_RPC_INDEX: Final = {cls: index for index, cls in enumerate(REQUEST_TYPES.values())}
+_RPC_BY_INDEX: Final = tuple(REQUEST_TYPES.values())
+STREAM_PATH: Final = RPC_PREFIX + "stream"
+_TAG = struct.Struct(">IB")
+_OK, _ERROR = 0, 1
+# A Fetch or FetchSnapshot answer holds up to fetch.max.bytes (8 MiB) of records; room to spare.
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
@@ -97,45 +120,144 @@ def decode_frame(cls: type[M], data: bytes) -> M:
 
 
 class PeerClient:
-    """Sends RPCs to peers by node id. One aiohttp session, connections kept alive."""
+    """Sends RPCs to peers by node id, over one WebSocket per peer, opened on first use and again
+    after it fails."""
 
     def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int) -> None:
         self._endpoints = dict(endpoints)
-        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._timeout_s = timeout_ms / 1000
         self._session: aiohttp.ClientSession | None = None
+        self._streams: dict[int, _PeerStream] = {}
+        self._connecting: dict[int, asyncio.Future[_PeerStream]] = {}
 
     async def send(self, destination: int, request: RaftRequest) -> RaftResponse:
-        """Deliver ``request``; raises ``PeerUnavailable`` when the peer cannot be reached or
-        answers with something that is not a valid response."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit_per_host=8, enable_cleanup_closed=True),
-            )
+        """Deliver ``request``; raises ``PeerUnavailable`` when the peer cannot be reached, does
+        not answer within the request timeout, or answers with something invalid."""
+        stream = await self._stream(destination)
+        try:
+            return await stream.call(request, self._timeout_s)
+        except PeerUnavailable:
+            # A timed-out or broken stream may be a silently dead connection: start afresh.
+            await self._drop(destination, stream)
+            raise
+
+    async def _stream(self, destination: int) -> _PeerStream:
+        stream = self._streams.get(destination)
+        if stream is not None and not stream.closed:
+            return stream
+        # One connection attempt at a time per peer; concurrent senders share it.
+        pending = self._connecting.get(destination)
+        if pending is None:
+            pending = asyncio.ensure_future(self._connect(destination))
+            self._connecting[destination] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(destination, None))
+        return await asyncio.shield(pending)
+
+    async def _connect(self, destination: int) -> _PeerStream:
         endpoint = self._endpoints.get(destination)
         if endpoint is None:
             raise PeerUnavailable(f"no endpoint known for node {destination}")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(enable_cleanup_closed=True))
         host, port = endpoint
-        url = f"http://{_url_host(host)}:{port}{RPC_PREFIX}{_RPC_NAMES[type(request)]}"
+        url = f"http://{_url_host(host)}:{port}{STREAM_PATH}"
         try:
-            async with self._session.post(
-                url, data=encode_frame(request), headers={"Content-Type": CONTENT_TYPE}
-            ) as response:
-                body = await response.read()
-                if response.status != 200:
-                    raise PeerUnavailable(f"node {destination} answered HTTP {response.status}")
+            # The handshake is bounded by the request timeout, like any RPC.
+            socket = await asyncio.wait_for(
+                self._session.ws_connect(url, max_msg_size=MAX_MESSAGE_BYTES, compress=0),
+                self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
-        try:
-            response_type = RESPONSE_TYPES[type(request)]
-            return decode_frame(response_type, body)  # type: ignore[return-value]
-        except FrameError as error:
-            raise PeerUnavailable(f"node {destination} sent a bad response: {error}") from None
+        stream = _PeerStream(destination, socket)
+        self._streams[destination] = stream
+        return stream
+
+    async def _drop(self, destination: int, stream: _PeerStream) -> None:
+        if self._streams.get(destination) is stream:
+            del self._streams[destination]
+        await stream.close()
 
     async def close(self) -> None:
+        for destination, stream in list(self._streams.items()):
+            await self._drop(destination, stream)
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class _PeerStream:
+    """One WebSocket to a peer: requests go out tagged, a reader task hands answers back."""
+
+    def __init__(self, destination: int, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.destination = destination
+        self._socket = socket
+        # correlation id -> (the caller's future, the response type it expects)
+        self._pending: dict[int, tuple[asyncio.Future[RaftResponse], type[Message]]] = {}
+        self._next_correlation = 0
+        self._reader = asyncio.ensure_future(self._read())
+
+    @property
+    def closed(self) -> bool:
+        return self._socket.closed or self._reader.done()
+
+    async def call(self, request: RaftRequest, timeout_s: float) -> RaftResponse:
+        self._next_correlation = (self._next_correlation + 1) % 2**32
+        correlation = self._next_correlation
+        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = (future, RESPONSE_TYPES[type(request)])
+        try:
+            await self._socket.send_bytes(
+                _TAG.pack(correlation, _RPC_INDEX[type(request)]) + encode_frame(request))
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise PeerUnavailable(f"node {self.destination} did not answer in "
+                                  f"{timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError, ConnectionError) as error:
+            raise PeerUnavailable(f"node {self.destination} unreachable: {error!r}") from None
+        finally:
+            self._pending.pop(correlation, None)
+
+    async def _read(self) -> None:
+        reason = "connection closed"
+        try:
+            async for message in self._socket:
+                if message.type is not aiohttp.WSMsgType.BINARY:
+                    reason = f"unexpected {message.type.name} message"
+                    break
+                self._answer(message.data)
+        except (aiohttp.ClientError, OSError) as error:
+            reason = repr(error)
+        finally:
+            for future, _ in self._pending.values():
+                if not future.done():
+                    future.set_exception(PeerUnavailable(
+                        f"node {self.destination} unreachable: {reason}"))
+
+    def _answer(self, data: bytes) -> None:
+        if len(data) < _TAG.size:
+            return
+        correlation, status = _TAG.unpack_from(data)
+        pending = self._pending.get(correlation)
+        if pending is None or pending[0].done():
+            return  # answered after its caller gave up
+        future, response_type = pending
+        body = data[_TAG.size:]
+        if status != _OK:
+            future.set_exception(PeerUnavailable(
+                f"node {self.destination} refused: {body.decode(errors='replace')}"))
+            return
+        try:
+            future.set_result(decode_frame(response_type, body))  # type: ignore[arg-type]
+        except FrameError as error:
+            future.set_exception(PeerUnavailable(
+                f"node {self.destination} sent a bad response: {error}"))
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self._socket.close()
 
 
 class PeerUnavailable(Exception):
@@ -145,22 +267,66 @@ class PeerUnavailable(Exception):
 RequestHandler = Callable[[RaftRequest], Awaitable[RaftResponse]]
 
 
-def peer_routes(handle: RequestHandler) -> list[web.RouteDef]:
-    """The aiohttp routes of the peer RPCs, each decoding its frame and handing the request on."""
+class PeerServer:
+    """Serves the peer RPCs: the WebSocket stream, and each RPC as a POST."""
 
-    def route(name: str, request_type: type[Message]) -> web.RouteDef:
+    def __init__(self, handle: RequestHandler) -> None:
+        self._handle = handle
+        self._sockets: set[web.WebSocketResponse] = set()
+
+    def routes(self) -> list[web.RouteDef]:
+        posts = [self._post_route(name, cls) for name, cls in REQUEST_TYPES.items()]
+        return [web.get(STREAM_PATH, self._stream), *posts]
+
+    def _post_route(self, name: str, request_type: type[Message]) -> web.RouteDef:
         async def handler(http_request: web.Request) -> web.Response:
             body = await http_request.read()
             try:
                 request = decode_frame(request_type, body)
             except FrameError as error:
                 return web.Response(status=400, text=f"{error}\n")
-            response = await handle(request)  # type: ignore[arg-type]
+            response = await self._handle(request)  # type: ignore[arg-type]
             return web.Response(body=encode_frame(response), content_type=CONTENT_TYPE)
 
         return web.post(f"{RPC_PREFIX}{name}", handler)
 
-    return [route(name, cls) for name, cls in REQUEST_TYPES.items()]
+    async def _stream(self, http_request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, compress=False)
+        await socket.prepare(http_request)
+        self._sockets.add(socket)
+        answering: set[asyncio.Task[None]] = set()
+        try:
+            async for message in socket:
+                if message.type is not aiohttp.WSMsgType.BINARY:
+                    break
+                task = asyncio.ensure_future(self._answer(socket, message.data))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+        finally:
+            self._sockets.discard(socket)
+            for task in answering:
+                task.cancel()
+        return socket
+
+    async def _answer(self, socket: web.WebSocketResponse, data: bytes) -> None:
+        if len(data) < _TAG.size:
+            return
+        correlation, index = _TAG.unpack_from(data)
+        try:
+            if index >= len(_RPC_BY_INDEX):
+                raise FrameError(f"unknown rpc {index}")
+            request = decode_frame(_RPC_BY_INDEX[index], data[_TAG.size:])
+            response = await self._handle(request)
+            reply = _TAG.pack(correlation, _OK) + encode_frame(response)
+        except (FrameError, web.HTTPException) as error:
+            reply = _TAG.pack(correlation, _ERROR) + str(error).encode()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await socket.send_bytes(reply)  # the peer may be gone; it times out its request
+
+    async def close(self) -> None:
+        """Close the peers' streams (at shutdown: they would hold the server open)."""
+        for socket in list(self._sockets):
+            await socket.close()
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,165 @@
+"""The peer transport: frames, the WebSocket stream (concurrent answers, errors, reconnects) and
+the per-RPC POST routes."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from quorum_node.node.transport import (
+    STREAM_PATH,
+    FrameError,
+    PeerClient,
+    PeerServer,
+    PeerUnavailable,
+    decode_frame,
+    encode_frame,
+)
+from quorum_node.raft.messages import (
+    FetchRequest,
+    FetchResponse,
+    RaftRequest,
+    RaftResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from quorum_node.raft.types import Errors
+
+
+def fetch(offset: int, max_wait_ms: int = 0) -> FetchRequest:
+    return FetchRequest(cluster_id="c", replica_id=2, max_wait_ms=max_wait_ms,
+                        current_leader_epoch=1, fetch_offset=offset, last_fetch_epoch=0)
+
+
+class Peer:
+    """A node's RPC server on a loopback port, answering from a scripted handler."""
+
+    def __init__(self) -> None:
+        self.server = PeerServer(self.handle)
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+        self.delays: dict[int, float] = {}  # fetch offset -> seconds before answering
+        self.fail = False
+
+    async def handle(self, request: RaftRequest) -> RaftResponse:
+        if self.fail:
+            raise web.HTTPServiceUnavailable(text="node stopping")
+        if isinstance(request, VoteRequest):
+            return VoteResponse(leader_epoch=request.replica_epoch, vote_granted=True)
+        assert isinstance(request, FetchRequest)
+        await asyncio.sleep(self.delays.get(request.fetch_offset, 0))
+        return FetchResponse(leader_id=1, leader_epoch=1, high_watermark=request.fetch_offset,
+                             records=b"\x01" * request.fetch_offset)
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application()
+        app.add_routes(self.server.routes())
+        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        await self.server.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest_asyncio.fixture
+async def peer() -> AsyncIterator[Peer]:
+    started = Peer()
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
+def test_frames_round_trip_with_raw_records() -> None:
+    response = FetchResponse(leader_id=1, leader_epoch=3, high_watermark=7, records=b"\x00\xff")
+    assert decode_frame(FetchResponse, encode_frame(response)) == response
+    with pytest.raises(FrameError):
+        decode_frame(VoteResponse, encode_frame(response))  # records where none belong
+    with pytest.raises(FrameError):
+        decode_frame(FetchResponse, b"\x00\x00")
+
+
+async def test_requests_on_one_stream_are_answered_concurrently(peer: Peer) -> None:
+    peer.delays[1] = 0.3  # a parked long poll must not hold up the answers behind it
+    client = PeerClient({1: ("127.0.0.1", peer.port)}, timeout_ms=2000)
+    try:
+        slow = asyncio.ensure_future(client.send(1, fetch(1)))
+        await asyncio.sleep(0.05)
+        fast = await client.send(1, fetch(5))
+        assert not slow.done()
+        assert isinstance(fast, FetchResponse) and fast.records == b"\x01" * 5
+        assert (await slow).high_watermark == 1
+        vote = await client.send(1, VoteRequest(cluster_id="c", voter_id=1, replica_epoch=4,
+                                                replica_id=2, last_offset_epoch=0,
+                                                last_offset=0))
+        assert isinstance(vote, VoteResponse) and vote.vote_granted
+    finally:
+        await client.close()
+
+
+async def test_a_refusal_or_timeout_is_peer_unavailable(peer: Peer) -> None:
+    client = PeerClient({1: ("127.0.0.1", peer.port)}, timeout_ms=300)
+    try:
+        peer.fail = True
+        with pytest.raises(PeerUnavailable, match="refused"):
+            await client.send(1, fetch(0))
+        peer.fail = False
+        peer.delays[2] = 1.0
+        with pytest.raises(PeerUnavailable, match="did not answer"):
+            await client.send(1, fetch(2))
+        assert (await client.send(1, fetch(3))).error_code is Errors.NONE  # a new stream
+        with pytest.raises(PeerUnavailable, match="no endpoint"):
+            await client.send(9, fetch(0))
+    finally:
+        await client.close()
+
+
+async def test_the_client_reconnects_after_the_peer_restarts(peer: Peer) -> None:
+    client = PeerClient({1: ("127.0.0.1", peer.port)}, timeout_ms=1000)
+    try:
+        assert (await client.send(1, fetch(1))).high_watermark == 1
+        port = peer.port
+        await peer.stop()
+        with pytest.raises(PeerUnavailable):
+            await client.send(1, fetch(1))
+        restarted = Peer()
+        await restarted.start(port)
+        try:
+            assert (await client.send(1, fetch(4))).high_watermark == 4
+        finally:
+            await restarted.stop()
+    finally:
+        await client.close()
+
+
+async def test_malformed_stream_messages_get_an_error_answer(peer: Peer) -> None:
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            f"http://127.0.0.1:{peer.port}{STREAM_PATH}") as socket:
+        await socket.send_bytes(struct.pack(">IB", 7, 200) + encode_frame(fetch(0)))
+        await socket.send_bytes(struct.pack(">IB", 8, 3) + b"\x00\x00\x00\x05junk!")
+        answers = {}
+        for _ in range(2):
+            data = (await socket.receive()).data
+            correlation, status = struct.unpack_from(">IB", data)
+            answers[correlation] = (status, data[5:].decode())
+    assert answers[7][0] == 1 and "unknown rpc" in answers[7][1]
+    assert answers[8][0] == 1 and "JSON" in answers[8][1]
+
+
+async def test_each_rpc_is_also_a_post(peer: Peer) -> None:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{peer.port}/raft/v1/Fetch", data=encode_frame(fetch(3))) as reply:
+        assert reply.status == 200
+        assert decode_frame(FetchResponse, await reply.read()).high_watermark == 3
