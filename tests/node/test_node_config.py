@@ -307,3 +307,8 @@ def test_keys_markdown_table() -> None:
                         "id: an integer >= 0, unique in the cluster. |")
     assert "| `log.segment.bytes` | `--log-segment-bytes` | `QUORUM_LOG_SEGMENT_BYTES` | "\
         "`1073741824` |" in keys_markdown_table()
+
+
+def test_readme_lists_every_key() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert keys_markdown_table().strip() in readme, "README's key table is out of date"
