@@ -1,6 +1,6 @@
 """Progress expectations scenarios place after a fault heals (or while a majority stays healthy):
-something proposed after a point in time gets committed, lagging replicas catch up, and a cut-off
-minority commits nothing new."""
+something proposed after a point in time gets committed, lagging replicas catch up, lost disks'
+voters get replaced, and a cut-off minority commits nothing new."""
 
 from __future__ import annotations
 
@@ -57,6 +57,32 @@ def expect_recovery(sim: Simulation, since_ms: int, window_ms: int) -> None:
     with what was committed half-way through."""
     expect_commit_since(sim, since_ms, since_ms + window_ms)
     expect_caught_up(sim, since_ms + window_ms // 2, since_ms + window_ms)
+
+
+def expect_remediated(
+    sim: Simulation, since_ms: int, window_ms: int, then: Callable[[], None] = lambda: None
+) -> None:
+    """From ``since_ms``, within ``window_ms``: the committed voters are the configured ids, each
+    under the directory its node has now (KIP-856's recovery is complete), with no change
+    pending; then ``then``."""
+
+    def remediated() -> bool | None:
+        leader = sim.cluster.leader()
+        if leader is None or leader.core is None or leader.core.pending_voter_change is not None:
+            return None
+        expected = sim.operator.remediated_voters()
+        committed = tuple(sorted(sim.checker.committed_voter_set()))
+        return True if committed == expected == tuple(sorted(leader.core.voters)) else None
+
+    def wait() -> None:
+        sim.wait_for(
+            "remediated voter set (the configured ids under their current directories)",
+            remediated,
+            lambda _: then(),
+            timeout_ms=window_ms,
+        )
+
+    sim.at(since_ms, wait)
 
 
 def watch_no_commit_since(

@@ -20,6 +20,11 @@ NOISY_SHARE = 0.25
 MAX_NOISE = 0.05
 # Nodes start within this many ms of each other.
 START_SPREAD_MS = 50
+# Share of seeds whose static voters are configured by id only (controller.quorum.voters); the
+# others know their directory ids from the start (format --initial-controllers).
+ID_ONLY_SHARE = 0.5
+# Share of seeds whose nodes snapshot and delete their logs now and then (some scenarios always do).
+COMPACTING_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +35,10 @@ class NodeSummary:
     state: str | None
     epoch: int | None
     high_watermark: int | None
+    log_start: int
     log_end: int
     durable_end: int
+    snapshots_loaded: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,7 @@ def run_seed(
         observers=observers,
         core_factory=core_factory,
         checks=checks,
+        configured_directories=rng.random() >= ID_ONLY_SHARE,
     )
     if rng.random() < NOISY_SHARE:
         sim.cluster.network.drop_probability = rng.uniform(0.0, MAX_NOISE)
@@ -81,6 +89,9 @@ def run_seed(
     for node_id in sim.cluster.nodes:
         sim.at(rng.randint(0, START_SPREAD_MS), partial(sim.cluster.start, node_id))
     sim.workload.start()
+    sim.operator.start()
+    if rng.random() < COMPACTING_SHARE:
+        sim.compaction.start()
     chosen.script(sim)
     sim.run()
     return SeedResult(
@@ -100,8 +111,10 @@ def run_seed(
                 state=str(node.core.state) if node.core is not None else None,
                 epoch=node.core.epoch if node.core is not None else None,
                 high_watermark=node.core.high_watermark if node.core is not None else None,
+                log_start=node.log.start_offset,
                 log_end=node.log.end_offset,
                 durable_end=node.log.durable_end_offset,
+                snapshots_loaded=node.snapshots_loaded,
             )
             for node in sim.cluster.nodes.values()
         ),

@@ -1,4 +1,5 @@
-"""Fault scenarios, after Kafka's RaftEventSimulationTest, plus a mixed random one.
+"""Fault scenarios, after Kafka's RaftEventSimulationTest, plus disk replacement (KIP-856),
+catching up from a snapshot (KIP-630), and a mixed random one with all of them.
 
 A scenario fixes the range of cluster shapes it runs on and a script that schedules faults and the
 progress expected once they heal. All nodes start within the first few milliseconds and the client
@@ -12,7 +13,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from quorum_node.sim.cluster import GRACEFUL_SHUTDOWN_TIMEOUT_MS
-from quorum_node.sim.liveness import expect_commit_since, expect_recovery, watch_no_commit_since
+from quorum_node.sim.liveness import (
+    expect_commit_since,
+    expect_recovery,
+    expect_remediated,
+    watch_no_commit_since,
+)
 from quorum_node.sim.node import SimNode
 from quorum_node.sim.simulation import Simulation
 
@@ -20,6 +26,8 @@ from quorum_node.sim.simulation import Simulation
 RECOVERY_WINDOW_MS = 10_000
 # How long a scenario waits for the leader it wants to hurt.
 LEADER_WAIT_MS = 15_000
+# Time for a replaced disk's replica to catch up and for the operator's two voter changes.
+REMEDIATION_WINDOW_MS = 25_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +40,19 @@ class Scenario:
 
 
 def _then_at_leader(sim: Simulation, at_ms: int, action: Callable[[SimNode], None]) -> None:
-    """At ``at_ms``, wait for a leader and hand it to ``action``."""
+    """At ``at_ms``, wait for a leader that takes writes, its bootstrap voters committed, and
+    hand it to ``action``. (A leader of voters configured by id takes no writes until it has
+    learned every voter's directory id and written them down, KIP-856: cut a voter off before
+    that is committed and the quorum must wait for it.)"""
+
+    def writable_leader() -> SimNode | None:
+        leader = sim.cluster.leader()
+        ready = leader is not None and leader.core is not None and leader.core.accepts_writes
+        return leader if ready and sim.checker.committed_voters else None
+
     sim.at(
         at_ms,
-        lambda: sim.wait_for("leader", sim.cluster.leader, action, timeout_ms=LEADER_WAIT_MS),
+        lambda: sim.wait_for("leader", writable_leader, action, timeout_ms=LEADER_WAIT_MS),
     )
 
 
@@ -144,9 +161,94 @@ def back_to_back_failures(sim: Simulation) -> None:
     _then_at_leader(sim, sim.rng.randint(1500, 4000), isolate_first)
 
 
+def _replace_disk(sim: Simulation, node_id: int, then: Callable[[], None]) -> None:
+    """Kill ``node_id``, lose its disk once that is safe, restart it under its new directory;
+    ``then`` once the operator has made it a voter again in place of the lost directory and the
+    quorum has recovered."""
+    cluster = sim.cluster
+    cluster.kill(node_id)
+
+    def safe() -> bool | None:
+        return True if sim.checker.can_lose_disk(node_id) else None
+
+    def wipe(_: bool) -> None:
+        cluster.wipe_disk(node_id)
+        restart_at = sim.now_ms + sim.rng.randint(200, 3000)
+        sim.at(restart_at, lambda: cluster.start(node_id))
+
+        def recovered() -> None:
+            expect_recovery(sim, sim.now_ms, RECOVERY_WINDOW_MS)
+            sim.at(sim.now_ms + RECOVERY_WINDOW_MS, then)
+
+        expect_remediated(sim, restart_at, REMEDIATION_WINDOW_MS, recovered)
+
+    # The disk goes once what the process sent has landed: an acknowledgement counted after the
+    # disk is gone would be data lost with it, which no quorum protocol can help.
+    sim.at(sim.now_ms + cluster.network.max_latency_ms + 1, lambda: sim.wait_for(
+        f"a moment node {node_id}'s disk can be lost", safe, wipe, timeout_ms=LEADER_WAIT_MS))
+
+
+def disk_replacement(sim: Simulation) -> None:
+    """A voter's disk dies (sometimes the leader's): the node comes back empty under a new
+    directory id, an observer, and the operator replaces the lost voter with it (AddVoter, then
+    RemoveVoter). Sometimes a second disk goes once the first is replaced."""
+    rng = sim.rng
+    voter_ids = sim.cluster.voter_ids
+
+    def replace(leader: SimNode, more: int) -> None:
+        victim = leader.node_id if rng.random() < 0.4 else rng.choice(voter_ids)
+        if more:
+            _replace_disk(sim, victim, lambda: _then_at_leader(
+                sim, sim.now_ms + rng.randint(0, 2000), lambda next_leader: replace(
+                    next_leader, more - 1)))
+        else:
+            _replace_disk(sim, victim, lambda: None)
+
+    _then_at_leader(sim, rng.randint(1500, 4000), lambda leader: replace(leader, rng.randint(0, 1)))
+
+
+def snapshot_catch_up(sim: Simulation) -> None:
+    """A replica is down while the others snapshot and delete their logs past its end: back, it
+    must catch up by downloading a snapshot (FetchSnapshot)."""
+    cluster = sim.cluster
+    sim.compaction.start()
+
+    def take_down(leader: SimNode) -> None:
+        victim = cluster.nodes[sim.rng.choice([i for i in cluster.nodes if i != leader.node_id])]
+        cluster.kill(victim.node_id)
+
+        def compacted_past_victim() -> bool | None:
+            # Compact every running node down to its snapshot, so whoever leads next has no log
+            # left for the victim.
+            behind = [n for n in cluster.alive() if n.log.start_offset <= victim.log.end_offset]
+            for node in behind:
+                sim.compaction.compact(node, keep=0)
+            return None if behind else True
+
+        def restart(_: bool) -> None:
+            loaded = victim.snapshots_loaded
+            cluster.start(victim.node_id)
+            sim.wait_for(
+                f"node {victim.node_id} to load a snapshot",
+                lambda: True if victim.snapshots_loaded > loaded else None,
+                lambda _: None,
+                timeout_ms=RECOVERY_WINDOW_MS,
+            )
+            expect_recovery(sim, sim.now_ms, RECOVERY_WINDOW_MS)
+
+        sim.at(
+            sim.now_ms + sim.rng.randint(2000, 5000),
+            lambda: sim.wait_for("the logs to be compacted past the stopped node",
+                                 compacted_past_victim, restart, timeout_ms=LEADER_WAIT_MS),
+        )
+
+    _then_at_leader(sim, sim.rng.randint(1500, 4000), take_down)
+
+
 def random_faults(sim: Simulation) -> None:
-    """Kills, graceful shutdowns, restarts, partitions, message loss and duplication at random
-    for a while, mostly keeping a majority of voters up; then everything heals."""
+    """Kills, graceful shutdowns, restarts, partitions, message loss and duplication, lost disks
+    and voter changes (valid or not) at random for a while, mostly keeping a majority of voters
+    up; then everything heals and the operator completes the replacement of lost disks."""
     cluster = sim.cluster
     network = cluster.network
     rng = sim.rng
@@ -184,6 +286,13 @@ def random_faults(sim: Simulation) -> None:
         network.drop_probability = 0.0 if quiet else rng.uniform(0.0, 0.2)
         network.duplicate_probability = 0.0 if quiet else rng.uniform(0.0, 0.1)
 
+    def lose_disk() -> None:
+        dead = [node_id for node_id, node in cluster.nodes.items() if not node.alive]
+        if dead:
+            node_id = rng.choice(dead)
+            if sim.checker.can_lose_disk(node_id):
+                cluster.wipe_disk(node_id)
+
     actions: list[tuple[Callable[[], None], float]] = [
         (kill, 3.0),
         (shutdown_leader, 1.0),
@@ -193,6 +302,8 @@ def random_faults(sim: Simulation) -> None:
         (cluster.heal, 3.0),
         (noise, 2.0),
         (cluster.kill_all, 0.2),
+        (lose_disk, 1.0),
+        (sim.operator.random_request, 2.0),
     ]
     faults_end = rng.randint(10_000, 20_000)
     at_ms = rng.randint(500, 2000)
@@ -210,6 +321,7 @@ def random_faults(sim: Simulation) -> None:
     # A graceful shutdown under way at the end exits later: bring that node back too.
     sim.at(faults_end + 2 * GRACEFUL_SHUTDOWN_TIMEOUT_MS, cluster.start_all)
     expect_recovery(sim, faults_end, RECOVERY_WINDOW_MS + 5000)
+    expect_remediated(sim, faults_end, REMEDIATION_WINDOW_MS)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -263,6 +375,20 @@ SCENARIOS: dict[str, Scenario] = {
             voters=(3, 5),
             observers=(0, 1),
             script=back_to_back_failures,
+        ),
+        Scenario(
+            "disk_replacement",
+            "lose a voter's disk (or the leader's); the operator replaces the lost voter",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=disk_replacement,
+        ),
+        Scenario(
+            "snapshot_catch_up",
+            "a replica down while the logs are compacted past it catches up from a snapshot",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=snapshot_catch_up,
         ),
         Scenario(
             "random_faults",

@@ -1,5 +1,6 @@
-"""One simulation run wired together: event loop, cluster, client, invariant checker, and the
-small vocabulary scenarios are written in (do this at that time, wait for that, fail with this).
+"""One simulation run wired together: event loop, cluster, client, operator, log compaction,
+invariant checker, and the small vocabulary scenarios are written in (do this at that time, wait
+for that, fail with this).
 
 Everything random draws from the one ``random.Random`` handed in, so a run is a pure function of
 its seed (and scenario).
@@ -13,7 +14,9 @@ from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from quorum_node.raft.config import QuorumConfig
+from quorum_node.sim.admin import Operator
 from quorum_node.sim.cluster import Cluster
+from quorum_node.sim.compaction import Compaction
 from quorum_node.sim.events import EventLoop
 from quorum_node.sim.invariants import INVARIANTS, InvariantChecker
 from quorum_node.sim.node import CoreFactory
@@ -57,6 +60,7 @@ class Simulation:
         checks: Collection[str] = CHECKS,
         config: QuorumConfig = SIM_CONFIG,
         propose_interval_ms: tuple[int, int] = (5, 50),
+        configured_directories: bool = True,
     ) -> None:
         self.seed = seed
         self.scenario = scenario
@@ -74,7 +78,10 @@ class Simulation:
             config=config,
             core_factory=core_factory,
             monitor=self,
+            configured_directories=configured_directories,
         )
+        self.operator = Operator(self.cluster, rng)
+        self.compaction = Compaction(self.cluster, rng)
         self.workload = Workload(
             self.cluster,
             rng,
