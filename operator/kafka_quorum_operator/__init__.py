@@ -1,0 +1,28 @@
+"""The KafkaQuorum operator: runs a quorum of ``quorum-node`` replicas on Kubernetes and replaces a
+voter whose volume was lost the KIP-856 way (AddVoter of the new directory, then RemoveVoter of
+the old one).
+
+Layout: ``spec`` (the custom resource's spec, defaulted), ``observe`` (API objects, node metrics
+and DescribeQuorum as plain values), ``plan`` (every decision, a pure function of what was
+observed), ``status`` (conditions, status and the record of what was done), ``resources`` (the
+Kubernetes objects the operator owns), ``kube`` and ``nodes`` (HTTP clients), ``reconcile``
+(observe, plan, act), ``handlers`` (kopf, thin), ``lease`` (single active operator).
+"""
+
+GROUP = "kraft.quorum.dev"
+VERSION = "v1alpha1"
+KIND = "KafkaQuorum"
+PLURAL = "kafkaquorums"
+API_VERSION = f"{GROUP}/{VERSION}"
+# Labels and annotations the operator puts on what it creates.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NODE_ID = f"{GROUP}/node-id"
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+ANNOTATION_CLUSTER_ID = f"{GROUP}/cluster-id"
+APP_NAME = "kafka-quorum"
+MANAGER = "kafka-quorum-operator"
+
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""``kafka-quorum-operator`` (or ``python -m kafka_quorum_operator``): run the operator.
+
+    kafka-quorum-operator [--namespace NS ...] [--liveness URL] [--verbose]
+
+Watches every namespace unless ``--namespace`` is given; logs are JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import kopf
+
+from kafka_quorum_operator import handlers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kafka-quorum-operator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--namespace", "-n", action="append", default=[],
+                        help="watch this namespace (repeatable); default: all namespaces")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                        help="kopf's liveness endpoint (default %(default)s)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
+    assert handlers.STATE is not None  # registers the handlers
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
+             liveness_endpoint=args.liveness)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

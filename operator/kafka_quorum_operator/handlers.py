@@ -1,0 +1,161 @@
+"""kopf handlers, kept thin: one daemon per KafkaQuorum runs the level-based reconciliation
+(``reconcile.Reconciler``) every few seconds, and at once when one of its pods or claims, or its
+spec, changes. Only the holder of the operator's Lease acts.
+
+Settings (environment): ``KQ_OPERATOR_INTERVAL`` (seconds between passes, default 5),
+``KQ_OPERATOR_METRICS_PORT`` (Prometheus, default 0: off), ``KQ_OPERATOR_NAMESPACE`` and
+``KQ_OPERATOR_IDENTITY`` (where the Lease lives and who holds it: the pod's namespace and
+name), ``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and
+tests; otherwise the service account, then the kubeconfig).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.lease import LeaderElector
+from kafka_quorum_operator.nodes import NodeClient
+from kafka_quorum_operator.reconcile import CR_API, Reconciler
+from kafka_quorum_operator.status import iso
+
+LEASE_NAME = "kafka-quorum-operator"
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+@dataclass
+class _State:
+    """The operator process's clients and wake-up events (one per KafkaQuorum)."""
+
+    reconciler: Reconciler | None = None
+    elector: LeaderElector | None = None
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    last_pass: float | None = None
+
+    def connect(self, info: kopf.ConnectionInfo) -> None:
+        def text(value: Any) -> str | None:
+            return None if value is None else os.fsdecode(value) if not isinstance(
+                value, str) else value
+
+        data = info.ca_data
+        connection = Connection(
+            server=info.server, token=info.token, ca_path=text(info.ca_path),
+            ca_data=data.decode() if isinstance(data, bytes) else data,
+            certificate_path=text(info.certificate_path),
+            private_key_path=text(info.private_key_path), insecure=bool(info.insecure))
+        kube = KubeClient(connection)
+        self.reconciler = Reconciler(kube, NodeClient())
+        namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or info.default_namespace \
+            or "default"
+        identity = os.environ.get("KQ_OPERATOR_IDENTITY") or \
+            f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.elector = LeaderElector(kube, namespace, LEASE_NAME, identity)
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        if namespace and name and (namespace, name) in self.wakers:
+            self.wakers[namespace, name].set()
+
+
+STATE = _State()
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    # The reconciler posts an Event for every change itself; kopf adds only its failures.
+    settings.posting.level = logging.WARNING
+    # No cluster-wide list of namespaces or CRDs: least privilege (and API emulators lack it).
+    settings.scanning.disabled = True
+    port = int(_env_float("KQ_OPERATOR_METRICS_PORT", 0))
+    if port:
+        start_http_server(port)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    server = os.environ.get("KQ_OPERATOR_API_SERVER")
+    if server:
+        info: kopf.ConnectionInfo | None = kopf.ConnectionInfo(server=server, insecure=True)
+    else:
+        info = kopf.login_with_service_account(**kwargs) or \
+            kopf.login_with_kubeconfig(**kwargs)
+    if info is not None:
+        STATE.connect(info)
+    return info
+
+
+@kopf.on.probe(id="lastReconcile")
+def last_reconcile(**_: Any) -> str | None:
+    return iso(STATE.last_pass) if STATE.last_pass is not None else None
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: str,
+                     logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+    assert namespace is not None  # the resource is namespaced
+    interval = _env_float("KQ_OPERATOR_INTERVAL", 5.0)
+    waker = STATE.waker(namespace, name)
+    url = path("KafkaQuorum", namespace, name, api=CR_API)
+    while not stopped:
+        waker.clear()
+        reconciler, elector = STATE.reconciler, STATE.elector
+        if reconciler is not None and elector is not None and \
+                await elector.tick(time.time()):
+            try:
+                # Read afresh: the daemon's body may not yet show the last pass's own status.
+                body = await reconciler.kube.get(url)
+                if body is None:
+                    return
+                await reconciler.reconcile(body)
+                STATE.last_pass = time.time()
+            except Exception:  # a failed pass is retried on the next one
+                logger.exception("reconciliation of %s/%s failed", namespace, name)
+        deadline = time.monotonic() + interval
+        while not stopped and not waker.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.wait(), timeout=0.25)
+    STATE.wakers.pop((namespace, name), None)
+
+
+def _wake_owner(meta: Mapping[str, Any]) -> None:
+    labels = meta.get("labels") or {}
+    STATE.wake(meta.get("namespace"), labels.get(LABEL_INSTANCE))
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGER})
+def pod_changed(meta: Mapping[str, Any], **_: Any) -> None:
+    _wake_owner(meta)
+
+
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={LABEL_MANAGED_BY: MANAGER})
+def claim_changed(meta: Mapping[str, Any], **_: Any) -> None:
+    _wake_owner(meta)
+
+
+@kopf.on.field(GROUP, VERSION, PLURAL, field="spec")
+def spec_changed(namespace: str | None, name: str, **_: Any) -> None:
+    STATE.wake(namespace, name)
+

@@ -1,0 +1,281 @@
+"""What the operator observes, as plain immutable values: its pods and volume claims, each node's
+own view (from its ``/metrics``), the leader's DescribeQuorum, and what the status recorded
+earlier. Parsing is pure, so that the planner's tests build these directly."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka_quorum_operator import ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
+from kafka_quorum_operator.spec import Spec
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    node_id: int
+    uid: str = ""
+    ip: str | None = None
+    ready: bool = False
+    phase: str = "Pending"
+    terminating: bool = False
+    config_hash: str | None = None
+    claim_name: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.terminating and self.ip is not None
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    name: str
+    node_id: int
+    uid: str
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node's own view of itself (its ``/metrics``): who it is and whom it follows."""
+
+    node_id: int
+    directory_id: str | None
+    state: str  # Kafka's state name: leader, follower, observer, candidate, unattached, ...
+    leader_id: int | None
+    epoch: int
+    log_end_offset: int
+    high_watermark: int | None
+    is_observer: bool
+
+
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One replica as the leader describes it (DescribeQuorum)."""
+
+    node_id: int
+    directory_id: str | None
+    log_end_offset: int = -1
+    lag: int = -1
+    last_fetch_ms: int = -1
+    last_caught_up_ms: int = -1
+
+    @property
+    def key(self) -> tuple[int, str | None]:
+        return self.node_id, self.directory_id
+
+
+@dataclass(frozen=True)
+class QuorumView:
+    """The leader's DescribeQuorum."""
+
+    leader_id: int
+    epoch: int
+    high_watermark: int
+    voters: tuple[ReplicaRow, ...]
+    observers: tuple[ReplicaRow, ...] = ()
+
+    @property
+    def now_ms(self) -> int:
+        """The leader's clock: its own row carries "now" as its timestamps."""
+        for row in self.voters + self.observers:
+            if row.node_id == self.leader_id and row.last_caught_up_ms >= 0:
+                return row.last_caught_up_ms
+        return max((row.last_fetch_ms for row in self.voters + self.observers), default=0)
+
+    def voter(self, node_id: int) -> tuple[ReplicaRow, ...]:
+        return tuple(row for row in self.voters if row.node_id == node_id)
+
+    def observer(self, node_id: int) -> tuple[ReplicaRow, ...]:
+        return tuple(row for row in self.observers if row.node_id == node_id)
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """What the status recorded about a member while the quorum was healthy: the identity of
+    its volume (claim UID) and of its voter (directory id)."""
+
+    node_id: int
+    claim_uid: str | None = None
+    directory_id: str | None = None
+    role: str = "observer"  # voter | observer
+    caught_up_since: float | None = None  # operator clock, for replacements and new voters
+    last_change: str | None = None  # when a voter change of this member last completed
+
+
+@dataclass(frozen=True)
+class PendingChange:
+    """A voter change the operator recorded before making it (resumed after a restart)."""
+
+    kind: str  # AddVoter | RemoveVoter
+    node_id: int
+    directory_id: str
+    reason: str  # Remediation | ScaleUp | ScaleDown
+    started: str = ""
+    old_directory_id: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"kind": self.kind, "nodeId": self.node_id,
+                                 "directoryId": self.directory_id, "reason": self.reason,
+                                 "started": self.started}
+        if self.old_directory_id is not None:
+            entry["oldDirectoryId"] = self.old_directory_id
+        return entry
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconciliation decides from."""
+
+    name: str
+    spec: Spec
+    now: float  # the operator's clock, seconds
+    generation: int = 0
+    cluster_id: str | None = None
+    bootstrapped: bool = False
+    config_hash: str = ""  # what every pod's configuration should hash to
+    pods: Mapping[int, PodView] = field(default_factory=dict)
+    claims: Mapping[int, ClaimView] = field(default_factory=dict)
+    nodes: Mapping[int, NodeView] = field(default_factory=dict)
+    quorum: QuorumView | None = None
+    members: Mapping[int, MemberRecord] = field(default_factory=dict)
+    pending: PendingChange | None = None
+    # Voter changes the leader refused, by node id: (retry after, operator clock; why).
+    refused: Mapping[int, tuple[float, str]] = field(default_factory=dict)
+
+
+# --- Kubernetes objects ------------------------------------------------------------------------
+
+
+def node_id_of(obj: Mapping[str, Any]) -> int | None:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    value = labels.get(LABEL_NODE_ID)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    node_id = node_id_of(pod)
+    if node_id is None:
+        return None
+    meta = pod.get("metadata", {})
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    claim = next((v["persistentVolumeClaim"].get("claimName")
+                  for v in pod.get("spec", {}).get("volumes") or []
+                  if isinstance(v.get("persistentVolumeClaim"), Mapping)), None)
+    return PodView(
+        name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
+        ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
+        terminating=bool(meta.get("deletionTimestamp")),
+        config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
+        claim_name=claim,
+    )
+
+
+def claim_view(claim: Mapping[str, Any]) -> ClaimView | None:
+    node_id = node_id_of(claim)
+    if node_id is None:
+        return None
+    meta = claim.get("metadata", {})
+    return ClaimView(name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
+                     terminating=bool(meta.get("deletionTimestamp")))
+
+
+# --- the node's metrics and admin API ----------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> NodeView | None:
+    """A node's view of itself from its Prometheus exposition; None if it is not a quorum node's.
+    """
+    values: dict[str, float] = {}
+    info: dict[str, str] | None = None
+    state = "unknown"
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels_text, raw = match.groups()
+        labels = dict(_LABEL.findall(labels_text or ""))
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if name == "quorum_node_info":
+            info = labels
+        elif name == "quorum_current_state":
+            if value == 1.0:
+                state = labels.get("state", state)
+        elif not labels:
+            values[name] = value
+    if info is None or not info.get("node_id", "").isdigit():
+        return None
+    leader = int(values.get("quorum_current_leader", -1))
+    high_watermark = int(values.get("quorum_high_watermark", -1))
+    return NodeView(
+        node_id=int(info["node_id"]), directory_id=info.get("directory_id") or None,
+        state=state, leader_id=None if leader < 0 else leader,
+        epoch=int(values.get("quorum_current_epoch", 0)),
+        log_end_offset=int(values.get("quorum_log_end_offset", 0)),
+        high_watermark=None if high_watermark < 0 else high_watermark,
+        is_observer=values.get("quorum_is_observer", 0.0) == 1.0,
+    )
+
+
+def parse_describe_quorum(body: Mapping[str, Any]) -> QuorumView:
+    """The admin API's ``GET /v1/quorum`` answer. Raises ValueError on a malformed one."""
+
+    def rows(key: str) -> tuple[ReplicaRow, ...]:
+        entries = body.get(key)
+        if not isinstance(entries, list):
+            raise ValueError(f"DescribeQuorum: {key!r} is not a list")
+        return tuple(ReplicaRow(
+            node_id=int(entry["id"]), directory_id=entry.get("directory_id") or None,
+            log_end_offset=int(entry.get("log_end_offset", -1)), lag=int(entry.get("lag", -1)),
+            last_fetch_ms=int(entry.get("last_fetch_timestamp", -1)),
+            last_caught_up_ms=int(entry.get("last_caught_up_timestamp", -1)),
+        ) for entry in entries)
+
+    try:
+        return QuorumView(leader_id=int(body["leader_id"]), epoch=int(body["leader_epoch"]),
+                          high_watermark=int(body.get("high_watermark", -1)),
+                          voters=rows("voters"), observers=rows("observers"))
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"DescribeQuorum: malformed answer ({error!r})") from None
+
+
+# --- the status written earlier ----------------------------------------------------------------
+
+
+def members_from_status(status: Mapping[str, Any]) -> dict[int, MemberRecord]:
+    members: dict[int, MemberRecord] = {}
+    for entry in status.get("members") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("nodeId"), int):
+            continue
+        since = entry.get("caughtUpSince")
+        members[entry["nodeId"]] = MemberRecord(
+            node_id=entry["nodeId"], claim_uid=entry.get("pvcUID") or None,
+            directory_id=entry.get("directoryId") or None, role=entry.get("role") or "observer",
+            caught_up_since=float(since) if isinstance(since, int | float) else None,
+            last_change=entry.get("lastChange") or None,
+        )
+    return members
+
+
+def pending_from_status(status: Mapping[str, Any]) -> PendingChange | None:
+    raw = status.get("pendingChange")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return PendingChange(kind=str(raw["kind"]), node_id=int(raw["nodeId"]),
+                             directory_id=str(raw["directoryId"]), reason=str(raw["reason"]),
+                             started=str(raw.get("started", "")),
+                             old_directory_id=raw.get("oldDirectoryId"))
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,23 @@
+"""The operator's own Prometheus metrics (served on ``--metrics-port``, see ``handlers``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter("kafka_quorum_operator_reconciles",
+                     "Reconciliation passes, by result (ok, error).", ["result"])
+RECONCILE_SECONDS = Histogram("kafka_quorum_operator_reconcile_duration_seconds",
+                              "Duration of one reconciliation pass.")
+ACTIONS = Counter("kafka_quorum_operator_actions",
+                  "Changes made, by kind (CreatePod, AddVoter, ...) and result.",
+                  ["kind", "result"])
+REMEDIATIONS = Counter("kafka_quorum_operator_remediations",
+                       "Replaced-volume remediations, by result (started, succeeded).",
+                       ["result"])
+REMEDIATION_SECONDS = Histogram(
+    "kafka_quorum_operator_remediation_duration_seconds",
+    "From detecting a replaced volume to the old directory's removal.",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+QUORUM_LOST = Gauge("kafka_quorum_operator_quorum_lost",
+                    "1 while a KafkaQuorum has lost a majority of its voters' volumes.",
+                    ["namespace", "name"])

@@ -1,0 +1,329 @@
+"""One reconciliation pass: observe (API objects, node metrics, the leader's DescribeQuorum),
+plan (``plan.plan``), act (at most one voter change or deletion), write the status, and post a
+Kubernetes Event for every change made."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kafka_quorum_operator import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGER,
+    PLURAL,
+    VERSION,
+)
+from kafka_quorum_operator import opmetrics as m
+from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.nodes import ChangeResult, NodeClient
+from kafka_quorum_operator.observe import (
+    NodeView,
+    Observed,
+    PendingChange,
+    QuorumView,
+    claim_view,
+    members_from_status,
+    pending_from_status,
+    pod_view,
+)
+from kafka_quorum_operator.plan import (
+    ADD_VOTER,
+    Action,
+    Plan,
+    assess,
+    configured_voter_ids,
+    plan,
+)
+from kafka_quorum_operator.spec import parse_spec
+from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
+from quorum_node.storage.meta_properties import random_cluster_id
+
+logger = logging.getLogger(__name__)
+CR_API = (f"/apis/{GROUP}/{VERSION}", PLURAL)
+# A refused voter change (INVALID_REQUEST) is not retried before this.
+REFUSAL_BACKOFF_S = 60.0
+# Answers after which a voter change is known to be in force.
+_DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
+
+
+@dataclass
+class Memory:
+    """What the operator keeps about one KafkaQuorum between passes (lost on restart, which
+    costs at most a retried call)."""
+
+    refused: dict[int, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Reconciler:
+    kube: KubeClient
+    nodes: NodeClient
+    clock: Callable[[], float] = time.time
+    memories: dict[str, Memory] = field(default_factory=dict)
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        started = time.monotonic()
+        try:
+            result = await self._reconcile(body)
+        except Exception:
+            m.RECONCILES.labels("error").inc()
+            raise
+        m.RECONCILES.labels("ok").inc()
+        m.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        return result
+
+    async def _reconcile(self, body: Mapping[str, Any]) -> Plan:
+        meta = body.get("metadata") or {}
+        owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+        spec = parse_spec(body.get("spec"))
+        status: Mapping[str, Any] = body.get("status") or {}
+        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+        cluster_id = status.get("clusterId")
+        if not cluster_id:
+            cluster_id = await self._generate_cluster_id(owner)
+
+        observed = await self._observe(owner, body, cluster_id, memory)
+        assessment = assess(observed)
+        voter_ids = configured_voter_ids(observed, assessment)
+        environment = r.node_environment(owner, spec, cluster_id, voter_ids)
+        observed = replace(observed, config_hash=r.config_hash(spec, environment))
+        decided = plan(observed)
+        a = decided.assessment
+        changing = not spec.paused and not a.quorum_lost
+        if changing:
+            voters = max(len(a.voters), spec.replicas)
+            for obj in r.owned_objects(owner, spec, environment, voters):
+                await self._apply(obj)
+
+        last = status.get("lastRemediation")
+        last_remediation = dict(last) if isinstance(last, Mapping) else None
+        if changing and a.leader_id is not None and spec.remediation.enabled:
+            for node_id, directory_id in sorted(a.lost):
+                if directory_id is None:
+                    continue
+                detected = remediation_detected(last_remediation, node_id, directory_id,
+                                                observed.now)
+                if detected is not None:
+                    last_remediation = detected
+                    m.REMEDIATIONS.labels("started").inc()
+                    await self.event(owner, "VolumeReplaced", (
+                        f"node {node_id}'s volume no longer holds voter directory "
+                        f"{directory_id}; replacing it (AddVoter, then RemoveVoter)"), "Warning")
+
+        pending = decided.pending
+        if changing:
+            for action in decided.actions:
+                outcome = await self._act(owner, observed, decided, action, cluster_id)
+                if action.is_voter_change:
+                    pending, last_remediation, decided = await self._after_change(
+                        owner, observed, decided, action, outcome=outcome,
+                        last=last_remediation)
+
+        patch = status_patch(observed, decided, status, r.selector(owner.name))
+        patch["pendingChange"] = pending.to_status() if pending is not None else None
+        if last_remediation is not None:
+            patch["lastRemediation"] = last_remediation
+        await self._conditions_events(owner, status, patch)
+        m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
+        if r.differs(patch, status):
+            await self.patch_status(owner, patch)
+        return decided
+
+    # --- observing ------------------------------------------------------------------------
+
+    async def _observe(self, owner: r.Owner, body: Mapping[str, Any], cluster_id: str,
+                       memory: Memory) -> Observed:
+        spec = parse_spec(body.get("spec"))
+        status: Mapping[str, Any] = body.get("status") or {}
+        selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
+        pods_raw, claims_raw = await asyncio.gather(
+            self.kube.list(path("Pod", owner.namespace), selector),
+            self.kube.list(path("PersistentVolumeClaim", owner.namespace), selector))
+        pods = {v.node_id: v for v in map(pod_view, pods_raw) if v is not None}
+        claims = {v.node_id: v for v in map(claim_view, claims_raw) if v is not None}
+        addresses = {i: f"{p.ip}:{spec.port}" for i, p in pods.items() if p.running}
+        views = await asyncio.gather(*(self.nodes.metrics(a) for a in addresses.values()))
+        nodes = {i: v for i, v in zip(addresses, views, strict=True)
+                 if v is not None and v.node_id == i}
+        quorum = await self._describe(nodes, addresses)
+        now = self.clock()
+        memory.refused = {i: v for i, v in memory.refused.items() if v[0] > now}
+        return Observed(
+            name=owner.name, spec=spec, now=now,
+            generation=int((body.get("metadata") or {}).get("generation") or 0),
+            cluster_id=cluster_id, bootstrapped=bool(status.get("bootstrapped")),
+            pods=pods, claims=claims, nodes=nodes, quorum=quorum,
+            members=members_from_status(status), pending=pending_from_status(status),
+            refused=dict(memory.refused))
+
+    async def _describe(self, nodes: Mapping[int, NodeView], addresses: Mapping[int, str]
+                        ) -> QuorumView | None:
+        """DescribeQuorum from the node that leads the highest epoch any node reports."""
+        claims: dict[int, int] = {}
+        for view in nodes.values():
+            if view.leader_id is not None:
+                claims[view.leader_id] = max(claims.get(view.leader_id, -1), view.epoch)
+        for leader in sorted(claims, key=lambda i: -claims[i]):
+            if leader in addresses:
+                described = await self.nodes.describe(addresses[leader])
+                if described is not None:
+                    return described
+        return None
+
+    # --- acting ---------------------------------------------------------------------------
+
+    async def _generate_cluster_id(self, owner: r.Owner) -> str:
+        """Generated once, before anything is created, and kept in status (and on each claim)."""
+        cluster_id = random_cluster_id()
+        await self.patch_status(owner, {"clusterId": cluster_id})
+        await self.event(owner, "ClusterIdGenerated", f"cluster id {cluster_id}")
+        return cluster_id
+
+    async def _apply(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        url = path(obj["kind"], meta["namespace"])
+        existing = await self.kube.get(f"{url}/{meta['name']}")
+        if existing is None:
+            await self._create(url, obj)
+        elif r.differs({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")},
+                       existing):
+            await self.kube.patch(f"{url}/{meta['name']}", obj)
+
+    async def _create(self, url: str, obj: dict[str, Any]) -> bool:
+        try:
+            await self.kube.create(url, obj)
+        except KubeError as error:
+            if error.status == 409:
+                return False  # made by an earlier pass whose answer was lost
+            raise
+        return True
+
+    async def _act(self, owner: r.Owner, observed: Observed, decided: Plan, action: Action,
+                   cluster_id: str) -> ChangeResult | None:
+        ns, node_id, spec = owner.namespace, action.node_id, observed.spec
+        kind = action.kind
+        if kind == "CreateClaim":
+            if await self._create(path("PersistentVolumeClaim", ns),
+                                  r.claim(owner, spec, node_id, cluster_id)):
+                await self.event(owner, "ClaimCreated",
+                                 f"volume claim {r.claim_name(owner.name, node_id)} created")
+        elif kind == "CreatePod":
+            if await self._create(path("Pod", ns),
+                                  r.pod(owner, spec, node_id, observed.config_hash)):
+                await self.event(owner, "PodCreated",
+                                 f"pod {r.pod_name(owner.name, node_id)} created")
+        elif kind == "DeletePod":
+            await self.kube.delete(path("Pod", ns, r.pod_name(owner.name, node_id)))
+            await self.event(owner, "PodDeleted", f"pod {r.pod_name(owner.name, node_id)} "
+                             f"deleted ({action.reason}): {decided.waiting}")
+        elif kind == "DeleteClaim":
+            await self.kube.delete(path("PersistentVolumeClaim", ns,
+                                        r.claim_name(owner.name, node_id)))
+            await self.event(owner, "ClaimDeleted", f"volume claim "
+                             f"{r.claim_name(owner.name, node_id)} deleted ({action.reason})")
+        else:
+            result = await self._change_voters(owner, observed, decided, action)
+            m.ACTIONS.labels(kind, result.code).inc()
+            return result
+        m.ACTIONS.labels(kind, "NONE").inc()
+        return None
+
+    async def _change_voters(self, owner: r.Owner, observed: Observed, decided: Plan,
+                             action: Action) -> ChangeResult:
+        leader = decided.assessment.leader_id
+        pod = observed.pods.get(leader) if leader is not None else None
+        if pod is None or pod.ip is None:
+            return ChangeResult(False, "NO_LEADER", "the leader's pod has no address")
+        # Persist the intent before acting: a restarted operator resumes it.
+        await self.patch_status(owner, {"pendingChange": action.pending(
+            iso(observed.now)).to_status()})
+        address = f"{pod.ip}:{observed.spec.port}"
+        assert action.directory_id is not None
+        if action.kind == ADD_VOTER:
+            return await self.nodes.add_voter(address, action.node_id, action.directory_id)
+        return await self.nodes.remove_voter(address, action.node_id, action.directory_id)
+
+    async def _after_change(self, owner: r.Owner, observed: Observed, decided: Plan,
+                            action: Action, *, outcome: ChangeResult | None,
+                            last: dict[str, Any] | None
+                            ) -> tuple[PendingChange | None, dict[str, Any] | None, Plan]:
+        assert outcome is not None
+        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+        now = self.clock()
+        done = outcome.ok or outcome.code == _DONE.get(action.kind)
+        what = f"{action.kind} of node {action.node_id} (directory {action.directory_id}, " \
+               f"{action.reason})"
+        if done:
+            pending = None
+            members = tuple(replace(rec, last_change=iso(now))
+                            if rec.node_id == action.node_id else rec for rec in decided.members)
+            decided = replace(decided, members=members)
+            verb = "VoterAdded" if action.kind == ADD_VOTER else "VoterRemoved"
+            await self.event(owner, verb, f"{what}: committed")
+        elif outcome.code == "INVALID_REQUEST":
+            pending = None
+            memory.refused[action.node_id] = (now + REFUSAL_BACKOFF_S, outcome.message)
+            await self.event(owner, "VoterChangeRefused", f"{what}: {outcome.message}",
+                             "Warning")
+        else:
+            pending = action.pending(iso(observed.now))  # resumed on the next pass
+            await self.event(owner, "VoterChangePending",
+                             f"{what}: {outcome.code} {outcome.message}; will retry")
+        step = remediation_step(last, action, ok=done, message=outcome.message,
+                                started=observed.now, now=now)
+        if step is not None:
+            last = step
+            if step.get("result") == "Succeeded":
+                m.REMEDIATIONS.labels("succeeded").inc()
+                m.REMEDIATION_SECONDS.observe(float(step.get("durationSeconds", 0.0)))
+                await self.event(owner, "RemediationCompleted", (
+                    f"node {action.node_id} replaced its voter directory "
+                    f"{step.get('oldDirectoryId')} with {step.get('newDirectoryId')} in "
+                    f"{step.get('durationSeconds')} s"))
+        return pending, last, decided
+
+    async def _conditions_events(self, owner: r.Owner, before: Mapping[str, Any],
+                                 after: Mapping[str, Any]) -> None:
+        """An Event whenever QuorumLost or Quorate changes."""
+        old = {c.get("type"): c.get("status") for c in before.get("conditions") or []}
+        for condition in after["conditions"]:
+            kind, value = condition["type"], condition["status"]
+            if kind not in ("QuorumLost", "Quorate") or old.get(kind, "False") == value:
+                continue
+            warn = (kind == "QuorumLost") == (value == "True")
+            await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
+                             "Warning" if warn else "Normal")
+
+    # --- API helpers ----------------------------------------------------------------------
+
+    async def patch_status(self, owner: r.Owner, status: Mapping[str, Any]) -> None:
+        url = path(KIND, owner.namespace, owner.name, api=CR_API) + "/status"
+        await self.kube.patch(url, {"status": dict(status)})
+
+    async def event(self, owner: r.Owner, reason: str, message: str,
+                    kind: str = "Normal") -> None:
+        now = iso(self.clock())
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
+                               "namespace": owner.namespace, "uid": owner.uid},
+            "reason": reason, "message": message[:1000], "type": kind,
+            "source": {"component": MANAGER}, "reportingComponent": MANAGER,
+            "reportingInstance": MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        logger.info("%s/%s %s: %s", owner.namespace, owner.name, reason, message)
+        try:
+            await self.kube.create(path("Event", owner.namespace), body)
+        except KubeError as error:  # an Event is worth a log line, never a failed pass
+            logger.warning("could not post event %s: %s", reason, error)

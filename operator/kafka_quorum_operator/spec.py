@@ -1,0 +1,149 @@
+"""A KafkaQuorum's spec as typed, defaulted values.
+
+The API server applies the CRD's defaults, but the operator defaults again from the same table:
+objects created before a default existed, and API emulators in tests, arrive without them.
+``tests/operator/test_crd.py`` checks that these defaults and the CRD's agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_IMAGE = "ghcr.io/quorum-node/quorum-node:0.1.0"
+DEFAULT_PORT = 9093
+DEFAULT_REPLICAS = 3
+DEFAULT_STORAGE_SIZE = "1Gi"
+DEFAULT_MIN_CAUGHT_UP_SECONDS = 10
+# The node's log.dir: a subdirectory of the volume, so that a fresh volume (which may hold
+# lost+found) counts as empty and format.if.empty formats it.
+DATA_MOUNT = "/var/lib/quorum"
+LOG_DIR = DATA_MOUNT + "/data"
+
+# spec.config key -> the node's configuration key (quorum_node/node/config.py).
+NODE_CONFIG_KEYS: Mapping[str, str] = {
+    "electionTimeoutMs": "controller.quorum.election.timeout.ms",
+    "fetchTimeoutMs": "controller.quorum.fetch.timeout.ms",
+    "electionBackoffMaxMs": "controller.quorum.election.backoff.max.ms",
+    "requestTimeoutMs": "controller.quorum.request.timeout.ms",
+    "retryBackoffMs": "controller.quorum.retry.backoff.ms",
+    "appendLingerMs": "controller.quorum.append.linger.ms",
+    "logSegmentBytes": "log.segment.bytes",
+    "snapshotIntervalRecords": "snapshot.interval.records",
+    "snapshotRetainedLogRecords": "snapshot.retained.log.records",
+}
+DEFAULT_FETCH_TIMEOUT_MS = 2000  # the node's default; also the operator's "caught up" window
+
+
+class SpecError(ValueError):
+    """The spec cannot be used (the CRD's schema should have refused it)."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    size: str = DEFAULT_STORAGE_SIZE
+    storage_class_name: str | None = None
+    # Delete the volume claims with the KafkaQuorum (off: the data outlives the resource).
+    delete_claims: bool = False
+
+
+@dataclass(frozen=True)
+class Remediation:
+    enabled: bool = True
+    # How long a replacement observer must have been caught up before it is made a voter.
+    min_caught_up_seconds: int = DEFAULT_MIN_CAUGHT_UP_SECONDS
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    affinity: Mapping[str, Any] | None = None
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    priority_class_name: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spec:
+    replicas: int = DEFAULT_REPLICAS
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    port: int = DEFAULT_PORT
+    storage: Storage = field(default_factory=Storage)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    # Node configuration overrides, by the node's key (controller.quorum.fetch.timeout.ms=...).
+    node_config: Mapping[str, int] = field(default_factory=dict)
+    template: PodTemplate = field(default_factory=PodTemplate)
+    remediation: Remediation = field(default_factory=Remediation)
+    paused: bool = False
+
+    @property
+    def fetch_timeout_ms(self) -> int:
+        return self.node_config.get(NODE_CONFIG_KEYS["fetchTimeoutMs"], DEFAULT_FETCH_TIMEOUT_MS)
+
+
+def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
+    """The spec of a KafkaQuorum object (its ``spec`` field), defaulted. Raises SpecError."""
+    raw = raw or {}
+    replicas = _int(raw, "replicas", DEFAULT_REPLICAS, minimum=1)
+    storage_raw = _mapping(raw, "storage")
+    remediation_raw = _mapping(raw, "remediation")
+    template_raw = _mapping(raw, "template")
+    config_raw = _mapping(raw, "config")
+    unknown = sorted(set(config_raw) - set(NODE_CONFIG_KEYS))
+    if unknown:
+        raise SpecError(f"spec.config.{unknown[0]}: unknown setting")
+    node_config = {NODE_CONFIG_KEYS[k]: _int(config_raw, k, 0, minimum=0) for k in config_raw}
+    affinity = template_raw.get("affinity")
+    return Spec(
+        replicas=replicas,
+        image=_str(raw, "image", DEFAULT_IMAGE),
+        image_pull_policy=_str(raw, "imagePullPolicy", "IfNotPresent"),
+        port=_int(raw, "port", DEFAULT_PORT, minimum=1),
+        storage=Storage(
+            size=_str(storage_raw, "size", DEFAULT_STORAGE_SIZE),
+            storage_class_name=storage_raw.get("storageClassName") or None,
+            delete_claims=bool(storage_raw.get("deleteClaims", False)),
+        ),
+        resources=_mapping(raw, "resources"),
+        node_config=node_config,
+        template=PodTemplate(
+            affinity=affinity if isinstance(affinity, Mapping) else None,
+            tolerations=tuple(template_raw.get("tolerations") or ()),
+            node_selector=dict(_mapping(template_raw, "nodeSelector")),
+            priority_class_name=template_raw.get("priorityClassName") or None,
+            labels=dict(_mapping(template_raw, "labels")),
+            annotations=dict(_mapping(template_raw, "annotations")),
+        ),
+        remediation=Remediation(
+            enabled=bool(remediation_raw.get("enabled", True)),
+            min_caught_up_seconds=_int(remediation_raw, "minCaughtUpSeconds",
+                                       DEFAULT_MIN_CAUGHT_UP_SECONDS, minimum=0),
+        ),
+        paused=bool(raw.get("paused", False)),
+    )
+
+
+def _mapping(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"spec.{key}: expected an object, got {value!r}")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpecError(f"spec.{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str(raw: Mapping[str, Any], key: str, default: str) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"spec.{key}: expected a non-empty string, got {value!r}")
+    return value

@@ -1,0 +1,450 @@
+"""The planner by decision tables: each test changes one observed fact of a healthy quorum and
+checks the one thing the operator does (or that it does nothing), gate by gate."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from kafka_quorum_operator.observe import Observed
+from kafka_quorum_operator.plan import (
+    Action,
+    assess,
+    configured_voter_ids,
+    is_caught_up,
+    majority,
+    plan,
+    trusts,
+)
+from kafka_quorum_operator.spec import Remediation
+from kq_builders import (
+    DIRS,
+    HASH,
+    NEW,
+    NOW,
+    NOW_MS,
+    claim,
+    healthy,
+    member,
+    node,
+    pending,
+    pod,
+    quorum,
+    replaced,
+    row,
+    updated,
+    with_spec,
+)
+
+
+def actions(observed: Observed) -> list[tuple[str, int]]:
+    return [(a.kind, a.node_id) for a in plan(observed).actions]
+
+
+def only(observed: Observed) -> Action:
+    decided = plan(observed).actions
+    assert len(decided) == 1, decided
+    return decided[0]
+
+
+# --- basics ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("voters", "needed"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)])
+def test_majority(voters: int, needed: int) -> None:
+    assert majority(voters) == needed
+
+
+@pytest.mark.parametrize(("lag", "ago_ms", "expected"), [
+    (0, 0, True), (5, 100, True), (5, 1999, True), (5, 2000, False), (5, 60_000, False),
+])
+def test_caught_up_is_strimzis_rule(lag: int, ago_ms: int, expected: bool) -> None:
+    q = quorum()
+    assert is_caught_up(row(2, lag=lag, caught_up_ago_ms=ago_ms), q, 2000) is expected
+
+
+def test_a_replica_that_never_caught_up_is_not() -> None:
+    assert not is_caught_up(row(2, lag=3), quorum(), 2000)
+    assert is_caught_up(row(1, lag=3), quorum(leader=1), 2000)  # the leader itself
+
+
+def test_healthy_quorum_needs_nothing() -> None:
+    decided = plan(healthy())
+    assert decided.actions == ()
+    assert decided.waiting == ""
+    assert decided.assessment.leader_id == 1
+    assert not decided.assessment.quorum_lost
+
+
+# --- bootstrap --------------------------------------------------------------------------------
+
+
+def test_new_quorum_creates_every_claim_then_every_pod() -> None:
+    fresh = Observed(name="kq", spec=healthy().spec, now=NOW, cluster_id="c", config_hash=HASH)
+    assert actions(fresh) == [("CreateClaim", 1), ("CreateClaim", 2), ("CreateClaim", 3)]
+    claimed = replace(fresh, claims={i: claim(i) for i in (1, 2, 3)})
+    assert actions(claimed) == [("CreatePod", 1), ("CreatePod", 2), ("CreatePod", 3)]
+
+
+def test_bootstrapped_once_every_voter_fetched_without_lag() -> None:
+    fresh = healthy(bootstrapped=False, members={})
+    assert assess(fresh).bootstrapped
+    lagging = replace(fresh, quorum=quorum([row(1), row(2), row(3, lag=1, caught_up_ago_ms=5)]))
+    assert not assess(lagging).bootstrapped
+    unfetched = replace(fresh, quorum=quorum([row(1), row(2), row(3, fetched=False)]))
+    assert not assess(unfetched).bootstrapped
+    no_directory = replace(fresh, quorum=quorum([row(1), row(2), replace(row(3),
+                                                                         directory_id=None)]))
+    assert not assess(no_directory).bootstrapped
+
+
+def test_first_pass_records_each_members_identity() -> None:
+    fresh = healthy(bootstrapped=False, members={})
+    records = {m.node_id: m for m in plan(fresh).members}
+    assert {i: (m.claim_uid, m.directory_id, m.role) for i, m in records.items()} == {
+        i: (f"claim-{i}", DIRS[i], "voter") for i in (1, 2, 3)}
+
+
+# --- replaced volume (remediation) ----------------------------------------------------------
+
+
+def test_replacement_waits_until_the_new_replica_has_caught_up() -> None:
+    decided = plan(replaced(healthy(), 3, lag=40))
+    assert decided.actions == ()
+    assert "catching up" in decided.blocked["MemberReplacing"]
+    assert decided.assessment.lost == frozenset({(3, DIRS[3])})
+
+
+def test_replacement_waits_for_min_caught_up_seconds() -> None:
+    observed = replaced(healthy(), 3, since=NOW - 3)
+    decided = plan(observed)
+    assert decided.actions == ()
+    assert "3 s of 10 s" in decided.blocked["MemberReplacing"]
+
+
+def test_replacement_adds_the_new_directory_first() -> None:
+    observed = replaced(healthy(), 3, since=NOW - 11)
+    assert only(observed) == Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+
+
+def test_caught_up_since_starts_when_first_seen_caught_up() -> None:
+    records = {m.node_id: m for m in plan(replaced(healthy(), 3)).members}
+    assert records[3].caught_up_since == NOW
+    lagging = {m.node_id: m for m in plan(replaced(healthy(), 3, lag=9, since=NOW - 50)).members}
+    assert lagging[3].caught_up_since is None  # fell behind: the wait starts over
+
+
+def test_replacement_needs_a_caught_up_majority_of_the_other_voters() -> None:
+    observed = replaced(healthy(), 3, since=NOW - 11)
+    assert observed.quorum is not None
+    lagging = replace(observed, quorum=replace(observed.quorum, voters=tuple(
+        replace(r, lag=50, last_caught_up_ms=NOW_MS - 30_000) if r.node_id == 2 else r
+        for r in observed.quorum.voters)))
+    decided = plan(lagging)
+    assert decided.actions == ()
+    assert "only 1 of the other voters" in decided.blocked["MemberReplacing"]
+
+
+def test_replacement_of_the_leaders_volume() -> None:
+    # Node 1 led; its volume was wiped, node 2 leads now and node 1 is back as an observer.
+    observed = healthy(quorum=quorum(leader=2), nodes={i: node(i, leader=2) for i in (1, 2, 3)})
+    wiped = replaced(observed, 1, since=NOW - 11)
+    assert only(wiped) == Action("AddVoter", 1, "Remediation", NEW[1], DIRS[1])
+
+
+def test_then_the_old_directory_is_removed() -> None:
+    observed = replaced(healthy(), 3)
+    assert observed.quorum is not None
+    both = replace(observed, quorum=replace(
+        observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()))
+    assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
+
+
+def test_after_the_replacement_status_records_the_new_identity() -> None:
+    done = healthy(nodes=updated(healthy().nodes, n3=node(3, NEW[3])),
+                   quorum=quorum([row(1), row(2), row(3, NEW[3])]))
+    decided = plan(done)
+    assert decided.actions == ()
+    records = {m.node_id: m for m in decided.members}
+    assert records[3].directory_id == NEW[3] and records[3].role == "voter"
+
+
+@pytest.mark.parametrize("gate", ["paused", "no_leader", "disabled", "refused"])
+def test_replacement_gates(gate: str) -> None:
+    observed = replaced(healthy(), 3, since=NOW - 11)
+    if gate == "paused":
+        observed = with_spec(observed, paused=True)
+    elif gate == "no_leader":
+        observed = replace(observed, quorum=None)
+    elif gate == "disabled":
+        observed = with_spec(observed, remediation=Remediation(enabled=False))
+    else:
+        observed = replace(observed, refused={3: (NOW + 30, "INVALID_REQUEST")})
+    decided = plan(observed)
+    assert decided.actions == ()
+    if gate in ("disabled", "refused"):
+        assert "MemberReplacing" in decided.blocked
+
+
+def test_a_replaced_claim_uid_marks_the_volume_lost_before_the_pod_starts() -> None:
+    observed = healthy(claims=updated(healthy().claims, n3=claim(3, uid="claim-3-new")),
+                       pods=updated(healthy().pods, n3=None),
+                       nodes=updated(healthy().nodes, n3=None))
+    decided = plan(observed)
+    assert decided.assessment.lost == frozenset({(3, DIRS[3])})
+    assert [(a.kind, a.node_id) for a in decided.actions] == [("CreatePod", 3)]
+    records = {m.node_id: m for m in decided.members}
+    assert records[3].claim_uid == "claim-3"  # kept until the new directory is a voter
+
+
+def test_a_deleted_claim_is_recreated_while_the_majority_is_intact() -> None:
+    observed = healthy(claims=updated(healthy().claims, n3=None),
+                       pods=updated(healthy().pods, n3=None),
+                       nodes=updated(healthy().nodes, n3=None))
+    assert actions(observed) == [("CreateClaim", 3)]
+
+
+def test_a_terminating_claim_is_not_recreated_until_gone() -> None:
+    observed = healthy(claims=updated(healthy().claims, n3=claim(3, terminating=True)),
+                       pods=updated(healthy().pods, n3=None))
+    assert actions(observed) == []
+
+
+# --- quorum lost --------------------------------------------------------------------------------
+
+
+def two_wiped() -> Observed:
+    observed = healthy(quorum=None, nodes={1: node(1, leader=None), 2: node(2, NEW[2], None),
+                                           3: node(3, NEW[3], None)})
+    return observed
+
+
+def test_two_of_three_volumes_lost_is_quorum_lost_and_nothing_changes() -> None:
+    decided = plan(two_wiped())
+    assert decided.assessment.quorum_lost
+    assert decided.actions == ()
+    assert "manual recovery" in decided.waiting
+
+
+def test_quorum_lost_even_when_pods_are_missing() -> None:
+    observed = replace(two_wiped(), pods=updated(two_wiped().pods, n2=None))
+    assert plan(observed).actions == ()
+
+
+def test_two_deleted_claims_of_three_are_not_recreated() -> None:
+    observed = healthy(quorum=None, claims={1: claim(1)}, pods={1: pod(1)},
+                       nodes={1: node(1, leader=None)})
+    decided = plan(observed)
+    assert decided.assessment.quorum_lost
+    assert decided.actions == ()
+
+
+def test_a_leader_elected_by_wiped_replicas_is_not_trusted() -> None:
+    rogue = quorum([row(1, fetched=False), row(2, NEW[2]), row(3, NEW[3])], leader=2, hwm=1)
+    observed = replace(two_wiped(), quorum=rogue)
+    decided = plan(observed)
+    assert decided.assessment.leader_id is None
+    assert decided.assessment.untrusted_leader == 2
+    assert decided.assessment.quorum_lost
+    assert decided.actions == ()
+
+
+@pytest.mark.parametrize(("described", "trusted"), [
+    ([(1, "A"), (2, "B"), (3, "C")], True),
+    ([(1, "A"), (2, "B"), (3, "C"), (3, "c")], True),  # mid-replacement
+    ([(1, "A"), (2, "B"), (3, "c")], True),  # replaced, status not written yet
+    ([(1, "A"), (2, "b"), (3, "c")], False),
+    ([(1, None), (2, "b"), (3, "c")], False),
+])
+def test_trust_needs_a_majority_of_recorded_voters(described: list[tuple[int, str | None]],
+                                                   trusted: bool) -> None:
+    recorded = [(1, "A"), (2, "B"), (3, "C")]
+    q = quorum([replace(row(i), directory_id=d) for i, d in described])
+    assert trusts(q, recorded) is trusted
+    assert trusts(q, [])  # nothing recorded: the first bootstrap
+
+
+def test_one_wiped_voter_of_three_is_not_quorum_lost() -> None:
+    observed = healthy(quorum=None, nodes=updated(healthy().nodes, n3=node(3, NEW[3], None)))
+    decided = plan(observed)
+    assert not decided.assessment.quorum_lost
+    assert decided.assessment.lost == frozenset({(3, DIRS[3])})
+    assert decided.actions == ()  # no leader: nothing to do yet
+
+
+# --- pending changes (operator restarts) ------------------------------------------------------
+
+
+def test_a_pending_add_is_retried_until_in_force() -> None:
+    observed = replace(replaced(healthy(), 3, lag=50),
+                       pending=pending("AddVoter", 3, NEW[3], old=DIRS[3]))
+    assert only(observed) == Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+
+
+def test_a_pending_add_in_force_moves_on_to_the_removal() -> None:
+    observed = replaced(healthy(), 3)
+    assert observed.quorum is not None
+    both = replace(observed, quorum=replace(
+        observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()),
+        pending=pending("AddVoter", 3, NEW[3], old=DIRS[3]))
+    decided = plan(both)
+    assert decided.actions == (Action("RemoveVoter", 3, "Remediation", DIRS[3]),)
+
+
+def test_a_pending_change_waits_for_a_leader() -> None:
+    observed = replace(healthy(quorum=None), pending=pending("AddVoter", 3, NEW[3]))
+    decided = plan(observed)
+    assert decided.actions == () and decided.pending == observed.pending
+
+
+def test_a_completed_pending_change_is_cleared() -> None:
+    observed = replace(healthy(), pending=pending("RemoveVoter", 3, NEW[3]))
+    assert plan(observed).pending is None
+
+
+# --- rolling updates ----------------------------------------------------------------------------
+
+
+def outdated(observed: Observed, *ids: int, ready: bool = True) -> Observed:
+    return replace(observed, pods=updated(observed.pods, **{
+        f"n{i}": pod(i, config_hash="old", ready=ready) for i in ids}))
+
+
+def test_roll_followers_first_leader_last() -> None:
+    observed = outdated(healthy(), 1, 2, 3)
+    assert only(observed) == Action("DeletePod", 2, "RollingUpdate")
+    assert only(outdated(healthy(), 1, 3)) == Action("DeletePod", 3, "RollingUpdate")
+    assert only(outdated(healthy(), 1)) == Action("DeletePod", 1, "RollingUpdate")
+
+
+def test_roll_unready_pods_first() -> None:
+    observed = outdated(outdated(healthy(), 1, 2), 3, ready=False)
+    assert only(observed).node_id == 3
+
+
+def test_roll_waits_for_other_pods_to_be_ready() -> None:
+    observed = replace(outdated(healthy(), 2), pods=updated(
+        outdated(healthy(), 2).pods, n3=pod(3, ready=False)))
+    decided = plan(observed)
+    assert decided.actions == () and "kq-3" in decided.waiting
+
+
+def test_roll_waits_while_a_pod_is_stopping() -> None:
+    observed = replace(outdated(healthy(), 2), pods=updated(
+        outdated(healthy(), 2).pods, n3=pod(3, terminating=True)))
+    assert plan(observed).actions == ()
+
+
+def test_roll_quorum_check_counts_the_other_voters() -> None:
+    observed = outdated(healthy(), 2)
+    lagging = replace(observed, quorum=quorum([row(1), row(2), row(3, lag=9,
+                                                                   caught_up_ago_ms=9000)]))
+    decided = plan(lagging)
+    assert decided.actions == ()
+    assert "quorum check" in decided.waiting
+
+
+@pytest.mark.parametrize("blocker", ["no_leader", "pending", "paused"])
+def test_roll_gates(blocker: str) -> None:
+    observed = outdated(healthy(), 2)
+    if blocker == "no_leader":
+        observed = replace(observed, quorum=None)
+    elif blocker == "pending":
+        observed = replace(observed, pending=pending("AddVoter", 3, NEW[3]),
+                           quorum=quorum(observers=[row(3, NEW[3])]))
+    else:
+        observed = with_spec(observed, paused=True)
+    assert [a for a in plan(observed).actions if a.kind == "DeletePod"] == []
+
+
+def test_roll_before_bootstrap_needs_no_quorum_check() -> None:
+    observed = outdated(healthy(bootstrapped=False, quorum=None, members={}), 1, 2)
+    assert only(observed) == Action("DeletePod", 1, "RollingUpdate")
+
+
+# --- scaling ------------------------------------------------------------------------------------
+
+
+def test_scale_up_configures_the_new_ids_then_rolls() -> None:
+    observed = healthy(replicas=5)
+    assert configured_voter_ids(observed, assess(observed)) == (1, 2, 3, 4, 5)
+    assert actions(observed) == [("CreateClaim", 4)]  # one new member at a time
+
+
+def test_scale_up_adds_a_caught_up_new_member_as_voter() -> None:
+    base = healthy(replicas=5)
+    joined = replace(base, pods=updated(base.pods, n4=pod(4)),
+                     claims=updated(base.claims, n4=claim(4)),
+                     nodes=updated(base.nodes, n4=node(4)),
+                     quorum=quorum(observers=[row(4)]),
+                     members=updated(base.members, n4=member(4, role="observer",
+                                                             caught_up_since=NOW - 20)))
+    assert only(joined) == Action("AddVoter", 4, "ScaleUp", DIRS[4])
+    not_long_enough = replace(joined, members=updated(
+        joined.members, n4=member(4, role="observer", caught_up_since=NOW - 1)))
+    assert plan(not_long_enough).actions == ()
+
+
+def test_scale_up_waits_for_the_roll() -> None:
+    base = healthy(replicas=5)
+    joined = replace(base, pods=updated(base.pods, n4=pod(4), n1=pod(1, config_hash="old")),
+                     claims=updated(base.claims, n4=claim(4)),
+                     nodes=updated(base.nodes, n4=node(4)), quorum=quorum(observers=[row(4)]),
+                     members=updated(base.members, n4=member(4, role="observer",
+                                                             caught_up_since=NOW - 20)))
+    assert only(joined) == Action("DeletePod", 1, "RollingUpdate")
+
+
+def test_scale_down_removes_the_highest_voter_first() -> None:
+    observed = healthy((1, 2, 3, 4, 5), replicas=3)
+    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+
+
+def test_scale_down_of_the_leader_removes_it_too() -> None:
+    observed = healthy((1, 2, 3, 4, 5), replicas=3,
+                       quorum=quorum([row(i) for i in (1, 2, 3, 4, 5)], leader=5))
+    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+
+
+def test_scale_down_then_deletes_the_pod_then_the_claim() -> None:
+    base = healthy((1, 2, 3, 4, 5), replicas=3)
+    removed = replace(base, quorum=quorum([row(i) for i in (1, 2, 3, 4)],
+                                          observers=[row(5)]))
+    assert only(removed) == Action("DeletePod", 5, "ScaleDown")
+    gone = replace(removed, pods=updated(removed.pods, n5=None),
+                   nodes=updated(removed.nodes, n5=None))
+    assert only(gone) == Action("DeleteClaim", 5, "ScaleDown")
+    finished = replace(gone, claims=updated(gone.claims, n5=None),
+                       members=updated(gone.members, n5=None))
+    assert configured_voter_ids(finished, assess(finished)) == (1, 2, 3, 4)
+
+
+def test_scale_down_never_leaves_a_minority_caught_up() -> None:
+    base = healthy((1, 2, 3, 4, 5), replicas=3)
+    lagging = replace(base, quorum=quorum([row(1), row(2), row(3, lag=9), row(4, lag=9),
+                                           row(5)]))
+    decided = plan(lagging)
+    assert decided.actions == ()
+    assert "caught-up voters" in decided.waiting
+
+
+def test_a_refused_scale_down_is_not_retried_at_once() -> None:
+    observed = healthy((1, 2, 3, 4, 5), replicas=3,
+                       refused={5: (NOW + 60, "removing node 5 would remove node 5")})
+    decided = plan(observed)
+    assert decided.actions == ()
+    assert "refused" in decided.blocked["ScalingBlocked"]
+    again = replace(observed, refused={5: (NOW - 1, "old")})
+    assert only(again).kind == "RemoveVoter"
+
+
+def test_a_removed_member_is_forgotten() -> None:
+    base = healthy(replicas=3)
+    leftover = replace(base, members=updated(base.members, n5=member(5, role="observer")))
+    assert [m.node_id for m in plan(leftover).members] == [1, 2, 3]
+
+
+def test_nothing_is_deleted_without_a_leader() -> None:
+    base = healthy(replicas=3, pods=updated(healthy().pods, n5=pod(5)))
+    assert plan(replace(base, quorum=None)).actions == ()
+    assert only(base) == Action("DeletePod", 5, "ScaleDown")

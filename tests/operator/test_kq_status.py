@@ -1,0 +1,246 @@
+"""Status, conditions, the remediation record, parsing of what nodes report, the objects the
+operator creates (checked against the node's own configuration loader) and the Lease."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.lease import lease_decision, micro_time
+from kafka_quorum_operator.observe import (
+    members_from_status,
+    parse_describe_quorum,
+    parse_metrics,
+    pending_from_status,
+    pod_view,
+)
+from kafka_quorum_operator.plan import Action, plan
+from kafka_quorum_operator.spec import Spec, SpecError, parse_spec
+from kafka_quorum_operator.status import (
+    conditions,
+    iso,
+    remediation_detected,
+    remediation_step,
+    status_patch,
+)
+from kq_builders import DIRS, NEW, NOW, healthy, pending, replaced, with_spec
+
+from quorum_node.node.config import load_config
+
+
+def condition_map(observed_plan: tuple[object, ...]) -> dict[str, tuple[str, str]]:
+    observed, decided = observed_plan
+    return {c["type"]: (c["status"], c["reason"])
+            for c in conditions(observed, decided, [])}  # type: ignore[arg-type]
+
+
+def test_conditions_of_a_healthy_quorum() -> None:
+    observed = healthy()
+    found = condition_map((observed, plan(observed)))
+    assert found == {
+        "Ready": ("True", "QuorumReady"), "Quorate": ("True", "LeaderElected"),
+        "AllMembersReady": ("True", "PodsReady"), "MemberReplacing": ("False", "NoReplacement"),
+        "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
+        "ScalingBlocked": ("False", "NotBlocked")}
+
+
+def test_conditions_while_replacing_and_when_lost_and_paused() -> None:
+    observed = replaced(healthy(), 3, lag=9)
+    found = condition_map((observed, plan(observed)))
+    assert found["MemberReplacing"] == ("True", "VolumeReplaced")
+    assert found["Ready"][0] == "False"
+    lost = healthy(quorum=None, nodes={1: healthy().nodes[1],
+                                       2: replace(healthy().nodes[2], directory_id=NEW[2]),
+                                       3: replace(healthy().nodes[3], directory_id=NEW[3])})
+    found = condition_map((lost, plan(lost)))
+    assert found["QuorumLost"] == ("True", "MajorityOfVolumesLost")
+    assert found["Quorate"] == ("False", "QuorumLost")
+    paused = with_spec(healthy(), paused=True)
+    assert condition_map((paused, plan(paused)))["Paused"] == ("True", "SpecPaused")
+
+
+def test_quorum_lost_message_names_survivors_and_their_log_end() -> None:
+    lost = healthy(quorum=None, nodes={1: healthy().nodes[1],
+                                       2: replace(healthy().nodes[2], directory_id=NEW[2]),
+                                       3: replace(healthy().nodes[3], directory_id=NEW[3])})
+    message = next(c["message"] for c in conditions(lost, plan(lost), [])
+                   if c["type"] == "QuorumLost")
+    assert "voters 2, 3 of 3" in message and "node 1 (log end offset 100)" in message
+    assert "docs/operator.md" in message
+
+
+def test_transition_time_moves_only_with_the_status() -> None:
+    observed = healthy()
+    before = [{"type": "Ready", "status": "True", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+              {"type": "Quorate", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"}]
+    found = {c["type"]: c for c in conditions(observed, plan(observed), before)}
+    assert found["Ready"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"
+    assert found["Quorate"]["lastTransitionTime"] == iso(NOW)
+    assert all(c["observedGeneration"] == 1 for c in found.values())
+
+
+def test_status_round_trips_members_and_pending() -> None:
+    observed = replace(replaced(healthy(), 3, since=NOW - 2),
+                       pending=pending("AddVoter", 3, NEW[3], old=DIRS[3]))
+    decided = plan(observed)
+    status = status_patch(observed, decided, {}, "sel")
+    assert status["voters"] == 3 and status["leaderId"] == 1 and status["replicas"] == 3
+    assert status["pendingChange"]["directoryId"] == NEW[3]
+    members = members_from_status(status)
+    assert members[3].caught_up_since == NOW - 2
+    assert members[3].directory_id == DIRS[3] and members[3].claim_uid == "claim-3"
+    assert pending_from_status(status) == decided.pending
+    entry = next(m for m in status["members"] if m["nodeId"] == 3)
+    assert entry["currentDirectoryId"] == NEW[3] and entry["role"] == "observer"
+
+
+def test_remediation_record_steps_and_duration() -> None:
+    record = remediation_detected(None, 3, DIRS[3], NOW)
+    assert record is not None and record["result"] == "InProgress"
+    assert remediation_detected(record, 3, DIRS[3], NOW + 5) is None
+    add = Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+    record = remediation_step(record, add, ok=True, message="committed", started=NOW + 10,
+                              now=NOW + 11)
+    assert record is not None
+    assert [s["name"] for s in record["steps"]] == ["Detected", "CaughtUp", "AddVoter"]
+    assert record["steps"][1]["durationSeconds"] == 10.0
+    remove = Action("RemoveVoter", 3, "Remediation", DIRS[3])
+    record = remediation_step(record, remove, ok=True, message="committed", started=NOW + 12,
+                              now=NOW + 12.5)
+    assert record is not None and record["result"] == "Succeeded"
+    assert record["durationSeconds"] == 12.5 and record["newDirectoryId"] == NEW[3]
+    scale = Action("AddVoter", 4, "ScaleUp", NEW[4])
+    assert remediation_step(record, scale, ok=True, message="", started=NOW, now=NOW) is None
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+METRICS = """\
+# HELP quorum_node_info This replica's identity.
+quorum_node_info{cluster_id="abc",directory_id="AAAAAAAAAAAAAAAAAAAAAA",node_id="2"} 1.0
+quorum_current_state{state="leader"} 0.0
+quorum_current_state{state="follower"} 1.0
+quorum_current_leader 1.0
+quorum_current_epoch 7.0
+quorum_high_watermark 41.0
+quorum_log_end_offset 42.0
+quorum_is_observer 0.0
+"""
+
+
+def test_parse_metrics() -> None:
+    view = parse_metrics(METRICS)
+    assert view is not None
+    assert (view.node_id, view.directory_id, view.state, view.leader_id, view.epoch,
+            view.log_end_offset, view.high_watermark, view.is_observer) == (
+        2, "A" * 22, "follower", 1, 7, 42, 41, False)
+    assert parse_metrics("some_other_metric 1\n") is None
+    unknown_leader = parse_metrics(METRICS.replace("quorum_current_leader 1.0",
+                                                   "quorum_current_leader -1.0"))
+    assert unknown_leader is not None and unknown_leader.leader_id is None
+
+
+def test_parse_describe_quorum() -> None:
+    body = {"cluster_id": "c", "leader_id": 2, "leader_epoch": 4, "high_watermark": 9,
+            "voters": [{"id": 2, "directory_id": "x", "log_end_offset": 9, "lag": 0,
+                        "last_fetch_timestamp": 5, "last_caught_up_timestamp": 5}],
+            "observers": [{"id": 3, "directory_id": None, "log_end_offset": -1, "lag": -1,
+                           "last_fetch_timestamp": -1, "last_caught_up_timestamp": -1,
+                           "could_be_voter": False}]}
+    view = parse_describe_quorum(body)
+    assert view.leader_id == 2 and view.now_ms == 5 and view.voters[0].key == (2, "x")
+    assert view.observers[0].directory_id is None
+    with pytest.raises(ValueError, match="malformed"):
+        parse_describe_quorum({"voters": []})
+
+
+def test_pod_view() -> None:
+    owner = r.Owner("kq", "ns", "uid-1")
+    body = r.pod(owner, Spec(), 2, "hash")
+    body["status"] = {"phase": "Running", "podIP": "10.1.1.1",
+                      "conditions": [{"type": "Ready", "status": "True"}]}
+    view = pod_view(body)
+    assert view is not None
+    assert (view.node_id, view.ready, view.running, view.config_hash, view.claim_name) == (
+        2, True, True, "hash", "data-kq-2")
+    assert pod_view({"metadata": {"name": "other"}}) is None
+
+
+# --- the objects ---------------------------------------------------------------------------------
+
+
+def test_the_node_accepts_the_configuration_the_operator_writes() -> None:
+    owner = r.Owner("kq", "prod", "uid")
+    spec = parse_spec({"config": {"fetchTimeoutMs": 3000, "requestTimeoutMs": 2500,
+                                  "snapshotIntervalRecords": 100}})
+    env = r.node_environment(owner, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
+    pod = r.pod(owner, spec, 2, r.config_hash(spec, env))
+    for item in pod["spec"]["containers"][0]["env"]:
+        env[item["name"]] = item["value"]
+    config = load_config(None, {}, env)
+    assert config.node_id == 2
+    assert [(v.id, v.host, v.port) for v in config.voters] == [
+        (i, f"kq-{i}.kq-nodes.prod.svc", 9093) for i in (1, 2, 3)]
+    assert str(config.log_dir) == "/var/lib/quorum/data" and config.format_if_empty
+    assert config.quorum.fetch_timeout_ms == 3000 and config.snapshot_interval_records == 100
+
+
+def test_config_hash_follows_what_needs_a_restart() -> None:
+    spec = Spec()
+    env = {"A": "1"}
+    assert r.config_hash(spec, env) == r.config_hash(Spec(), {"A": "1"})
+    assert r.config_hash(spec, {"A": "2"}) != r.config_hash(spec, env)
+    assert r.config_hash(replace(spec, image="other:1"), env) != r.config_hash(spec, env)
+    assert r.config_hash(replace(spec, paused=True), env) == r.config_hash(spec, env)
+
+
+@pytest.mark.parametrize(("voters", "min_available"), [(1, 1), (3, 2), (4, 3), (5, 3)])
+def test_disruption_budget_is_a_majority(voters: int, min_available: int) -> None:
+    pdb = r.disruption_budget(r.Owner("kq", "ns", "u"), voters)
+    assert pdb["spec"]["minAvailable"] == min_available
+
+
+def test_pods_are_locked_down() -> None:
+    pod = r.pod(r.Owner("kq", "ns", "u"), Spec(), 1, "h")
+    container = pod["spec"]["containers"][0]["securityContext"]
+    assert container == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_claims_outlive_the_quorum_unless_asked() -> None:
+    owner = r.Owner("kq", "ns", "u")
+    assert "ownerReferences" not in r.claim(owner, Spec(), 1, "c")["metadata"]
+    deleting = parse_spec({"storage": {"deleteClaims": True, "storageClassName": "fast"}})
+    body = r.claim(owner, deleting, 1, "c")
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "u"
+    assert body["spec"]["storageClassName"] == "fast"
+
+
+def test_differs() -> None:
+    assert not r.differs({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}, "d": 3})
+    assert r.differs({"a": [1, 2]}, {"a": [1]})
+    assert r.differs({"a": {"b": 1}}, {"a": {"b": 2}})
+
+
+@pytest.mark.parametrize("bad", [{"replicas": 0}, {"replicas": "3"}, {"storage": []},
+                                 {"config": {"bogus": 1}}, {"image": ""}])
+def test_spec_errors(bad: dict[str, object]) -> None:
+    with pytest.raises(SpecError):
+        parse_spec(bad)
+
+
+# --- lease --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("holder", "renewed_ago", "expected"), [
+    (None, None, "create"), ("me", 1, "renew"), ("me", 100, "renew"), ("other", 1, "wait"),
+    ("other", 16, "acquire"), ("", 1, "acquire"),
+])
+def test_lease_decision(holder: str | None, renewed_ago: float | None, expected: str) -> None:
+    lease = None if holder is None else {"spec": {
+        "holderIdentity": holder, "leaseDurationSeconds": 15,
+        "renewTime": micro_time(NOW - (renewed_ago or 0))}}
+    assert lease_decision(lease, "me", NOW) == expected
