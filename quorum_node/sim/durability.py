@@ -20,7 +20,9 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.records import RecordBatch
+from quorum_node.raft.snapshots import SnapshotStore
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.raft.voters import VoterSet, voter_sets_in
 from quorum_node.sim.cluster import Cluster
@@ -69,19 +71,28 @@ class Durability:
         self._committed = committed
         self._disk_voters: dict[int, tuple[tuple[int, uuid.UUID, int], VoterSet]] = {}
 
-    def holds(self, key: ReplicaKey, offset: int) -> bool | None:
-        """Whether the voter ``key`` holds committed ``offset`` durably; None for a lost voter."""
+    def holds(self, key: ReplicaKey, offset: int, *, acknowledged: bool = False) -> bool | None:
+        """Whether the voter ``key`` holds committed ``offset`` durably; None for a lost voter
+        (``acknowledged``: whether it held it when its disk was lost, so that a leader may have
+        counted it)."""
         node = self._cluster.nodes.get(key.id)
         if node is None:
             return None
         if key.directory_id is not None and key.directory_id != node.directory_id:
+            lost = node.lost_disks.get(key.directory_id)
+            if acknowledged and lost is not None:
+                return self._disk_holds(*lost, offset, durably=True)
             return None
         return self.node_holds(node, offset)
 
     def node_holds(self, node: SimNode, offset: int, *, durably: bool = True) -> bool:
-        log = node.log
+        return self._disk_holds(node.log, node.snapshots, offset, durably=durably)
+
+    def _disk_holds(
+        self, log: MemoryLog, snapshots: SnapshotStore, offset: int, *, durably: bool
+    ) -> bool:
         if offset < log.start_offset:
-            latest = node.snapshots.latest()
+            latest = snapshots.latest()
             return latest is not None and latest.end_offset > offset
         if (durably and log.durable_end_offset <= offset) or offset >= len(self._committed):
             return False
@@ -89,14 +100,14 @@ class Durability:
         return batch is not None and entry_of(batch) == self._committed[offset]
 
     def tally(
-        self, voters: Sequence[ReplicaKey], offset: int
+        self, voters: Sequence[ReplicaKey], offset: int, *, acknowledged: bool = False
     ) -> tuple[list[int], list[int], list[int]]:
         """Node ids of the voters that hold ``offset``, that do not, and that are lost."""
         holders: list[int] = []
         lacking: list[int] = []
         lost: list[int] = []
         for key in voters:
-            held = self.holds(key, offset)
+            held = self.holds(key, offset, acknowledged=acknowledged)
             (lost if held is None else holders if held else lacking).append(key.id)
         return holders, lacking, lost
 
@@ -155,8 +166,10 @@ class Durability:
                 return candidate.voters
         return None
 
-    def majority_holds(self, voters: Sequence[ReplicaKey], offset: int) -> bool:
-        holders, _, _ = self.tally(voters, offset)
+    def majority_acknowledged(self, voters: Sequence[ReplicaKey], offset: int) -> bool:
+        """A majority of ``voters`` holds ``offset``, or held it when its disk was lost: what a
+        leader may count towards committing it."""
+        holders, _, _ = self.tally(voters, offset, acknowledged=True)
         return len(holders) >= majority(voters)
 
 

@@ -7,7 +7,8 @@ committed-data checks it runs at the end, done here continuously, plus KIP-856's
 * MonotonicHighWatermark: a process's high watermark never falls, nor does the one of the leader
   of the highest epoch (once it has committed in its epoch).
 * MajorityReachedHighWatermark: a leader's high watermark is on the disk of a majority of its
-  voters (the set it had before this event or has now: an event may append a voter change).
+  voters (the set it had before this event or has now: an event may append a voter change; a
+  lost disk counts with what it held when lost, which its replica may have acknowledged).
 * ConsistentCommittedData: every node holds, below its high watermark, the committed data, in its
   log or its snapshot; snapshots (same id, same bytes) and state machines match the committed data.
 * NoCommittedLoss: the leader of the highest epoch holds all committed data, and no replica
@@ -16,8 +17,8 @@ committed-data checks it runs at the end, done here continuously, plus KIP-856's
 * OneVoterChangeAtATime: a leader appends a VotersRecord only once the previous one is committed,
   consecutive voter sets differ by at most one voter, and the first (bootstrap) set names each
   configured voter once.
-* VoterChangeCommittedByMajorities: a committed VotersRecord is held by a majority of the new set,
-  and no majority of the old set can be formed without it.
+* VoterChangeCommittedByMajorities: a committed VotersRecord is held (or was acknowledged) by a
+  majority of the new set, and no majority of the old set can be formed without it.
 
 The checker keeps the globally committed prefix of the log: offset -> (epoch, base offset, CRC)
 of the batch holding it, learned from any node's high watermark, with the state machine digest
@@ -409,9 +410,9 @@ class InvariantChecker:
         if process.voters is not None and process.voters != node.core.voters:
             candidates.append(process.voters)
         offset = high_watermark - 1
-        if any(self.durability.majority_holds(voters, offset) for voters in candidates):
+        if any(self.durability.majority_acknowledged(voters, offset) for voters in candidates):
             return
-        holders, _, _ = self.durability.tally(node.core.voters, offset)
+        holders, _, _ = self.durability.tally(node.core.voters, offset, acknowledged=True)
         self._fail(
             MAJORITY_REACHED_HIGH_WATERMARK,
             f"leader {node.node_id} (epoch {node.core.epoch}) has high watermark "
@@ -477,7 +478,7 @@ class InvariantChecker:
         self.committed_voters.append((offset, voters))
         bootstrap = len(self.committed_voters) == 1
         self._check_one_change(None if bootstrap else old, voters, f"committed offset {offset}")
-        holders, _, lost = self.durability.tally(voters, offset)
+        holders, _, lost = self.durability.tally(voters, offset, acknowledged=True)
         if len(holders) < majority(voters):
             self._fail(
                 VOTER_CHANGE_MAJORITIES,

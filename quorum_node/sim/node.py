@@ -108,6 +108,9 @@ class SimNode:
         self.log = MemoryLog()
         self.snapshots = MemorySnapshotStore()
         self.persisted: ElectionState | None = None
+        # Lost disks by directory id, as they were when lost: what their replicas had
+        # acknowledged still counts where a leader counted it (the invariant checker needs it).
+        self.lost_disks: dict[uuid.UUID, tuple[MemoryLog, MemorySnapshotStore]] = {}
         # The process: None while the node is down.
         self.core: RaftCore | None = None
         self.state_machine = StateMachine()
@@ -170,8 +173,9 @@ class SimNode:
         assert self.core is None, "wipe the disk of a stopped node only"
         assert directory_id != self.directory_id, "a wiped disk gets a new directory id"
         self.touched = True
-        self.log.wipe()
-        self.snapshots.wipe()
+        self.lost_disks[self.directory_id] = (self.log, self.snapshots)
+        self.log = MemoryLog()
+        self.snapshots = MemorySnapshotStore()
         self.persisted = None
         self.directory_id = directory_id
 
