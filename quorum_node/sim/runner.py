@@ -121,6 +121,20 @@ def run_seed(
     )
 
 
+def first_violation(
+    seeds: Iterable[int],
+    scenario: str,
+    core_factory: CoreFactory,
+    checks: Collection[str],
+) -> Violation | None:
+    """The first violation of ``checks`` over ``seeds``: what a mutation test looks for."""
+    for seed in seeds:
+        result = run_seed(seed, scenario, core_factory, checks)
+        if result.violations:
+            return result.violations[0]
+    return None
+
+
 def run_seeds(
     seeds: Iterable[int], scenario: str | None = None, jobs: int = 1
 ) -> Iterator[SeedResult]:

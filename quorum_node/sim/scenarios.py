@@ -161,10 +161,15 @@ def back_to_back_failures(sim: Simulation) -> None:
     _then_at_leader(sim, sim.rng.randint(1500, 4000), isolate_first)
 
 
-def _replace_disk(sim: Simulation, node_id: int, then: Callable[[], None]) -> None:
-    """Kill ``node_id``, lose its disk once that is safe, restart it under its new directory;
-    ``then`` once the operator has made it a voter again in place of the lost directory and the
-    quorum has recovered."""
+def _replace_disk(
+    sim: Simulation,
+    node_id: int,
+    then: Callable[[], None],
+    after_wipe: Callable[[], None] = lambda: None,
+) -> None:
+    """Kill ``node_id``, lose its disk once that is safe, ``after_wipe``, restart it under its new
+    directory; ``then`` once the operator has made it a voter again in place of the lost
+    directory and the quorum has recovered."""
     cluster = sim.cluster
     cluster.kill(node_id)
 
@@ -173,6 +178,7 @@ def _replace_disk(sim: Simulation, node_id: int, then: Callable[[], None]) -> No
 
     def wipe(_: bool) -> None:
         cluster.wipe_disk(node_id)
+        after_wipe()
         restart_at = sim.now_ms + sim.rng.randint(200, 3000)
         sim.at(restart_at, lambda: cluster.start(node_id))
 
@@ -182,18 +188,54 @@ def _replace_disk(sim: Simulation, node_id: int, then: Callable[[], None]) -> No
 
         expect_remediated(sim, restart_at, REMEDIATION_WINDOW_MS, recovered)
 
-    # The disk goes once what the process sent has landed: an acknowledgement counted after the
-    # disk is gone would be data lost with it, which no quorum protocol can help.
-    sim.at(sim.now_ms + cluster.network.max_latency_ms + 1, lambda: sim.wait_for(
-        f"a moment node {node_id}'s disk can be lost", safe, wipe, timeout_ms=LEADER_WAIT_MS))
+    sim.wait_for(f"a moment node {node_id}'s disk can be lost", safe, wipe,
+                 timeout_ms=LEADER_WAIT_MS)
+
+
+def _disk_loss_behind_a_partition(sim: Simulation, leader: SimNode) -> None:
+    """The voters that a majority can do without are cut off and fall behind; then a voter that
+    holds what they lack loses its disk and comes back on their side. Its vote went with its
+    disk: they must not elect one of them (it would lack committed data), and the quorum resumes
+    once the partition heals."""
+    cluster = sim.cluster
+    others = [v for v in cluster.voter_ids if v != leader.node_id]
+    sim.rng.shuffle(others)
+    laggards = others[: len(cluster.voter_ids) - (len(cluster.voter_ids) // 2 + 1)]
+    victim = others[len(laggards)]
+    rest = [node_id for node_id in cluster.nodes if node_id not in laggards]
+    cluster.split([laggards, rest])
+
+    def move_victim() -> None:
+        cluster.heal()
+        cluster.split([[*laggards, victim], [n for n in rest if n != victim]])
+        sim.at(sim.now_ms + sim.rng.randint(3000, 6000), cluster.heal)
+
+    sim.at(sim.now_ms + sim.rng.randint(1500, 3000),
+           lambda: _replace_disk(sim, victim, lambda: None, after_wipe=move_victim))
 
 
 def disk_replacement(sim: Simulation) -> None:
     """A voter's disk dies (sometimes the leader's): the node comes back empty under a new
     directory id, an observer, and the operator replaces the lost voter with it (AddVoter, then
-    RemoveVoter). Sometimes a second disk goes once the first is replaced."""
+    RemoveVoter). Sometimes a second disk goes once the first is replaced; sometimes the disk
+    dies while the voters a majority can do without are partitioned away and behind."""
     rng = sim.rng
-    voter_ids = sim.cluster.voter_ids
+    cluster = sim.cluster
+    voter_ids = cluster.voter_ids
+    if rng.random() < 0.3:
+
+        def everyone_bootstrapped() -> bool | None:
+            # A replica that still goes by the static voters (known by id only) would take the
+            # replaced node's vote: no disk may be lost before they all know the directory ids.
+            nodes = [cluster.nodes[v] for v in voter_ids]
+            return True if all(n.core is not None and n.core.bootstrapped for n in nodes) \
+                else None
+
+        _then_at_leader(sim, rng.randint(1500, 4000), lambda leader: sim.wait_for(
+            "every voter to know the bootstrap voters", everyone_bootstrapped,
+            lambda _: _disk_loss_behind_a_partition(sim, cluster.leader() or leader),
+            timeout_ms=LEADER_WAIT_MS))
+        return
 
     def replace(leader: SimNode, more: int) -> None:
         victim = leader.node_id if rng.random() < 0.4 else rng.choice(voter_ids)

@@ -22,7 +22,6 @@ from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode
 from quorum_node.raft.snapshots import SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
-from quorum_node.sim import run_seed
 from quorum_node.sim.invariants import (
     CONSISTENT_COMMITTED_DATA,
     DURABLE_ELECTION_STATE,
@@ -33,6 +32,7 @@ from quorum_node.sim.invariants import (
     SINGLE_LEADER,
 )
 from quorum_node.sim.node import CoreFactory
+from quorum_node.sim.runner import first_violation
 from quorum_node.sim.simulation import CORE_ERROR, LIVENESS, NO_MINORITY_COMMIT
 
 
@@ -196,13 +196,11 @@ def _flip_first_value(batch: RecordBatch) -> RecordBatch:
 
 
 def _first_violation(factory: CoreFactory, check: str, scenario: str, seeds: int) -> str:
-    for seed in range(seeds):
-        result = run_seed(seed, scenario, core_factory=factory, checks={check})
-        if result.violations:
-            (violation,) = result.violations
-            assert violation.invariant == check
-            return str(violation)
-    pytest.fail(f"{check} did not catch the mutation in {seeds} seeds of {scenario}")
+    violation = first_violation(range(seeds), scenario, factory, {check})
+    if violation is None:
+        pytest.fail(f"{check} did not catch the mutation in {seeds} seeds of {scenario}")
+    assert violation.invariant == check
+    return str(violation)
 
 
 @pytest.mark.parametrize(

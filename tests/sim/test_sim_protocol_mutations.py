@@ -11,12 +11,12 @@ import pytest
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.messages import EpochEndOffset
 from quorum_node.raft.types import ReplicaKey
-from quorum_node.sim import run_seed
 from quorum_node.sim.invariants import (
     CONSISTENT_COMMITTED_DATA,
     NO_COMMITTED_LOSS,
 )
 from quorum_node.sim.node import CoreFactory
+from quorum_node.sim.runner import first_violation
 
 
 class NeverReportsDivergence(RaftCore):
@@ -36,11 +36,10 @@ class IgnoresLogComparison(RaftCore):
 
 
 def _caught(factory: CoreFactory, checks: set[str], scenario: str, seeds: range) -> str:
-    for seed in seeds:
-        result = run_seed(seed, scenario, core_factory=factory, checks=checks)
-        if result.violations:
-            return str(result.violations[0])
-    pytest.fail(f"none of {sorted(checks)} caught the mutation in seeds {seeds} of {scenario}")
+    violation = first_violation(seeds, scenario, factory, checks)
+    if violation is None:
+        pytest.fail(f"none of {sorted(checks)} caught the mutation in seeds {seeds} of {scenario}")
+    return str(violation)
 
 
 @pytest.mark.parametrize(

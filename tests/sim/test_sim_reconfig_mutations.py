@@ -1,0 +1,114 @@
+"""The KIP-856 checks catch broken voter changes and disk-loss handling: each mutation below breaks
+one rule of the core (in a subclass, never in the product) and the check under test, enabled
+alone, finds it in the scenario that exercises the rule.
+
+Like test_sim_protocol_mutations.py, these reach into the core's private methods on purpose."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+from quorum_node.raft.core import RaftCore, _Leader, _VoterChange
+from quorum_node.raft.messages import VoteRequest, VoteResponse
+from quorum_node.raft.records import Record
+from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.types import Errors
+from quorum_node.raft.voters import parse_voters_record, voters_record
+from quorum_node.sim.invariants import (
+    NO_COMMITTED_LOSS,
+    ONE_VOTER_CHANGE_AT_A_TIME,
+    VOTER_CHANGE_MAJORITIES,
+)
+from quorum_node.sim.node import CoreFactory
+from quorum_node.sim.runner import first_violation
+
+_WAITING_FOR_PREVIOUS = "waiting for the previous voter change to commit"
+
+
+class ReplacesInOneStep(RaftCore):
+    """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
+    once, whose majorities need not overlap."""
+
+    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+        change = self._voter_change
+        if change is not None and change.kind == "add" and change.record_offset is None:
+            voters = parse_voters_record(records[0].value)
+            replaced = [k for k in voters if k.id != change.key.id or k == change.key]
+            records = [voters_record(replaced)]
+        return super()._append_control(now_ms, state, records)
+
+
+class DoesNotWaitForVoterChanges(RaftCore):
+    """Answers a voter change as soon as its record is appended, and appends the next one without
+    waiting for the previous one to commit."""
+
+    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+        super()._advance_voter_change(now_ms, state, change)
+        if self._voter_change is change and change.record_offset is not None:
+            self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: appended")
+
+    def _voter_change_blocker(
+        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+    ) -> str | None:
+        reason = super()._voter_change_blocker(now_ms, state, change, hwm)
+        return None if reason == _WAITING_FOR_PREVIOUS else reason
+
+
+class IgnoresTheVoterBeingAdded(RaftCore):
+    """Computes the high watermark without the voter an AddVoter adds until the change is done:
+    the change commits on a majority of the old set only."""
+
+    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
+        change, state = self._voter_change, self._state
+        if change is None or change.kind != "add" or not isinstance(state, _Leader) \
+                or change.key not in state.voters:
+            return super()._maybe_advance_leader_high_watermark(now_ms)
+        progress = state.voters.pop(change.key)
+        try:
+            return super()._maybe_advance_leader_high_watermark(now_ms)
+        finally:
+            state.voters[change.key] = progress
+
+
+class AnswersForAnyDirectory(RaftCore):
+    """Takes a Vote (or BeginQuorumEpoch) addressed to any directory of its node id as its own,
+    and answers as that directory: a replaced disk votes as the voter it lost, with an empty
+    log."""
+
+    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
+        return voter_id == self.node_id
+
+    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
+        response = super()._handle_vote(now_ms, request)
+        return response.model_copy(update={"voter_directory_id": request.voter_directory_id})
+
+
+class DeletesTheSnapshotItLoaded(RaftCore):
+    """Having loaded a snapshot from the leader, deletes every snapshot up to and including it (an
+    off-by-one in the clean-up): its log now starts past data it no longer has anywhere."""
+
+    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        super()._load_snapshot(snapshot_id)
+        self.snapshots.delete_before(SnapshotId(snapshot_id.end_offset + 1, 0))
+
+
+@pytest.mark.parametrize(
+    ("factory", "check", "scenario", "seeds"),
+    [
+        (ReplacesInOneStep, ONE_VOTER_CHANGE_AT_A_TIME, "disk_replacement", range(5)),
+        (DoesNotWaitForVoterChanges, ONE_VOTER_CHANGE_AT_A_TIME, "disk_replacement", range(30)),
+        (IgnoresTheVoterBeingAdded, VOTER_CHANGE_MAJORITIES, "disk_replacement", range(30)),
+        (AnswersForAnyDirectory, NO_COMMITTED_LOSS, "disk_replacement", range(40)),
+        (DeletesTheSnapshotItLoaded, NO_COMMITTED_LOSS, "snapshot_catch_up", range(10)),
+    ],
+)
+def test_reconfiguration_mutation_is_caught(
+    factory: CoreFactory, check: str, scenario: str, seeds: range
+) -> None:
+    violation = first_violation(seeds, scenario, factory, {check})
+    if violation is None:
+        pytest.fail(f"{check} did not catch the mutation in seeds {seeds} of {scenario}")
+    print(violation)
