@@ -18,6 +18,11 @@ an append is not, as it could apply twice: that raises QuorumClientError with co
 OUTCOME_UNKNOWN. A write the node timed out on (code TIMEOUT) may still commit and is never
 retried; a read is.
 
+Against a secured quorum (docs/security.md) pass ``credentials=ClientCredentials(...)``: a
+bearer token, and the CA (and optionally a client certificate) for ``https://`` servers, which
+are the default scheme once a CA or certificate is given. A refused credential raises
+QuorumClientError with code UNAUTHENTICATED (401) or FORBIDDEN (403), never retried.
+
 Only the standard library is used (``http.client`` with keep-alive connections). A client is
 not thread-safe: use one per thread.
 """
@@ -30,12 +35,15 @@ import json
 import random
 import select
 import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
+
+from quorum_node.security.client_credentials import ClientCredentials
 
 _T = TypeVar("_T")
 
@@ -94,24 +102,25 @@ class ReadResult:
     next_offset: int  # where the next read continues (past any skipped control records)
 
 
-def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
-    """``host:port[,host:port]`` (or a list of them, ``http://`` optional) as base URLs."""
+def parse_bootstrap(bootstrap: str | Sequence[str], default_scheme: str = "http") -> list[str]:
+    """``host:port[,host:port]`` (or a list of them, ``http://`` or ``https://`` optional) as
+    base URLs."""
     entries = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     servers: list[str] = []
     for raw in entries:
         entry = raw.strip()
         if not entry:
             continue
-        url = entry if "://" in entry else f"http://{entry}"
+        url = entry if "://" in entry else f"{default_scheme}://{entry}"
         parts = urllib.parse.urlsplit(url)
         try:
             port = parts.port
         except ValueError:
             port = None
-        if parts.scheme != "http" or not parts.hostname or port is None \
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None \
                 or parts.path not in ("", "/") or parts.query:
             raise ValueError(f"bootstrap server {entry!r} is not of the form host:port")
-        servers.append(f"http://{parts.netloc}")
+        servers.append(f"{parts.scheme}://{parts.netloc}")
     if not servers:
         raise ValueError("no bootstrap server given (expected host:port[,host:port...])")
     return servers
@@ -147,12 +156,15 @@ class _Answer:
 
 
 class QuorumClient:
-    def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S
-                 ) -> None:
+    def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 *, credentials: ClientCredentials | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
-        self.servers = parse_bootstrap(bootstrap)
+        self.credentials = credentials or ClientCredentials()
+        self.servers = parse_bootstrap(bootstrap,
+                                       "https" if self.credentials.uses_tls else "http")
         self.timeout_s = timeout_s
+        self._ssl_context: ssl.SSLContext | None = None
         self._preferred = self.servers[0]  # the last server that answered (the leader, once found)
         self._connections: dict[str, http.client.HTTPConnection] = {}
 
@@ -315,7 +327,7 @@ class QuorumClient:
 
     def _send(self, server: str, request: _Request, target: str, timeout_s: float) -> _Answer:
         connection = self._connection(server, timeout_s)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self.credentials.headers()}
         if request.content_type is not None:
             headers["Content-Type"] = request.content_type
         try:
@@ -350,10 +362,22 @@ class QuorumClient:
             connection = None
         if connection is None:
             parts = urllib.parse.urlsplit(server)
-            connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
-                                                    timeout=timeout_s)
+            if parts.scheme == "https":
+                if self._ssl_context is None:
+                    self._ssl_context = self.credentials.ssl_context()
+                connection = http.client.HTTPSConnection(
+                    parts.hostname or "", parts.port, timeout=timeout_s,
+                    context=self._ssl_context)
+            else:
+                connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
+                                                        timeout=timeout_s)
             try:
                 connection.connect()
+            except ssl.SSLError as error:
+                connection.close()
+                # A certificate problem is not something another try would fix.
+                raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
+                                        code="TLS_ERROR") from None
             except OSError as error:
                 connection.close()
                 raise _NotSent(f"{server}: {_describe(error)}") from None

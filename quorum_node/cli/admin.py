@@ -20,13 +20,16 @@ import argparse
 import http.client
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
+from quorum_node.cli.credentials import add_credential_options, credentials_from_args
 from quorum_node.client import QuorumClient, QuorumClientError, Voter
+from quorum_node.security.client_credentials import ClientCredentials
 
 PROG = "quorum-admin"
 EXIT_FAILED = 1
@@ -73,6 +76,7 @@ def _build_parser() -> _Parser:
         help=f"give up after this long, including waiting out an election (default "
              f"{DESCRIBE_TIMEOUT_MS}; {VOTER_CHANGE_TIMEOUT_MS} for a voter change)",
     )
+    add_credential_options(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     describe = _add_command(commands, "describe", "describe the quorum",
                             "Describe the quorum, as its leader sees it.")
@@ -105,6 +109,7 @@ def _add_command(commands: argparse._SubParsersAction[_Parser], name: str, text:
     # Also accepted after the command, where people tend to put it.
     command.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_credential_options(command, top=False)
     return command
 
 
@@ -118,18 +123,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--timeout-ms must be positive, got {args.timeout_ms}", EXIT_USAGE)
     try:
         servers = parse_bootstrap(args.bootstrap)
+        access = Access.of(credentials_from_args(args), args.bootstrap)
     except ValueError as error:
         return _fail(str(error), EXIT_USAGE)
     if args.command == "describe":
-        return _describe(args, servers, (args.timeout_ms or DESCRIBE_TIMEOUT_MS) / 1000)
-    return _change_voters(args, servers, (args.timeout_ms or VOTER_CHANGE_TIMEOUT_MS) / 1000)
+        return _describe(args, servers, (args.timeout_ms or DESCRIBE_TIMEOUT_MS) / 1000, access)
+    return _change_voters(args, servers, (args.timeout_ms or VOTER_CHANGE_TIMEOUT_MS) / 1000,
+                          access)
 
 
-def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float) -> int:
+class Access:
+    """How to reach the nodes: the scheme (https once a CA or certificate is given, or a server
+    is given as https://) and the credentials."""
+
+    def __init__(self, credentials: ClientCredentials, scheme: str) -> None:
+        self.credentials = credentials
+        self.scheme = scheme
+        self._context: ssl.SSLContext | None = None
+
+    @classmethod
+    def of(cls, credentials: ClientCredentials, bootstrap: str) -> Access:
+        tls = credentials.uses_tls or "https://" in bootstrap
+        return cls(credentials, "https" if tls else "http")
+
+    def connection(self, host: str, port: int, timeout_s: float) -> http.client.HTTPConnection:
+        if self.scheme == "https":
+            if self._context is None:
+                self._context = self.credentials.ssl_context()
+            return http.client.HTTPSConnection(host, port, timeout=timeout_s,
+                                               context=self._context)
+        return http.client.HTTPConnection(host, port, timeout=timeout_s)
+
+
+PLAIN = Access(ClientCredentials(), "http")
+
+
+def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float,
+              access: Access) -> int:
     if args.human_readable and not args.replication:
         return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
     try:
-        quorum = fetch_quorum(servers, timeout_s)
+        quorum = fetch_quorum(servers, timeout_s, access)
         if args.json:
             text = json.dumps(quorum, indent=2)
         elif args.status:
@@ -143,7 +177,7 @@ def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_
 
 
 def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
-                   timeout_s: float) -> int:
+                   timeout_s: float, access: Access) -> int:
     # Imported here: the storage package is slow to import, and describe does not need it.
     from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string  # noqa: PLC0415
 
@@ -156,7 +190,8 @@ def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
     try:
-        with QuorumClient([_url(host, port) for host, port in servers], timeout_s) as client:
+        with QuorumClient([_url(host, port, access.scheme) for host, port in servers],
+                          timeout_s, credentials=access.credentials) as client:
             change = client.add_voter if adding else client.remove_voter
             voters = change(args.voter_id, directory_id)
     except QuorumClientError as error:
@@ -185,7 +220,7 @@ def parse_bootstrap(value: str) -> list[tuple[str, int]]:
     for entry in (e.strip() for e in value.split(",")):
         if not entry:
             continue
-        address = entry.removeprefix("http://").rstrip("/")
+        address = entry.removeprefix("http://").removeprefix("https://").rstrip("/")
         host, colon, port = address.rpartition(":")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
@@ -197,7 +232,8 @@ def parse_bootstrap(value: str) -> list[tuple[str, int]]:
     return servers
 
 
-def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float) -> dict[str, Any]:
+def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float,
+                 access: Access = PLAIN) -> dict[str, Any]:
     """The leader's DescribeQuorum answer, asked of the first server that can give it."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -205,7 +241,8 @@ def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float) -> dict[s
         election = False
         for host, port in servers:
             try:
-                return _get_quorum(_url(host, port) + QUORUM_PATH, deadline)
+                return _get_quorum(_url(host, port, access.scheme) + QUORUM_PATH, deadline,
+                                   access)
             except _NoLeader as error:
                 election = True
                 problems.append(str(error))
@@ -216,13 +253,13 @@ def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float) -> dict[s
         time.sleep(RETRY_BACKOFF_S)
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _url(host: str, port: int, scheme: str) -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _get_quorum(url: str, deadline: float) -> dict[str, Any]:
+def _get_quorum(url: str, deadline: float, access: Access) -> dict[str, Any]:
     for _ in range(MAX_REDIRECTS + 1):
-        status, headers, body = _get(url, deadline)
+        status, headers, body = _get(url, deadline, access)
         if status in (301, 302, 303, 307, 308) and "location" in headers:
             url = urllib.parse.urljoin(url, headers["location"])
             continue
@@ -237,17 +274,18 @@ def _get_quorum(url: str, deadline: float) -> dict[str, Any]:
     raise AdminError(f"{url}: more than {MAX_REDIRECTS} redirects")
 
 
-def _get(url: str, deadline: float) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, deadline: float, access: Access) -> tuple[int, dict[str, str], bytes]:
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or parts.hostname is None:
-        raise AdminError(f"{url}: not an http:// URL")
+    if parts.scheme != access.scheme or parts.hostname is None:
+        raise AdminError(f"{url}: not an {access.scheme}:// URL")
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise AdminError(f"{url}: timed out")
-    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=remaining)
+    connection = access.connection(parts.hostname, parts.port or 443, remaining)
     try:
         connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
-                           headers={"Accept": "application/json"})
+                           headers={"Accept": "application/json",
+                                    **access.credentials.headers()})
         response = connection.getresponse()
         body = response.read()
         headers = {name.lower(): value for name, value in response.getheaders()}

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from quorum_node.cli.credentials import add_credential_options, credentials_from_args
 from quorum_node.client import (
     DEFAULT_TIMEOUT_S,
     QuorumClient,
@@ -56,6 +57,7 @@ def _common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
                              f"(default: {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", default=False if top else
                         argparse.SUPPRESS, help="print the result as JSON")
+    add_credential_options(parser, top=top)
 
 
 def _positive_float(text: str) -> float:
@@ -145,12 +147,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     bootstrap = args.bootstrap_server or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
     try:
-        servers = parse_bootstrap(bootstrap)
+        credentials = credentials_from_args(args)
+    except ValueError as error:
+        return _fail(str(error), EXIT_USAGE)
+    try:
+        servers = parse_bootstrap(bootstrap, "https" if credentials.uses_tls else "http")
     except ValueError as error:
         return _fail(f"--bootstrap-server: {error}", EXIT_USAGE)
     run: Callable[[QuorumClient, argparse.Namespace], int] = args.run
     try:
-        with QuorumClient(servers, timeout_s=args.timeout) as client:
+        with QuorumClient(servers, timeout_s=args.timeout, credentials=credentials) as client:
             return run(client, args)
     except QuorumClientError as error:
         return _fail(str(error), EXIT_FAILED)

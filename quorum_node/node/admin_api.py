@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from quorum_node.node.config import format_address
+from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
@@ -59,6 +60,7 @@ VOTERS_PATH = QUORUM_PATH + "/voters"
 # Long enough for a new voter to catch up with the leader's log before it is added.
 DEFAULT_VOTER_TIMEOUT_MS = 30_000
 MAX_VOTER_TIMEOUT_MS = 600_000
+MAX_BODY_BYTES = 64 * 1024  # {"id", "directory_id", "timeout_ms"}: a few dozen bytes
 
 
 def _now_ms() -> int:
@@ -66,8 +68,8 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def endpoint_url(endpoint: tuple[str, int] | None) -> str | None:
-    return None if endpoint is None else f"http://{format_address(*endpoint)}"
+def endpoint_url(endpoint: tuple[str, int] | None, scheme: str) -> str | None:
+    return None if endpoint is None else f"{scheme}://{format_address(*endpoint)}"
 
 
 def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
             "lag": -1 if end is None or leader_end is None else leader_end - end,
             "last_fetch_timestamp": _or_unknown(row.last_fetch_ms),
             "last_caught_up_timestamp": _or_unknown(row.last_caught_up_ms),
-            "endpoint": endpoint_url(node.endpoints.get(row.key.id)),
+            "endpoint": endpoint_url(node.endpoints.get(row.key.id), node.config.url_scheme),
         }
 
     return {
@@ -119,7 +121,7 @@ def _not_leader(node: QuorumNode, request: web.Request) -> web.Response:
     503 NO_LEADER while none is known."""
     core = node.core
     leader = core.leader_id
-    location = endpoint_url(node.leader_endpoint())
+    location = endpoint_url(node.leader_endpoint(), node.config.url_scheme)
     # A resigned leader still names itself: no one to redirect to until a successor wins.
     if leader is not None and leader != node.config.node_id and location is not None:
         return web.json_response(
@@ -201,7 +203,12 @@ _VOTER_CHANGE_STATUS: dict[Errors, int] = {
 
 
 class _InvalidRequest(Exception):
-    """A malformed voter change request, answered 400 INVALID_REQUEST."""
+    """A malformed voter change request, answered 400 INVALID_REQUEST (or, for a body too large
+    or too slow, 413 or 408, closing the connection)."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -212,15 +219,22 @@ def _refusing_invalid(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except _InvalidRequest as error:
-            return web.json_response({"code": Errors.INVALID_REQUEST.name,
-                                      "message": str(error)}, status=400)
+            response = web.json_response({"code": Errors.INVALID_REQUEST.name,
+                                          "message": str(error)}, status=error.status)
+            if error.status != 400:
+                response.force_close()
+            return response
 
     return wrapped
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
-        body = json.loads(await request.read())
+        raw = await read_body(request, MAX_BODY_BYTES)
+    except BodyRefused as refusal:
+        raise _InvalidRequest(refusal.message, status=refusal.status) from None
+    try:
+        body = json.loads(raw)
     except ValueError:
         raise _InvalidRequest('the body is not JSON: expected {"id": N, "directory_id": "..."}'
                        ) from None

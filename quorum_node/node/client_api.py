@@ -48,6 +48,7 @@ from quorum_node.node.kv import (
     check_key,
     encode_op,
 )
+from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
 from quorum_node.node.snapshotting import KvSnapshots
 from quorum_node.raft.records import Record, RecordBatch
@@ -83,17 +84,21 @@ class ApiError(Exception):
 
     def __init__(self, status: int, code: str, message: str, *,
                  extra: Mapping[str, Any] | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.extra = dict(extra or {})
         self.headers = dict(headers or {})
+        self.close = close  # the body was not read whole: the connection cannot be reused
 
     def response(self) -> web.Response:
         body = {"error": self.message, "code": self.code, **self.extra}
-        return web.json_response(body, status=self.status, headers=self.headers)
+        response = web.json_response(body, status=self.status, headers=self.headers)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def _bad_request(message: str) -> NoReturn:
@@ -219,6 +224,7 @@ class ClientApi:
         # Replaced after every step of the applier: waiters hold the one current when they
         # checked, so no step is missed between the check and the wait.
         self._progress = asyncio.Event()
+        self.long_polls = 0  # record reads waiting for records, bounded by http.max.long.polls
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -354,7 +360,7 @@ class ClientApi:
             # The last case is a leader that is resigning: its successor is not known yet.
             return ApiError(503, "NO_LEADER",
                             f"no leader is known in epoch {node.core.epoch}; retry shortly")
-        url = f"http://{format_address(*endpoint)}"
+        url = f"{node.config.url_scheme}://{format_address(*endpoint)}"
         return ApiError(
             307, "NOT_LEADER", f"node {node.config.node_id} is not the leader; node {leader_id} is",
             extra={"leader": {"id": leader_id, "url": url}},
@@ -423,6 +429,20 @@ class ClientApi:
         max_records = params.integer("max_records", default=DEFAULT_READ_RECORDS, minimum=1,
                                      maximum=MAX_READ_RECORDS)
         wait_ms = params.integer("wait_ms", default=0, minimum=0, maximum=MAX_WAIT_MS)
+        if wait_ms > 0:
+            if self.long_polls >= self.node.config.http_max_long_polls:
+                raise ApiError(429, "TOO_MANY_LONG_POLLS",
+                               f"{self.long_polls} reads are already waiting for records on "
+                               f"this node; retry later, or read with wait_ms=0",
+                               headers={"Retry-After": "1"})
+            self.long_polls += 1
+            try:
+                return await self._read_records(offset, max_records, wait_ms)
+            finally:
+                self.long_polls -= 1
+        return await self._read_records(offset, max_records, wait_ms)
+
+    async def _read_records(self, offset: int, max_records: int, wait_ms: int) -> web.Response:
         log_start = self.node.log_dir.log.start_offset
         if offset < log_start:
             raise ApiError(416, "OFFSET_OUT_OF_RANGE",
@@ -546,15 +566,11 @@ def _key(request: web.Request) -> str:
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        _too_large(f"a body of {request.content_length} bytes exceeds the limit of {limit} bytes")
     try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        _too_large("the body exceeds the server's request size limit")
-    if len(body) > limit:
-        _too_large(f"a body of {len(body)} bytes exceeds the limit of {limit} bytes")
-    return body
+        return await read_body(request, limit)
+    except BodyRefused as refusal:
+        code = "TOO_LARGE" if refusal.status == 413 else "REQUEST_TIMEOUT"
+        raise ApiError(refusal.status, code, refusal.message, close=True) from None
 
 
 def _json_body(body: bytes) -> Any:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -24,15 +24,20 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic.fields import FieldInfo
 
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint, parse_quorum_voters
+from quorum_node.security.roles import Role, parse_principal_grants
 from quorum_node.storage.meta_properties import validate_cluster_id
 from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES
 
 ENV_PREFIX = "QUORUM_"
+# The clients' variables (quorum-client, quorum-admin): a shell may hold them for both.
+CLIENT_ENV_PREFIX = "QUORUM_CLIENT_"
+CLIENT_ENV_VARS = frozenset({"QUORUM_BOOTSTRAP_SERVER"})
 
 
 class ConfigError(Exception):
@@ -55,12 +60,24 @@ class NodeConfig(BaseModel):
     # One listener serves the peer RPCs, the client API and the admin API.
     listen_host: str = Field(min_length=1)
     listen_port: int = Field(ge=1, le=65535)
+    listen_tls: bool = False  # an SSL:// listener: TLS for peers, clients and admin
     voters: tuple[VoterEndpoint, ...] = Field(min_length=1)
     quorum: QuorumConfig = Field(default_factory=QuorumConfig)
     segment_bytes: int = Field(DEFAULT_SEGMENT_BYTES, ge=1)
     format_if_empty: bool = False
     snapshot_interval_records: int = Field(20_000, ge=0)
     snapshot_retained_log_records: int = Field(0, ge=0)
+    # Security (docs/security.md). Declared after listen_tls: their checks read it.
+    ssl_certificate_location: Path | None = Field(None, validate_default=True)
+    ssl_key_location: Path | None = Field(None, validate_default=True)
+    ssl_ca_location: Path | None = Field(None, validate_default=True)
+    ssl_endpoint_identification_algorithm: Literal["https", ""] = "https"
+    auth_token_file: Path | None = None
+    auth_certificate_roles: str = Field("", validate_default=True)
+    security_reload_interval_ms: int = Field(10_000, ge=100)
+    # Hostile clients.
+    http_read_timeout_ms: int = Field(30_000, ge=100)
+    http_max_long_polls: int = Field(1024, ge=1)
 
     @field_validator("voters", mode="before")
     @classmethod
@@ -75,14 +92,49 @@ class NodeConfig(BaseModel):
             raise ValueError("expected a directory path, got ''")
         return value
 
+    @field_validator("ssl_certificate_location", "ssl_key_location", "ssl_ca_location",
+                     "auth_token_file", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("ssl_certificate_location", "ssl_key_location", "ssl_ca_location")
+    @classmethod
+    def _tls_files_with_tls_listener(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        tls = info.data.get("listen_tls", False)
+        if tls and value is None:
+            raise ValueError("required with an SSL:// listener (a PEM file)")
+        if not tls and value is not None:
+            raise ValueError("only used with an SSL:// listener: set listeners=SSL://host:port "
+                             "(a PLAINTEXT listener would silently ignore it)")
+        return value
+
+    @field_validator("auth_certificate_roles")
+    @classmethod
+    def _certificate_roles(cls, value: str, info: ValidationInfo) -> str:
+        grants = parse_principal_grants(value)
+        tls = info.data.get("listen_tls", False)
+        if tls and not any(Role.PEER in grant.roles for grant in grants):
+            raise ValueError("no certificate principal has the peer role, so the nodes could "
+                             "not talk to each other; grant it to the nodes' certificates, "
+                             "e.g. quorum-node-*:peer")
+        if grants and not tls:
+            raise ValueError("certificate principals need an SSL:// listener")
+        return value
+
+    @property
+    def url_scheme(self) -> str:
+        return "https" if self.listen_tls else "http"
+
     @property
     def listener(self) -> str:
         """The ``listeners`` value, in Kafka's form."""
-        return f"PLAINTEXT://{format_address(self.listen_host, self.listen_port)}"
+        scheme = "SSL" if self.listen_tls else "PLAINTEXT"
+        return f"{scheme}://{format_address(self.listen_host, self.listen_port)}"
 
     @property
     def client_url(self) -> str:
-        return f"http://{format_address(self.listen_host, self.listen_port)}"
+        return f"{self.url_scheme}://{format_address(self.listen_host, self.listen_port)}"
 
     def to_properties(self) -> str:
         """The Kafka-style properties file that ``load_config`` reads back into this config,
@@ -132,9 +184,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "meta.properties."),
     ConfigKey("log.dir", ("log_dir",),
               "The log directory, formatted by `quorum-node format` (or format.if.empty)."),
-    ConfigKey("listeners", ("listen_host", "listen_port"),
-              "Where to listen for peers, clients and admin: host:port, PLAINTEXT://host:port or "
-              "[::1]:port."),
+    ConfigKey("listeners", ("listen_host", "listen_port", "listen_tls"),
+              "Where to listen for peers, clients and admin: host:port, PLAINTEXT://host:port, "
+              "SSL://host:port (TLS, and mutual TLS between nodes) or [::1]:port."),
     ConfigKey("controller.quorum.voters", ("voters",),
               "The voters, id@host:port,... (each voter's listener)."),
     ConfigKey(_QUORUM_TIMING + "election.timeout.ms", ("quorum.election_timeout_ms",),
@@ -161,6 +213,34 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "are deleted.", shared=True),
     ConfigKey("format.if.empty", ("format_if_empty",),
               "Format an empty log.dir at start-up with a new directory id (for containers)."),
+    ConfigKey("ssl.certificate.location", ("ssl_certificate_location",),
+              "This node's certificate chain (PEM), for its SSL listener and towards its peers; "
+              "it must allow server and client authentication. Reloaded when it changes."),
+    ConfigKey("ssl.key.location", ("ssl_key_location",),
+              "The certificate's private key (PEM, unencrypted). Reloaded when it changes."),
+    ConfigKey("ssl.ca.location", ("ssl_ca_location",),
+              "The CA bundle (PEM) that peers' and clients' certificates must chain to. "
+              "Reloaded when it changes."),
+    ConfigKey("ssl.endpoint.identification.algorithm",
+              ("ssl_endpoint_identification_algorithm",),
+              "https: a peer's certificate must name the host it is reached at; empty: any "
+              "certificate of the CA will do.", shared=True),
+    ConfigKey("auth.token.file", ("auth_token_file",),
+              "Bearer tokens, one per line: TOKEN PRINCIPAL ROLES (read, write, admin). "
+              "Setting it requires a credential for the client and admin APIs."),
+    ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
+              "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
+              "(globs; roles read, write, admin, peer), e.g. "
+              "quorum-node-*:peer;quorum-operator:admin."),
+    ConfigKey("security.reload.interval.ms", ("security_reload_interval_ms",),
+              "How often the certificate, key, CA and token files are checked for changes.",
+              shared=True),
+    ConfigKey("http.read.timeout.ms", ("http_read_timeout_ms",),
+              "Longest a client may take to send a request's head or body, or stay idle "
+              "between requests; slower ones are disconnected.", shared=True),
+    ConfigKey("http.max.long.polls", ("http_max_long_polls",),
+              "Most record reads waiting for new records (wait_ms) at once; more get 429.",
+              shared=True),
 )
 KEYS_BY_NAME: Mapping[str, ConfigKey] = {key.name: key for key in CONFIG_KEYS}
 _KEYS_BY_ENV: Mapping[str, ConfigKey] = {key.env_var: key for key in CONFIG_KEYS}
@@ -207,10 +287,11 @@ def settings_from_flags(flags: Mapping[str, str]) -> dict[str, Setting]:
 def settings_from_environ(environ: Mapping[str, str]) -> dict[str, Setting]:
     """The ``QUORUM_*`` variables; any other variable is ignored, an unknown ``QUORUM_*`` one is
     an error (a misspelt variable would otherwise be silently dropped), except Kubernetes'
-    service links."""
+    service links and the clients' variables."""
     settings = {}
     for var in sorted(environ):
-        if not var.startswith(ENV_PREFIX) or _is_service_link(var, environ[var]):
+        if not var.startswith(ENV_PREFIX) or _is_service_link(var, environ[var]) \
+                or var in CLIENT_ENV_VARS or var.startswith(CLIENT_ENV_PREFIX):
             continue
         key = _KEYS_BY_ENV.get(var)
         if key is None:
@@ -246,7 +327,8 @@ def keys_markdown_table() -> str:
     README."""
     rows = ["| key | flag | environment | default | meaning |", "| --- | --- | --- | --- | --- |"]
     for key in CONFIG_KEYS:
-        default = "(required)" if key.default is None else f"`{key.default}`"
+        default = ("(required)" if key.default is None
+                   else f"`{key.default}`" if key.default else "(none)")
         rows.append(f"| `{key.name}` | `{key.flag}` | `{key.env_var}` | {default} | {key.help} |")
     return "\n".join(rows) + "\n"
 
@@ -283,10 +365,11 @@ def config_from_settings(settings: Mapping[str, Setting]) -> NodeConfig:
         value = raw.strip()  # no key's value can begin or end with whitespace
         if name == "listeners":
             try:
-                host, port = split_listener(value)
+                tls, host, port = parse_listener(value)
             except ValueError as exc:
                 raise ConfigError(f"listeners (from {source}): {exc}") from None
-            parts: dict[str, str] = {"listen_host": host, "listen_port": port}
+            parts: dict[str, str] = {"listen_host": host, "listen_port": port,
+                                     "listen_tls": "true" if tls else "false"}
         else:
             parts = {key.fields[0]: value}
         for field, part in parts.items():
@@ -299,13 +382,22 @@ def config_from_settings(settings: Mapping[str, Setting]) -> NodeConfig:
 
 
 def split_listener(value: str) -> tuple[str, str]:
-    """Split ``host:port``, ``PLAINTEXT://host:port`` or ``[::1]:port`` into host and port text
-    (the port is validated as part of NodeConfig)."""
+    """Split ``host:port``, ``PLAINTEXT://host:port``, ``SSL://host:port`` or ``[::1]:port``
+    into host and port text (the port is validated as part of NodeConfig)."""
+    _, host, port = parse_listener(value)
+    return host, port
+
+
+def parse_listener(value: str) -> tuple[bool, str, str]:
+    """As ``split_listener``, with whether the listener is TLS (``SSL://``) first."""
     address = value
+    tls = False
     scheme, separator, rest = value.partition("://")
     if separator:
-        if scheme.upper() != "PLAINTEXT":
-            raise ValueError(f"{value!r}: only PLAINTEXT listeners are supported (no TLS or SASL)")
+        if scheme.upper() not in ("PLAINTEXT", "SSL"):
+            raise ValueError(f"{value!r}: only PLAINTEXT and SSL listeners are supported "
+                             "(no SASL)")
+        tls = scheme.upper() == "SSL"
         address = rest
     if "," in address:
         raise ValueError(f"{value!r}: expected one listener (it serves peers, clients and admin)")
@@ -316,10 +408,10 @@ def split_listener(value: str) -> tuple[str, str]:
         raise ValueError(f"{value!r}: put an IPv6 address in brackets, as in [::1]:9093")
     if not colon or not host or any(c.isspace() or c in "/[]" for c in host):
         raise ValueError(
-            f"{value!r} is not of the form host:port, PLAINTEXT://host:port or [::1]:port "
-            "(0.0.0.0 listens on every interface)"
+            f"{value!r} is not of the form host:port, PLAINTEXT://host:port, SSL://host:port or "
+            "[::1]:port (0.0.0.0 listens on every interface)"
         )
-    return host, port
+    return tls, host, port
 
 
 def format_address(host: str, port: int) -> str:
@@ -413,6 +505,8 @@ def _render(key: ConfigKey, config: NodeConfig) -> str:
 
 
 def _format_value(value: object) -> str:
+    if value is None:
+        return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

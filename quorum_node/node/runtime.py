@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 from aiohttp import web
 
+from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.transport import PeerClient, PeerServer, PeerUnavailable
 from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
@@ -40,6 +41,7 @@ from quorum_node.raft.messages import (
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.errors import NotFormattedError
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
@@ -97,6 +99,13 @@ class QuorumNode:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        try:
+            self.security = NodeSecurity(config)
+        except SecuritySetupError as error:
+            # Imported here: the config module is only needed for its error type.
+            from quorum_node.node.config import ConfigError  # noqa: PLC0415
+
+            raise ConfigError(str(error)) from None
         self.log_dir = open_log_directory(config)
         self.endpoints = {voter.id: (voter.host, voter.port) for voter in config.voters}
         self.core = RaftCore(
@@ -111,7 +120,8 @@ class QuorumNode:
             now_ms=_now_ms(),
             snapshots=self.log_dir.snapshots,
         )
-        self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms)
+        self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
+                                 tls=self.security.tls)
         self._peer_server = PeerServer(self.handle_peer_request)
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
         self._next_inbound_id = 0
@@ -135,18 +145,26 @@ class QuorumNode:
         """Serve the peer RPCs (and whatever else ``app`` routes) and start the timers."""
         app = app if app is not None else web.Application()
         app.add_routes(self._peer_server.routes())
+        # Refusals happen before any handler runs: a refused request changes nothing.
+        app.middlewares.append(self.security.authorizer.middleware())
+        app[READ_TIMEOUT_KEY] = self.config.http_read_timeout_ms / 1000
         # In-flight requests get a second to finish at shutdown (a long poll ends within
-        # fetch_max_wait_ms anyway), not aiohttp's default minute.
+        # fetch_max_wait_ms anyway), not aiohttp's default minute. The keep-alive timeout also
+        # runs from the start of a connection: one that never completes a request head (a
+        # slow-loris client) is closed after it.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=1.0)
+                                     shutdown_timeout=1.0,
+                                     keepalive_timeout=self.config.http_read_timeout_ms / 1000)
         await self._runner.setup()
+        tls = self.security.tls
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
-                           reuse_address=True)
+                           reuse_address=True, ssl_context=tls.listening if tls else None)
         await site.start()
         self._spawn(self._timer_loop())
         self._spawn(self._flush_loop())
-        logger.info("node %d listening on %s:%d", self.config.node_id, self.config.listen_host,
-                    self.config.listen_port)
+        self._spawn(self.security.reload_forever())
+        logger.info("node %d listening on %s", self.config.node_id, self.config.listener)
+        self.security.warn_if_open(self.config.listener)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, TypeVar
@@ -35,6 +36,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
+from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -50,6 +52,7 @@ from quorum_node.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
+from quorum_node.security.tls import ReloadingTls
 
 CONTENT_TYPE: Final = "application/x-quorum-rpc"
 RPC_PREFIX: Final = "/raft/v1/"
@@ -123,8 +126,10 @@ class PeerClient:
     """Sends RPCs to peers by node id, over one WebSocket per peer, opened on first use and again
     after it fails."""
 
-    def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int) -> None:
+    def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int, *,
+                 tls: ReloadingTls | None = None) -> None:
         self._endpoints = dict(endpoints)
+        self._tls = tls
         self._timeout_s = timeout_ms / 1000
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[int, _PeerStream] = {}
@@ -161,13 +166,17 @@ class PeerClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(enable_cleanup_closed=True))
         host, port = endpoint
-        url = f"http://{_url_host(host)}:{port}{STREAM_PATH}"
+        scheme = "https" if self._tls is not None else "http"
+        url = f"{scheme}://{_url_host(host)}:{port}{STREAM_PATH}"
         try:
-            # The handshake is bounded by the request timeout, like any RPC.
+            # The handshake is bounded by the request timeout, like any RPC. The client context
+            # is taken at each connection, so a reloaded certificate is used from then on.
             socket = await asyncio.wait_for(
-                self._session.ws_connect(url, max_msg_size=MAX_MESSAGE_BYTES, compress=0),
+                self._session.ws_connect(
+                    url, max_msg_size=MAX_MESSAGE_BYTES, compress=0,
+                    ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
             raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
         stream = _PeerStream(destination, socket)
         self._streams[destination] = stream
@@ -280,7 +289,12 @@ class PeerServer:
 
     def _post_route(self, name: str, request_type: type[Message]) -> web.RouteDef:
         async def handler(http_request: web.Request) -> web.Response:
-            body = await http_request.read()
+            try:
+                body = await read_body(http_request, MAX_MESSAGE_BYTES)
+            except BodyRefused as refusal:
+                refused = web.Response(status=refusal.status, text=f"{refusal.message}\n")
+                refused.force_close()
+                return refused
             try:
                 request = decode_frame(request_type, body)
             except FrameError as error:

@@ -187,7 +187,7 @@ def test_listener_forms(listener: str, host: str, port: int) -> None:
 @pytest.mark.parametrize(
     ("listener", "problem"),
     [
-        ("SSL://h:9093", "only PLAINTEXT listeners are supported"),
+        ("SASL_SSL://h:9093", "only PLAINTEXT and SSL listeners are supported"),
         ("h", "is not of the form host:port"),
         (":9093", "is not of the form host:port"),
         ("::1:9093", "put an IPv6 address in brackets"),

@@ -1,0 +1,116 @@
+"""Security settings: one-line refusals of a configuration that could not be secure or could
+not work, roles and token files, and the files checked at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from certs import CertificateAuthority
+
+from quorum_node.node.config import ConfigError, load_config
+from quorum_node.node.runtime import QuorumNode
+from quorum_node.security.roles import Role, parse_principal_grants, roles_of_principal
+from quorum_node.security.tokens import TokenFileError, TokenTable
+from quorum_node.storage.meta_properties import format_log_dir
+
+REQUIRED = {
+    "node.id": "1",
+    "cluster.id": "MkU3OEVBNTcwNTJENDM2Qg",
+    "log.dir": "/tmp/quorum-x",
+    "controller.quorum.voters": "1@127.0.0.1:9091",
+}
+
+
+def tls_settings(directory: Path) -> dict[str, str]:
+    ca = CertificateAuthority.create()
+    cert, key = ca.issue(directory, "quorum-node-1")
+    return {"listeners": "SSL://127.0.0.1:9091", "ssl.certificate.location": str(cert),
+            "ssl.key.location": str(key), "ssl.ca.location": str(ca.write_ca(directory / "ca")),
+            "auth.certificate.roles": "quorum-node-*:peer"}
+
+
+def error_of(flags: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {**REQUIRED, **flags}, {})
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_tls_listener(tmp_path: Path) -> None:
+    config = load_config(None, {**REQUIRED, **tls_settings(tmp_path)}, {})
+    assert config.listen_tls and config.client_url == "https://127.0.0.1:9091"
+    assert config.listener == "SSL://127.0.0.1:9091"
+    # The properties file it writes reads back as the same configuration.
+    path = tmp_path / "node.properties"
+    path.write_text(config.to_properties())
+    assert load_config(path, {}, {}) == config
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"ssl.key.location": ""}, "ssl.key.location (from default): required with an SSL://"),
+        ({"listeners": "127.0.0.1:9091"}, "only used with an SSL:// listener"),
+        ({"auth.certificate.roles": "admin-*:admin"}, "no certificate principal has the peer"),
+        ({"auth.certificate.roles": "x:root"}, "unknown role 'root'"),
+        ({"auth.certificate.roles": "justaname"}, "is not PATTERN:ROLE"),
+        ({"ssl.endpoint.identification.algorithm": "dns"}, "ssl.endpoint.identification"),
+    ],
+)
+def test_refused_security_settings(tmp_path: Path, change: dict[str, str], problem: str) -> None:
+    settings = {**tls_settings(tmp_path), **change}
+    settings = {k: v for k, v in settings.items() if v != ""}
+    assert problem in error_of(settings)
+
+
+def test_plaintext_refuses_certificate_roles() -> None:
+    assert "need an SSL:// listener" in error_of({"listeners": "127.0.0.1:9091",
+                                                  "auth.certificate.roles": "a:read"})
+
+
+def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
+    settings = tls_settings(tmp_path)
+    (tmp_path / "quorum-node-1.key").write_text("not a key")
+    config = load_config(None, {**REQUIRED, **settings, "log.dir": str(tmp_path / "log")}, {})
+    format_log_dir(config.log_dir, config.cluster_id, 1)
+    with pytest.raises(ConfigError, match=r"^ssl: certificate .* with key .*"):
+        QuorumNode(config)
+    (tmp_path / "tokens").write_text("short alice admin\n")
+    plain = load_config(None, {**REQUIRED, "listeners": "127.0.0.1:9091",
+                               "log.dir": str(tmp_path / "log"),
+                               "auth.token.file": str(tmp_path / "tokens")}, {})
+    with pytest.raises(ConfigError, match=r"^auth.token.file: .*tokens, line 1: the token"):
+        QuorumNode(plain)
+
+
+def test_roles_ladder_and_globs() -> None:
+    grants = parse_principal_grants("quorum-node-*:peer; ops:admin ;app:read,write")
+    assert roles_of_principal(grants, "quorum-node-2") == {Role.PEER}
+    assert roles_of_principal(grants, "ops") == {Role.READ, Role.WRITE, Role.ADMIN}
+    assert roles_of_principal(grants, "app") == {Role.READ, Role.WRITE}
+    assert roles_of_principal(grants, "quorum-node") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("tok alice admin", "shorter than 16"),
+        ("0123456789abcdef alice", "expected TOKEN PRINCIPAL ROLES"),
+        ("0123456789abcdef alice root", "unknown role"),
+        ("0123456789abcdef node peer", "cannot have the peer role"),
+        ("0123456789abcdef a read\n0123456789abcdef b read", "line 2: the token of 'b' is"),
+    ],
+)
+def test_bad_token_files(text: str, problem: str) -> None:
+    with pytest.raises(TokenFileError, match=problem):
+        TokenTable.parse(text, "tokens")
+
+
+def test_token_lookup() -> None:
+    table = TokenTable.parse("# comment\n\n0123456789abcdef alice write\n", "tokens")
+    holder = table.lookup("0123456789abcdef")
+    assert holder is not None and holder.principal == "alice"
+    assert holder.roles == {Role.READ, Role.WRITE}
+    assert table.lookup("0123456789abcdeX") is None
