@@ -1,0 +1,109 @@
+"""``quorum-audit``: the audit jobs from the command line, or through ``spark-submit``.
+
+    quorum-audit run ./quorum-data --out ./audit                 # local[*], everything
+    quorum-audit consistency s3a://backups/fleet/ --master spark://host:7077
+    spark-submit quorum_audit/cli.py run s3a://backups/fleet/ --out s3a://backups/audit/
+
+Exit status: 0 when the audit passes, 1 when it finds an error, 2 on a usage error or an input
+that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pyspark.sql import SparkSession
+
+from quorum_audit.audit import AuditResult, run_audit, to_json
+from quorum_audit.report import write_outputs
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_TABLES = {
+    "consistency": {"replicas", "findings", "divergences"},
+    "history": {"replicas", "leadership", "membership", "write_rates"},
+    "run": None,  # everything
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    spark, created = _session(args.master)
+    try:
+        result = run_audit(spark, args.paths, args.high_watermark)
+    except (ValueError, OSError) as error:
+        print(f"quorum-audit: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if created:
+            spark.stop()
+    if args.out:
+        for path in write_outputs(result, args.out, tables=_TABLES[args.job]):
+            print(f"wrote {path}", file=sys.stderr)
+    print(to_json(result) if args.json else _summary(result, args.job))
+    return EXIT_PASSED if result.passed or args.job == "history" else EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quorum-audit",
+        description="Audit quorum replicas' logs and snapshots on Spark: that they agree, and "
+        "the quorum's history.")
+    jobs = parser.add_subparsers(dest="job", required=True, metavar="JOB")
+    for job, help_text in (
+            ("run", "consistency and history, with the report and chart"),
+            ("consistency", "replicas agree below the high watermark; one leader per epoch"),
+            ("history", "leadership and membership timelines, write rates, chart")):
+        sub = jobs.add_parser(job, help=help_text, description=help_text)
+        sub.add_argument("paths", nargs="+", metavar="PATH",
+                         help="log directories, or directories/URIs holding them at any depth "
+                         "(s3a://, s3://, gs://, hdfs://, file://)")
+        sub.add_argument("--out", help="where to write the Parquet tables, report and chart")
+        sub.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+        sub.add_argument("--high-watermark", type=int,
+                         help="check offsets below this one (default: what a majority holds)")
+        sub.add_argument("--json", action="store_true", help="print the findings as JSON")
+    return parser
+
+
+def _session(master: str | None) -> tuple[SparkSession, bool]:
+    """The active session if there is one (a test, a notebook), else a new one; with
+    ``spark-submit`` the master comes from it, otherwise it defaults to local[*]."""
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        return active, False
+    # The workers must run this interpreter: it has pyarrow and this package.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("quorum-audit")
+    if master is not None:
+        builder = builder.master(master)
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.master("local[*]").config("spark.ui.enabled", "false")
+    return builder.getOrCreate(), True
+
+
+def _summary(result: AuditResult, job: str) -> str:
+    lines = []
+    if job != "history":
+        verdict = "PASSED" if result.passed else "FAILED"
+        lines.append(f"{verdict}: {result.rows_read} rows from {len(result.replicas)} replicas, "
+                     f"{result.records_compared} record copies compared")
+        lines += [f"{f.severity.upper()} {f.kind} {f.cluster_id}"
+                  + (f" node {f.node_id} ({f.directory_id})" if f.node_id is not None else "")
+                  + (f" offsets {f.first_offset}-{f.last_offset}"
+                     if f.first_offset is not None else "") + f": {f.detail}"
+                  for f in result.findings]
+    if job != "consistency":
+        lines += [f"epoch {e.epoch}: leader {e.leader_id} from offset {e.start_offset}"
+                  for e in result.history.leadership]
+        lines += [f"offset {m.offset}: {m.change} {m.node_id}:{m.directory_id}"
+                  for m in result.history.membership]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # spark-submit runs this file as a script
+    sys.exit(main())
