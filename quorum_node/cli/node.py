@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
+from quorum_node.cli.export import add_export_command
 from quorum_node.node.config import (
     CONFIG_KEYS,
     ENV_PREFIX,
@@ -133,6 +134,7 @@ def _build_parser() -> _Parser:
     local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
     local.set_defaults(command=_cmd_local)
+    add_export_command(commands)
     return parser
 
 
