@@ -433,6 +433,8 @@ class InvariantChecker:
             offset, voters = voters_on_disk(node, self._cluster.static_voters, start)
             term = self._leader_terms[node.node_id] = _LeaderTerm(
                 identity, start, offset, voters if offset is not None else None)
+        if node.log.end_offset <= term.scanned:
+            return
         batches = node.log.batches
         first = bisect.bisect_left(batches, term.scanned, key=_base_offset)
         for index in range(first, len(batches)):
@@ -498,10 +500,11 @@ class InvariantChecker:
     def _note_quorum_views(self, touched: list[SimNode]) -> None:
         for node in touched:
             core = node.core
-            view = (node.incarnation, node.directory_id, core.voters if core else None)
+            voters = core.voters if core is not None else None
             known = self._quorum_views.get(node.node_id)
-            if known is None or any(a is not b for a, b in zip(known, view, strict=True)):
-                self._quorum_views[node.node_id] = view
+            if known is None or known[0] != node.incarnation \
+                    or known[1] is not node.directory_id or known[2] is not voters:
+                self._quorum_views[node.node_id] = (node.incarnation, node.directory_id, voters)
                 self._durability_stale = True
 
     def _check_committed_durable(self) -> None:
