@@ -129,8 +129,13 @@ async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: s
                 body = await reconciler.kube.get(url)
                 if body is None:
                     return
-                await reconciler.reconcile(body)
+                started = time.monotonic()
+                decided = await reconciler.reconcile(body)
                 STATE.last_pass = time.time()
+                logger.debug("pass of %s/%s in %.2f s: %s; %s", namespace, name,
+                             time.monotonic() - started,
+                             [f"{a.kind} {a.node_id}" for a in decided.actions] or "no change",
+                             decided.waiting or "nothing to wait for")
             except Exception:  # a failed pass is retried on the next one
                 logger.exception("reconciliation of %s/%s failed", namespace, name)
         deadline = time.monotonic() + interval

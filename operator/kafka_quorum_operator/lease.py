@@ -59,8 +59,13 @@ class LeaderElector:
     identity: str
     leading: bool = False
 
+    renewed: float = 0.0
+
     async def tick(self, now: float) -> bool:
-        """Try to hold the lease; whether this operator leads now."""
+        """Try to hold the lease; whether this operator leads now. A held lease is renewed
+        when a third of its duration has passed."""
+        if self.leading and now - self.renewed < LEASE_DURATION_S / 3:
+            return True
         url = path("Lease", self.namespace)
         try:
             lease = await self.kube.get(f"{url}/{self.name}")
@@ -83,6 +88,8 @@ class LeaderElector:
                     "metadata": {"resourceVersion": version} if version else {},
                     "spec": spec})
             leading = decision != "wait"
+            if leading:
+                self.renewed = now
         except KubeError as error:
             logger.warning("lease %s/%s: %s", self.namespace, self.name, error)
             leading = False

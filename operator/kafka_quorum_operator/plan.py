@@ -13,10 +13,12 @@ in this order, stopping at the first step that has something to do or must wait:
    voter's node id and a new directory id, has been caught up long enough, AddVoter(id, new),
    then RemoveVoter(id, old).
 5. Delete pods and claims of members that are no longer wanted (scale-down, after RemoveVoter).
-6. Rolling update of pods whose configuration is outdated: unready first, then observers, then
+6. Scale-down: RemoveVoter of the highest id beyond ``spec.replicas``, one at a time (before
+   any rolling update: the voters list shrinks once, at the end).
+7. Rolling update of pods whose configuration is outdated: unready first, then observers, then
    followers, the leader last, one at a time, each after the quorum check.
-7. Scaling: one voter at a time, AddVoter of a caught-up new member, RemoveVoter of the highest
-   id beyond ``spec.replicas``.
+8. Scale-up: AddVoter of the new member once caught up, one at a time (after the rolling
+   update that adds its id to every node's voters list: AddVoter only takes configured ids).
 
 Voter changes and deletions are one at a time; every voter change is gated on a trusted leader
 and on a majority of the voters other than the one concerned being caught up.
@@ -121,7 +123,7 @@ def is_caught_up(row: ReplicaRow, quorum: QuorumView, fetch_timeout_ms: int) -> 
 
 def recorded_voters(members: Mapping[int, MemberRecord]) -> tuple[VoterKey, ...]:
     return tuple(sorted((m.node_id, m.directory_id) for m in members.values()
-                        if m.role == "voter" and m.directory_id is not None))
+                        if m.directory_id is not None))
 
 
 def trusts(quorum: QuorumView, recorded: Iterable[VoterKey]) -> bool:
@@ -250,7 +252,7 @@ class _Planner:
                               f"a majority of voters lost their volumes ({lost}); manual "
                               "recovery needed")
         for step in (self._create_missing, self._resume_pending, self._remediate,
-                     self._delete_unwanted, self._roll, self._scale):
+                     self._delete_unwanted, self._scale_down, self._roll, self._scale_up):
             result = step()
             if result is not None:
                 return result
@@ -424,30 +426,32 @@ class _Planner:
             return 1
         return 3 if node_id == a.leader_id else 2
 
-    def _scale(self) -> Plan | None:
+    def _scale_up(self) -> Plan | None:
         observed, a = self.observed, self.assessment
-        if not a.bootstrapped or a.leader_id is None:
-            return None
-        voter_ids = a.voter_ids
         to_add = next_to_add(observed, a)
-        if to_add is not None:
-            current = a.current_directories.get(to_add)
-            pod = observed.pods.get(to_add)
-            if current is None or pod is None or not pod.ready:
-                return self._plan((), None, f"scale-up: waiting for node {to_add} to start")
-            wait = self._caught_up_wait(to_add)
-            if wait is not None:
-                return self._plan((), None, f"scale-up: node {to_add} is catching up ({wait})")
-            return self._voter_change(Action(ADD_VOTER, to_add, SCALE_UP, current),
-                                      f"scale-up: adding node {to_add}")
-        if len(voter_ids) > observed.spec.replicas:
-            node_id = max(voter_ids)
-            key = next(key for key in a.voters if key[0] == node_id)
-            if key[1] is None:
-                return None
-            return self._voter_change(Action(REMOVE_VOTER, node_id, SCALE_DOWN, key[1]),
-                                      f"scale-down: removing node {node_id}")
-        return None
+        if not a.bootstrapped or a.leader_id is None or to_add is None:
+            return None
+        current = a.current_directories.get(to_add)
+        pod = observed.pods.get(to_add)
+        if current is None or pod is None or not pod.ready:
+            return self._plan((), None, f"scale-up: waiting for node {to_add} to start")
+        wait = self._caught_up_wait(to_add)
+        if wait is not None:
+            return self._plan((), None, f"scale-up: node {to_add} is catching up ({wait})")
+        return self._voter_change(Action(ADD_VOTER, to_add, SCALE_UP, current),
+                                  f"scale-up: adding node {to_add}")
+
+    def _scale_down(self) -> Plan | None:
+        observed, a = self.observed, self.assessment
+        if not a.bootstrapped or a.leader_id is None or \
+                len(a.voter_ids) <= observed.spec.replicas:
+            return None
+        node_id = max(a.voter_ids)
+        key = next(key for key in a.voters if key[0] == node_id)
+        if key[1] is None:
+            return None
+        return self._voter_change(Action(REMOVE_VOTER, node_id, SCALE_DOWN, key[1]),
+                                  f"scale-down: removing node {node_id}")
 
 
 def member_records(observed: Observed, assessment: Assessment) -> tuple[MemberRecord, ...]:
@@ -465,9 +469,12 @@ def member_records(observed: Observed, assessment: Assessment) -> tuple[MemberRe
         previous = observed.members.get(node_id, MemberRecord(node_id))
         keys = [key for key in assessment.voters if key[0] == node_id]
         current = assessment.current_directories.get(node_id)
+        # The voter directory on record: what tells a replaced volume, and the voter set when
+        # no leader can be trusted. Moved only by a trusted leader's view, and never while
+        # two directories of the node are voters.
         directory_id = previous.directory_id
-        if assessment.leader_id is not None and len(keys) == 1:
-            directory_id = keys[0][1]
+        if assessment.leader_id is not None and len(keys) <= 1:
+            directory_id = keys[0][1] if keys else None
         is_voter = any(key[1] == current for key in keys) if current is not None \
             else bool(keys)
         claim = observed.claims.get(node_id)

@@ -5,7 +5,9 @@ Kubernetes Event for every change made."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,7 +52,9 @@ from quorum_node.storage.meta_properties import random_cluster_id
 logger = logging.getLogger(__name__)
 CR_API = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 # A refused voter change (INVALID_REQUEST) is not retried before this.
-REFUSAL_BACKOFF_S = 60.0
+REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
+# How often an owned object that should not have changed is read back (drift, deletion).
+RECHECK_S = 30.0
 # Answers after which a voter change is known to be in force.
 _DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
 
@@ -69,6 +73,8 @@ class Reconciler:
     nodes: NodeClient
     clock: Callable[[], float] = time.time
     memories: dict[str, Memory] = field(default_factory=dict)
+    # Owned objects as last applied: (their JSON, when), by API path.
+    applied: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -191,12 +197,20 @@ class Reconciler:
     async def _apply(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         url = path(obj["kind"], meta["namespace"])
-        existing = await self.kube.get(f"{url}/{meta['name']}")
+        # Unchanged objects are looked at again only now and then: a pass stays cheap.
+        key = f"{url}/{meta['name']}"
+        digest = json.dumps(obj, sort_keys=True)
+        seen = self.applied.get(key)
+        now = time.monotonic()
+        if seen is not None and seen[0] == digest and now - seen[1] < RECHECK_S:
+            return
+        existing = await self.kube.get(key)
         if existing is None:
             await self._create(url, obj)
         elif r.differs({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")},
                        existing):
             await self.kube.patch(f"{url}/{meta['name']}", obj)
+        self.applied[key] = (digest, now)
 
     async def _create(self, url: str, obj: dict[str, Any]) -> bool:
         try:

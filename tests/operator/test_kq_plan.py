@@ -448,3 +448,20 @@ def test_nothing_is_deleted_without_a_leader() -> None:
     base = healthy(replicas=3, pods=updated(healthy().pods, n5=pod(5)))
     assert plan(replace(base, quorum=None)).actions == ()
     assert only(base) == Action("DeletePod", 5, "ScaleDown")
+
+
+def test_records_keep_the_voter_set_through_passes_without_a_leader() -> None:
+    observed = replaced(healthy(), 3)  # one pass with the leader: node 3 is an observer now
+    observed = replace(observed, members={m.node_id: m for m in plan(observed).members})
+    observed = replace(observed, quorum=None, nodes=updated(
+        observed.nodes, n1=node(1, leader=None), n2=node(2, NEW[2], leader=None)))
+    for _ in range(3):
+        decided = plan(observed)
+        assert decided.assessment.voters == ((1, DIRS[1]), (2, DIRS[2]), (3, DIRS[3]))
+        assert decided.assessment.quorum_lost and decided.actions == ()
+        observed = replace(observed, members={m.node_id: m for m in decided.members})
+
+
+def test_scale_down_comes_before_the_roll_it_causes() -> None:
+    observed = outdated(healthy((1, 2, 3, 4, 5), replicas=3), 1, 2, 3, 4, 5)
+    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])

@@ -1,0 +1,382 @@
+"""The operator's integration harness: the real kopf operator (in its own thread) against kmock's
+Kubernetes emulator, with a test-only kubelet that runs each pod's quorum node as a real local
+process, its volume claim a directory.
+
+- ``K8s``: kmock 0.8's emulator with the fixes it needs (spikes.md): uid, resourceVersion,
+  generation, creationTimestamp and generateName on create; 201 for a create; 422 for a failed
+  JSON-patch test; and the finalizers the real cluster has, so that a deleted pod stays
+  Terminating until its process has stopped and a claim in use stays until its pod is gone.
+- ``Kubelet``: starts a node process for every pod (environment from the pod's env and
+  envFrom ConfigMap; each pod gets its own loopback IP, which stands in for the pod IP and for
+  the cluster DNS names in the configuration), reports phase, IP and readiness (``/readyz``) in
+  the pod's status, restarts crashed processes, stops a deleted pod's process with SIGTERM
+  (so a leader resigns), and removes a deleted claim's directory.
+- ``OperatorThread``: ``kopf.operator`` on its own event loop and thread (spikes.md: never in
+  the test's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import itertools
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import jsonpatch
+import kmock
+import kopf
+from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
+from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.reconcile import CR_API
+from kafka_quorum_operator.spec import DATA_MOUNT
+
+POD_FINALIZER = "kmock.test/kubelet"
+CLAIM_FINALIZER = "kubernetes.io/pvc-protection"
+NAMESPACE = "default"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class K8s(kmock.KubernetesEmulator):
+    """kmock's emulator with the fixes the operator and kopf need (see the module doc)."""
+
+    _versions = itertools.count(1)
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        action = request.action
+        data = request.data
+        resource = request.resource
+        if action == kmock.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("namespace", request.namespace)
+            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)),
+                        creationTimestamp=_now(), generation=1)
+            plural = resource.plural if resource is not None else None
+            if plural == "pods":
+                meta.setdefault("finalizers", []).append(POD_FINALIZER)
+                data.setdefault("status", {"phase": "Pending"})
+            elif plural == "persistentvolumeclaims":
+                meta.setdefault("finalizers", []).append(CLAIM_FINALIZER)
+                data.setdefault("status", {"phase": "Bound"})
+        elif action == kmock.action.UPDATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {}) if data.get("metadata") is not None else None
+            if meta is not None:
+                meta["resourceVersion"] = str(next(self._versions))
+            if "spec" in data and request.subresource is None:
+                current = self._current(request)
+                if current is not None and meta is not None:
+                    meta["generation"] = int(current.get("metadata", {}).get("generation", 1)) + 1
+        elif action == kmock.action.UPDATE and isinstance(data, list):
+            data.append({"op": "replace", "path": "/metadata/resourceVersion",
+                         "value": str(next(self._versions))})
+        response: aiohttp.web.StreamResponse = await super()._handle(request)
+        if action == kmock.action.CREATE and response.status == 200:
+            response.set_status(201)
+        return response
+
+    def _current(self, request: Any) -> Mapping[str, Any] | None:
+        for (resource, namespace, name), obj in self.objects.items():
+            if resource == request.resource and namespace == request.namespace and \
+                    name == request.name and not obj.deleted:
+                return obj.raw
+        return None
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed | jsonpatch.JsonPatchConflict):
+            exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
+        response: aiohttp.web.StreamResponse = await super()._render_error(exc)
+        return response
+
+
+def declare_resources(emulator: Any) -> None:
+    emulator.resources.load_bundled()
+    emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
+        kind=KIND, singular="kafkaquorum", namespaced=True, shortnames={"kq"},
+        verbs={"list", "watch", "get", "create", "patch", "update", "delete"},
+        subresources={"status", "scale"})
+
+
+# --- the kubelet --------------------------------------------------------------------------------
+
+_DNS_NAME = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.[a-z0-9-]+\.[a-z0-9-]+\.svc"
+                       r"(?:\.cluster\.local)?\b")
+
+
+@dataclass
+class Process:
+    pod: str
+    uid: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    address: str
+    ready: bool = False
+    stopping: bool = False
+
+
+@dataclass
+class Kubelet:
+    kube: KubeClient
+    root: Path
+    # Every pod gets a loopback IP of its own, always the same for the same pod name.
+    prefix: str = field(default_factory=lambda: f"127.{random.randint(20, 250)}."
+                                                f"{random.randint(1, 250)}")
+    ips: dict[str, str] = field(default_factory=dict)
+    # What runs a pod's container: the node (a test may swap in kq_patched_node.py).
+    command: list[str] = field(default_factory=lambda: [sys.executable, "-m",
+                                                        "quorum_node.cli.node"])
+    processes: dict[str, Process] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+
+    def ip(self, pod_name: str) -> str:
+        if pod_name not in self.ips:
+            self.ips[pod_name] = f"{self.prefix}.{len(self.ips) + 1}"
+        return self.ips[pod_name]
+
+    def claim_dir(self, claim_uid: str) -> Path:
+        return self.root / "volumes" / claim_uid
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for process in self.processes.values():
+            if process.popen.poll() is None:
+                process.popen.kill()  # the end of the test: no need to resign gracefully
+            await asyncio.to_thread(process.popen.wait, 10)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._sync()
+            except (KubeError, aiohttp.ClientError) as error:
+                print(f"kubelet: {error}")
+            await asyncio.sleep(0.1)
+
+    async def _sync(self) -> None:
+        pods = await self.kube.list(path("Pod", NAMESPACE), {})
+        claims = {c["metadata"]["name"]: c
+                  for c in await self.kube.list(path("PersistentVolumeClaim", NAMESPACE), {})}
+        seen = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            name, uid = meta["name"], meta["uid"]
+            seen.add(uid)
+            process = self.processes.get(uid)
+            if meta.get("deletionTimestamp"):
+                await self._terminate(pod, process)
+            elif process is None:
+                await self._launch(pod, claims)
+            else:
+                await self._watch(pod, process)
+            del name
+        for uid, process in list(self.processes.items()):
+            if uid not in seen and process.popen.poll() is None:
+                process.popen.kill()  # deleted without a grace period
+        in_use = {v["persistentVolumeClaim"]["claimName"] for p in pods
+                  if not p["metadata"].get("deletionTimestamp") or
+                  p["metadata"]["uid"] in self.processes
+                  for v in p["spec"].get("volumes") or [] if "persistentVolumeClaim" in v}
+        for claim_name, claim in claims.items():
+            cmeta = claim["metadata"]
+            if cmeta.get("deletionTimestamp") and claim_name not in in_use:
+                shutil.rmtree(self.claim_dir(cmeta["uid"]), ignore_errors=True)
+                await self._drop_finalizer("PersistentVolumeClaim", claim, CLAIM_FINALIZER)
+
+    async def _launch(self, pod: Mapping[str, Any], claims: Mapping[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        container = spec["containers"][0]
+        claim_name = next(v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]
+                          if "persistentVolumeClaim" in v)
+        claim = claims.get(claim_name)
+        if claim is None or claim["metadata"].get("deletionTimestamp"):
+            return  # Pending, as a pod whose claim is missing is
+        env: dict[str, str] = {}
+        for source in container.get("envFrom") or []:
+            config_map = await self.kube.get(path("ConfigMap", NAMESPACE,
+                                                  source["configMapRef"]["name"]))
+            if config_map is None:
+                return  # CreateContainerConfigError: retried
+            env.update(config_map.get("data") or {})
+        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        ip = self.ip(meta["name"])
+        port = int(container["ports"][0]["containerPort"])
+        volume = self.claim_dir(claim["metadata"]["uid"])
+        volume.mkdir(parents=True, exist_ok=True)
+        env = {k: self._localize(v, volume) for k, v in env.items()}
+        env["QUORUM_LISTENERS"] = f"{ip}:{port}"
+        base = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
+        log = self.root / "logs" / f"{meta['name']}-{meta['uid'][:8]}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [*self.command, "run"],
+                stdout=out, stderr=subprocess.STDOUT,
+                env={**base, **env, "PYTHONUNBUFFERED": "1"})
+        self.processes[meta["uid"]] = Process(meta["name"], meta["uid"], popen, log,
+                                              f"{ip}:{port}")
+        await self._status(pod, {"phase": "Running", "podIP": ip, "conditions": [
+            {"type": "Ready", "status": "False"}]})
+
+    def _localize(self, value: str, volume: Path) -> str:
+        """Cluster DNS names -> the pods' loopback IPs; the volume's mount path -> its
+        directory."""
+        value = _DNS_NAME.sub(lambda m: self.ip(m.group(1)), value)
+        return value.replace(DATA_MOUNT, str(volume))
+
+    async def _watch(self, pod: Mapping[str, Any], process: Process) -> None:
+        if process.popen.poll() is not None:
+            # restartPolicy: Always (without the back-off).
+            self.processes.pop(process.uid)
+            self.restarts[process.pod] = self.restarts.get(process.pod, 0) + 1
+            await self._status(pod, {"conditions": [{"type": "Ready", "status": "False"}]})
+            return
+        ready = await asyncio.to_thread(_probe, f"http://{process.address}/readyz")
+        if ready != process.ready:
+            process.ready = ready
+            await self._status(pod, {"conditions": [
+                {"type": "Ready", "status": "True" if ready else "False"}]})
+
+    async def _terminate(self, pod: Mapping[str, Any], process: Process | None) -> None:
+        if process is not None and process.popen.poll() is None:
+            if not process.stopping:
+                process.stopping = True
+                process.popen.terminate()  # SIGTERM: a leader resigns
+            if process.popen.poll() is None:
+                return
+        self.processes.pop(pod["metadata"]["uid"], None)
+        await self._drop_finalizer("Pod", pod, POD_FINALIZER)
+
+    async def _status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
+        await self.kube.patch(path("Pod", NAMESPACE, pod["metadata"]["name"]) + "/status",
+                              {"status": status})
+
+    async def _drop_finalizer(self, kind: str, obj: Mapping[str, Any], finalizer: str) -> None:
+        left = [f for f in obj["metadata"].get("finalizers") or [] if f != finalizer]
+        await self.kube.patch(path(kind, NAMESPACE, obj["metadata"]["name"]),
+                              {"metadata": {"finalizers": left or None}})
+
+    def logs(self) -> str:
+        parts = []
+        for log in sorted((self.root / "logs").glob("*.log")):
+            parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}")
+        return "\n".join(parts)
+
+    def address(self, node_id: int, name: str = "kq") -> str:
+        return f"{self.ip(f'{name}-{node_id}')}:9093"
+
+
+def _probe(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+# --- the operator -----------------------------------------------------------------------------
+
+
+class OperatorThread:
+    """The real operator (the ``handlers`` module's kopf handlers) on its own loop and thread."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+
+        assert handlers.STATE is not None
+
+        def run() -> None:
+            try:
+                asyncio.run(kopf.operator(standalone=True, namespaces=[NAMESPACE],
+                                          clusterwide=False, stop_flag=self._stop))
+            except BaseException as error:  # reported by the test
+                self.error = error
+
+        self._thread = threading.Thread(target=run, name="kopf", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(20)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def quorum_object(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
+    config = {"electionTimeoutMs": 500, "fetchTimeoutMs": 1500, "requestTimeoutMs": 1000,
+              "retryBackoffMs": 20}
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"replicas": replicas, "config": config,
+                     "remediation": {"enabled": True, "minCaughtUpSeconds": 1}, **spec}}
+
+
+def cr_path(name: str) -> str:
+    return path(KIND, NAMESPACE, name, api=CR_API)
+
+
+async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float,
+                   describe: Callable[[], str] = lambda: "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await check()
+        except (KubeError, aiohttp.ClientError, OSError) as error:
+            last = error
+        if last and not isinstance(last, Exception):
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} "
+                         f"(last: {last!r})\n{describe()}")
+
+
+def condition(obj: Mapping[str, Any] | None, kind: str) -> str | None:
+    for entry in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return str(entry.get("status"))
+    return None
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
