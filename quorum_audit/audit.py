@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from pyspark import StorageLevel
@@ -28,7 +29,7 @@ from pyspark.sql import functions as F
 
 from quorum_audit.decode import DAMAGE_TORN_TAIL
 from quorum_audit.discover import Discovery, Replica, ReplicaFile, discover
-from quorum_audit.history import ControlRow, History, _uuid, build_history
+from quorum_audit.history import ControlRow, EpochSeen, History, build_history, uuid_text
 from quorum_audit.source import FORMAT, MANIFEST_OPTION, QuorumDataSource, all_files, manifest
 
 COLUMNS = ("file_index,offset,epoch,timestamp_ms,is_control,control_type,value_size,checksum,"
@@ -152,31 +153,42 @@ def _audit(records: DataFrame, discovery: Discovery, files: list[tuple[Replica, 
     log = rows.where(~F.col("in_snapshot"))
 
     log_row = ~F.col("in_snapshot") & F.col("epoch").isNotNull()
+    # The first job fills the cache; the small ones after it run side by side (each is mostly
+    # scheduling latency on small inputs, and they share the executors on large ones).
     stats = {row["replica"]: row for row in rows.groupBy("replica").agg(
         F.min(F.when(log_row, F.col("offset"))).alias("first"),
         F.max(F.when(log_row, F.col("offset"))).alias("last"),
         F.max(F.when(log_row, F.col("epoch"))).alias("epoch"),
         F.max(F.when(log_row, F.col("timestamp_ms"))).alias("newest_ms"),
         F.count("*").alias("rows")).collect()}
-    controls = [_control_row(row, files) for row in rows.where("is_control").select(
-        "file_index", "offset", "epoch", "timestamp_ms", "control_type",
-        "control_value").collect() if row["control_value"] is not None]
-    last_ms: dict[str, int] = {}
-    for index, row in stats.items():
-        cluster = replicas[index].cluster_id
-        if row["newest_ms"] is not None:
-            last_ms[cluster] = max(last_ms.get(cluster, row["newest_ms"]), row["newest_ms"])
-    history = build_history(controls, last_ms)
-    summaries = [_summary(replica, stats.get(i)) for i, replica in enumerate(replicas)]
-    findings = _conflict_findings(history)
-    hws = _high_watermarks(summaries, history, high_watermark, findings)
-    findings += _damage_findings(rows, replicas, files)
-    findings += _state_findings(summaries, replicas)
-
-    divergences, compared = _divergences(log, replicas, clusters, hws, findings)
-    findings += _snapshot_findings(rows, replicas, files)
-    rates = [WriteRate(clusters[r["cluster"]], r["second"] * 1000, r["records"], r["bytes"])
-             for r in _write_rates(log)]
+    with ThreadPoolExecutor(5) as pool:
+        controls_job = pool.submit(lambda: rows.where("is_control").select(
+            "file_index", "offset", "epoch", "timestamp_ms", "control_type",
+            "control_value").collect())
+        seen_job = pool.submit(lambda: log.where(F.col("epoch").isNotNull()).groupBy(
+            "cluster", "epoch").agg(F.min("offset").alias("first"),
+                                    F.min("timestamp_ms").alias("first_ms")).collect())
+        damage_job = pool.submit(_damage_findings, rows, files)
+        snapshot_job = pool.submit(_snapshot_findings, rows, files)
+        rates_job = pool.submit(_write_rates, log)
+        controls = [_control_row(row, files) for row in controls_job.result()
+                    if row["control_value"] is not None]
+        seen = [EpochSeen(clusters[r["cluster"]], r["epoch"], r["first"], r["first_ms"])
+                for r in seen_job.result()]
+        last_ms: dict[str, int] = {}
+        for index, row in stats.items():
+            cluster = replicas[index].cluster_id
+            if row["newest_ms"] is not None:
+                last_ms[cluster] = max(last_ms.get(cluster, row["newest_ms"]), row["newest_ms"])
+        history = build_history(controls, last_ms, seen)
+        summaries = [_summary(replica, stats.get(i)) for i, replica in enumerate(replicas)]
+        findings = _conflict_findings(history)
+        hws = _high_watermarks(summaries, history, high_watermark, findings)
+        divergences, compared = _divergences(log, replicas, clusters, hws, findings)
+        findings += damage_job.result() + _state_findings(summaries, replicas)
+        findings += snapshot_job.result()
+        rates = [WriteRate(clusters[r["cluster"]], r["second"] * 1000, r["records"],
+                           r["bytes"]) for r in rates_job.result()]
     total = sum(row["rows"] for row in stats.values())
     return AuditResult(summaries, hws, findings, divergences, history, rates, total, compared,
                        discovery.problems)
@@ -245,7 +257,7 @@ def _high_watermarks(summaries: list[ReplicaSummary], history: History, forced: 
                             if s.latest_snapshot), default=0)
         voters = history.voters.get(cluster)
         # Kafka's string form, as the replicas' directory ids are kept.
-        keys = {f"{k.id}:{_uuid(k)}" for k in voters} if voters else None
+        keys = {f"{k.id}:{uuid_text(k)}" for k in voters} if voters else None
         majority = len(voters) // 2 + 1 if voters else len(members) // 2 + 1
         ends = sorted((s.log_end_offset or 0 for s in members
                        if keys is None or f"{s.node_id}:{s.directory_id}" in keys), reverse=True)
@@ -262,8 +274,8 @@ def _high_watermarks(summaries: list[ReplicaSummary], history: History, forced: 
     return marks
 
 
-def _damage_findings(rows: DataFrame, replicas: list[Replica],
-                     files: list[tuple[Replica, ReplicaFile]]) -> list[Finding]:
+def _damage_findings(rows: DataFrame, files: list[tuple[Replica, ReplicaFile]]
+                     ) -> list[Finding]:
     damaged = rows.where(F.col("damage").isNotNull()).groupBy(
         "file_index", "position", "damage", "error").agg(
         F.min("offset").alias("first"), F.max("offset").alias("last")).orderBy(
@@ -362,8 +374,8 @@ def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _snapshot_findings(rows: DataFrame, replicas: list[Replica],
-                       files: list[tuple[Replica, ReplicaFile]]) -> list[Finding]:
+def _snapshot_findings(rows: DataFrame, files: list[tuple[Replica, ReplicaFile]]
+                       ) -> list[Finding]:
     """Snapshots with the same id must hold the same records (in any order: each replica
     writes its own from its state machine)."""
     digests = rows.where(F.col("in_snapshot") & ~F.col("is_control")

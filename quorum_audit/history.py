@@ -9,6 +9,7 @@ an epoch's leader are a finding (Raft allows one leader per epoch).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,14 +39,17 @@ class ControlRow:
 
 @dataclass(frozen=True)
 class LeaderEpoch:
+    """An epoch; its leader as its LeaderChange record says, or None when that record is gone
+    (compacted into a snapshot) and only the epoch's batches are left."""
+
     cluster_id: str
     epoch: int
-    leader_id: int
+    leader_id: int | None
     voters: str
     granting_voters: str
-    start_offset: int
+    start_offset: int  # of the LeaderChange, else of the epoch's first batch still held
     start_ms: int
-    end_ms: int | None  # when the next epoch's leader took over
+    end_ms: int | None  # when the next epoch began
     held_by: int  # how many replicas hold this LeaderChange
 
 
@@ -54,7 +58,7 @@ class MembershipChange:
     cluster_id: str
     offset: int  # of the VotersRecord (a snapshot's end offset when only a snapshot holds it)
     timestamp_ms: int
-    change: str  # "bootstrap", "add" or "remove"
+    change: str  # "initial" (the first set the data holds), "add" or "remove"
     node_id: int
     directory_id: str
     voters_after: str
@@ -78,9 +82,20 @@ class History:
     voters: dict[str, VoterSet]  # each cluster's latest voter set
 
 
-def build_history(rows: Iterable[ControlRow], last_timestamp_ms: dict[str, int]) -> History:
-    """``last_timestamp_ms``: per cluster, the newest record's timestamp (where the last epoch's
-    bar ends)."""
+@dataclass(frozen=True)
+class EpochSeen:
+    """An epoch as its batches show it: its first offset and timestamp in any replica's log."""
+
+    cluster_id: str
+    epoch: int
+    first_offset: int
+    first_ms: int
+
+
+def build_history(rows: Iterable[ControlRow], last_timestamp_ms: dict[str, int],
+                  epochs_seen: Iterable[EpochSeen] = ()) -> History:
+    """``last_timestamp_ms``: per cluster, the newest record's timestamp (where the last epoch
+    ends); ``epochs_seen``: every epoch of the logs, including those whose LeaderChange is gone."""
     leaders: dict[tuple[str, int], dict[int, list[ControlRow]]] = defaultdict(
         lambda: defaultdict(list))
     changes: dict[tuple[str, int], tuple[ControlRow, LeaderChangeMessage]] = {}
@@ -109,7 +124,7 @@ def build_history(rows: Iterable[ControlRow], last_timestamp_ms: dict[str, int])
                  for (cluster, epoch), by_leader in sorted(leaders.items())
                  if len(by_leader) > 1]
     return History(
-        leadership=_leadership(changes, leaders, last_timestamp_ms),
+        leadership=_leadership(changes, leaders, last_timestamp_ms, epochs_seen),
         membership=[change for cluster, sets in sorted(voter_sets.items())
                     for change in _membership(cluster, sets)],
         conflicts=conflicts, unreadable=unreadable,
@@ -122,20 +137,26 @@ def _replica(row: ControlRow) -> str:
 
 def _leadership(changes: dict[tuple[str, int], tuple[ControlRow, LeaderChangeMessage]],
                 leaders: dict[tuple[str, int], dict[int, list[ControlRow]]],
-                last_timestamp_ms: dict[str, int]) -> list[LeaderEpoch]:
-    epochs: list[LeaderEpoch] = []
-    ordered = sorted(changes.items())
-    for index, ((cluster, epoch), (row, message)) in enumerate(ordered):
-        following = ordered[index + 1] if index + 1 < len(ordered) else None
-        end_ms = following[1][0].timestamp_ms if following and following[0][0] == cluster \
-            else last_timestamp_ms.get(cluster)
+                last_timestamp_ms: dict[str, int],
+                epochs_seen: Iterable[EpochSeen]) -> list[LeaderEpoch]:
+    epochs: dict[tuple[str, int], LeaderEpoch] = {
+        (seen.cluster_id, seen.epoch): LeaderEpoch(
+            seen.cluster_id, seen.epoch, None, "", "", seen.first_offset, seen.first_ms, None, 0)
+        for seen in epochs_seen}
+    for (cluster, epoch), (row, message) in changes.items():
         holders = {_replica(r) for r in leaders[(cluster, epoch)][message.leader_id]}
-        epochs.append(LeaderEpoch(
+        epochs[(cluster, epoch)] = LeaderEpoch(
             cluster_id=cluster, epoch=epoch, leader_id=message.leader_id,
             voters=_infos(message.voters), granting_voters=_infos(message.granting_voters),
-            start_offset=row.offset, start_ms=row.timestamp_ms, end_ms=end_ms,
-            held_by=len(holders)))
-    return epochs
+            start_offset=row.offset, start_ms=row.timestamp_ms, end_ms=None,
+            held_by=len(holders))
+    ordered = [epochs[key] for key in sorted(epochs)]
+    if not ordered:
+        return []
+    return [dataclasses.replace(epoch, end_ms=following.start_ms
+                                if following is not None and following.cluster_id ==
+                                epoch.cluster_id else last_timestamp_ms.get(epoch.cluster_id))
+            for epoch, following in zip(ordered, [*ordered[1:], None], strict=True)]
 
 
 def _infos(infos: Iterable[ReplicaInfo]) -> str:
@@ -144,10 +165,10 @@ def _infos(infos: Iterable[ReplicaInfo]) -> str:
 
 def format_voters(keys: Iterable[ReplicaKey]) -> str:
     """Voters as people read them: ``1:<directory id>`` (Kafka's uuid form), by id."""
-    return ", ".join(f"{key.id}:{_uuid(key)}" for key in sorted(keys))
+    return ", ".join(f"{key.id}:{uuid_text(key)}" for key in sorted(keys))
 
 
-def _uuid(key: ReplicaKey) -> str:
+def uuid_text(key: ReplicaKey) -> str:
     return "-" if key.directory_id is None else kafka_uuid.to_kafka_string(key.directory_id)
 
 
@@ -161,11 +182,11 @@ def _membership(cluster: str, sets: dict[int, tuple[int, VoterSet]]
             continue  # a snapshot repeating the set in force, or the same record again
         after = format_voters(voters)
         if previous is None:
-            events = [("bootstrap", key) for key in voters]
+            events = [("initial", key) for key in voters]
         else:
             events = [("remove", k) for k in sorted(set(previous) - set(voters))] + \
                      [("add", k) for k in sorted(set(voters) - set(previous))]
-        changes += [MembershipChange(cluster, offset, timestamp, change, key.id, _uuid(key), after)
-                    for change, key in events]
+        changes += [MembershipChange(cluster, offset, timestamp, change, key.id,
+                                     uuid_text(key), after) for change, key in events]
         previous = voters
     return changes

@@ -165,20 +165,21 @@ def _leadership_chart(axis: Axes, cluster: str, epochs: list[LeaderEpoch],
     for epoch in epochs:
         start = (epoch.start_ms - origin) / 1000
         width = max(((epoch.end_ms or epoch.start_ms) - epoch.start_ms) / 1000, 0.001)
-        axis.barh(epoch.leader_id, width, left=start, height=0.6,
-                  color=colours(epoch.leader_id % 10), edgecolor="black", linewidth=0.5)
-        axis.annotate(f"e{epoch.epoch}", (start, epoch.leader_id + 0.35), fontsize=7)
-    for change in (m for m in membership if m.cluster_id == cluster and m.change != "bootstrap"):
+        # An epoch whose LeaderChange was compacted away: its leader is unknown (row 0).
+        row = epoch.leader_id if epoch.leader_id is not None else 0
+        axis.barh(row, width, left=start, height=0.6, edgecolor="black", linewidth=0.5,
+                  color=colours(row % 10) if epoch.leader_id is not None else "lightgrey")
+        axis.annotate(f"e{epoch.epoch}", (start, row + 0.35), fontsize=7)
+    for change in (m for m in membership if m.cluster_id == cluster and m.change != "initial"):
         colour = "green" if change.change == "add" else "red"
         at = (change.timestamp_ms - origin) / 1000
         axis.axvline(at, color=colour, linestyle="--", linewidth=1)
         axis.annotate(f"{change.change} {change.node_id}:{change.directory_id[:6]}",
                       (at, axis.get_ylim()[1]), fontsize=7,
                       color=colour, rotation=90, va="top")
-    axis.set_ylabel("leader (node id)")
+    axis.set_ylabel("leader (node id; 0: unknown)")
     axis.set_title(f"cluster {cluster}: leadership by epoch, voter changes (dashed)")
-    leaders = sorted({e.leader_id for e in epochs})
-    axis.set_yticks(leaders)
+    axis.set_yticks(sorted({e.leader_id or 0 for e in epochs}))
 
 
 def _rate_chart(axis: Axes, rates: list[WriteRate], origin: int) -> None:
