@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 
 from quorum_node.raft.log import MemoryLog
@@ -36,7 +36,7 @@ def entry_of(batch: RecordBatch) -> Entry:
     return batch.epoch, batch.base_offset, batch.crc
 
 
-def majority(voters: Sequence[ReplicaKey]) -> int:
+def majority(voters: Sized) -> int:
     return len(voters) // 2 + 1
 
 

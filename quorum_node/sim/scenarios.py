@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from quorum_node.sim.cluster import GRACEFUL_SHUTDOWN_TIMEOUT_MS
+from quorum_node.sim.durability import majority
 from quorum_node.sim.liveness import (
     expect_commit_since,
     expect_recovery,
@@ -200,7 +201,7 @@ def _disk_loss_behind_a_partition(sim: Simulation, leader: SimNode) -> None:
     cluster = sim.cluster
     others = [v for v in cluster.voter_ids if v != leader.node_id]
     sim.rng.shuffle(others)
-    laggards = others[: len(cluster.voter_ids) - (len(cluster.voter_ids) // 2 + 1)]
+    laggards = others[: len(cluster.voter_ids) - majority(cluster.voter_ids)]
     victim = others[len(laggards)]
     rest = [node_id for node_id in cluster.nodes if node_id not in laggards]
     cluster.split([laggards, rest])
@@ -239,12 +240,13 @@ def disk_replacement(sim: Simulation) -> None:
 
     def replace(leader: SimNode, more: int) -> None:
         victim = leader.node_id if rng.random() < 0.4 else rng.choice(voter_ids)
-        if more:
-            _replace_disk(sim, victim, lambda: _then_at_leader(
-                sim, sim.now_ms + rng.randint(0, 2000), lambda next_leader: replace(
-                    next_leader, more - 1)))
-        else:
-            _replace_disk(sim, victim, lambda: None)
+
+        def next_one() -> None:
+            if more:
+                _then_at_leader(sim, sim.now_ms + rng.randint(0, 2000),
+                                lambda next_leader: replace(next_leader, more - 1))
+
+        _replace_disk(sim, victim, next_one)
 
     _then_at_leader(sim, rng.randint(1500, 4000), lambda leader: replace(leader, rng.randint(0, 1)))
 

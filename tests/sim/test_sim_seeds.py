@@ -12,7 +12,7 @@ from quorum_node.sim import SCENARIOS, run_seed, run_seeds
 
 # Seeds per scenario in the parametrized test; the round-robin sweep below covers many more.
 SEEDS_PER_SCENARIO = 3
-SWEEP_SEEDS = 200  # 25 per scenario
+SWEEP_SEEDS = 100  # 10 per scenario
 JOBS = min(2, os.cpu_count() or 1)
 
 
