@@ -51,6 +51,7 @@ from quorum_node.raft.messages import (
     RaftResponse,
     VoteRequest,
     VoteResponse,
+    check_received_epochs,
 )
 from quorum_node.security.tls import ReloadingTls
 
@@ -117,9 +118,13 @@ def decode_frame(cls: type[M], data: bytes) -> M:
             raise FrameError(f"{cls.__name__} carries no records")
         fields["Records"] = records
     try:
-        return cls.model_validate(fields)
+        message = cls.model_validate(fields)
+        check_received_epochs(message)
     except ValidationError as error:
         raise FrameError(f"invalid {cls.__name__}: {error.errors()[0]['msg']}") from None
+    except ValueError as error:
+        raise FrameError(f"invalid {cls.__name__}: {error}") from None
+    return message
 
 
 class PeerClient:

@@ -1067,6 +1067,17 @@ class RaftCore:
         ):
             self._become_follower(now_ms, epoch, leader_id)
 
+    def _claims_other_leader(self, leader_id: int, epoch: int) -> bool:
+        """A request naming another leader for an epoch whose leader we know: no correct peer
+        sends it. Refused (INVALID_REQUEST, nothing changed) rather than raised as the invariant
+        failure it would be in a response, so that one bad or forged message cannot stop us."""
+        known = self.leader_id
+        if epoch != self.epoch or known is None or known == leader_id:
+            return False
+        logger.warning("node %d: refused a request naming %d leader of epoch %d, whose leader "
+                       "is %d", self.node_id, leader_id, epoch, known)
+        return True
+
     def _unattached_deadline(self, now_ms: int) -> int:
         return self._election_deadline(now_ms) if self.is_voter else NEVER
 
@@ -1220,7 +1231,8 @@ class RaftCore:
             return self._bqe_response(Errors.INCONSISTENT_CLUSTER_ID)
         if request.leader_epoch < self.epoch:
             return self._bqe_response(Errors.FENCED_LEADER_EPOCH)
-        if request.leader_id < 0 or request.leader_id == self.node_id:
+        if request.leader_id < 0 or request.leader_id == self.node_id \
+                or self._claims_other_leader(request.leader_id, request.leader_epoch):
             return self._bqe_response(Errors.INVALID_REQUEST)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
@@ -1250,7 +1262,8 @@ class RaftCore:
             return self._eqe_response(Errors.INCONSISTENT_CLUSTER_ID)
         if request.leader_epoch < self.epoch:
             return self._eqe_response(Errors.FENCED_LEADER_EPOCH)
-        if request.leader_id < 0 or request.leader_id == self.node_id:
+        if request.leader_id < 0 or request.leader_id == self.node_id \
+                or self._claims_other_leader(request.leader_id, request.leader_epoch):
             return self._eqe_response(Errors.INVALID_REQUEST)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):

@@ -17,6 +17,14 @@ from pydantic.alias_generators import to_pascal
 from quorum_node.raft.types import Errors, ReplicaKey
 
 NodeId = Annotated[int, Field(ge=0)]
+# Kafka's wire types bound every number.
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Epoch = Int32
+# An epoch grows by one per election, so a received one above 2^30 can only come from a broken
+# or hostile peer: refused when decoded (``check_received_epochs``), it can never push this node
+# to an epoch whose successors no longer fit an int32.
+MAX_RECEIVED_EPOCH = 2**30
 
 
 class Message(BaseModel):
@@ -26,7 +34,7 @@ class Message(BaseModel):
 
 
 class ReplicaInfo(Message):
-    replica_id: int
+    replica_id: Int32
     replica_directory_id: uuid.UUID | None = None
 
     @classmethod
@@ -38,28 +46,28 @@ class ReplicaInfo(Message):
 
 
 class EpochEndOffset(Message):
-    epoch: int
-    end_offset: int
+    epoch: Epoch
+    end_offset: Int64
 
 
 class VoteRequest(Message):
     """Sent by a Prospective (PreVote=true, its current epoch) or a Candidate (bumped epoch)."""
 
     cluster_id: str | None
-    voter_id: int  # the receiver
+    voter_id: Int32  # the receiver
     voter_directory_id: uuid.UUID | None = None
-    replica_epoch: int
-    replica_id: int
+    replica_epoch: Epoch
+    replica_id: Int32
     replica_directory_id: uuid.UUID | None = None
-    last_offset_epoch: int
-    last_offset: int
+    last_offset_epoch: Epoch
+    last_offset: Int64
     pre_vote: bool = False
 
 
 class VoteResponse(Message):
     error_code: Errors = Errors.NONE
-    leader_id: int | None = None
-    leader_epoch: int = 0
+    leader_id: Int32 | None = None
+    leader_epoch: Epoch = 0
     vote_granted: bool = False
     # KIP-856: which replica voted, so that two voters sharing a node id (a disk being replaced)
     # are never counted as one another.
@@ -70,58 +78,58 @@ class BeginQuorumEpochRequest(Message):
     """A new leader announces itself; also its heartbeat to voters that stopped fetching."""
 
     cluster_id: str | None
-    leader_id: int
-    leader_epoch: int
-    voter_id: int
+    leader_id: Int32
+    leader_epoch: Epoch
+    voter_id: Int32
     voter_directory_id: uuid.UUID | None = None
 
 
 class BeginQuorumEpochResponse(Message):
     error_code: Errors = Errors.NONE
-    leader_id: int | None = None
-    leader_epoch: int = 0
+    leader_id: Int32 | None = None
+    leader_epoch: Epoch = 0
 
 
 class EndQuorumEpochRequest(Message):
     """A resigning leader asks voters to elect a successor, most caught-up first."""
 
     cluster_id: str | None
-    leader_id: int
-    leader_epoch: int
-    voter_id: int
+    leader_id: Int32
+    leader_epoch: Epoch
+    voter_id: Int32
     voter_directory_id: uuid.UUID | None = None
     preferred_successors: tuple[ReplicaInfo, ...] = ()
 
 
 class EndQuorumEpochResponse(Message):
     error_code: Errors = Errors.NONE
-    leader_id: int | None = None
-    leader_epoch: int = 0
+    leader_id: Int32 | None = None
+    leader_epoch: Epoch = 0
 
 
 class FetchRequest(Message):
     cluster_id: str | None
-    replica_id: int
+    replica_id: Int32
     replica_directory_id: uuid.UUID | None = None
-    max_wait_ms: int
-    current_leader_epoch: int
-    fetch_offset: int
-    last_fetch_epoch: int
-    high_watermark: int | None = None  # the follower's, so a newer one is answered at once
-    max_bytes: int = 8 * 1024 * 1024
+    max_wait_ms: Int32
+    current_leader_epoch: Epoch
+    fetch_offset: Int64
+    last_fetch_epoch: Epoch
+    high_watermark: Int64 | None = None  # the follower's, so a newer one is answered at once
+    max_bytes: Int32 = 8 * 1024 * 1024
 
 
 class SnapshotIdField(Message):
-    end_offset: int
-    epoch: int
+    end_offset: Int64
+    epoch: Epoch
 
 
 class FetchResponse(Message):
     error_code: Errors = Errors.NONE
-    leader_id: int | None = None
-    leader_epoch: int = 0
-    high_watermark: int | None = None
-    log_start_offset: int = 0
+    leader_id: Int32 | None = None
+    leader_epoch: Epoch = 0
+    high_watermark: Int64 | None = None
+    log_start_offset: Int64 = 0
     records: bytes = b""
     diverging_epoch: EpochEndOffset | None = None
     # KIP-630: the fetch offset lies below the leader's log start: fetch this snapshot instead.
@@ -132,22 +140,40 @@ class FetchSnapshotRequest(Message):
     """KIP-630: download a byte range of the leader's snapshot."""
 
     cluster_id: str | None
-    replica_id: int
+    replica_id: Int32
     replica_directory_id: uuid.UUID | None = None
-    max_bytes: int = 8 * 1024 * 1024
-    current_leader_epoch: int
+    max_bytes: Int32 = 8 * 1024 * 1024
+    current_leader_epoch: Epoch
     snapshot_id: SnapshotIdField
-    position: int
+    position: Int64
 
 
 class FetchSnapshotResponse(Message):
     error_code: Errors = Errors.NONE
-    leader_id: int | None = None
-    leader_epoch: int = 0
+    leader_id: Int32 | None = None
+    leader_epoch: Epoch = 0
     snapshot_id: SnapshotIdField | None = None
-    size: int = 0
-    position: int = 0
+    size: Int64 = 0
+    position: Int64 = 0
     records: bytes = b""  # the raw byte range (UnalignedRecords): not batch aligned
+
+
+def check_received_epochs(message: Message) -> None:
+    """Raise ValueError if a received message carries an epoch above MAX_RECEIVED_EPOCH."""
+    for name, value in _epochs_of(message):
+        if value > MAX_RECEIVED_EPOCH:
+            raise ValueError(f"{name} {value} is above {MAX_RECEIVED_EPOCH}: no quorum gets there")
+
+
+def _epochs_of(message: Message) -> list[tuple[str, int]]:
+    found = []
+    for name in type(message).model_fields:
+        value = getattr(message, name)
+        if name.endswith("epoch") and isinstance(value, int):
+            found.append((name, value))
+        elif isinstance(value, EpochEndOffset | SnapshotIdField):
+            found.append((f"{name}.epoch", value.epoch))
+    return found
 
 
 RaftRequest = (VoteRequest | BeginQuorumEpochRequest | EndQuorumEpochRequest | FetchRequest

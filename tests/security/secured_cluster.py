@@ -93,6 +93,22 @@ def secured_configs(directory: Path, pki: Pki, size: int, **overrides: Any) -> l
     return configs
 
 
+def plain_configs(directory: Path, size: int, **overrides: Any) -> list[NodeConfig]:
+    """A quorum without security (slower timers: fuzzing loads the CPUs)."""
+    cluster_id = random_cluster_id()
+    ports = {i: free_port() for i in range(1, size + 1)}
+    voters = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port) for i, port in ports.items())
+    timing = FAST.model_copy(update={"election_timeout_ms": 1000, "fetch_timeout_ms": 2000,
+                                     "request_timeout_ms": 1000})
+    configs = [NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
+                          listen_host="127.0.0.1", listen_port=port, voters=voters,
+                          quorum=timing, **overrides)
+               for i, port in ports.items()]
+    for config in configs:
+        format_log_dir(config.log_dir, cluster_id, config.node_id)
+    return configs
+
+
 class InProcessCluster:
     """Nodes with every API, on an event loop in a background thread."""
 
