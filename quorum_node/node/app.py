@@ -10,6 +10,7 @@ from aiohttp import web
 from quorum_node.node.admin_api import admin_routes
 from quorum_node.node.client_api import install_client_api
 from quorum_node.node.metrics import metrics_for, metrics_routes
+from quorum_node.node.openapi import openapi_routes
 from quorum_node.raft.state import RaftState
 
 if TYPE_CHECKING:
@@ -50,4 +51,5 @@ def build_app(node: QuorumNode) -> web.Application:
     node.step_hooks.append(metrics.on_step)
     node.commit_hooks.append(metrics.observe_commit_latency)
     app.add_routes(metrics_routes(node))
+    app.add_routes(openapi_routes())
     return app
