@@ -195,7 +195,7 @@ def configured_voter_ids(observed: Observed, assessment: Assessment) -> tuple[in
     """The ids in ``controller.quorum.voters``: 1..N, N covering the spec, every voter, and every
     member that still has a pod or claim (AddVoter only takes configured ids, KIP-856)."""
     highest = max([observed.spec.replicas, *assessment.voter_ids, *observed.pods,
-                   *observed.claims, *observed.members], default=observed.spec.replicas)
+                   *observed.claims], default=observed.spec.replicas)
     return tuple(range(1, highest + 1))
 
 

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -145,6 +146,7 @@ class Kubelet:
                                                         "quorum_node.cli.node"])
     processes: dict[str, Process] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
 
     def ip(self, pod_name: str) -> str:
@@ -174,6 +176,9 @@ class Kubelet:
                 await self._sync()
             except (KubeError, aiohttp.ClientError) as error:
                 print(f"kubelet: {error}")
+            except Exception:  # a kubelet bug must show, not silently stop every pod's status
+                self.errors.append(traceback.format_exc())
+                print(f"kubelet: {self.errors[-1]}")
             await asyncio.sleep(0.1)
 
     async def _sync(self) -> None:
@@ -280,7 +285,7 @@ class Kubelet:
                               {"metadata": {"finalizers": left or None}})
 
     def logs(self) -> str:
-        parts = []
+        parts = [f"--- kubelet errors\n{e}" for e in self.errors]
         for log in sorted((self.root / "logs").glob("*.log")):
             parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-2500:]}")
         return "\n".join(parts)

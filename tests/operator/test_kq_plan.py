@@ -465,3 +465,9 @@ def test_records_keep_the_voter_set_through_passes_without_a_leader() -> None:
 def test_scale_down_comes_before_the_roll_it_causes() -> None:
     observed = outdated(healthy((1, 2, 3, 4, 5), replicas=3), 1, 2, 3, 4, 5)
     assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+
+
+def test_a_forgotten_member_leaves_the_voters_list() -> None:
+    base = healthy(replicas=3)
+    leftover = replace(base, members=updated(base.members, n5=member(5, role="observer")))
+    assert configured_voter_ids(leftover, assess(leftover)) == (1, 2, 3)

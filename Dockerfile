@@ -1,0 +1,20 @@
+# The quorum-node image: `quorum-node run` configured by QUORUM_* variables (the operator's pods),
+# plus quorum-admin and quorum-client. Build from the repository root:
+#   docker build -t quorum-node:dev .
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY quorum_node ./quorum_node
+COPY operator ./operator
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir .
+
+FROM python:3.11-slim
+COPY --from=build /opt/venv /opt/venv
+# A fixed non-root user (the operator's pods run as 10001 with fsGroup 10001 on the volume).
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/quorum quorum \
+    && mkdir -p /var/lib/quorum && chown 10001:10001 /var/lib/quorum
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 10001
+EXPOSE 9093
+ENTRYPOINT []
+CMD ["quorum-node", "run"]

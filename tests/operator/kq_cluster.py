@@ -1,0 +1,210 @@
+"""The acceptance harness's shared parts: a client writing all along, the cluster (emulated API,
+kubelet, operator) and its fixture, and the steps the scenarios share."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+from kafka_quorum_operator import KIND, handlers
+from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.reconcile import CR_API
+from kq_harness import (
+    NAMESPACE,
+    K8s,
+    Kubelet,
+    OperatorThread,
+    condition,
+    cr_path,
+    declare_resources,
+    environment,
+    quorum_object,
+    wait_for,
+)
+
+from quorum_node.client import QuorumClient, QuorumClientError
+
+NAME = "kq"
+
+
+@dataclass
+class Writer:
+    """Puts unique keys continuously, through any node; remembers what was acknowledged."""
+
+    servers: list[str]
+    acknowledged: dict[str, str] = field(default_factory=dict)
+    failures: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        count = 0
+        with QuorumClient(self.servers, timeout_s=3) as client:
+            while not self._stop.is_set():
+                key, value = f"key-{count}", f"value-{count}"
+                try:
+                    client.put(key, value)
+                    self.acknowledged[key] = value
+                except QuorumClientError:
+                    self.failures += 1
+                count += 1
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+
+    def lost(self) -> list[str]:
+        """Acknowledged keys a linearizable read does not return as written."""
+        missing = []
+        with QuorumClient(self.servers, timeout_s=20) as client:
+            for key, value in self.acknowledged.items():
+                if client.get(key) != value:
+                    missing.append(key)
+        return missing
+
+
+@dataclass
+class Cluster:
+    kube: KubeClient
+    kubelet: Kubelet
+    operator: OperatorThread
+    emulator: Any
+    timings: dict[str, float] = field(default_factory=dict)
+
+    async def get(self) -> dict[str, Any]:
+        body = await self.kube.get(cr_path(NAME))
+        assert body is not None
+        return body
+
+    async def status(self) -> dict[str, Any]:
+        return dict((await self.get()).get("status") or {})
+
+    def describe(self) -> str:
+        objects = [(str(key), obj.raw.get("status")) for key, obj in
+                   self.emulator.objects.items() if not obj.deleted and "kafkaquorum" in
+                   str(key)]
+        return f"{objects}\n{self.kubelet.logs()}"
+
+    async def wait(self, what: str, check: Any, timeout_s: float = 60) -> Any:
+        return await wait_for(what, check, timeout_s, self.describe)
+
+    async def ready_with(self, voters: int, timeout_s: float = 60) -> dict[str, Any]:
+        async def ready() -> dict[str, Any] | None:
+            body = await self.get()
+            status = body.get("status") or {}
+            if condition(body, "Ready") == "True" and status.get("voters") == voters:
+                return status
+            return None
+
+        result: dict[str, Any] = await self.wait(f"Ready with {voters} voters", ready,
+                                                 timeout_s)
+        return result
+
+    async def voter_directories(self) -> dict[int, str]:
+        status = await self.status()
+        return {m["nodeId"]: m["directoryId"] for m in status.get("members") or []
+                if m.get("directoryId")}
+
+    async def events(self) -> list[tuple[str, str]]:
+        items = await self.kube.list(path("Event", NAMESPACE), {})
+        return [(e.get("reason", ""), e.get("message", "")) for e in items]
+
+    def addresses(self, ids: range | list[int]) -> list[str]:
+        return [self.kubelet.address(i) for i in ids]
+
+    async def wipe(self, *node_ids: int) -> None:
+        """The volumes' contents gone (replaced disks under the same claims) under running
+        nodes, then their pods deleted, as an administrator would."""
+        for node_id in node_ids:
+            pod = await self.kube.get(path("Pod", NAMESPACE, f"{NAME}-{node_id}"))
+            claim = await self.kube.get(path("PersistentVolumeClaim", NAMESPACE,
+                                             f"data-{NAME}-{node_id}"))
+            assert pod is not None and claim is not None
+            process = self.kubelet.processes[pod["metadata"]["uid"]]
+            process.popen.kill()
+            await asyncio.to_thread(process.popen.wait, 10)
+            volume: Path = self.kubelet.claim_dir(claim["metadata"]["uid"])
+            shutil.rmtree(volume)
+            volume.mkdir()
+        for node_id in node_ids:
+            await self.kube.delete(path("Pod", NAMESPACE, f"{NAME}-{node_id}"))
+
+    async def objects(self) -> tuple[set[str], set[str]]:
+        """The uids of the quorum's pods and claims."""
+        pods = await self.kube.list(path("Pod", NAMESPACE), {})
+        claims = await self.kube.list(path("PersistentVolumeClaim", NAMESPACE), {})
+        return ({p["metadata"]["uid"] for p in pods},
+                {c["metadata"]["uid"] for c in claims})
+
+    async def leader(self) -> int:
+        status = await self.status()
+        leader = status.get("leaderId")
+        assert isinstance(leader, int)
+        return leader
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    handlers.STATE = handlers._State()
+    async with K8s() as emulator:
+        declare_resources(emulator)
+        async with kmock.Server(emulator) as server:
+            url = str(server.url).rstrip("/")
+            kube = KubeClient(Connection(url))
+            kubelet = Kubelet(kube, tmp_path)
+            operator = OperatorThread()
+            with environment(KQ_OPERATOR_API_SERVER=url, KQ_OPERATOR_INTERVAL="0.5",
+                             KQ_OPERATOR_NAMESPACE=NAMESPACE,
+                             KQ_OPERATOR_IDENTITY="test-operator"):
+                kubelet.start()
+                operator.start()
+                try:
+                    yield Cluster(kube, kubelet, operator, emulator)
+                    assert kubelet.errors == [], kubelet.errors[0]
+                finally:
+                    await asyncio.to_thread(operator.stop)
+                    await kubelet.stop()
+                    await kube.close()
+
+
+async def create_ready(cluster: Cluster, replicas: int = 3) -> float:
+    started = time.monotonic()
+    await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(NAME, replicas))
+    await cluster.ready_with(replicas)
+    return time.monotonic() - started
+
+
+async def heal(cluster: Cluster, node_id: int, writer: Writer) -> float:
+    before = await cluster.voter_directories()
+    started = time.monotonic()
+    await cluster.wipe(node_id)
+
+    async def healed() -> dict[int, str] | None:
+        body = await cluster.get()
+        now = await cluster.voter_directories()
+        last = ((body.get("status") or {}).get("lastRemediation") or {})
+        if condition(body, "Ready") == "True" and len(now) == 3 and \
+                now.get(node_id) not in (None, before[node_id]) and \
+                last.get("result") == "Succeeded" and last.get("nodeId") == node_id:
+            return now
+        return None
+
+    after = await cluster.wait(f"node {node_id} healed", healed, 90)
+    elapsed = time.monotonic() - started
+    assert {i: d for i, d in after.items() if i != node_id} == \
+        {i: d for i, d in before.items() if i != node_id}
+    return elapsed

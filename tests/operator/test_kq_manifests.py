@@ -1,0 +1,257 @@
+"""The CRD and the install files, validated offline: kubernetes-validate --strict for Kubernetes'
+own kinds, jsonschema (translated from the CRD's structural schema) for KafkaQuorum objects, and
+cel-python for the CRD's CEL rules. The Helm chart is linted and rendered in test_kq_helm.py."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from celpy.adapter import json_to_cel
+from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL
+from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.plan import plan
+from kafka_quorum_operator.spec import Spec, parse_spec
+from kafka_quorum_operator.status import remediation_detected, status_patch
+from kq_builders import DIRS, NOW, healthy, pending, replaced
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / f"{PLURAL}.{GROUP}.yaml"
+CHART_CRD = ROOT / "helm" / "kafka-quorum-operator" / "crds" / CRD_PATH.name
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+K8S_VERSION = "1.33.0"
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+CRD = load_all(CRD_PATH)[0]
+VERSION_SCHEMA = CRD["spec"]["versions"][0]
+SCHEMA = VERSION_SCHEMA["schema"]["openAPIV3Schema"]
+
+
+def to_jsonschema(node: Any) -> Any:
+    """A structural schema as a strict Draft 4 schema (spikes.md): x-kubernetes-* keys dropped,
+    int-or-string as anyOf, and no unknown fields where properties are listed."""
+    if isinstance(node, list):
+        return [to_jsonschema(item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    result = {k: to_jsonschema(v) for k, v in node.items()
+              if not k.startswith("x-kubernetes-") and k != "default"}
+    if node.get("x-kubernetes-int-or-string"):
+        result["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        result.setdefault("additionalProperties", False)
+    if node.get("format") == "date-time":
+        del result["format"]
+    return result
+
+
+VALIDATOR = jsonschema.Draft4Validator(to_jsonschema(SCHEMA))
+
+
+def schema_errors(obj: Mapping[str, Any]) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in VALIDATOR.iter_errors(obj)]
+
+
+def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """The API server's defaulting: fill absent fields with their defaults, recursively."""
+    if not isinstance(value, dict):
+        return value
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in value and "default" in sub:
+            value[key] = copy.deepcopy(sub["default"])
+        if key in value:
+            value[key] = apply_defaults(sub, value[key])
+    return value
+
+
+def walk(node: Mapping[str, Any], where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    yield where, node
+    for key, sub in (node.get("properties") or {}).items():
+        yield from walk(sub, f"{where}.{key}")
+    if isinstance(node.get("items"), Mapping):
+        yield from walk(node["items"], f"{where}[]")
+    if isinstance(node.get("additionalProperties"), Mapping):
+        yield from walk(node["additionalProperties"], f"{where}{{}}")
+
+
+# --- the CRD itself -----------------------------------------------------------------------------
+
+
+def test_crd_is_a_valid_strict_apiextensions_object() -> None:
+    kubernetes_validate.validate(CRD, K8S_VERSION, strict=True)
+
+
+def test_crd_schema_is_structural() -> None:
+    """Every node has a type (or is int-or-string), and free-form subtrees are explicit."""
+    for where, node in walk(SCHEMA):
+        if node.get("x-kubernetes-int-or-string"):
+            continue
+        assert "type" in node, f"{where or '(root)'} has no type"
+        if node["type"] == "object" and where.startswith(".spec"):
+            assert "properties" in node or "additionalProperties" in node or \
+                node.get("x-kubernetes-preserve-unknown-fields"), where
+
+
+def test_crd_names_subresources_and_columns() -> None:
+    spec = CRD["spec"]
+    assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"]) == (
+        GROUP, KIND, PLURAL)
+    assert f"{spec['group']}/{VERSION_SCHEMA['name']}" == API_VERSION
+    assert VERSION_SCHEMA["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}
+    columns = [c["name"] for c in VERSION_SCHEMA["additionalPrinterColumns"]
+               if not c.get("priority")]
+    assert columns == ["Ready", "Quorate", "Voters", "Leader", "Epoch", "HighWatermark", "Age"]
+
+
+def test_chart_carries_the_same_crd() -> None:
+    assert CHART_CRD.read_text() == CRD_PATH.read_text(), \
+        f"copy {CRD_PATH.relative_to(ROOT)} to {CHART_CRD.relative_to(ROOT)}"
+
+
+def test_crd_defaults_are_the_operators() -> None:
+    defaulted = apply_defaults(SCHEMA["properties"]["spec"], {})
+    assert parse_spec(defaulted) == parse_spec({}) == Spec()
+    assert defaulted["replicas"] == 3 and defaulted["remediation"]["minCaughtUpSeconds"] == 10
+
+
+# --- KafkaQuorum objects ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(example: Path) -> None:
+    for doc in load_all(example):
+        assert doc["apiVersion"] == API_VERSION and doc["kind"] == KIND
+        assert schema_errors(apply_defaults(SCHEMA, doc)) == []
+        parse_spec(apply_defaults(SCHEMA["properties"]["spec"], doc["spec"]))
+        assert cel_errors(SCHEMA["properties"]["spec"], doc["spec"]) == []
+
+
+def test_examples_exist() -> None:
+    assert len(EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"replicas": "three"}, "is not of type 'integer'"),
+    ({"replicas": 11}, "greater than the maximum"),
+    ({"bogus": 1}, "Additional properties"),
+    ({"imagePullPolicy": "Sometimes"}, "is not one of"),
+    ({"storage": {"size": "lots"}}, "does not match"),
+    ({"config": {"fetchTimeoutMs": "2s"}}, "is not of type 'integer'"),
+    ({"remediation": {"minCaughtUpSeconds": -1}}, "less than the minimum"),
+])
+def test_bad_objects_are_refused(change: dict[str, Any], error: str) -> None:
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+           "spec": {"replicas": 3, **change}}
+    errors = schema_errors(doc)
+    assert any(error in e for e in errors), errors
+
+
+def test_the_status_the_operator_writes_fits_the_schema() -> None:
+    """Anything not in the schema would be pruned by the API server (kopf #574)."""
+    for observed in (healthy(), replace(replaced(healthy(), 3, since=NOW - 1),
+                                        pending=pending("AddVoter", 3, DIRS[3].lower()))):
+        status = status_patch(observed, plan(observed), {}, r.selector("kq"))
+        status["lastRemediation"] = remediation_detected(None, 3, DIRS[3], NOW)
+        status = {k: v for k, v in status.items() if v is not None}
+        doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "kq"},
+               "spec": {"replicas": 3}, "status": status}
+        assert schema_errors(doc) == []
+
+
+# --- CEL rules ----------------------------------------------------------------------------------
+
+
+def cel_rules(schema: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for where, node in walk(schema):
+        for rule in node.get("x-kubernetes-validations") or []:
+            yield where, rule
+
+
+def cel_errors(schema: Mapping[str, Any], value: Any, old: Any = None) -> list[str]:
+    """Evaluate every CEL rule of ``schema`` on ``value`` (and ``old``, for transition rules,
+    which the API server runs on updates only)."""
+    environment = celpy.Environment()
+    errors = []
+    for where, rule in cel_rules(schema):
+        node, old_node = value, old
+        for part in [p for p in where.split(".") if p]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+            old_node = old_node.get(part) if isinstance(old_node, Mapping) else None
+        if node is None or ("oldSelf" in rule["rule"] and old_node is None):
+            continue
+        activation = {"self": json_to_cel(node)}
+        if old_node is not None:
+            activation["oldSelf"] = json_to_cel(old_node)
+        program = environment.program(environment.compile(rule["rule"]))
+        if not bool(program.evaluate(activation)):
+            errors.append(rule["message"])
+    return errors
+
+
+SPEC_SCHEMA = SCHEMA["properties"]["spec"]
+
+
+def test_every_cel_rule_compiles() -> None:
+    environment = celpy.Environment()
+    rules = list(cel_rules(SPEC_SCHEMA))
+    assert len(rules) == 3
+    for _, rule in rules:
+        environment.compile(rule["rule"])
+
+
+@pytest.mark.parametrize(("replicas", "ok"), [(1, True), (3, True), (4, False), (5, True),
+                                              (6, False)])
+def test_cel_odd_voter_counts(replicas: int, ok: bool) -> None:
+    errors = cel_errors(SPEC_SCHEMA, apply_defaults(SPEC_SCHEMA, {"replicas": replicas}))
+    assert (errors == []) is ok
+
+
+@pytest.mark.parametrize(("old", "new", "ok"), [
+    ({"storageClassName": "a"}, {"storageClassName": "a"}, True),
+    ({"storageClassName": "a"}, {"storageClassName": "b"}, False),
+    ({}, {"storageClassName": "b"}, False),
+    ({"storageClassName": "a"}, {}, False),
+    ({"size": "1Gi"}, {"size": "2Gi"}, True),
+])
+def test_cel_storage_class_is_immutable(old: dict[str, Any], new: dict[str, Any],
+                                        ok: bool) -> None:
+    errors = cel_errors(SPEC_SCHEMA, {"replicas": 3, "storage": new},
+                        {"replicas": 3, "storage": old})
+    assert (errors == []) is ok
+
+
+@pytest.mark.parametrize(("timeout", "ok"), [(None, True), (501, True), (500, False)])
+def test_cel_request_timeout_above_the_long_poll(timeout: int | None, ok: bool) -> None:
+    config = {} if timeout is None else {"requestTimeoutMs": timeout}
+    assert (cel_errors(SPEC_SCHEMA, {"replicas": 3, "config": config}) == []) is ok
+
+
+# --- the objects the operator creates ----------------------------------------------------------
+
+
+def test_operator_objects_are_valid_kubernetes_objects() -> None:
+    owner = r.Owner("kq", "default", "0b6f2a52-7c1e-4c43-8d43-1ac39b0d2d3e")
+    spec = parse_spec({"storage": {"storageClassName": "fast", "deleteClaims": True},
+                       "resources": {"requests": {"cpu": "100m", "memory": 256}},
+                       "template": {"priorityClassName": "high", "nodeSelector": {"a": "b"},
+                                    "tolerations": [{"key": "k", "operator": "Exists"}]}})
+    environment = r.node_environment(owner, spec, "cluster", (1, 2, 3))
+    objects = [*r.owned_objects(owner, spec, environment, 3), r.claim(owner, spec, 1, "c"),
+               r.pod(owner, spec, 1, r.config_hash(spec, environment))]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

@@ -1,0 +1,112 @@
+"""Scaling 3 -> 5 -> 3 and a rolling upgrade, with the real operator, under writes.
+
+3 -> 5: the voters list of every node grows first (a rolling update, the leader last), then
+nodes 4 and 5 join as observers and are added as voters one at a time. 5 -> 3 with the node as
+it is: RemoveVoter of a node's last directory is refused (KIP-856), so ScalingBlocked and nothing
+is deleted. The nodes are then upgraded (an image change rolled out by the operator: followers
+first, the leader last after resigning) to one with the node change the operator needs
+(kq_patched_node.py), and 5 -> 3 completes: RemoveVoter, then the pod, then the claim, one
+node at a time.
+
+Marked slow (about 1.5 minutes on an idle machine): ``python -m pytest -m slow tests/operator``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kafka_quorum_operator.kube import path
+from kq_cluster import NAME, Cluster, Writer, create_ready
+from kq_harness import NAMESPACE, condition, cr_path
+
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
+PATCHED_NODE = str(Path(__file__).with_name("kq_patched_node.py"))
+
+
+async def scale(cluster: Cluster, **spec: object) -> None:
+    await cluster.kube.patch(cr_path(NAME), {"spec": spec})
+
+
+async def rolled_pods(cluster: Cluster, since: int) -> list[str]:
+    events = (await cluster.events())[since:]
+    return [message.split()[1] for reason, message in events
+            if reason == "PodDeleted" and "(RollingUpdate)" in message]
+
+
+async def test_scale_up_roll_and_scale_down(cluster: Cluster) -> None:
+    await create_ready(cluster)
+    writer = Writer(cluster.addresses(range(1, 6)))
+    writer.start()
+    timings: dict[str, float] = {}
+    try:
+        # 3 -> 5
+        leader = await cluster.leader()
+        events = len(await cluster.events())
+        started = time.monotonic()
+        await scale(cluster, replicas=5)
+        await cluster.ready_with(5, timeout_s=120)
+        timings["3 -> 5"] = time.monotonic() - started
+        rolled = await rolled_pods(cluster, events)
+        assert sorted(rolled) == ["kq-1", "kq-2", "kq-3"] and rolled[-1] == f"kq-{leader}"
+        config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
+        assert config is not None
+        assert config["data"]["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@") == 5
+
+        # 5 -> 3, refused by the node as it is
+        await scale(cluster, replicas=3)
+
+        async def blocked() -> bool:
+            return condition(await cluster.get(), "ScalingBlocked") == "True"
+
+        await cluster.wait("ScalingBlocked", blocked, 30)
+        objects = await cluster.objects()
+        assert len(objects[0]) == 5 and (await cluster.status())["voters"] == 5
+
+        # The node upgraded (an image change, rolled out by the operator), then 5 -> 3.
+        cluster.kubelet.command = [sys.executable, PATCHED_NODE]
+        leader = await cluster.leader()
+        events = len(await cluster.events())
+        started = time.monotonic()
+        await scale(cluster, replicas=5, image="quorum-node:0.2.0")
+
+        async def upgraded() -> bool:
+            return len(await rolled_pods(cluster, events)) == 5 and \
+                condition(await cluster.get(), "Ready") == "True"
+
+        await cluster.wait("the upgrade rolled out", upgraded, 120)
+        timings["rolling upgrade of 5"] = time.monotonic() - started
+        rolled = await rolled_pods(cluster, events)
+        assert sorted(rolled) == [f"kq-{i}" for i in range(1, 6)]
+        assert rolled[-1] == f"kq-{leader}", rolled  # the leader last
+        assert await cluster.leader() != leader  # it resigned on SIGTERM
+
+        started = time.monotonic()
+        await scale(cluster, replicas=3)
+        await cluster.ready_with(3, timeout_s=120)
+
+        async def done() -> bool:
+            pods, claims = await cluster.objects()
+            config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
+            assert config is not None
+            voters = config["data"]["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@")
+            return len(pods) == 3 and len(claims) == 3 and voters == 3 and \
+                condition(await cluster.get(), "Ready") == "True"
+
+        await cluster.wait("nodes 4 and 5 gone, every node configured with 3", done, 60)
+        timings["5 -> 3"] = time.monotonic() - started
+        await asyncio.sleep(1)
+    finally:
+        writer.stop()
+    lost = await asyncio.to_thread(writer.lost)
+    reasons = [reason for reason, _ in await cluster.events()]
+    print(f"\n[operator] {', '.join(f'{k} {v:.1f} s' for k, v in timings.items())}; "
+          f"{len(writer.acknowledged)} acknowledged writes, {writer.failures} failed tries, "
+          f"{len(lost)} lost")
+    assert lost == [] and len(writer.acknowledged) > 100
+    assert {"VoterAdded", "VoterRemoved", "VoterChangeRefused", "ClaimDeleted"} <= set(reasons)
+    members = sorted(m["nodeId"] for m in (await cluster.status())["members"])
+    assert members == [1, 2, 3]
