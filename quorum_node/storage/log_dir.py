@@ -42,13 +42,17 @@ class LogDirectory:
     ) -> LogDirectory:
         """Open a formatted directory for ``node_id`` of ``cluster_id``. Raises a StorageError
         (and touches nothing) when meta.properties is missing or names another node or cluster,
-        before the log is even looked at."""
+        before the log is even looked at, or when the latest snapshot is damaged."""
         root = Path(path)
         meta = load_meta_properties(root, cluster_id, node_id)
         partition = root / METADATA_PARTITION_DIR
-        # Snapshots first: the log reconciles its start with the latest one.
+        # Snapshots first: the log reconciles its start with the latest one, which must be
+        # whole (the log below it may be deleted, so a damaged one is refused, not skipped).
         snapshots = FileSnapshotStore(partition)
-        log = SegmentLog.open(partition, segment_bytes, snapshots.latest())
+        latest = snapshots.latest()
+        if latest is not None:
+            snapshots.check(latest)
+        log = SegmentLog.open(partition, segment_bytes, latest)
         return cls(root, meta, log, QuorumStateStore(partition), snapshots)
 
     def close(self) -> None:
