@@ -373,9 +373,10 @@ class QuorumClient:
                                                         timeout=timeout_s)
             try:
                 connection.connect()
-            except ssl.SSLError as error:
+            except ssl.SSLCertVerificationError as error:
                 connection.close()
-                # A certificate problem is not something another try would fix.
+                # A certificate problem is not something another try would fix (a handshake
+                # cut short by a node going down is: an OSError, handled below).
                 raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
                                         code="TLS_ERROR") from None
             except OSError as error:

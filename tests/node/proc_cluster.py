@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,10 +121,11 @@ class NodeProcess:
     config_path: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
 
 @dataclass
@@ -133,7 +135,12 @@ class ProcessCluster:
     cluster_id: str = field(default_factory=random_cluster_id)
 
     @classmethod
-    def create(cls, directory: Path, size: int, **settings: int) -> ProcessCluster:
+    def create(cls, directory: Path, size: int,
+               node_settings: Callable[[int], Mapping[str, object]] | None = None,
+               tls: bool = False, **settings: int) -> ProcessCluster:
+        """``settings`` apply to every node (``_`` for ``.`` in key names); ``node_settings(i)``
+        adds node i's own keys (e.g. its certificate), by their real names; ``tls`` makes the
+        listeners SSL://."""
         cluster = cls(directory)
         ports = {i: free_port() for i in range(1, size + 1)}
         proxies = {i: FaultProxy(port) for i, port in ports.items()}
@@ -143,12 +150,15 @@ class ProcessCluster:
             format_log_dir(log_dir, cluster.cluster_id, i)
             lines = {
                 "node.id": i, "cluster.id": cluster.cluster_id, "log.dir": log_dir,
-                "listeners": f"127.0.0.1:{port}", "controller.quorum.voters": voters,
+                "listeners": f"{'SSL://' if tls else ''}127.0.0.1:{port}",
+                "controller.quorum.voters": voters,
                 **{key.replace("_", "."): value for key, value in settings.items()},
+                **(node_settings(i) if node_settings is not None else {}),
             }
             config = directory / f"node-{i}.properties"
             config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
-            cluster.nodes[i] = NodeProcess(i, port, proxies[i], config, directory / f"node-{i}.log")
+            cluster.nodes[i] = NodeProcess(i, port, proxies[i], config, directory / f"node-{i}.log",
+                                           scheme="https" if tls else "http")
         return cluster
 
     def start(self, node_id: int) -> None:
