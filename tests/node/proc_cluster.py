@@ -28,6 +28,14 @@ from typing import Any
 
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
+# Timings that keep the multi-process tests quick.
+FAST = {
+    "controller_quorum_election_timeout_ms": 500,
+    "controller_quorum_fetch_timeout_ms": 1000,
+    "controller_quorum_request_timeout_ms": 1000,
+    "controller_quorum_append_linger_ms": 2,
+}
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -18,18 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_cluster import ProcessCluster, http_json
+from proc_cluster import FAST, ProcessCluster, http_json
 
 from quorum_node.node.transport import decode_frame, encode_frame
 from quorum_node.raft.messages import FetchRequest, FetchResponse
 from quorum_node.raft.types import Errors
-
-FAST = {
-    "controller_quorum_election_timeout_ms": 500,
-    "controller_quorum_fetch_timeout_ms": 1000,
-    "controller_quorum_request_timeout_ms": 1000,
-    "controller_quorum_append_linger_ms": 2,
-}
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_cluster import ProcessCluster
+from proc_cluster import FAST, ProcessCluster
 from secured_cluster import ROLES, Pki
 
 from quorum_node.cli.admin import Access, AdminError, fetch_quorum
@@ -21,13 +21,6 @@ from quorum_node.cli.admin import main as admin_main
 from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.meta_properties import format_log_dir
-
-FAST = {
-    "controller_quorum_election_timeout_ms": 500,
-    "controller_quorum_fetch_timeout_ms": 1000,
-    "controller_quorum_request_timeout_ms": 1000,
-    "controller_quorum_append_linger_ms": 2,
-}
 
 
 @pytest.fixture
