@@ -89,6 +89,10 @@ def test_a_secured_quorum_of_processes(secured: tuple[ProcessCluster, Pki],
     shutil.rmtree(log_dir)
     new = to_kafka_string(format_log_dir(log_dir, cluster.cluster_id, 3).directory_id)
     cluster.start(3)
+    deadline = time.monotonic() + 20
+    while not any(o["directory_id"] == new for o in describe(cluster, pki)["observers"]):
+        assert time.monotonic() < deadline, "the new disk does not fetch"
+        time.sleep(0.1)
     common = ["--bootstrap-server", ",".join(n.url for n in cluster.nodes.values()),
               "--timeout-ms", "30000", "--ca-file", str(pki.ca_path)]
     assert admin_main([*common, "--token-file", str(pki.token_path("writer")), "add-voter",
