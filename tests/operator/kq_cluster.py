@@ -4,6 +4,7 @@ kubelet, operator) and its fixture, and the steps the scenarios share."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import threading
 import time
@@ -94,10 +95,26 @@ class Cluster:
         return dict((await self.get()).get("status") or {})
 
     def describe(self) -> str:
-        objects = [(str(key), obj.raw.get("status")) for key, obj in
-                   self.emulator.objects.items() if not obj.deleted and "kafkaquorum" in
-                   str(key)]
-        return f"{objects}\n{self.kubelet.logs()}"
+        """What a failed wait shows: the quorum's status, the pods, the last events, the
+        operator's log and the nodes' logs."""
+        lines = []
+        for key, obj in self.emulator.objects.items():
+            if obj.deleted:
+                continue
+            raw = obj.raw
+            if "kafkaquorum" in str(key):
+                lines.append(f"status: {raw.get('status')}")
+            elif raw.get("kind") == "Pod" or "pods" in str(key):
+                lines.append(f"pod {raw['metadata']['name']} {raw['metadata'].get('uid')} "
+                             f"deleting={raw['metadata'].get('deletionTimestamp')} "
+                             f"status={raw.get('status')}")
+            elif "events" in str(key):
+                lines.append(f"event {raw.get('lastTimestamp')} {raw.get('reason')}: "
+                             f"{raw.get('message')}")
+        log = self.kubelet.root / "operator.log"
+        operator_log = log.read_text(errors="replace")[-6000:] if log.exists() else ""
+        return "\n".join(lines[-80:]) + f"\n--- operator\n{operator_log}\n" + \
+            self.kubelet.logs()
 
     async def wait(self, what: str, check: Any, timeout_s: float = 60) -> Any:
         return await wait_for(what, check, timeout_s, self.describe)
@@ -167,6 +184,10 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             kube = KubeClient(Connection(url))
             kubelet = Kubelet(kube, tmp_path)
             operator = OperatorThread()
+            handler = logging.FileHandler(tmp_path / "operator.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logging.getLogger("kopf").addHandler(handler)
+            logging.getLogger("kopf").setLevel(logging.DEBUG)
             with environment(KQ_OPERATOR_API_SERVER=url, KQ_OPERATOR_INTERVAL="0.5",
                              KQ_OPERATOR_NAMESPACE=NAMESPACE,
                              KQ_OPERATOR_IDENTITY="test-operator"):
@@ -176,6 +197,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                     yield Cluster(kube, kubelet, operator, emulator)
                     assert kubelet.errors == [], kubelet.errors[0]
                 finally:
+                    logging.getLogger("kopf").removeHandler(handler)
                     await asyncio.to_thread(operator.stop)
                     await kubelet.stop()
                     await kube.close()

@@ -10,11 +10,15 @@ the leader's volume; wiping 2 of 3 leaves QuorumLost and changes nothing. Timing
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 
 import pytest
-from kq_cluster import Cluster, Writer, create_ready, heal
-from kq_harness import condition
+from kafka_quorum_operator import handlers
+from kafka_quorum_operator.kube import path
+from kafka_quorum_operator.nodes import NodeClient
+from kq_cluster import NAME, Cluster, Writer, create_ready, heal
+from kq_harness import NAMESPACE, OperatorThread, condition, cr_path
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -80,3 +84,55 @@ async def lose_the_majority(cluster: Cluster) -> float:
                 "ClaimDeleted", "VoterChangePending"} & set(later), later
     assert await cluster.voter_directories() == before  # the record is kept for recovery
     return elapsed
+
+
+@pytest.mark.slow
+async def test_operator_restart_between_add_voter_and_remove_voter(cluster: Cluster) -> None:
+    """The operator stops right after AddVoter of a replacement (its intent in status); a new
+    operator process finishes the replacement with RemoveVoter, and adds nothing twice."""
+    await create_ready(cluster)
+    old = (await cluster.voter_directories())[3]
+    await asyncio.to_thread(cluster.operator.stop)
+    # Node 3's disk replaced under its running pod: the kubelet restarts it on the empty volume.
+    claim = await cluster.kube.get(path("PersistentVolumeClaim", NAMESPACE, f"data-{NAME}-3"))
+    assert claim is not None
+    pod = await cluster.kube.get(path("Pod", NAMESPACE, f"{NAME}-3"))
+    assert pod is not None
+    process = cluster.kubelet.processes[pod["metadata"]["uid"]]
+    process.popen.kill()
+    await asyncio.to_thread(process.popen.wait, 10)
+    volume = cluster.kubelet.claim_dir(claim["metadata"]["uid"])
+    shutil.rmtree(volume)
+    volume.mkdir()
+    nodes = NodeClient()
+    leader = await cluster.leader()
+
+    async def observer() -> str | None:
+        described = await nodes.describe(cluster.kubelet.address(leader))
+        rows = [r for r in described.observers if r.node_id == 3 and r.lag == 0] \
+            if described else []
+        return rows[0].directory_id if rows else None
+
+    new = await cluster.wait("node 3 back as a caught-up observer", observer, 60)
+    assert new != old
+    intent = {"kind": "AddVoter", "nodeId": 3, "directoryId": new, "oldDirectoryId": old,
+              "reason": "Remediation", "started": "2026-01-01T00:00:00Z"}
+    await cluster.kube.patch(cr_path(NAME) + "/status", {"status": {"pendingChange": intent}})
+    result = await nodes.add_voter(cluster.kubelet.address(leader), 3, new)
+    assert result.ok, result
+    await nodes.close()
+    events = len(await cluster.events())
+
+    handlers.STATE = handlers._State()  # a new operator process: nothing in memory
+    cluster.operator = OperatorThread()
+    cluster.operator.start()
+
+    async def finished() -> bool:
+        status = await cluster.status()
+        directories = {m["nodeId"]: m.get("directoryId") for m in status["members"]}
+        return condition(await cluster.get(), "Ready") == "True" and \
+            directories[3] == new and "pendingChange" not in status
+
+    await cluster.wait("the replacement finished by the new operator", finished, 60)
+    later = [reason for reason, _ in (await cluster.events())[events:]]
+    assert "VoterRemoved" in later and "VoterAdded" not in later, later
