@@ -193,12 +193,14 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                              KQ_OPERATOR_IDENTITY="test-operator"):
                 kubelet.start()
                 operator.start()
+                cluster = Cluster(kube, kubelet, operator, emulator)
                 try:
-                    yield Cluster(kube, kubelet, operator, emulator)
+                    yield cluster
                     assert kubelet.errors == [], kubelet.errors[0]
                 finally:
                     logging.getLogger("kopf").removeHandler(handler)
-                    await asyncio.to_thread(operator.stop)
+                    # The test may have replaced the operator (a restart): stop the current one.
+                    await asyncio.to_thread(cluster.operator.stop)
                     await kubelet.stop()
                     await kube.close()
 
