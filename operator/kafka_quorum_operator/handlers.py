@@ -127,8 +127,8 @@ async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: s
             try:
                 # Read afresh: the daemon's body may not yet show the last pass's own status.
                 body = await reconciler.kube.get(url)
-                if body is None:
-                    return
+                if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                    return  # being deleted: its children go with it (owner references)
                 started = time.monotonic()
                 decided = await reconciler.reconcile(body)
                 STATE.last_pass = time.time()
