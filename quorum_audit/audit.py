@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -30,10 +30,20 @@ from pyspark.sql import functions as F
 from quorum_audit.decode import DAMAGE_TORN_TAIL
 from quorum_audit.discover import Discovery, Replica, ReplicaFile, discover
 from quorum_audit.history import ControlRow, EpochSeen, History, build_history, uuid_text
-from quorum_audit.source import FORMAT, MANIFEST_OPTION, QuorumDataSource, all_files, manifest
+from quorum_audit.source import (
+    BATCHES,
+    FORMAT,
+    MANIFEST_OPTION,
+    RECORDS,
+    QuorumDataSource,
+    all_files,
+    manifest,
+)
 
 COLUMNS = ("file_index,offset,epoch,timestamp_ms,is_control,control_type,value_size,checksum,"
            "checksum_ok,position,damage,error,control_value")
+BATCH_COLUMNS = ("file_index,position,size,base_offset,last_offset,epoch,timestamp_ms,"
+                 "record_count,is_control,batch_crc,checksum_ok,damage,error")
 ERROR, WARNING = "error", "warning"
 # Divergent offsets beyond this are counted, not listed one by one (a whole replica gone astray).
 MAX_LISTED_DIVERGENCES = 100_000
@@ -63,6 +73,8 @@ class ReplicaSummary:
     log_start_offset: int | None
     log_end_offset: int | None
     last_epoch: int | None
+    records: int  # read from its files (log and snapshots)
+    newest_ms: int | None  # timestamp of its newest batch
     latest_snapshot: str | None
     state_epoch: int | None  # from quorum-state
     state_leader_id: int | None
@@ -117,13 +129,15 @@ class AuditResult:
         }
 
 
-def load_records(spark: SparkSession, discovery: Discovery, columns: str = COLUMNS) -> DataFrame:
+def load(spark: SparkSession, discovery: Discovery, granularity: str, columns: str,
+         only: Mapping[int, frozenset[int] | None] | None = None) -> DataFrame:
     """The files of ``discovery`` through the ``quorum`` data source (registered if needed),
     numbered as ``all_files`` numbers them: the driver's list is handed over rather than listed
-    again, which could differ on a live directory."""
+    again, which could differ on a live directory. ``only``: see ``source.manifest``."""
     spark.dataSource.register(QuorumDataSource)
-    return (spark.read.format(FORMAT).option("columns", columns)
-            .option(MANIFEST_OPTION, manifest(discovery.replicas)).load())
+    return (spark.read.format(FORMAT).option("granularity", granularity)
+            .option("columns", columns)
+            .option(MANIFEST_OPTION, manifest(discovery.replicas, only)).load())
 
 
 def run_audit(spark: SparkSession, paths: Sequence[str],
@@ -132,70 +146,7 @@ def run_audit(spark: SparkSession, paths: Sequence[str],
     files = all_files(discovery.replicas)
     if not files:
         raise ValueError(f"no log directories with files under {', '.join(paths)}")
-    records = load_records(spark, discovery).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        return _audit(records, discovery, files, high_watermark)
-    finally:
-        records.unpersist()
-
-
-def _audit(records: DataFrame, discovery: Discovery, files: list[tuple[Replica, ReplicaFile]],
-           high_watermark: int | None) -> AuditResult:
-    replicas = discovery.replicas
-    clusters = sorted({r.cluster_id for r in replicas})
-    replica_index = {id(r): i for i, r in enumerate(replicas)}
-    by_file = _lookup(F.col("file_index"))
-    rows = records.select(
-        "*",
-        by_file([replica_index[id(r)] for r, _ in files]).alias("replica"),
-        by_file([clusters.index(r.cluster_id) for r, _ in files]).alias("cluster"),
-        by_file([f.kind == "snapshot" for _, f in files]).alias("in_snapshot"))
-    log = rows.where(~F.col("in_snapshot"))
-
-    log_row = ~F.col("in_snapshot") & F.col("epoch").isNotNull()
-    # The first job fills the cache; the small ones after it run side by side (each is mostly
-    # scheduling latency on small inputs, and they share the executors on large ones).
-    stats = {row["replica"]: row for row in rows.groupBy("replica").agg(
-        F.min(F.when(log_row, F.col("offset"))).alias("first"),
-        F.max(F.when(log_row, F.col("offset"))).alias("last"),
-        F.max(F.when(log_row, F.col("epoch"))).alias("epoch"),
-        F.max(F.when(log_row, F.col("timestamp_ms"))).alias("newest_ms"),
-        F.count("*").alias("rows")).collect()}
-    with ThreadPoolExecutor(5) as pool:
-        controls_job = pool.submit(lambda: rows.where("is_control").select(
-            "file_index", "offset", "epoch", "timestamp_ms", "control_type",
-            "control_value").collect())
-        seen_job = pool.submit(lambda: log.where(F.col("epoch").isNotNull()).groupBy(
-            "cluster", "epoch").agg(F.min("offset").alias("first"),
-                                    F.min("timestamp_ms").alias("first_ms")).collect())
-        damage_job = pool.submit(_damage_findings, rows, files)
-        snapshot_job = pool.submit(_snapshot_findings, rows, files)
-        rates_job = pool.submit(_write_rates, log)
-        controls = [_control_row(row, files) for row in controls_job.result()
-                    if row["control_value"] is not None]
-        seen = [EpochSeen(clusters[r["cluster"]], r["epoch"], r["first"], r["first_ms"])
-                for r in seen_job.result()]
-        last_ms: dict[str, int] = {}
-        for index, row in stats.items():
-            cluster = replicas[index].cluster_id
-            if row["newest_ms"] is not None:
-                last_ms[cluster] = max(last_ms.get(cluster, row["newest_ms"]), row["newest_ms"])
-        history = build_history(controls, last_ms, seen)
-        summaries = [_summary(replica, stats.get(i)) for i, replica in enumerate(replicas)]
-        findings = _conflict_findings(history)
-        hws = _high_watermarks(summaries, history, high_watermark, findings)
-        divergences, compared = _divergences(log, replicas, clusters, hws, findings)
-        findings += damage_job.result() + _state_findings(summaries, replicas)
-        findings += snapshot_job.result()
-        rates = [WriteRate(clusters[r["cluster"]], r["second"] * 1000, r["records"],
-                           r["bytes"]) for r in rates_job.result()]
-    total = sum(row["rows"] for row in stats.values())
-    return AuditResult(summaries, hws, findings, divergences, history, rates, total, compared,
-                       discovery.problems)
-
-
-def _lookup(index: Column) -> _Lookup:
-    return _Lookup(index)
+    return _Audit(spark, discovery, files).run(high_watermark)
 
 
 class _Lookup:
@@ -206,6 +157,150 @@ class _Lookup:
 
     def __call__(self, values: Sequence[object]) -> Column:
         return F.element_at(F.array(*[F.lit(v) for v in values]), self.index + 1)
+
+
+class _Audit:
+    """Batches first: a row per batch (its CRC32C checked, its records not parsed) is all the
+    bulk of the data needs, since replicas holding a batch with the same base offset, epoch,
+    record count and CRC32C hold the same records. Records are decoded only where that is not
+    enough: batches whose copies differ, are damaged or do not line up, control batches (the
+    history) and snapshots (written by each node in its own order)."""
+
+    def __init__(self, spark: SparkSession, discovery: Discovery,
+                 files: list[tuple[Replica, ReplicaFile]]) -> None:
+        self.spark = spark
+        self.discovery = discovery
+        self.replicas = discovery.replicas
+        self.files = files
+        self.clusters = sorted({r.cluster_id for r in self.replicas})
+        index = {id(r): i for i, r in enumerate(self.replicas)}
+        self.replica_of = [index[id(r)] for r, _ in files]
+
+    def with_ids(self, frame: DataFrame) -> DataFrame:
+        """Adds each row's replica and cluster (indexes) and whether it is a snapshot's."""
+        by_file = _Lookup(F.col("file_index"))
+        return frame.select(
+            "*", by_file(self.replica_of).alias("replica"),
+            by_file([self.clusters.index(r.cluster_id) for r, _ in self.files]).alias("cluster"),
+            by_file([f.kind == "snapshot" for _, f in self.files]).alias("in_snapshot"))
+
+    def run(self, high_watermark: int | None) -> AuditResult:
+        batches = load(self.spark, self.discovery, BATCHES, BATCH_COLUMNS).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        try:
+            return self._run(self.with_ids(batches), high_watermark)
+        finally:
+            batches.unpersist()
+
+    def _run(self, batches: DataFrame, high_watermark: int | None) -> AuditResult:
+        log = batches.where(~F.col("in_snapshot"))
+        intact = F.col("epoch").isNotNull()  # the header parsed
+        log_batch = ~F.col("in_snapshot") & intact
+        # The first job fills the cache; the small ones after it run side by side (each is mostly
+        # scheduling latency on small inputs, and they share the executors on large ones).
+        stats = {row["replica"]: row for row in batches.groupBy("replica").agg(
+            F.min(F.when(log_batch, F.col("base_offset"))).alias("first"),
+            F.max(F.when(log_batch, F.col("last_offset"))).alias("last"),
+            F.max(F.when(log_batch, F.col("epoch"))).alias("epoch"),
+            F.max(F.when(log_batch, F.col("timestamp_ms"))).alias("newest_ms"),
+            F.sum(F.coalesce(F.col("record_count"),
+                             F.col("last_offset") - F.col("base_offset") + 1)).alias("records"),
+        ).collect()}
+        summaries = [_summary(r, stats.get(i)) for i, r in enumerate(self.replicas)]
+        with ThreadPoolExecutor(5) as pool:
+            seen_job = pool.submit(lambda: log.where(intact).groupBy("cluster", "epoch").agg(
+                F.min("base_offset").alias("first"), F.min("timestamp_ms").alias("first_ms"))
+                .collect())
+            damage_job = pool.submit(_damage_findings, batches, self.files)
+            rates_job = pool.submit(_write_rates, log)
+            control_job = pool.submit(lambda: log.where(intact & F.col("is_control")).select(
+                "file_index", "position").collect())
+            suspect_job = pool.submit(self._suspects, log, summaries)
+            selected: dict[int, set[int]] = defaultdict(set)
+            for row in [*control_job.result(), *suspect_job.result()]:
+                selected[row["file_index"]].add(row["position"])
+            only: dict[int, frozenset[int] | None] = {
+                index: frozenset(positions) for index, positions in selected.items()}
+            only.update({i: None for i, (_, f) in enumerate(self.files) if f.kind == "snapshot"})
+            records = self.with_ids(load(self.spark, self.discovery, RECORDS, COLUMNS, only)) \
+                .persist(StorageLevel.MEMORY_AND_DISK) if only else None
+            try:
+                return self._finish(batches, records, summaries=summaries,
+                                    high_watermark=high_watermark, pool=pool, jobs=(
+                    seen_job.result(), damage_job.result(), rates_job.result()))
+            finally:
+                if records is not None:
+                    records.unpersist()
+
+    def _finish(self, batches: DataFrame, records: DataFrame | None, *,
+                summaries: list[ReplicaSummary], high_watermark: int | None,
+                pool: ThreadPoolExecutor, jobs: tuple[list[Row], list[Finding], list[Row]]
+                ) -> AuditResult:
+        seen_rows, damage, rate_rows = jobs
+        clusters = self.clusters
+        controls: list[Row] = []
+        snapshot_job = None
+        if records is not None:
+            snapshot_job = pool.submit(_snapshot_findings, records, self.files)
+            controls = records.where("is_control").select(
+                "file_index", "offset", "epoch", "timestamp_ms", "control_type",
+                "control_value").collect()
+        last_ms: dict[str, int] = {}
+        for summary in summaries:
+            if summary.newest_ms is not None:
+                last_ms[summary.cluster_id] = max(last_ms.get(summary.cluster_id, 0),
+                                                  summary.newest_ms)
+        history = build_history(
+            [_control_row(r, self.files) for r in controls if r["control_value"] is not None],
+            last_ms, [EpochSeen(clusters[r["cluster"]], r["epoch"], r["first"], r["first_ms"])
+                      for r in seen_rows])
+        findings = _conflict_findings(history)
+        hws = _high_watermarks(summaries, history, high_watermark, findings)
+        compared_job = pool.submit(self._compared, batches, hws)
+        divergences: list[Divergence] = []
+        if records is not None:
+            divergences = _divergences(records.where(~F.col("in_snapshot")), self.replicas,
+                                       clusters, hws)
+        findings += _divergence_findings(divergences)
+        findings += damage + _state_findings(summaries, self.replicas)
+        if snapshot_job is not None:
+            findings += snapshot_job.result()
+        rates = [WriteRate(clusters[r["cluster"]], r["second"] * 1000, r["records"], r["bytes"])
+                 for r in rate_rows]
+        return AuditResult(summaries, hws, findings, divergences, history, rates,
+                           sum(s.records for s in summaries), compared_job.result(),
+                           self.discovery.problems)
+
+    def _suspects(self, log: DataFrame, summaries: list[ReplicaSummary]) -> list[Row]:
+        """The batches whose records must be compared one by one: where the copies of a batch
+        (by base offset) differ in epoch, record count or CRC32C, one is damaged, or fewer
+        replicas start a batch there than hold the offset (batches that do not line up)."""
+        holders = F.lit(0)
+        for summary in summaries:
+            if summary.log_start_offset is not None and summary.log_end_offset is not None:
+                cluster = self.clusters.index(summary.cluster_id)
+                holders = holders + F.when(
+                    (F.col("cluster") == cluster)
+                    & (F.col("base_offset") >= summary.log_start_offset)
+                    & (F.col("base_offset") < summary.log_end_offset), 1).otherwise(0)
+        groups = log.where(F.col("epoch").isNotNull()).groupBy("cluster", "base_offset").agg(
+            F.count("*").alias("copies"),
+            (F.countDistinct("epoch", "record_count", "batch_crc") > 1).alias("differ"),
+            F.max(F.col("damage").isNotNull()).alias("damaged"),
+            F.collect_list(F.struct("file_index", "position")).alias("batches"))
+        suspects = groups.where(F.col("differ") | F.col("damaged")
+                                | (F.col("copies") != holders))
+        return [batch for row in suspects.select("batches").limit(MAX_LISTED_DIVERGENCES)
+                .collect() for batch in row["batches"]]
+
+    def _compared(self, batches: DataFrame, hws: dict[str, int]) -> int:
+        """Record copies below the high watermark whose batch CRC32C was checked."""
+        hw = F.element_at(F.array(*[F.lit(hws.get(c, 0)) for c in self.clusters]),
+                          F.col("cluster") + 1)
+        below = F.greatest(F.lit(0), F.least(F.col("last_offset") + 1, hw) - F.col("base_offset"))
+        row = batches.where(~F.col("in_snapshot") & F.col("checksum_ok")).agg(
+            F.sum(below).alias("compared")).collect()[0]
+        return int(row["compared"] or 0)
 
 
 def _control_row(row: Row, files: list[tuple[Replica, ReplicaFile]]) -> ControlRow:
@@ -227,7 +322,8 @@ def _summary(replica: Replica, stats: Row | None) -> ReplicaSummary:
         bytes=sum(f.size for f in replica.files),
         log_start_offset=values.get("first"),
         log_end_offset=values["last"] + 1 if values.get("last") is not None else None,
-        last_epoch=values.get("epoch"),
+        last_epoch=values.get("epoch"), records=values.get("records") or 0,
+        newest_ms=values.get("newest_ms"),
         latest_snapshot=None if latest is None
         else f"{latest.snapshot_end_offset}-{latest.snapshot_epoch}",
         state_epoch=None if state is None else state.epoch,
@@ -274,21 +370,19 @@ def _high_watermarks(summaries: list[ReplicaSummary], history: History, forced: 
     return marks
 
 
-def _damage_findings(rows: DataFrame, files: list[tuple[Replica, ReplicaFile]]
+def _damage_findings(batches: DataFrame, files: list[tuple[Replica, ReplicaFile]]
                      ) -> list[Finding]:
-    damaged = rows.where(F.col("damage").isNotNull()).groupBy(
-        "file_index", "position", "damage", "error").agg(
-        F.min("offset").alias("first"), F.max("offset").alias("last")).orderBy(
+    damaged = batches.where(F.col("damage").isNotNull()).select(
+        "file_index", "position", "damage", "error", "base_offset", "last_offset").orderBy(
         "file_index", "position").collect()
     findings = []
     for row in damaged:
         replica, file = files[row["file_index"]]
-        torn = row["damage"] == DAMAGE_TORN_TAIL
         where = file.uri.rsplit("/", 1)[-1]
         findings.append(Finding(
-            WARNING if torn else ERROR, row["damage"], replica.cluster_id,
-            f"{where} byte {row['position']}: {row['error']}", replica.node_id,
-            replica.directory_id, row["first"], row["last"]))
+            WARNING if row["damage"] == DAMAGE_TORN_TAIL else ERROR, row["damage"],
+            replica.cluster_id, f"{where} byte {row['position']}: {row['error']}",
+            replica.node_id, replica.directory_id, row["base_offset"], row["last_offset"]))
     return findings
 
 
@@ -308,27 +402,18 @@ def _state_findings(summaries: list[ReplicaSummary], replicas: list[Replica]) ->
 
 
 def _divergences(log: DataFrame, replicas: list[Replica], clusters: list[str],
-                 hws: dict[str, int], findings: list[Finding]
-                 ) -> tuple[list[Divergence], int]:
+                 hws: dict[str, int]) -> list[Divergence]:
     """Offsets below the high watermark whose replicas disagree, with every replica's copy."""
     hw = F.element_at(F.array(*[F.lit(hws.get(c, 0)) for c in clusters]), F.col("cluster") + 1)
     checked = log.where(F.col("checksum").isNotNull() & (F.col("offset") < hw))
     per_offset = checked.groupBy("cluster", "offset").agg(
         F.count("*").alias("copies"), F.min("epoch").alias("e0"), F.max("epoch").alias("e1"),
         F.min("checksum").alias("c0"), F.max("checksum").alias("c1"))
-    # One job counts the comparisons and gathers the (few) offsets in disagreement.
-    disagree = F.when((F.col("e0") != F.col("e1")) | (F.col("c0") != F.col("c1")),
-                      F.struct("cluster", "offset"))
-    totals = per_offset.agg(
-        F.sum("copies").alias("compared"),
-        F.slice(F.sort_array(F.collect_list(disagree)), 1, MAX_LISTED_DIVERGENCES)
-        .alias("offsets")).collect()[0]
-    copies: list[Row] = []
-    if totals["offsets"]:
-        listed = log.sparkSession.createDataFrame(
-            [(o["cluster"], o["offset"]) for o in totals["offsets"]], "cluster int, offset long")
-        copies = checked.join(F.broadcast(listed), ["cluster", "offset"]).select(
-            "cluster", "offset", "replica", "epoch", "checksum", "checksum_ok").collect()
+    disagree = per_offset.where((F.col("e0") != F.col("e1")) | (F.col("c0") != F.col("c1")))
+    listed = disagree.select("cluster", "offset").orderBy("cluster", "offset").limit(
+        MAX_LISTED_DIVERGENCES)
+    copies = checked.join(F.broadcast(listed), ["cluster", "offset"]).select(
+        "cluster", "offset", "replica", "epoch", "checksum", "checksum_ok").collect()
     by_offset: dict[tuple[int, int], list[Row]] = defaultdict(list)
     for copy in copies:
         by_offset[(copy["cluster"], copy["offset"])].append(copy)
@@ -343,8 +428,7 @@ def _divergences(log: DataFrame, replicas: list[Replica], clusters: list[str],
                 clusters[cluster], offset, replica.node_id, replica.directory_id,
                 copy["epoch"], copy["checksum"], copy["checksum_ok"],
                 (copy["epoch"], copy["checksum"]) == majority))
-    findings += _divergence_findings(divergences)
-    return divergences, int(totals["compared"] or 0)
+    return divergences
 
 
 def _divergence_findings(divergences: list[Divergence]) -> list[Finding]:
@@ -396,17 +480,16 @@ def _snapshot_findings(rows: DataFrame, files: list[tuple[Replica, ReplicaFile]]
             for (cluster, snapshot), versions in sorted(by_id.items()) if len(versions) > 1]
 
 
-def _write_rates(log: DataFrame) -> list[dict[str, int]]:
+def _write_rates(log: DataFrame) -> list[Row]:
     """Data records per second; per cluster, the replica holding most of each second (replicas
     hold the same records, minus what a replica has compacted or not yet fetched)."""
     per_replica = log.where(~F.col("is_control") & F.col("timestamp_ms").isNotNull()).groupBy(
         "cluster", "replica", F.floor(F.col("timestamp_ms") / 1000).alias("second")).agg(
-        F.count("*").alias("records"), F.sum("value_size").alias("bytes"))
+        F.sum("record_count").alias("records"), F.sum("size").alias("bytes"))
     best = per_replica.groupBy("cluster", "second").agg(
         F.max_by(F.struct("records", "bytes"), "records").alias("best"))
-    return [{"cluster": r["cluster"], "second": r["second"], "records": r["best"]["records"],
-             "bytes": r["best"]["bytes"] or 0}
-            for r in best.orderBy("cluster", "second").collect()]
+    return best.select("cluster", "second", "best.records", "best.bytes").orderBy(
+        "cluster", "second").collect()
 
 
 def to_json(result: AuditResult) -> str:

@@ -75,6 +75,24 @@ SCHEMA = pa.schema([
     ("error", pa.string()),  # what exactly is wrong, for people
 ])
 
+# A row per batch: the audit's view of the bulk of the data (see decode_batches).
+BATCH_SCHEMA = pa.schema([
+    *[SCHEMA.field(name) for name in ("cluster_id", "node_id", "directory_id", "source", "file",
+                                      "file_index", "snapshot_end_offset", "snapshot_epoch",
+                                      "position")],
+    ("size", pa.int64()),  # bytes
+    ("base_offset", pa.int64()),
+    ("last_offset", pa.int64()),
+    ("epoch", pa.int32()),
+    ("timestamp_ms", pa.int64()),
+    ("record_count", pa.int32()),
+    ("is_control", pa.bool_()),
+    ("batch_crc", pa.int64()),  # the CRC32C stored in the batch
+    ("checksum_ok", pa.bool_()),
+    ("damage", pa.string()),
+    ("error", pa.string()),
+])
+
 ROWS_PER_ARROW_BATCH = 1 << 19
 _MAGIC_POSITION = 16  # of the magic byte within a batch (after base offset, length and epoch)
 _MIN_RECORD_SIZE = 8  # key length and value length
@@ -125,51 +143,137 @@ class _Piece:
         return len(self.offset)
 
 
+@dataclass(frozen=True)
+class Scanned:
+    """One batch of a file, or bytes where a batch should be: what the scan found, in order."""
+
+    position: int
+    end: int  # where the next one starts
+    first_offset: int  # the offsets it holds (inferred from its neighbours when unparseable)
+    end_offset: int
+    header: BatchHeader | None  # None: the bytes do not parse as a batch
+    damage: str | None = None
+    error: str | None = None
+
+    @property
+    def checksum_ok(self) -> bool:
+        # A batch out of sequence is intact (its CRC held); only its place is wrong.
+        return self.header is not None and self.damage in (None, DAMAGE_SEQUENCE)
+
+
+def scan(data: pa.Buffer | bytes, first_offset: int, *, snapshot: bool = False
+         ) -> Iterator[Scanned]:
+    """Every batch header of a file, checked (CRC32C included) by the node's own decoder, and
+    every defect: at disk speed, since no record is parsed."""
+    view = memoryview(data).cast("B")
+    array: Bytes = np.frombuffer(view, dtype=np.uint8)
+    if snapshot and (problem := _snapshot_header_problem(view)):
+        yield Scanned(0, 0, first_offset, first_offset + 1, None, DAMAGE_SNAPSHOT, problem)
+    position, expected, last_epoch = 0, first_offset, -1
+    last: BatchHeader | None = None
+    while position < len(view):
+        try:
+            header = read_batch_header(view, position)
+        except CorruptRecordError as error:
+            found = _damaged(view, array, position, expected=expected, last_epoch=last_epoch,
+                             error=error)
+            yield found
+            position, expected = found.end, found.end_offset
+            continue
+        damage = reason = None
+        if header.base_offset != expected:
+            damage, reason = DAMAGE_SEQUENCE, \
+                f"batch holds offset {header.base_offset}, expected {expected}"
+        elif header.epoch < last_epoch:
+            damage, reason = DAMAGE_SEQUENCE, \
+                f"batch epoch {header.epoch} is older than {last_epoch}"
+        yield Scanned(position, header.end, header.base_offset, header.next_offset, header,
+                      damage, reason)
+        position, expected, last_epoch, last = header.end, header.next_offset, header.epoch, \
+            header
+    if snapshot and not _is_footer(view, last):
+        yield Scanned(position, position, expected, expected + 1, None, DAMAGE_SNAPSHOT,
+                      f"the snapshot has no footer after byte {position} (truncated)")
+
+
 def decode_file(data: pa.Buffer | bytes, identity: FileIdentity, first_offset: int,
-                schema: pa.Schema = SCHEMA) -> Iterator[pa.RecordBatch]:
-    """The rows of one file, in Arrow batches of at most about ``ROWS_PER_ARROW_BATCH`` rows,
-    with the columns of ``schema`` (a subset of ``SCHEMA``). ``first_offset`` is where the file's
-    name says it starts (a segment's base offset; 0 for a snapshot)."""
+                schema: pa.Schema = SCHEMA, only: frozenset[int] | None = None
+                ) -> Iterator[pa.RecordBatch]:
+    """The rows of one file, a row per record, in Arrow batches of at most about
+    ``ROWS_PER_ARROW_BATCH`` rows, with the columns of ``schema`` (a subset of ``SCHEMA``).
+    ``first_offset`` is where the file's name says it starts (a segment's base offset; 0 for a
+    snapshot); ``only``, if given, the byte positions of the batches wanted."""
     view = memoryview(data).cast("B")
     array: Bytes = np.frombuffer(view, dtype=np.uint8)
     pieces: list[_Piece] = []
     run: list[BatchHeader] = []
     run_rows = 0
-    if identity.source == SOURCE_SNAPSHOT and (problem := _snapshot_header_problem(view)):
-        pieces.append(_lost(0, first_offset, first_offset + 1, DAMAGE_SNAPSHOT, problem))
-    position, expected, last_epoch = 0, first_offset, -1
-    while position < len(view):
-        try:
-            header = read_batch_header(view, position)
-        except CorruptRecordError as error:
-            pieces += _walk_run(view, array, run)
-            run, run_rows = [], 0
-            piece, position, expected = _damaged(view, array, position, expected=expected,
-                                                 last_epoch=last_epoch, error=error)
-            pieces.append(piece)
+    for found in scan(data, first_offset, snapshot=identity.source == SOURCE_SNAPSHOT):
+        if only is not None and found.position not in only:
             continue
-        if header.base_offset == expected and header.epoch >= last_epoch:
-            run.append(header)
-            run_rows += header.record_count
+        if found.header is not None and found.damage is None:
+            run.append(found.header)
+            run_rows += found.header.record_count
         else:
             pieces += _walk_run(view, array, run)
             run, run_rows = [], 0
-            reason = (f"batch holds offset {header.base_offset}, expected {expected}"
-                      if header.base_offset != expected
-                      else f"batch epoch {header.epoch} is older than {last_epoch}")
-            pieces += _walk_run(view, array, [header], DAMAGE_SEQUENCE, reason, ok=True)
-        position, expected, last_epoch = header.end, header.next_offset, header.epoch
+            if found.header is None:
+                pieces.append(_lost(found.position, found.first_offset, found.end_offset,
+                                    found.damage or DAMAGE_UNPARSEABLE, found.error or ""))
+            else:
+                pieces += _walk_run(view, array, [found.header], found.damage, found.error,
+                                    ok=found.checksum_ok)
         if run_rows >= ROWS_PER_ARROW_BATCH:
             pieces += _walk_run(view, array, run)
             run, run_rows = [], 0
             yield _to_arrow(pieces, view, array, identity, schema)
             pieces = []
     pieces += _walk_run(view, array, run)
-    if identity.source == SOURCE_SNAPSHOT and not _ends_with_footer(pieces):
-        pieces.append(_lost(position, expected, expected + 1, DAMAGE_SNAPSHOT,
-                            f"the snapshot has no footer after byte {position} (truncated)"))
     if pieces:
         yield _to_arrow(pieces, view, array, identity, schema)
+
+
+def decode_batches(data: pa.Buffer | bytes, identity: FileIdentity, first_offset: int,
+                   schema: pa.Schema = BATCH_SCHEMA) -> Iterator[pa.RecordBatch]:
+    """The rows of one file, a row per batch (``BATCH_SCHEMA``): all the audit needs from the
+    bulk of a log, since a batch's CRC32C covers every byte of its records."""
+    found = list(scan(data, first_offset, snapshot=identity.source == SOURCE_SNAPSHOT))
+    rows = len(found)
+
+    def ints(values: Iterator[int | None], kind: pa.DataType) -> pa.Array:
+        return pa.array(list(values), type=kind)
+
+    def constant(value: object, kind: pa.DataType) -> pa.Array:
+        return pa.repeat(pa.scalar(value, kind), rows)
+
+    builders: dict[str, Callable[[], pa.Array]] = {
+        "cluster_id": lambda: constant(identity.cluster_id, pa.string()),
+        "node_id": lambda: constant(identity.node_id, pa.int32()),
+        "directory_id": lambda: constant(identity.directory_id, pa.string()),
+        "source": lambda: constant(identity.source, pa.string()),
+        "file": lambda: constant(identity.file, pa.string()),
+        "file_index": lambda: constant(identity.file_index, pa.int32()),
+        "snapshot_end_offset": lambda: constant(identity.snapshot_end_offset, pa.int64()),
+        "snapshot_epoch": lambda: constant(identity.snapshot_epoch, pa.int32()),
+        "position": lambda: ints((f.position for f in found), pa.int64()),
+        "size": lambda: ints((f.end - f.position for f in found), pa.int64()),
+        "base_offset": lambda: ints((f.first_offset for f in found), pa.int64()),
+        "last_offset": lambda: ints((f.end_offset - 1 for f in found), pa.int64()),
+        "epoch": lambda: ints((f.header.epoch if f.header else None for f in found), pa.int32()),
+        "timestamp_ms": lambda: ints((f.header.timestamp_ms if f.header else None for f in found),
+                                     pa.int64()),
+        "record_count": lambda: ints((f.header.record_count if f.header else None for f in found),
+                                     pa.int32()),
+        "is_control": lambda: pa.array([f.header is not None and f.header.is_control
+                                        for f in found]),
+        "batch_crc": lambda: ints((f.header.crc if f.header else None for f in found), pa.int64()),
+        "checksum_ok": lambda: pa.array([f.checksum_ok for f in found]),
+        "damage": lambda: pa.array([f.damage for f in found], pa.string()),
+        "error": lambda: pa.array([f.error for f in found], pa.string()),
+    }
+    if rows:
+        yield pa.RecordBatch.from_arrays([builders[name]() for name in schema.names],
+                                         schema=schema)
 
 
 def _snapshot_header_problem(view: memoryview) -> str | None:
@@ -180,17 +284,16 @@ def _snapshot_header_problem(view: memoryview) -> str | None:
     return None
 
 
-def _ends_with_footer(pieces: list[_Piece]) -> bool:
-    if not pieces or not pieces[-1].control_rows:
+def _is_footer(view: memoryview, header: BatchHeader | None) -> bool:
+    if header is None or not header.is_control:
         return False
-    last = pieces[-1]
-    control_type, _ = last.control_rows.get(len(last) - 1, (None, ""))
-    return control_type == ControlRecordType.SNAPSHOT_FOOTER
+    batch, _ = decode_batch(view, header.position)
+    return [control_record_type(r) for r in batch.records] == [ControlRecordType.SNAPSHOT_FOOTER]
 
 
 def _damaged(view: memoryview, array: Bytes, position: int, *, expected: int, last_epoch: int,
-             error: CorruptRecordError) -> tuple[_Piece, int, int]:
-    """The rows for a defect at ``position``; and where and at which offset to go on."""
+             error: CorruptRecordError) -> Scanned:
+    """What the bytes at ``position`` are, when they do not pass as a batch."""
     reason = str(error)
     try:
         header = read_batch_header(view, position, verify_crc=False)
@@ -198,19 +301,18 @@ def _damaged(view: memoryview, array: Bytes, position: int, *, expected: int, la
         header = None
     if header is not None and header.base_offset == expected:
         # Only the CRC failed: the header holds together, so the records may still be read.
-        (piece,) = _walk_run(view, array, [header], DAMAGE_CRC, reason, ok=False)
-        return piece, header.end, header.next_offset
+        return Scanned(position, header.end, header.base_offset, header.next_offset, header,
+                       DAMAGE_CRC, reason)
     following = _next_valid_batch(view, array, position, expected, last_epoch)
     if following is None:
         damage = DAMAGE_TORN_TAIL if isinstance(error, TruncatedBatchError) else \
             DAMAGE_UNPARSEABLE
         what = f"{len(view) - position} bytes from byte {position} to the end do not parse " \
                f"({reason})"
-        return _lost(position, expected, expected + 1, damage, what), len(view), expected
+        return Scanned(position, len(view), expected, expected + 1, None, damage, what)
     what = f"bytes {position}-{following.position} do not parse ({reason})"
-    lost = _lost(position, expected, max(following.base_offset, expected + 1),
-                 DAMAGE_UNPARSEABLE, what)
-    return lost, following.position, following.base_offset
+    return Scanned(position, following.position, expected,
+                   max(following.base_offset, expected + 1), None, DAMAGE_UNPARSEABLE, what)
 
 
 def _next_valid_batch(view: memoryview, array: Bytes, defect: int, expected: int,

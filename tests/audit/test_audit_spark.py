@@ -150,6 +150,10 @@ def test_data_source_reads_a_partition_per_file(spark: SparkSession, tmp_path: P
         str(tmp_path / "b"))
     assert narrow.columns == ["offset", "epoch"]
     assert narrow.agg({"offset": "max"}).collect()[0][0] == two.end_offset - 1
+    # A row per batch: headers only, every CRC32C checked.
+    batches = spark.read.format(FORMAT).option("granularity", "batch").load(str(tmp_path / "b"))
+    totals = batches.agg({"record_count": "sum", "checksum_ok": "min", "last_offset": "max"})
+    assert list(totals.collect()[0]) == [two.end_offset, True, two.end_offset - 1]
 
 
 def test_two_leaders_in_one_epoch_are_reported(spark: SparkSession, tmp_path: Path) -> None:
