@@ -243,18 +243,8 @@ def decode_batches(data: pa.Buffer | bytes, identity: FileIdentity, first_offset
     def ints(values: Iterator[int | None], kind: pa.DataType) -> pa.Array:
         return pa.array(list(values), type=kind)
 
-    def constant(value: object, kind: pa.DataType) -> pa.Array:
-        return pa.repeat(pa.scalar(value, kind), rows)
-
     builders: dict[str, Callable[[], pa.Array]] = {
-        "cluster_id": lambda: constant(identity.cluster_id, pa.string()),
-        "node_id": lambda: constant(identity.node_id, pa.int32()),
-        "directory_id": lambda: constant(identity.directory_id, pa.string()),
-        "source": lambda: constant(identity.source, pa.string()),
-        "file": lambda: constant(identity.file, pa.string()),
-        "file_index": lambda: constant(identity.file_index, pa.int32()),
-        "snapshot_end_offset": lambda: constant(identity.snapshot_end_offset, pa.int64()),
-        "snapshot_epoch": lambda: constant(identity.snapshot_epoch, pa.int32()),
+        **_identity_columns(identity, rows),
         "position": lambda: ints((f.position for f in found), pa.int64()),
         "size": lambda: ints((f.end - f.position for f in found), pa.int64()),
         "base_offset": lambda: ints((f.first_offset for f in found), pa.int64()),
@@ -556,22 +546,12 @@ def _to_arrow(pieces: list[_Piece], view: memoryview, array: Bytes, identity: Fi
         # All-null columns (the common case) without a pass over Python objects.
         return pa.array(values, pa.string()) if present else pa.nulls(rows, pa.string())
 
-    def constant(value: object, kind: pa.DataType) -> pa.Array:
-        return pa.repeat(pa.scalar(value, kind), rows)
-
     def timestamps() -> pa.Array:
         timestamp = column("timestamp")
         return pa.array(timestamp, mask=timestamp == _NO_TIMESTAMP)
 
     builders: dict[str, Callable[[], pa.Array]] = {
-        "cluster_id": lambda: constant(identity.cluster_id, pa.string()),
-        "node_id": lambda: constant(identity.node_id, pa.int32()),
-        "directory_id": lambda: constant(identity.directory_id, pa.string()),
-        "source": lambda: constant(identity.source, pa.string()),
-        "file": lambda: constant(identity.file, pa.string()),
-        "file_index": lambda: constant(identity.file_index, pa.int32()),
-        "snapshot_end_offset": lambda: constant(identity.snapshot_end_offset, pa.int64()),
-        "snapshot_epoch": lambda: constant(identity.snapshot_epoch, pa.int32()),
+        **_identity_columns(identity, rows),
         "position": lambda: pa.array(column("position")),
         "batch_base_offset": lambda: _nullable(column("base"), pa.int64()),
         "offset": lambda: pa.array(column("offset")),
@@ -589,6 +569,23 @@ def _to_arrow(pieces: list[_Piece], view: memoryview, array: Bytes, identity: Fi
     }
     return pa.RecordBatch.from_arrays([builders[name]() for name in schema.names],
                                       schema=schema)
+
+
+def _identity_columns(identity: FileIdentity, rows: int) -> dict[str, Callable[[], pa.Array]]:
+    """Builders of the columns every row of a file repeats."""
+    def constant(value: object, kind: pa.DataType) -> Callable[[], pa.Array]:
+        return lambda: pa.repeat(pa.scalar(value, kind), rows)
+
+    return {
+        "cluster_id": constant(identity.cluster_id, pa.string()),
+        "node_id": constant(identity.node_id, pa.int32()),
+        "directory_id": constant(identity.directory_id, pa.string()),
+        "source": constant(identity.source, pa.string()),
+        "file": constant(identity.file, pa.string()),
+        "file_index": constant(identity.file_index, pa.int32()),
+        "snapshot_end_offset": constant(identity.snapshot_end_offset, pa.int64()),
+        "snapshot_epoch": constant(identity.snapshot_epoch, pa.int32()),
+    }
 
 
 def _nullable(values: Int64s, kind: pa.DataType,
