@@ -82,7 +82,9 @@ def _session(master: str | None) -> tuple[SparkSession, bool]:
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.master("local[*]").config("spark.ui.enabled", "false")
+        # Few shuffle partitions: the audit's shuffles are small (a row per batch or fewer).
+        builder = builder.master("local[*]").config("spark.ui.enabled", "false") \
+            .config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
     return builder.getOrCreate(), True
 
 

@@ -14,9 +14,16 @@ from quorum_audit.decode import (
     SCHEMA,
     SOURCE_SNAPSHOT,
     FileIdentity,
+    decode_batches,
     decode_file,
 )
-from quorum_node.raft.records import HEADER_SIZE, Record, control_record, encode_batch
+from quorum_node.raft.records import (
+    HEADER_SIZE,
+    Record,
+    control_record,
+    encode_batch,
+    read_batch_header,
+)
 from quorum_node.raft.snapshot_format import encode_snapshot
 from quorum_node.raft.types import ControlRecordType, ReplicaKey
 
@@ -133,3 +140,18 @@ def test_only_the_columns_asked_for_are_built() -> None:
     schema = pa.schema([SCHEMA.field("offset"), SCHEMA.field("checksum")])
     decoded = rows(data, schema=schema)
     assert set(decoded[0]) == {"offset", "checksum"} and len(decoded) == len(records) + 1
+
+
+def test_batch_rows_check_every_crc_without_parsing_records() -> None:
+    data, records = log()
+    damaged = bytearray(data)
+    damaged[-3] ^= 1  # inside the last batch's last record
+    table = pa.Table.from_batches(list(decode_batches(bytes(damaged), IDENTITY, 100)))
+    rows_ = table.to_pylist()
+    assert [(r["base_offset"], r["last_offset"], r["record_count"]) for r in rows_] == [
+        (100, 100, 1), (101, 140, 40), (141, 180, 40), (181, 220, 40)]
+    assert [r["checksum_ok"] for r in rows_] == [True, True, True, False]
+    assert rows_[-1]["damage"] == DAMAGE_CRC and rows_[0]["is_control"]
+    # The stored CRC is kept: equal across replicas as long as only the records were damaged.
+    assert rows_[-1]["batch_crc"] == read_batch_header(data, rows_[-1]["position"]).crc
+    assert sum(r["size"] for r in rows_) == len(data) and len(records) == 120
