@@ -177,9 +177,10 @@ def _leadership_chart(axis: Axes, cluster: str, epochs: list[LeaderEpoch],
         axis.annotate(f"{change.change} {change.node_id}:{change.directory_id[:6]}",
                       (at, axis.get_ylim()[1]), fontsize=7,
                       color=colour, rotation=90, va="top")
-    axis.set_ylabel("leader (node id; 0: unknown)")
+    axis.set_ylabel("leader (node id)")
     axis.set_title(f"cluster {cluster}: leadership by epoch, voter changes (dashed)")
-    axis.set_yticks(sorted({e.leader_id or 0 for e in epochs}))
+    rows = sorted({e.leader_id or 0 for e in epochs})
+    axis.set_yticks(rows, [str(row) if row else "unknown" for row in rows])
 
 
 def _rate_chart(axis: Axes, rates: list[WriteRate], origin: int) -> None:

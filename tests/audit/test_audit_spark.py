@@ -16,6 +16,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 import pyarrow.parquet as pq
 from audit_quorum import RealQuorum, data_copy
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from quorum_audit import cli
 from quorum_audit.audit import AuditResult, run_audit
@@ -38,10 +39,13 @@ def errors(result: AuditResult) -> set[tuple[str, int | None, int | None, int | 
             for f in result.findings if f.severity == "error"}
 
 
-def test_real_quorum_passes_with_its_history(real_quorum: RealQuorum, tmp_path: Path) -> None:
+def test_real_quorum_passes_with_its_history(spark: SparkSession, real_quorum: RealQuorum,
+                                             tmp_path: Path) -> None:
     out = tmp_path / "audit"
-    # As a user runs it (within this session's Spark), then the tables it wrote.
+    # As a user runs it, then the tables it wrote; the CLI uses the active session (the tests'
+    # one) and leaves it running.
     code = cli.main(["run", str(real_quorum.root), "--out", str(out)])
+    assert SparkSession.getActiveSession() is spark
     findings = pq.read_table(out / "findings.parquet").to_pylist()
     assert code == cli.EXIT_PASSED and findings == []
     replicas = pq.read_table(out / "replicas.parquet").to_pylist()
@@ -88,35 +92,26 @@ def _shared_batch(root: Path, node: int, skip: int = 0) -> tuple[Path, BatchHead
     return candidates[skip]
 
 
-def test_diverged_replica_is_reported_at_exactly_those_offsets(
-        spark: SparkSession, real_quorum: RealQuorum, tmp_path: Path) -> None:
-    root = data_copy(real_quorum, tmp_path)
+def _diverge(root: Path) -> int:
+    """Replica 2 holds other bytes at a batch's 2nd record, with a valid CRC: a silent divergence,
+    not a damaged file (same length, so the file layout stays). The offset changed."""
     segment, header = _shared_batch(root, 2)
     data = bytearray(segment.read_bytes())
     batch, _ = decode_batch(data, header.position)
-    # Replica 2 holds other bytes at the batch's 2nd record, with a valid CRC: a silent
-    # divergence, not a damaged file (same length, so the file layout stays).
     records = list(batch.records)
     records[1] = Record(records[1].value.upper(), records[1].key)
     changed = encode_batch(batch.base_offset, batch.epoch, records, batch.timestamp_ms)
     assert len(changed) == header.end - header.position and records[1] != batch.records[1]
     data[header.position:header.end] = changed
     segment.write_bytes(bytes(data))
-
-    result = run_audit(spark, [str(root)])
-    offset = batch.base_offset + 1
-    assert errors(result) == {("divergence", 2, offset, offset)}
-    assert {(d.node_id, d.agrees_with_majority) for d in result.divergences} == \
-        {(1, True), (2, False), (3, True)}
-    assert all(d.offset == offset for d in result.divergences)
+    return batch.base_offset + 1
 
 
-def test_corrupted_segment_is_reported_at_exactly_those_offsets(
-        spark: SparkSession, real_quorum: RealQuorum, tmp_path: Path) -> None:
-    root = data_copy(real_quorum, tmp_path)
+def _corrupt(root: Path) -> tuple[Path, BatchHeader, int]:
+    """One byte of the third record's value of another batch of replica 3 flipped in place: its
+    CRC32C no longer matches. The file, the batch and the offset changed."""
     segment, header = _shared_batch(root, 3, skip=1)
     data = bytearray(segment.read_bytes())
-    # One byte of the third record's value flipped in place: the CRC32C no longer matches.
     batch, _ = decode_batch(data, header.position)
     cursor = header.position + HEADER_SIZE
     for record in batch.records[:2]:
@@ -124,13 +119,28 @@ def test_corrupted_segment_is_reported_at_exactly_those_offsets(
     cursor += 8 + len(batch.records[2].key or b"")
     data[cursor] ^= 0x20
     segment.write_bytes(bytes(data))
+    return segment, header, batch.base_offset + 2
+
+
+def test_diverged_replica_and_corrupted_segment_are_reported_at_exactly_those_offsets(
+        spark: SparkSession, real_quorum: RealQuorum, tmp_path: Path) -> None:
+    root = data_copy(real_quorum, tmp_path)
+    diverged = _diverge(root)
+    segment, header, flipped = _corrupt(root)
 
     result = run_audit(spark, [str(root)])
-    first, last = batch.base_offset, batch.base_offset + len(batch.records) - 1
-    # The damaged batch as a whole, and among its records the one whose bytes differ.
-    assert errors(result) == {(DAMAGE_CRC, 3, first, last), ("divergence", 3, first + 2, first + 2)}
+    first, last = header.base_offset, header.next_offset - 1
+    # Nothing else: the diverged record on replica 2; on replica 3 the damaged batch as a whole
+    # and, among its records, the one whose bytes differ from the other replicas'.
+    assert errors(result) == {("divergence", 2, diverged, diverged),
+                              (DAMAGE_CRC, 3, first, last),
+                              ("divergence", 3, flipped, flipped)}
+    assert {(d.offset, d.node_id, d.agrees_with_majority) for d in result.divergences} == {
+        (diverged, 1, True), (diverged, 2, False), (diverged, 3, True),
+        (flipped, 1, True), (flipped, 2, True), (flipped, 3, False)}
     damaged = next(f for f in result.findings if f.kind == DAMAGE_CRC)
     assert segment.name in damaged.detail and f"byte {header.position}" in damaged.detail
+    assert not result.passed
 
 
 def test_data_source_reads_a_partition_per_file(spark: SparkSession, tmp_path: Path) -> None:
@@ -152,7 +162,7 @@ def test_data_source_reads_a_partition_per_file(spark: SparkSession, tmp_path: P
     assert narrow.agg({"offset": "max"}).collect()[0][0] == two.end_offset - 1
     # A row per batch: headers only, every CRC32C checked.
     batches = spark.read.format(FORMAT).option("granularity", "batch").load(str(tmp_path / "b"))
-    totals = batches.agg({"record_count": "sum", "checksum_ok": "min", "last_offset": "max"})
+    totals = batches.agg(F.sum("record_count"), F.min("checksum_ok"), F.max("last_offset"))
     assert list(totals.collect()[0]) == [two.end_offset, True, two.end_offset - 1]
 
 
