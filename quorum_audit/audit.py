@@ -263,6 +263,9 @@ class _Audit:
                                        clusters, hws)
         findings += _divergence_findings(divergences)
         findings += damage + _state_findings(summaries, self.replicas)
+        # A directory without a readable meta.properties cannot be attributed to a replica.
+        findings += [Finding(ERROR, "unreadable_directory", "", problem)
+                     for problem in self.discovery.problems]
         if snapshot_job is not None:
             findings += snapshot_job.result()
         rates = [WriteRate(clusters[r["cluster"]], r["second"] * 1000, r["records"], r["bytes"])

@@ -160,6 +160,8 @@ def test_data_source_reads_a_partition_per_file(spark: SparkSession, tmp_path: P
         str(tmp_path / "b"))
     assert narrow.columns == ["offset", "epoch"]
     assert narrow.agg({"offset": "max"}).collect()[0][0] == two.end_offset - 1
+    # A URI works as a path (pyarrow's filesystems: file://, s3://, gs://, hdfs://).
+    assert spark.read.format(FORMAT).load(f"file://{tmp_path / 'b'}").count() == two.end_offset
     # A row per batch: headers only, every CRC32C checked.
     batches = spark.read.format(FORMAT).option("granularity", "batch").load(str(tmp_path / "b"))
     totals = batches.agg(F.sum("record_count"), F.min("checksum_ok"), F.max("last_offset"))
