@@ -1,4 +1,6 @@
-"""Decode a segment or snapshot file into Arrow record batches of audit rows, one row a record.
+"""Decode a segment or snapshot file into Arrow record batches of audit rows: one row a record
+(``decode_file``), or one row a batch (``decode_batches``: headers and CRC32C only, the cheap view
+the audit takes of the bulk of a log).
 
 Pure functions over bytes (no Spark, no I/O), so that they are tested and benchmarked alone and run
 unchanged inside Spark's Python workers. Batch headers are read by the node's own decoder
