@@ -1,13 +1,16 @@
 """The audit jobs on Spark: consistency of the replicas, and the quorum's history.
 
-One pass decodes every file (the expensive part, in Python workers) into the dozen columns the
-jobs need, which Spark keeps (memory, then disk) for the few small aggregations that follow:
+Batches first (see ``_Audit``): one pass reads every file as a row per batch, its CRC32C checked
+but its records not parsed (the expensive part, in Python workers), which Spark keeps (memory,
+then disk) for the small aggregations that follow:
 
 - per replica: its log's first and last offset and epoch;
-- per (cluster, offset) below the cluster's committed high watermark: do all replicas holding it
-  have the same epoch and record checksum? Only offsets where they do not are looked at again;
-- per (replica, snapshot): a digest of its records, compared between replicas;
-- the control records, damaged batches and per-second write counts, gathered to the driver.
+- per (cluster, base offset): do all copies of the batch have the same epoch, record count and
+  CRC32C? Only batches where they do not (or that are damaged, or do not line up) are decoded
+  record by record, and compared per offset below the cluster's committed high watermark;
+- control batches (the history) and snapshots (a digest of their records, compared between
+  replicas) are decoded record by record too;
+- damaged batches, epochs and per-second write counts, gathered to the driver.
 
 The high watermark is not stored on disk (Kafka does not store it either), so it is taken as what
 the logs prove committed: the end offset held by a majority of the latest voter set's replicas,
