@@ -1487,7 +1487,9 @@ class RaftCore:
             self.log.append_as_follower(batches)
             self._on_log_appended(batches)
             self._effects.flush = True
-        if response.high_watermark is not None:
+        # Not when answered with a snapshot: the local log was not validated against the
+        # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
+        if response.high_watermark is not None and response.snapshot_id is None:
             self._advance_local_high_watermark(min(response.high_watermark, self.log.end_offset))
         state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
         state.has_fetched_from_leader = True
