@@ -68,11 +68,16 @@ class NodeClient:
                 "timeout_ms": VOTER_CHANGE_TIMEOUT_MS}
         return await self._change("POST", f"http://{address}{VOTERS_PATH}", body)
 
-    async def remove_voter(self, address: str, node_id: int, directory_id: str
-                           ) -> ChangeResult:
+    async def remove_voter(self, address: str, node_id: int, directory_id: str, *,
+                           decommission: bool = False) -> ChangeResult:
+        """RemoveVoter. ``decommission`` removes a node id's last directory (scale-down); without
+        it the node refuses that, so a replaced directory is only removed after its successor
+        was added."""
         quoted = urllib.parse.quote(directory_id, safe="")
         url = f"http://{address}{VOTERS_PATH}/{node_id}/{quoted}" \
               f"?timeout_ms={VOTER_CHANGE_TIMEOUT_MS}"
+        if decommission:
+            url += "&decommission=true"
         return await self._change("DELETE", url, None)
 
     async def _change(self, method: str, url: str, body: Any) -> ChangeResult:

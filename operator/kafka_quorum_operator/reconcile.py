@@ -39,6 +39,7 @@ from kafka_quorum_operator.observe import (
 )
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
+    SCALE_DOWN,
     Action,
     Plan,
     assess,
@@ -264,7 +265,8 @@ class Reconciler:
         assert action.directory_id is not None
         if action.kind == ADD_VOTER:
             return await self.nodes.add_voter(address, action.node_id, action.directory_id)
-        return await self.nodes.remove_voter(address, action.node_id, action.directory_id)
+        return await self.nodes.remove_voter(address, action.node_id, action.directory_id,
+                                             decommission=action.reason == SCALE_DOWN)
 
     async def _after_change(self, owner: r.Owner, observed: Observed, decided: Plan,
                             action: Action, *, outcome: ChangeResult | None,
