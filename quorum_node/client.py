@@ -247,11 +247,14 @@ class QuorumClient:
         return _voters(self._call("POST", VOTERS_PATH, body=body,
                                   content_type="application/json"))
 
-    def remove_voter(self, voter_id: int, directory_id: str) -> list[Voter]:
+    def remove_voter(self, voter_id: int, directory_id: str, *,
+                     decommission: bool = False) -> list[Voter]:
         """RemoveVoter (KIP-856), as ``add_voter``; VOTER_NOT_FOUND if it is not a voter (also
-        when a retry follows a try whose answer was lost)."""
+        when a retry follows a try whose answer was lost). Removing a node id's last directory
+        is refused (INVALID_REQUEST) unless ``decommission``: scaling the quorum down."""
         path = f"{VOTERS_PATH}/{voter_id}/{urllib.parse.quote(directory_id, safe='')}"
-        return _voters(self._call("DELETE", path))
+        query = {"decommission": "true"} if decommission else None
+        return _voters(self._call("DELETE", path, query=query))
 
     # --- transport ---------------------------------------------------------------------------
 

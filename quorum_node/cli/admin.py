@@ -6,6 +6,7 @@
     quorum-admin describe --status --json
     quorum-admin add-voter --id 3 --uuid DIRECTORY_ID      # AddVoter (KIP-856)
     quorum-admin remove-voter --id 3 --uuid DIRECTORY_ID   # RemoveVoter
+    quorum-admin remove-voter --id 5 --uuid DIRECTORY_ID --decommission   # scale down
 
 The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
 While no leader is known (an election), the servers are retried until ``--timeout-ms`` (default
@@ -100,6 +101,10 @@ def _build_parser() -> _Parser:
                             metavar="DIRECTORY_ID",
                             help="the replica's directory id (22-character base64url, as "
                                  "describe prints it)")
+        if name == "remove-voter":
+            change.add_argument("--decommission", action="store_true",
+                                help="also when it is the node id's last directory: remove "
+                                     "the node from the voters (scaling down)")
     return parser
 
 
@@ -192,8 +197,11 @@ def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
     try:
         with QuorumClient([_url(host, port, access.scheme) for host, port in servers],
                           timeout_s, credentials=access.credentials) as client:
-            change = client.add_voter if adding else client.remove_voter
-            voters = change(args.voter_id, directory_id)
+            if adding:
+                voters = client.add_voter(args.voter_id, directory_id)
+            else:
+                voters = client.remove_voter(args.voter_id, directory_id,
+                                             decommission=args.decommission)
     except QuorumClientError as error:
         return _fail(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
                      EXIT_FAILED)

@@ -31,9 +31,10 @@ A voter change takes ``timeout_ms`` (query, or the POST body; default 30000, at 
 answers once the new voter set is committed: 200 ``{"error": "NONE", "id", "directory_id",
 "voters": [{"id", "directory_id"}, ...]}``. Refusals are ``{"code": KAFKA_ERROR, "message"}``:
 409 ``DUPLICATE_VOTER`` (already a voter), 409 ``VOTER_NOT_FOUND`` (not a voter), 400
-``INVALID_REQUEST`` (not an observer, an id not configured, removing an id's last directory, or a
-malformed request), 504 ``REQUEST_TIMED_OUT`` (another change is pending, or this one was not done
-in time: it may still complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry).
+``INVALID_REQUEST`` (not an observer, an id not configured, removing an id's last directory
+without ``?decommission=true``, removing the only voter, or a malformed request), 504
+``REQUEST_TIMED_OUT`` (another change is pending, or this one was not done in time: it may still
+complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry).
 """
 
 from __future__ import annotations
@@ -166,7 +167,13 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
     async def remove_voter(request: web.Request) -> web.Response:
         key = ReplicaKey(_voter_id(request.match_info["id"]),
                          _directory_id(request.match_info["directory_id"]))
-        return await change_voters(request, node.remove_voter, key, _timeout_ms(request, None))
+        decommission = _decommission(request)
+        timeout_ms = _timeout_ms(request, None, also_allowed=("decommission",))
+
+        async def remove(key: ReplicaKey, timeout_s: float) -> None:
+            await node.remove_voter(key, timeout_s, decommission=decommission)
+
+        return await change_voters(request, remove, key, timeout_ms)
 
     async def change_voters(request: web.Request,
                             change: Callable[[ReplicaKey, float], Awaitable[None]],
@@ -260,10 +267,13 @@ def _directory_id(value: object) -> uuid.UUID:
         raise _InvalidRequest(f"directory_id: {error}") from None
 
 
-def _timeout_ms(request: web.Request, from_body: object) -> int:
-    unknown = sorted(set(request.query) - {"timeout_ms"})
+def _timeout_ms(request: web.Request, from_body: object,
+                also_allowed: tuple[str, ...] = ()) -> int:
+    allowed = ("timeout_ms", *also_allowed)
+    unknown = sorted(set(request.query) - set(allowed))
     if unknown:
-        raise _InvalidRequest(f"unknown query parameter {unknown[0]!r} (allowed: timeout_ms)")
+        raise _InvalidRequest(f"unknown query parameter {unknown[0]!r} "
+                              f"(allowed: {', '.join(allowed)})")
     raw = request.query.getall("timeout_ms", [])
     if len(raw) + (from_body is not None) > 1:
         raise _InvalidRequest("timeout_ms is given more than once")
@@ -275,6 +285,17 @@ def _timeout_ms(request: web.Request, from_body: object) -> int:
         raise _InvalidRequest(f"timeout_ms must be an integer from 1 to {MAX_VOTER_TIMEOUT_MS}, "
                        f"got {value!r}")
     return value
+
+
+def _decommission(request: web.Request) -> bool:
+    raw = request.query.getall("decommission", [])
+    if len(raw) > 1:
+        raise _InvalidRequest("decommission is given more than once")
+    if not raw:
+        return False
+    if raw[0] not in ("true", "false"):
+        raise _InvalidRequest(f"decommission must be true or false, got {raw[0]!r}")
+    return raw[0] == "true"
 
 
 def _key_json(key: ReplicaKey) -> dict[str, Any]:

@@ -257,7 +257,12 @@ PATHS: dict[str, Any] = {
         "delete": {
             "operationId": "removeVoter", "summary": "RemoveVoter (admin, KIP-856)",
             "security": [{"bearer": []}, {"mutualTls": []}, {}],
-            "parameters": [_int_query("timeout_ms", 1, MAX_VOTER_TIMEOUT_MS)],
+            "parameters": [
+                _int_query("timeout_ms", 1, MAX_VOTER_TIMEOUT_MS),
+                {"name": "decommission", "in": "query", "required": False,
+                 "description": "true: may remove the node id's last directory (scale down)",
+                 "schema": {"type": "string", "enum": ["true", "false"]}},
+            ],
             "responses": _VOTER_CHANGE,
         },
     },

@@ -362,9 +362,12 @@ class QuorumNode:
         not done within ``timeout_s`` (REQUEST_TIMED_OUT: it may still complete)."""
         await self._change_voters(self.core.add_voter, key, timeout_s)
 
-    async def remove_voter(self, key: ReplicaKey, timeout_s: float) -> None:
-        """RemoveVoter (KIP-856), as ``add_voter``."""
-        await self._change_voters(self.core.remove_voter, key, timeout_s)
+    async def remove_voter(self, key: ReplicaKey, timeout_s: float, *,
+                           decommission: bool = False) -> None:
+        """RemoveVoter (KIP-856), as ``add_voter``; ``decommission`` may remove a node id's last
+        directory (``RaftCore.remove_voter``)."""
+        await self._change_voters(
+            functools.partial(self.core.remove_voter, decommission=decommission), key, timeout_s)
 
     async def _change_voters(self, start: Callable[[int, ReplicaKey, int], int],
                              key: ReplicaKey, timeout_s: float) -> None:

@@ -641,18 +641,28 @@ class RaftCore:
                                    f"{key} is not an observer: it has not fetched from the leader")
         return self._start_voter_change(now_ms, "add", key, timeout_ms)
 
-    def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
+    def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int, *,
+                     decommission: bool = False) -> int:
         """KIP-856 RemoveVoter: drop the voter ``key``. Same contract as ``add_voter``. A leader
         that removes itself leads on (not counting itself) until the change commits, then
-        resigns."""
+        resigns.
+
+        KIP-856 only removes a replaced directory: removing a node id's last directory is
+        refused, so a slip in a disk replacement (removing the old directory before adding the
+        new one) cannot shrink the quorum. ``decommission`` is the explicit opt-in to remove the
+        id itself (scaling down), as KIP-853's RemoveRaftVoter allows; the last voter stays."""
         self._check_voter_change(now_ms, key)
         if not any(voter == key for voter in self.voters):
             raise VoterChangeError(Errors.VOTER_NOT_FOUND, f"{key} is not a voter")
-        if not any(voter.id == key.id and voter != key for voter in self.voters):
+        if len(self.voters) == 1:
+            raise VoterChangeError(Errors.INVALID_REQUEST, f"{key} is the only voter")
+        if not decommission and not any(voter.id == key.id and voter != key
+                                        for voter in self.voters):
             raise VoterChangeError(
                 Errors.INVALID_REQUEST,
                 f"removing {key} would remove node {key.id} from the voters; only a replaced "
-                f"directory of a node can be removed (add the new one first)")
+                f"directory of a node can be removed (add the new one first), unless the node "
+                f"is decommissioned")
         return self._start_voter_change(now_ms, "remove", key, timeout_ms)
 
     def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:

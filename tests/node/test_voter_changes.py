@@ -105,6 +105,12 @@ async def lone(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalC
     ("POST", "?wait=1", b'{"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
      "unknown query parameter 'wait'"),
     ("DELETE", "/x/AAAAAAAAAAAAAAAAAAAAAQ", None, "id must be a node id"),
+    ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?decommission=yes", None,
+     "decommission must be true or false, got 'yes'"),
+    ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?decommission=true&decommission=true", None,
+     "decommission is given more than once"),
+    ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?force=true", None,
+     "unknown query parameter 'force' (allowed: timeout_ms, decommission)"),
     ("DELETE", "/3/AAAA", None, "directory_id: 'AAAA' is neither"),
 ])
 @module_loop
@@ -113,6 +119,34 @@ async def test_malformed_requests_are_invalid_request(
     status, answer, _ = await request(method, lone.url(1) + VOTERS + path, raw=body)
     assert (status, answer["code"]) == (400, "INVALID_REQUEST")
     assert message in answer["message"]
+
+
+async def test_decommissioning_a_node_takes_its_id_out_of_the_voters(tmp_path: Path) -> None:
+    async with running_cluster(tmp_path) as cluster:
+        leader = await with_known_directories(cluster)
+        leader_id = leader.config.node_id
+        gone = next(i for i in (1, 2, 3) if i != leader_id)
+        url = f"{cluster.url(leader_id)}{VOTERS}/{gone}/{kafka(directory_of(cluster, gone))}"
+        # Its only directory: refused unless decommissioned.
+        status, body, _ = await request("DELETE", url)
+        assert (status, body["code"]) == (400, "INVALID_REQUEST"), body
+        assert "decommission" in body["message"]
+        status, body, _ = await request("DELETE", url + "?decommission=false")
+        assert (status, body["code"]) == (400, "INVALID_REQUEST"), body
+        assert len(leader.core.voters) == 3
+        status, body, _ = await request("DELETE", url + "?decommission=true")
+        assert status == 200, body
+        remaining = {i for i in (1, 2, 3) if i != gone}
+        assert {voter["id"] for voter in body["voters"]} == remaining
+        assert {key.id for key in leader.core.voters} == remaining
+        # Both remaining voters hold the change: the other one applied it from the log.
+        other = cluster.nodes[next(iter(remaining - {leader_id}))]
+        await cluster.wait_for(lambda: {k.id for k in other.core.voters} == remaining, 10,
+                               "the follower to apply the new voter set")
+        # The quorum of two still commits writes.
+        async with aiohttp.ClientSession() as session, session.post(
+                cluster.url(leader_id) + "/v1/records", json=["after"]) as response:
+            assert response.status == 200, await response.text()
 
 
 async def test_a_follower_redirects_and_without_a_leader_it_is_503(tmp_path: Path) -> None:
@@ -141,7 +175,8 @@ async def test_a_change_not_done_in_time_is_504(tmp_path: Path,
         monkeypatch.setattr(leader.core, "add_voter", lambda now_ms, key, timeout_ms: 1)
         monkeypatch.setattr(leader.core, "voter_change_result", lambda ticket: None)
 
-        def pending(now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
+        def pending(now_ms: int, key: ReplicaKey, timeout_ms: int, *,
+                    decommission: bool = False) -> int:
             raise VoterChangeError(Errors.REQUEST_TIMED_OUT, "another voter change is pending")
 
         monkeypatch.setattr(leader.core, "remove_voter", pending)
@@ -244,11 +279,13 @@ class StandIn:
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, str, Any]] = []
+        self.queries: list[dict[str, str]] = []
         self.answer: tuple[int, dict[str, Any]] = (200, {})
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else None
         self.asked.append((request.method, request.path, body))
+        self.queries.append(dict(request.query))
         status, answer = self.answer
         return web.json_response(answer, status=status)
 
@@ -291,6 +328,12 @@ async def test_cli_adds_and_removes(stand_in: tuple[StandIn, str],
     assert out.startswith(f"Removed voter 3 with directory id {OLD}\n")
     assert server.asked == [("POST", VOTERS, {"id": 3, "directory_id": NEW}),
                             ("DELETE", f"{VOTERS}/3/{OLD}", None)]
+    assert "decommission" not in server.queries[-1]
+    code, out, err = await run(capsys, "--bootstrap-server", address, "remove-voter",
+                               "--id", "3", "--uuid", OLD, "--decommission")
+    assert (code, err) == (0, "")
+    assert server.asked[-1] == ("DELETE", f"{VOTERS}/3/{OLD}", None)
+    assert server.queries[-1]["decommission"] == "true"
 
 
 @pytest.mark.parametrize(("status", "code", "message"), [

@@ -282,6 +282,34 @@ def test_remove_voter_refusals(leader: Any, request_key: ReplicaKey, error: Erro
     assert refused.value.error is error
 
 
+def test_decommission_removes_a_node_id_down_to_one_voter(leader: Any) -> None:
+    ctx = leader
+    ticket = ctx.core.remove_voter(ctx.now_ms, key(3), TIMEOUT_MS, decommission=True)
+    ctx.flush()
+    offset, voters = voter_records(ctx)[-1]
+    assert voters == (key(1), key(2))
+    fetch(ctx, 3, ctx.log.end_offset)  # the removed voter's fetch no longer counts
+    assert ctx.core.high_watermark <= offset
+    catch_up(ctx, 2)
+    assert outcome(ctx, ticket)[0] is Errors.NONE
+    # Node 3 is an observer again; its id is still configured, so it can be added back.
+    assert key(3) in [r.key for r in ctx.core.describe_quorum(ctx.now_ms).observers]
+    ticket = ctx.core.remove_voter(ctx.now_ms, key(2), TIMEOUT_MS, decommission=True)
+    catch_up(ctx, 2)
+    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ctx.core.voters == (key(1),)
+    with pytest.raises(VoterChangeError) as refused:
+        ctx.core.remove_voter(ctx.now_ms, key(1), TIMEOUT_MS, decommission=True)
+    assert refused.value.error is Errors.INVALID_REQUEST
+    assert "only voter" in refused.value.message
+    fetch(ctx, 3, 0)
+    catch_up(ctx, 3)
+    ticket = ctx.core.add_voter(ctx.now_ms, key(3), TIMEOUT_MS)
+    catch_up(ctx, 3)
+    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ctx.core.voters == (key(1), key(3))
+
+
 def test_leader_removing_itself_leads_until_committed_then_resigns(
     make_ctx: Callable[..., Any],
 ) -> None:
