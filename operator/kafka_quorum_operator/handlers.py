@@ -5,8 +5,11 @@ spec, changes. Only the holder of the operator's Lease acts.
 Settings (environment): ``KQ_OPERATOR_INTERVAL`` (seconds between passes, default 5),
 ``KQ_OPERATOR_METRICS_PORT`` (Prometheus, default 0: off), ``KQ_OPERATOR_NAMESPACE`` and
 ``KQ_OPERATOR_IDENTITY`` (where the Lease lives and who holds it: the pod's namespace and
-name), ``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and
-tests; otherwise the service account, then the kubeconfig).
+name), ``KQ_OPERATOR_POD_SELECTOR`` (the operator pods' labels, ``k=v,...``, which the quorums'
+NetworkPolicies let in; default ``app.kubernetes.io/name=kafka-quorum-operator``),
+``KQ_OPERATOR_CLUSTER_DOMAIN`` (in the nodes' certificates; default ``cluster.local``),
+``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and tests;
+otherwise the service account, then the kubeconfig).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import kopf
 from prometheus_client import start_http_server
 
 from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
 from kafka_quorum_operator.kube import Connection, KubeClient, path
 from kafka_quorum_operator.lease import LeaderElector
 from kafka_quorum_operator.nodes import NodeClient
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
+from kafka_quorum_operator.resources import OperatorPods
 from kafka_quorum_operator.status import iso
 
 LEASE_NAME = "kafka-quorum-operator"
@@ -38,6 +43,14 @@ LEASE_NAME = "kafka-quorum-operator"
 def _env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
+
+
+def _labels(text: str) -> dict[str, str]:
+    """``k=v,k=v`` as a mapping (a malformed entry is an error at start, not a wrong policy)."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if not pairs or any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+        raise ValueError(f"KQ_OPERATOR_POD_SELECTOR: expected k=v,..., got {text!r}")
+    return {k.strip(): v.strip() for k, v in pairs}
 
 
 @dataclass
@@ -61,9 +74,12 @@ class _State:
             certificate_path=text(info.certificate_path),
             private_key_path=text(info.private_key_path), insecure=bool(info.insecure))
         kube = KubeClient(connection)
-        self.reconciler = Reconciler(kube, NodeClient())
         namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or info.default_namespace \
             or "default"
+        pods = OperatorPods(namespace, _labels(os.environ.get(
+            "KQ_OPERATOR_POD_SELECTOR") or f"app.kubernetes.io/name={MANAGER}"))
+        keeper = Keeper(kube, os.environ.get("KQ_OPERATOR_CLUSTER_DOMAIN") or CLUSTER_DOMAIN)
+        self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper)
         identity = os.environ.get("KQ_OPERATOR_IDENTITY") or \
             f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.elector = LeaderElector(kube, namespace, LEASE_NAME, identity)

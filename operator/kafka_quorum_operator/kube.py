@@ -26,6 +26,9 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "Event": ("/api/v1", "events"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "Secret": ("/api/v1", "secrets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Certificate": ("/apis/cert-manager.io/v1", "certificates"),
 }
 
 

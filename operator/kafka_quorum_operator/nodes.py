@@ -4,13 +4,25 @@ and leader) and the leader's admin API (DescribeQuorum, AddVoter, RemoveVoter).
 Nodes are reached by pod IP, never through a redirect: a node redirects admin calls to the
 leader's configured DNS name, and the operator picks the leader itself from the nodes' own
 reports. A redirect therefore means the leader changed, and the call is retried on a later pass.
+
+Over TLS, the connection goes to the pod IP but the node's certificate must name the pod's DNS
+name (``Route.server_name``, also the TLS SNI): IP addresses are not in the certificates (a pod's
+IP is known only once it runs, and changes with every new pod), and the operator does not depend
+on cluster DNS. The operator presents its client certificate (CN ``quorum-operator``, admin).
+Every address must have been given a route (``NodeClient.route``) from the pass's observation;
+an address without one is not contacted.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import ssl
+import tempfile
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,10 +42,61 @@ class ChangeResult:
     message: str
 
 
+@dataclass(frozen=True)
+class Route:
+    """How to reach the node at an address: the name its certificate must hold, and the
+    operator's TLS context for its quorum (None: plain HTTP, a quorum with TLS off)."""
+
+    server_name: str
+    tls: ssl.SSLContext | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls is None else "https"
+
+    def options(self) -> dict[str, Any]:
+        if self.tls is None:
+            return {}
+        return {"ssl": self.tls, "server_hostname": self.server_name}
+
+
+def client_context(ca: bytes, certificate: bytes, key: bytes) -> ssl.SSLContext:
+    """A TLS context trusting ``ca`` (PEM bundle) and presenting the certificate and key (PEM).
+    The standard library loads a certificate chain only from files: they are written to a
+    private temporary directory and removed once loaded."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    with tempfile.TemporaryDirectory(prefix="kq-tls-") as directory:
+        os.chmod(directory, 0o700)
+        files = {}
+        for name, content in (("tls.crt", certificate), ("tls.key", key)):
+            path = Path(directory) / name
+            path.touch(0o600)
+            path.write_bytes(content)
+            files[name] = path
+        context.load_cert_chain(files["tls.crt"], files["tls.key"])
+    return context
+
+
 class NodeClient:
     def __init__(self, timeout_s: float = 3.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._routes: dict[str, Route] = {}
+
+    def route(self, address: str, route: Route) -> None:
+        """Reach ``address`` (host:port) this way from now on."""
+        self._routes[address] = route
+
+    def forget(self, addresses: Iterable[str]) -> None:
+        for address in addresses:
+            self._routes.pop(address, None)
+
+    def _target(self, address: str, path: str) -> tuple[str, dict[str, Any]] | None:
+        route = self._routes.get(address)
+        if route is None:
+            return None
+        return f"{route.scheme}://{address}{path}", route.options()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -45,8 +108,12 @@ class NodeClient:
             await self._session.close()
 
     async def metrics(self, address: str) -> NodeView | None:
+        target = self._target(address, "/metrics")
+        if target is None:
+            return None
+        url, options = target
         try:
-            async with self._client().get(f"http://{address}/metrics") as response:
+            async with self._client().get(url, **options) as response:
                 if response.status != 200:
                     return None
                 return parse_metrics(await response.text())
@@ -54,9 +121,12 @@ class NodeClient:
             return None
 
     async def describe(self, address: str) -> QuorumView | None:
+        target = self._target(address, "/v1/quorum")
+        if target is None:
+            return None
+        url, options = target
         try:
-            async with self._client().get(f"http://{address}/v1/quorum",
-                                          allow_redirects=False) as response:
+            async with self._client().get(url, allow_redirects=False, **options) as response:
                 if response.status != 200:
                     return None
                 return parse_describe_quorum(await response.json())
@@ -66,7 +136,7 @@ class NodeClient:
     async def add_voter(self, address: str, node_id: int, directory_id: str) -> ChangeResult:
         body = {"id": node_id, "directory_id": directory_id,
                 "timeout_ms": VOTER_CHANGE_TIMEOUT_MS}
-        return await self._change("POST", f"http://{address}{VOTERS_PATH}", body)
+        return await self._change("POST", address, VOTERS_PATH, body)
 
     async def remove_voter(self, address: str, node_id: int, directory_id: str, *,
                            decommission: bool = False) -> ChangeResult:
@@ -74,17 +144,20 @@ class NodeClient:
         it the node refuses that, so a replaced directory is only removed after its successor
         was added."""
         quoted = urllib.parse.quote(directory_id, safe="")
-        url = f"http://{address}{VOTERS_PATH}/{node_id}/{quoted}" \
-              f"?timeout_ms={VOTER_CHANGE_TIMEOUT_MS}"
+        path = f"{VOTERS_PATH}/{node_id}/{quoted}?timeout_ms={VOTER_CHANGE_TIMEOUT_MS}"
         if decommission:
-            url += "&decommission=true"
-        return await self._change("DELETE", url, None)
+            path += "&decommission=true"
+        return await self._change("DELETE", address, path, None)
 
-    async def _change(self, method: str, url: str, body: Any) -> ChangeResult:
+    async def _change(self, method: str, address: str, path: str, body: Any) -> ChangeResult:
         timeout = aiohttp.ClientTimeout(total=VOTER_CHANGE_TIMEOUT_MS / 1000 + 5)
+        target = self._target(address, path)
+        if target is None:
+            return ChangeResult(False, "UNREACHABLE", f"no route to {address} (not observed)")
+        url, options = target
         try:
             async with self._client().request(method, url, json=body, allow_redirects=False,
-                                              timeout=timeout) as response:
+                                              timeout=timeout, **options) as response:
                 text = await response.text()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as error:

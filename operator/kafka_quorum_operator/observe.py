@@ -145,6 +145,9 @@ class Observed:
     pending: PendingChange | None = None
     # Voter changes the leader refused, by node id: (retry after, operator clock; why).
     refused: Mapping[int, tuple[float, str]] = field(default_factory=dict)
+    # Why the quorum's nodes cannot be reached securely (TLS on, the operator's credentials
+    # missing); None when they can, or TLS is off.
+    security_problem: str | None = None
 
 
 # --- Kubernetes objects ------------------------------------------------------------------------

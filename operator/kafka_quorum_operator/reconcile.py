@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,8 +26,9 @@ from kafka_quorum_operator import (
 )
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.keeper import Keeper
 from kafka_quorum_operator.kube import KubeClient, KubeError, path
-from kafka_quorum_operator.nodes import ChangeResult, NodeClient
+from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     NodeView,
     Observed,
@@ -66,6 +68,7 @@ class Memory:
     costs at most a retried call)."""
 
     refused: dict[int, tuple[float, str]] = field(default_factory=dict)
+    addresses: set[str] = field(default_factory=set)  # the nodes' addresses last observed
 
 
 @dataclass
@@ -76,6 +79,14 @@ class Reconciler:
     memories: dict[str, Memory] = field(default_factory=dict)
     # Owned objects as last applied: (their JSON, when), by API path.
     applied: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # Where the operator runs (the NetworkPolicy lets it in), and its quorums' credentials.
+    operator_pods: r.OperatorPods = field(default_factory=lambda: r.OperatorPods(
+        "default", {"app.kubernetes.io/name": MANAGER}))
+    keeper: Keeper | None = None
+
+    def __post_init__(self) -> None:
+        if self.keeper is None:
+            self.keeper = Keeper(self.kube, clock=self.clock)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -98,7 +109,9 @@ class Reconciler:
         if not cluster_id:
             cluster_id = await self._generate_cluster_id(owner)
 
-        observed = await self._observe(owner, body, cluster_id, memory)
+        assert self.keeper is not None
+        tls = await self.keeper.client_tls(owner, spec)
+        observed = await self._observe(owner, body, cluster_id, memory, tls)
         assessment = assess(observed)
         voter_ids = configured_voter_ids(observed, assessment)
         environment = r.node_environment(owner, spec, cluster_id, voter_ids)
@@ -107,9 +120,14 @@ class Reconciler:
         a = decided.assessment
         changing = not spec.paused and not a.quorum_lost
         if changing:
+            # Credentials before anything that mounts them (pods created below).
+            secured = await self.keeper.secure(owner, spec, voter_ids)
             voters = max(len(a.voters), spec.replicas)
-            for obj in r.owned_objects(owner, spec, environment, voters):
+            for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
+                        *secured.objects]:
                 await self._apply(obj)
+            for change in secured.changes:
+                await self.event(owner, "CredentialsChanged", change)
 
         last = status.get("lastRemediation")
         last_remediation = dict(last) if isinstance(last, Mapping) else None
@@ -148,7 +166,7 @@ class Reconciler:
     # --- observing ------------------------------------------------------------------------
 
     async def _observe(self, owner: r.Owner, body: Mapping[str, Any], cluster_id: str,
-                       memory: Memory) -> Observed:
+                       memory: Memory, tls: ssl.SSLContext | None) -> Observed:
         spec = parse_spec(body.get("spec"))
         status: Mapping[str, Any] = body.get("status") or {}
         selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
@@ -158,6 +176,17 @@ class Reconciler:
         pods = {v.node_id: v for v in map(pod_view, pods_raw) if v is not None}
         claims = {v.node_id: v for v in map(claim_view, claims_raw) if v is not None}
         addresses = {i: f"{p.ip}:{spec.port}" for i, p in pods.items() if p.running}
+        problem = None
+        if spec.security.tls and tls is None:
+            # Not even tried without TLS: the node would refuse, or worse, not be ours.
+            problem = f"the operator has no client certificate for the quorum yet (Secret " \
+                      f"{r.operator_secret_name(owner.name)})"
+        else:
+            for i, address in addresses.items():
+                self.nodes.route(address, Route(r.node_host(owner.name, owner.namespace, i),
+                                                tls))
+        self.nodes.forget(memory.addresses - set(addresses.values()))
+        memory.addresses = set(addresses.values())
         views = await asyncio.gather(*(self.nodes.metrics(a) for a in addresses.values()))
         nodes = {i: v for i, v in zip(addresses, views, strict=True)
                  if v is not None and v.node_id == i}
@@ -170,7 +199,7 @@ class Reconciler:
             cluster_id=cluster_id, bootstrapped=bool(status.get("bootstrapped")),
             pods=pods, claims=claims, nodes=nodes, quorum=quorum,
             members=members_from_status(status), pending=pending_from_status(status),
-            refused=dict(memory.refused))
+            refused=dict(memory.refused), security_problem=problem)
 
     async def _describe(self, nodes: Mapping[int, NodeView], addresses: Mapping[int, str]
                         ) -> QuorumView | None:
@@ -309,11 +338,14 @@ class Reconciler:
 
     async def _conditions_events(self, owner: r.Owner, before: Mapping[str, Any],
                                  after: Mapping[str, Any]) -> None:
-        """An Event whenever QuorumLost or Quorate changes."""
+        """An Event whenever QuorumLost, Quorate or Secured changes (a quorum created without
+        security is warned about at once)."""
         old = {c.get("type"): c.get("status") for c in before.get("conditions") or []}
         for condition in after["conditions"]:
             kind, value = condition["type"], condition["status"]
-            if kind not in ("QuorumLost", "Quorate") or old.get(kind, "False") == value:
+            unset = "True" if kind == "Secured" else "False"
+            if kind not in ("QuorumLost", "Quorate", "Secured") or \
+                    old.get(kind, unset) == value:
                 continue
             warn = (kind == "QuorumLost") == (value == "True")
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],

@@ -18,6 +18,7 @@ from kafka_quorum_operator import (
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
     APP_NAME,
+    GROUP,
     KIND,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
@@ -32,6 +33,19 @@ from quorum_node.node.config import KEYS_BY_NAME
 
 NODE_USER = 10001  # the node image's user (Dockerfile)
 CONTAINER = "node"
+# Where a node finds its certificate, key and CA (a kubernetes.io/tls Secret's layout) and its
+# token file: whole Secrets mounted as directories, never with subPath (never updated).
+TLS_MOUNT = "/etc/quorum/tls"
+AUTH_MOUNT = "/etc/quorum/auth"
+TOKENS_KEY = "tokens"
+# Principals (certificate common names) and their roles on the nodes: a node's certificate is a
+# peer, the operator's an administrator. Each quorum has its own CA, so no other quorum's node
+# is a peer.
+NODE_PRINCIPAL_PREFIX = "quorum-node-"
+OPERATOR_PRINCIPAL = "quorum-operator"
+CERTIFICATE_ROLES = f"{NODE_PRINCIPAL_PREFIX}*:peer;{OPERATOR_PRINCIPAL}:admin"
+# Pods in the quorum's namespace with this label (value: the quorum's name) may reach its port.
+LABEL_CLIENT = f"{GROUP}/client"
 
 
 @dataclass(frozen=True)
@@ -77,9 +91,50 @@ def service_account_name(name: str) -> str:
     return f"{name}-node"
 
 
+def ca_secret_name(name: str) -> str:
+    """The CA's certificate and key: read by the operator only."""
+    return f"{name}-ca"
+
+
+def node_secret_name(name: str, node_id: int) -> str:
+    """A node's certificate, key and the CA bundle (kubernetes.io/tls)."""
+    return f"{name}-node-{node_id}"
+
+
+def operator_secret_name(name: str) -> str:
+    """The operator's client certificate (admin) for this quorum, with the CA bundle."""
+    return f"{name}-operator"
+
+
+def tokens_secret_name(name: str) -> str:
+    """The nodes' token file (key ``tokens``) and the admin token alone (``admin-token``)."""
+    return f"{name}-tokens"
+
+
+def ca_bundle_name(name: str) -> str:
+    """A ConfigMap with the CA bundle (``ca.crt``): what clients trust, public."""
+    return f"{name}-ca-bundle"
+
+
+def node_principal(node_id: int) -> str:
+    return f"{NODE_PRINCIPAL_PREFIX}{node_id}"
+
+
 def node_host(name: str, namespace: str, node_id: int) -> str:
     """A pod's stable DNS name (hostname + subdomain of the headless service)."""
     return f"{pod_name(name, node_id)}.{headless_name(name)}.{namespace}.svc"
+
+
+def node_dns_names(name: str, namespace: str, node_id: int, cluster_domain: str
+                   ) -> tuple[str, ...]:
+    """The names a node's certificate holds: its own (peers reach it by the name in
+    controller.quorum.voters, the operator verifies it), the headless service's and the client
+    Service's (clients bootstrap through them and are redirected to a node's own name)."""
+    own = node_host(name, namespace, node_id)
+    headless = f"{headless_name(name)}.{namespace}.svc"
+    client = f"{name}.{namespace}.svc"
+    return (own, f"{own}.{cluster_domain}", headless, f"{headless}.{cluster_domain}",
+            name, f"{name}.{namespace}", client, f"{client}.{cluster_domain}")
 
 
 def env_var(key: str) -> str:
@@ -100,6 +155,15 @@ def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Seque
         env_var("format.if.empty"): "true",
         env_var("listeners"): f"0.0.0.0:{spec.port}",
     }
+    if spec.security.tls:
+        data.update({
+            env_var("listeners"): f"SSL://0.0.0.0:{spec.port}",
+            env_var("ssl.certificate.location"): f"{TLS_MOUNT}/tls.crt",
+            env_var("ssl.key.location"): f"{TLS_MOUNT}/tls.key",
+            env_var("ssl.ca.location"): f"{TLS_MOUNT}/ca.crt",
+            env_var("auth.certificate.roles"): CERTIFICATE_ROLES,
+            env_var("auth.token.file"): f"{AUTH_MOUNT}/{TOKENS_KEY}",
+        })
     for key, value in sorted(spec.node_config.items()):
         data[env_var(key)] = str(value)
     return data
@@ -180,21 +244,39 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
                  annotations={**template.annotations, ANNOTATION_CONFIG_HASH: hash_value})
     meta["labels"] = {**template.labels, **meta["labels"], LABEL_NODE_ID: str(node_id)}
     probe_port = spec.port
+    tls = spec.security.tls
+    # The kubelet does not verify the node's certificate; the probes need no credential.
+    scheme = "HTTPS" if tls else "HTTP"
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["quorum-node", "run"],
         "envFrom": [{"configMapRef": {"name": config_map_name(owner.name)}}],
         "env": [{"name": env_var("node.id"), "value": str(node_id)}],
         "ports": [{"name": "quorum", "containerPort": spec.port}],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port,
+                                       "scheme": scheme},
                            "periodSeconds": 2, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": probe_port},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": probe_port,
+                                      "scheme": scheme},
                           "initialDelaySeconds": 10, "periodSeconds": 10,
                           "failureThreshold": 6},
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
+    volumes: list[dict[str, Any]] = [{"name": "data", "persistentVolumeClaim": {
+        "claimName": claim_name(owner.name, node_id)}}]
+    if tls:
+        container["volumeMounts"] += [
+            {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True},
+            {"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
+        # Readable by the node's group (fsGroup) only; of the tokens Secret, the token file only.
+        volumes += [
+            {"name": "tls", "secret": {"secretName": node_secret_name(owner.name, node_id),
+                                       "defaultMode": 0o440}},
+            {"name": "auth", "secret": {"secretName": tokens_secret_name(owner.name),
+                                        "defaultMode": 0o440,
+                                        "items": [{"key": TOKENS_KEY, "path": TOKENS_KEY}]}}]
     if spec.resources:
         container["resources"] = dict(spec.resources)
     pod_spec: dict[str, Any] = {
@@ -207,8 +289,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
                             "runAsGroup": NODE_USER, "fsGroup": NODE_USER,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [{"name": "data", "persistentVolumeClaim": {
-            "claimName": claim_name(owner.name, node_id)}}],
+        "volumes": volumes,
         "affinity": dict(template.affinity) if template.affinity is not None else {
             # Spread voters over nodes where possible: losing a node then costs one voter.
             "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -225,12 +306,78 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def owned_objects(owner: Owner, spec: Spec, environment: Mapping[str, str], voters: int
-                  ) -> list[dict[str, Any]]:
-    """The objects kept as specified on every pass (besides pods and claims)."""
-    return [service_account(owner), config_map(owner, environment),
-            headless_service(owner, spec), client_service(owner, spec),
-            disruption_budget(owner, voters)]
+@dataclass(frozen=True)
+class OperatorPods:
+    """Where the operator runs, for the NetworkPolicy: its namespace and its pods' labels."""
+
+    namespace: str
+    labels: Mapping[str, str]
+
+
+def network_policy(owner: Owner, spec: Spec, operator: OperatorPods) -> dict[str, Any]:
+    """Ingress to the quorum's pods: its one port (peers, clients and admin share it), from the
+    quorum's own pods, the operator, pods of the namespace labelled as the quorum's clients, and
+    ``allowFrom``. Everything else is dropped, other ports included. Egress stays open."""
+    sources: list[dict[str, Any]] = [
+        {"podSelector": {"matchLabels": labels(owner.name)}},
+        {"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": operator.namespace}},
+         "podSelector": {"matchLabels": dict(operator.labels)}},
+        {"podSelector": {"matchLabels": {LABEL_CLIENT: owner.name}}},
+        *(dict(peer) for peer in spec.security.allow_from),
+    ]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(owner, owner.name),
+            "spec": {"podSelector": {"matchLabels": labels(owner.name)},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": sources,
+                                  "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
+
+
+def certificate(owner: Owner, spec: Spec, secret_name: str, common_name: str,
+                dns_names: Sequence[str] = ()) -> dict[str, Any]:
+    """A cert-manager Certificate (spec.security.tls.certManager): cert-manager writes the
+    kubernetes.io/tls Secret ``secret_name`` (with ``ca.crt``) and renews it. With DNS names, a
+    node's (server and client authentication); without, a client's."""
+    security = spec.security
+    assert security.issuer is not None
+    usages = ["digital signature", "client auth"]
+    body: dict[str, Any] = {
+        "secretName": secret_name, "commonName": common_name,
+        "duration": f"{security.certificate_days * 24}h",
+        "renewBefore": f"{security.renew_before_days * 24}h",
+        "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+        "secretTemplate": {"labels": labels(owner.name, "credentials")},
+        "issuerRef": {"name": security.issuer.name, "kind": security.issuer.kind,
+                      "group": security.issuer.group},
+    }
+    if dns_names:
+        body["dnsNames"] = list(dns_names)
+        usages.insert(1, "server auth")
+    body["usages"] = usages
+    return {"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+            "metadata": _meta(owner, secret_name, "credentials"), "spec": body}
+
+
+def certificates(owner: Owner, spec: Spec, node_ids: Sequence[int], cluster_domain: str
+                 ) -> list[dict[str, Any]]:
+    """The cert-manager Certificates of a quorum: one per node, and the operator's."""
+    nodes = [certificate(owner, spec, node_secret_name(owner.name, i), node_principal(i),
+                         node_dns_names(owner.name, owner.namespace, i, cluster_domain))
+             for i in node_ids]
+    return [*nodes, certificate(owner, spec, operator_secret_name(owner.name),
+                                OPERATOR_PRINCIPAL)]
+
+
+def owned_objects(owner: Owner, spec: Spec, environment: Mapping[str, str], voters: int,
+                  operator: OperatorPods) -> list[dict[str, Any]]:
+    """The objects kept as specified on every pass (besides pods, claims and credentials)."""
+    objects = [service_account(owner), config_map(owner, environment),
+               headless_service(owner, spec), client_service(owner, spec),
+               disruption_budget(owner, voters)]
+    if spec.security.network_policy:
+        objects.append(network_policy(owner, spec, operator))
+    return objects
 
 
 def differs(desired: Any, actual: Any) -> bool:

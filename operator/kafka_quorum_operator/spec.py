@@ -34,6 +34,10 @@ NODE_CONFIG_KEYS: Mapping[str, str] = {
     "snapshotRetainedLogRecords": "snapshot.retained.log.records",
 }
 DEFAULT_FETCH_TIMEOUT_MS = 2000  # the node's default; also the operator's "caught up" window
+# Certificates the operator issues: valid this long, issued again this long before they expire.
+DEFAULT_CERTIFICATE_DAYS = 90
+DEFAULT_RENEW_BEFORE_DAYS = 30
+ISSUER_KINDS = ("Issuer", "ClusterIssuer")
 
 
 class SpecError(ValueError):
@@ -53,6 +57,27 @@ class Remediation:
     enabled: bool = True
     # How long a replacement observer must have been caught up before it is made a voter.
     min_caught_up_seconds: int = DEFAULT_MIN_CAUGHT_UP_SECONDS
+
+
+@dataclass(frozen=True)
+class IssuerRef:
+    """A cert-manager issuer: the operator then asks cert-manager for the certificates."""
+
+    name: str
+    kind: str = "Issuer"
+    group: str = "cert-manager.io"
+
+
+@dataclass(frozen=True)
+class Security:
+    # TLS on the nodes' listener, mutual TLS between nodes, credentials for clients.
+    tls: bool = True
+    certificate_days: int = DEFAULT_CERTIFICATE_DAYS
+    renew_before_days: int = DEFAULT_RENEW_BEFORE_DAYS
+    issuer: IssuerRef | None = None
+    # A NetworkPolicy letting only the quorum's pods, the operator and allow_from reach it.
+    network_policy: bool = True
+    allow_from: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,7 @@ class Spec:
     node_config: Mapping[str, int] = field(default_factory=dict)
     template: PodTemplate = field(default_factory=PodTemplate)
     remediation: Remediation = field(default_factory=Remediation)
+    security: Security = field(default_factory=Security)
     paused: bool = False
 
     @property
@@ -122,8 +148,35 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
             min_caught_up_seconds=_int(remediation_raw, "minCaughtUpSeconds",
                                        DEFAULT_MIN_CAUGHT_UP_SECONDS, minimum=0),
         ),
+        security=_security(_mapping(raw, "security")),
         paused=bool(raw.get("paused", False)),
     )
+
+
+def _security(raw: Mapping[str, Any]) -> Security:
+    tls = _mapping(raw, "tls")
+    policy = _mapping(raw, "networkPolicy")
+    days = _int(tls, "certificateDays", DEFAULT_CERTIFICATE_DAYS, minimum=1)
+    renew = _int(tls, "renewBeforeDays", DEFAULT_RENEW_BEFORE_DAYS, minimum=1)
+    if renew >= days:
+        raise SpecError("spec.security.tls.renewBeforeDays: must be less than certificateDays")
+    issuer = None
+    cert_manager = _mapping(tls, "certManager")
+    if cert_manager:
+        ref = _mapping(cert_manager, "issuerRef")
+        issuer = IssuerRef(_str(ref, "name", ""), _str(ref, "kind", "Issuer"),
+                           _str(ref, "group", "cert-manager.io"))
+        if issuer.kind not in ISSUER_KINDS:
+            raise SpecError(f"spec.security.tls.certManager.issuerRef.kind: one of "
+                            f"{', '.join(ISSUER_KINDS)}, got {issuer.kind!r}")
+    allow_from = policy.get("allowFrom") or ()
+    if not isinstance(allow_from, list | tuple) or \
+            not all(isinstance(peer, Mapping) for peer in allow_from):
+        raise SpecError("spec.security.networkPolicy.allowFrom: expected a list of objects")
+    return Security(tls=bool(tls.get("enabled", True)), certificate_days=days,
+                    renew_before_days=renew, issuer=issuer,
+                    network_policy=bool(policy.get("enabled", True)),
+                    allow_from=tuple(allow_from))
 
 
 def _mapping(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

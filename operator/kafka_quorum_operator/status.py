@@ -18,7 +18,7 @@ from kafka_quorum_operator.plan import (
 )
 
 CONDITION_TYPES = ("Ready", "Quorate", "AllMembersReady", "MemberReplacing", "QuorumLost",
-                   "Paused", "ScalingBlocked")
+                   "Paused", "ScalingBlocked", "Secured")
 
 
 def iso(now: float) -> str:
@@ -86,6 +86,7 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
     scaling = plan.blocked.get("ScalingBlocked")
     found["ScalingBlocked"] = (scaling is not None, "VoterChangeRefused" if scaling else
                                "NotBlocked", scaling or "")
+    found["Secured"] = _secured(observed)
     voters = len(a.voters)
     outdated = [p.name for p in pods.values() if p.config_hash != observed.config_hash]
     ready = (a.leader_id is not None and not unready and not stale and not outdated
@@ -106,6 +107,21 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
                        "lastTransitionTime": since or now,
                        "observedGeneration": observed.generation})
     return result
+
+
+def _secured(observed: Observed) -> tuple[bool, str, str]:
+    security = observed.spec.security
+    if not security.tls:
+        return (False, "TLSDisabled", "spec.security.tls.enabled is false: plain HTTP, no "
+                "credentials; anyone who can reach the port can read, write and change the "
+                "voters (docs/security.md)")
+    if observed.security_problem is not None:
+        return (False, "CredentialsMissing", observed.security_problem)
+    issuer = security.issuer
+    source = f"cert-manager {issuer.kind} {issuer.name}" if issuer is not None else \
+        "the operator's CA"
+    return (True, "MutualTLS", f"TLS with certificates of {source}, mutual TLS between nodes, "
+            "credentials required")
 
 
 def _not_ready_reason(voters: int, replicas: int, unready: list[str], outdated: list[str]

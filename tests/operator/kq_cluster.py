@@ -1,9 +1,15 @@
 """The acceptance harness's shared parts: a client writing all along, the cluster (emulated API,
-kubelet, operator) and its fixture, and the steps the scenarios share."""
+kubelet, operator) and its fixture, and the steps the scenarios share.
+
+Quorums are secured (the default): test clients use the operator's client certificate (admin,
+which may also read and write) from its Secret, without checking the name in the node's
+certificate (they connect to the loopback IPs that stand in for the pods).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import shutil
 import threading
@@ -16,7 +22,9 @@ from typing import Any
 import kmock
 import pytest
 from kafka_quorum_operator import KIND, handlers
+from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.nodes import NodeClient, Route, client_context
 from kafka_quorum_operator.reconcile import CR_API
 from kq_harness import (
     NAMESPACE,
@@ -32,8 +40,12 @@ from kq_harness import (
 )
 
 from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.security.client_credentials import ClientCredentials
 
 NAME = "kq"
+# The credentials of the quorum the running test made (create_ready, Cluster.credentials): what
+# a Writer uses unless given others. One test at a time runs a cluster.
+CURRENT: dict[str, ClientCredentials] = {}
 
 
 @dataclass
@@ -41,6 +53,7 @@ class Writer:
     """Puts unique keys continuously, through any node; remembers what was acknowledged."""
 
     servers: list[str]
+    credentials: ClientCredentials | None = field(default_factory=lambda: CURRENT.get(NAME))
     acknowledged: dict[str, str] = field(default_factory=dict)
     failures: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -52,7 +65,7 @@ class Writer:
 
     def _run(self) -> None:
         count = 0
-        with QuorumClient(self.servers, timeout_s=3) as client:
+        with QuorumClient(self.servers, timeout_s=3, credentials=self.credentials) as client:
             while not self._stop.is_set():
                 key, value = f"key-{count}", f"value-{count}"
                 try:
@@ -71,7 +84,7 @@ class Writer:
     def lost(self) -> list[str]:
         """Acknowledged keys a linearizable read does not return as written."""
         missing = []
-        with QuorumClient(self.servers, timeout_s=20) as client:
+        with QuorumClient(self.servers, timeout_s=20, credentials=self.credentials) as client:
             for key, value in self.acknowledged.items():
                 if client.get(key) != value:
                     missing.append(key)
@@ -115,6 +128,36 @@ class Cluster:
         operator_log = log.read_text(errors="replace")[-6000:] if log.exists() else ""
         return "\n".join(lines[-80:]) + f"\n--- operator\n{operator_log}\n" + \
             self.kubelet.logs()
+
+    async def secret(self, name: str) -> dict[str, bytes]:
+        secret = await self.kube.get(path("Secret", NAMESPACE, name))
+        assert secret is not None, f"no Secret {name}"
+        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+    async def credentials(self, name: str = NAME) -> ClientCredentials:
+        """The operator's client certificate for quorum ``name``, as files (and the current
+        test's, for Writers)."""
+        data = await self.secret(r.operator_secret_name(name))
+        directory = self.kubelet.root / "client" / name
+        directory.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            files[key] = directory / key
+            files[key].write_bytes(data[key])
+        credentials = ClientCredentials(ca_file=files["ca.crt"], cert_file=files["tls.crt"],
+                                        key_file=files["tls.key"], check_hostname=False)
+        CURRENT[name] = credentials
+        return credentials
+
+    async def node_client(self, name: str = NAME, ids: range = range(1, 4)) -> NodeClient:
+        """A NodeClient as the operator's: to each node's IP, verifying its DNS name."""
+        data = await self.secret(r.operator_secret_name(name))
+        context = client_context(data["ca.crt"], data["tls.crt"], data["tls.key"])
+        nodes = NodeClient()
+        for i in ids:
+            nodes.route(self.kubelet.address(i, name),
+                        Route(r.node_host(name, NAMESPACE, i), context))
+        return nodes
 
     async def wait(self, what: str, check: Any, timeout_s: float = 60) -> Any:
         return await wait_for(what, check, timeout_s, self.describe)
@@ -198,6 +241,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                     yield cluster
                     assert kubelet.errors == [], kubelet.errors[0]
                 finally:
+                    CURRENT.clear()
                     logging.getLogger("kopf").removeHandler(handler)
                     # The test may have replaced the operator (a restart): stop the current one.
                     await asyncio.to_thread(cluster.operator.stop)
@@ -209,7 +253,9 @@ async def create_ready(cluster: Cluster, replicas: int = 3) -> float:
     started = time.monotonic()
     await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(NAME, replicas))
     await cluster.ready_with(replicas)
-    return time.monotonic() - started
+    elapsed = time.monotonic() - started
+    await cluster.credentials()
+    return elapsed
 
 
 async def heal(cluster: Cluster, node_id: int, writer: Writer) -> float:

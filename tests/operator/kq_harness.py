@@ -8,9 +8,16 @@ process, its volume claim a directory.
   Terminating until its process has stopped and a claim in use stays until its pod is gone.
 - ``Kubelet``: starts a node process for every pod (environment from the pod's env and
   envFrom ConfigMap; each pod gets its own loopback IP, which stands in for the pod IP and for
-  the cluster DNS names in the configuration), reports phase, IP and readiness (``/readyz``) in
+  the cluster DNS names in the configuration), mounts its Secret volumes as directories (a pod
+  whose Secret is missing stays Pending, as ContainerCreating does) and updates their files
+  when the Secrets change (a new inode, as the kubelet's symlink swap), reports phase, IP and
+  readiness (``/readyz``, over HTTPS when the probe says so, unverified as the kubelet's) in
   the pod's status, restarts crashed processes, stops a deleted pod's process with SIGTERM
-  (so a leader resigns), and removes a deleted claim's directory.
+  (so a leader resigns), and removes a deleted claim's directory. There is no cluster DNS: the
+  names in the configuration become loopback IPs, which no certificate names, so the nodes'
+  own check of their peers' names is turned off (``ssl.endpoint.identification.algorithm``
+  empty: a peer still needs a certificate of the quorum's CA with the peer role); the
+  operator's check of the names is not (it connects to the IP and verifies the DNS name).
 - ``OperatorThread``: ``kopf.operator`` on its own event loop and thread (spikes.md: never in
   the test's loop).
 """
@@ -18,6 +25,7 @@ process, its volume claim a directory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import itertools
@@ -25,6 +33,7 @@ import os
 import random
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -118,8 +127,37 @@ def declare_resources(emulator: Any) -> None:
 
 # --- the kubelet --------------------------------------------------------------------------------
 
+SECRET_REFRESH_S = 1.0
 _DNS_NAME = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.[a-z0-9-]+\.[a-z0-9-]+\.svc"
                        r"(?:\.cluster\.local)?\b")
+
+
+@dataclass
+class Mount:
+    """A Secret volume as a directory: its files, as the Secret held them last."""
+
+    secret: str
+    directory: Path
+    items: Mapping[str, str] | None  # key -> file name; None: every key
+    mode: int
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def write(self, data: Mapping[str, bytes]) -> bool:
+        """Write the files when they changed; False when the Secret lacks an item."""
+        items = self.items if self.items is not None else {k: k for k in data}
+        if any(key not in data for key in items):
+            return False
+        files = {name: data[key] for key, name in items.items()}
+        if files == self.files:
+            return True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            temporary = self.directory / f".{name}.new"
+            temporary.write_bytes(content)
+            temporary.chmod(self.mode)
+            os.replace(temporary, self.directory / name)  # a new inode, like the symlink swap
+        self.files = files
+        return True
 
 
 @dataclass
@@ -129,6 +167,9 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     address: str
+    scheme: str = "http"
+    mounts: list[Mount] = field(default_factory=list)
+    refreshed: float = 0.0
     ready: bool = False
     stopping: bool = False
 
@@ -141,7 +182,7 @@ class Kubelet:
     prefix: str = field(default_factory=lambda: f"127.{random.randint(20, 250)}."
                                                 f"{random.randint(1, 250)}")
     ips: dict[str, str] = field(default_factory=dict)
-    # What runs a pod's container: the node (a test may swap in kq_patched_node.py).
+    # What runs a pod's container: the node.
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m",
                                                         "quorum_node.cli.node"])
     processes: dict[str, Process] = field(default_factory=dict)
@@ -227,12 +268,21 @@ class Kubelet:
                 return  # CreateContainerConfigError: retried
             env.update(config_map.get("data") or {})
         env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        mounts = await self._mount(meta, spec, container)
+        if mounts is None:
+            return  # a Secret is missing: ContainerCreating, retried
         ip = self.ip(meta["name"])
         port = int(container["ports"][0]["containerPort"])
         volume = self.claim_dir(claim["metadata"]["uid"])
         volume.mkdir(parents=True, exist_ok=True)
-        env = {k: self._localize(v, volume) for k, v in env.items()}
-        env["QUORUM_LISTENERS"] = f"{ip}:{port}"
+        paths = {DATA_MOUNT: volume, **{path: m.directory for path, m in mounts.items()}}
+        env = {k: self._localize(v, paths) for k, v in env.items()}
+        tls = env.get("QUORUM_LISTENERS", "").startswith("SSL://")
+        env["QUORUM_LISTENERS"] = f"{'SSL://' if tls else ''}{ip}:{port}"
+        if tls:
+            env["QUORUM_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM"] = ""  # no DNS (module doc)
+        probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+        scheme = str(probe.get("scheme") or "HTTP").lower()
         base = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
         log = self.root / "logs" / f"{meta['name']}-{meta['uid'][:8]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -242,15 +292,45 @@ class Kubelet:
                 stdout=out, stderr=subprocess.STDOUT,
                 env={**base, **env, "PYTHONUNBUFFERED": "1"})
         self.processes[meta["uid"]] = Process(meta["name"], meta["uid"], popen, log,
-                                              f"{ip}:{port}")
+                                              f"{ip}:{port}", scheme, list(mounts.values()),
+                                              time.monotonic())
         await self._status(pod, {"phase": "Running", "podIP": ip, "conditions": [
             {"type": "Ready", "status": "False"}]})
 
-    def _localize(self, value: str, volume: Path) -> str:
-        """Cluster DNS names -> the pods' loopback IPs; the volume's mount path -> its
-        directory."""
+    async def _mount(self, meta: Mapping[str, Any], spec: Mapping[str, Any],
+                     container: Mapping[str, Any]) -> dict[str, Mount] | None:
+        """The container's Secret volumes, by mount path, written; None if a Secret or one of
+        its items is missing."""
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts = {}
+        for mount in container.get("volumeMounts") or []:
+            source = volumes[mount["name"]].get("secret")
+            if source is None:
+                continue
+            assert mount.get("readOnly") is True, f"{mount['name']} must be mounted read-only"
+            assert "subPath" not in mount, "a subPath mount is never updated"
+            items = {i["key"]: i["path"] for i in source["items"]} if source.get("items") \
+                else None
+            target = Mount(source["secretName"], self.root / "mounts" / meta["uid"] /
+                           mount["name"], items, int(source.get("defaultMode", 0o644)))
+            data = await self._secret(target.secret)
+            if data is None or not target.write(data):
+                return None
+            mounts[mount["mountPath"]] = target
+        return mounts
+
+    async def _secret(self, name: str) -> dict[str, bytes] | None:
+        secret = await self.kube.get(path("Secret", NAMESPACE, name))
+        if secret is None:
+            return None
+        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+    def _localize(self, value: str, paths: Mapping[str, Path]) -> str:
+        """Cluster DNS names -> the pods' loopback IPs; mount paths -> their directories."""
         value = _DNS_NAME.sub(lambda m: self.ip(m.group(1)), value)
-        return value.replace(DATA_MOUNT, str(volume))
+        for mount_path, directory in paths.items():
+            value = value.replace(mount_path, str(directory))
+        return value
 
     async def _watch(self, pod: Mapping[str, Any], process: Process) -> None:
         if process.popen.poll() is not None:
@@ -259,7 +339,13 @@ class Kubelet:
             self.restarts[process.pod] = self.restarts.get(process.pod, 0) + 1
             await self._status(pod, {"conditions": [{"type": "Ready", "status": "False"}]})
             return
-        ready = await asyncio.to_thread(_probe, f"http://{process.address}/readyz")
+        if time.monotonic() - process.refreshed > SECRET_REFRESH_S:
+            process.refreshed = time.monotonic()
+            for mount in process.mounts:
+                data = await self._secret(mount.secret)
+                if data is not None:
+                    mount.write(data)
+        ready = await asyncio.to_thread(_probe, f"{process.scheme}://{process.address}/readyz")
         if ready != process.ready:
             process.ready = ready
             await self._status(pod, {"conditions": [
@@ -294,9 +380,12 @@ class Kubelet:
         return f"{self.ip(f'{name}-{node_id}')}:9093"
 
 
+_UNVERIFIED = ssl._create_unverified_context()  # the kubelet does not verify probes
+
+
 def _probe(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:
+        with urllib.request.urlopen(url, timeout=1, context=_UNVERIFIED) as response:
             return bool(response.status == 200)
     except OSError:
         return False

@@ -47,8 +47,8 @@ def test_install_yaml_is_valid() -> None:
     docs = documents(render_install.INSTALL.read_text())
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                     "Deployment", "Namespace", "Role", "RoleBinding", "Service",
-                     "ServiceAccount"]
+                     "Deployment", "Namespace", "NetworkPolicy", "Role", "RoleBinding",
+                     "Service", "ServiceAccount"]
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     assert not [d for d in docs if "helm.sh/hook" in
@@ -73,7 +73,9 @@ def test_helm_lint_is_clean() -> None:
 
 @needs_helm
 @pytest.mark.parametrize("values", [[], ["--set", "watchNamespaces={team-a,team-b}"],
-                                    ["--set", "metrics.enabled=false,replicaCount=2"]])
+                                    ["--set", "metrics.enabled=false,replicaCount=2"],
+                                    ["--set", "networkPolicy.enabled=false,test.tls=false"],
+                                    ["--set", "certManager.enabled=true"]])
 def test_rendered_objects_are_valid(values: list[str]) -> None:
     docs = template(*values)
     for doc in docs:
@@ -88,9 +90,18 @@ def test_rbac_is_least_privilege() -> None:
     verbs = {(g, res): set(rule["verbs"]) for rule in operator["rules"]
              for g in rule["apiGroups"] for res in rule["resources"]}
     assert not any("*" in v for v in verbs.values())
-    assert not any(res in ("secrets", "pods/exec", "nodes", "namespaces")
-                   for _, res in verbs)
+    assert not any(res in ("pods/exec", "nodes", "namespaces") for _, res in verbs)
     assert verbs["", "pods"] == {"get", "list", "watch", "create", "delete"}
+    # Credentials and policies are read by name, never listed, watched or deleted.
+    assert verbs["", "secrets"] == {"get", "create", "patch"}
+    assert verbs["networking.k8s.io", "networkpolicies"] == {"get", "create", "patch"}
+    assert ("cert-manager.io", "certificates") not in verbs
+    with_cert_manager = next(d for d in by_kind(template("--set", "certManager.enabled=true"),
+                                                "ClusterRole")
+                             if not d["metadata"]["name"].endswith(("-view", "-edit")))
+    assert {"get", "create", "patch"} == next(
+        set(rule["verbs"]) for rule in with_cert_manager["rules"]
+        if rule["apiGroups"] == ["cert-manager.io"] and rule["resources"] == ["certificates"])
     assert verbs["kraft.quorum.dev", "kafkaquorums/status"] == {"get", "patch"}
     leases = next(d for d in by_kind(docs, "Role") if "leader-election" in
                   d["metadata"]["name"])
@@ -130,7 +141,16 @@ def test_helm_test_runs_quorum_admin_describe() -> None:
     assert len(hooks) == 1
     command = hooks[0]["spec"]["containers"][0]["command"]
     assert command[0] == "quorum-admin" and command[-2:] == ["describe", "--status"]
-    assert command[2] == "metadata.kafka-quorum-system.svc:9093"
+    assert command[command.index("--bootstrap-server") + 1] == \
+        "metadata.kafka-quorum-system.svc:9093"
+    # Over TLS with the quorum's admin token and CA bundle, let in by its NetworkPolicy.
+    assert command[command.index("--ca-file") + 1] == "/etc/quorum/ca/ca.crt"
+    assert command[command.index("--token-file") + 1] == "/etc/quorum/auth/admin-token"
+    volumes = {v["name"]: v for v in hooks[0]["spec"]["volumes"]}
+    assert volumes["ca"]["configMap"]["name"] == "metadata-ca-bundle"
+    assert volumes["auth"]["secret"] == {"secretName": "metadata-tokens", "items": [
+        {"key": "admin-token", "path": "admin-token"}]}
+    assert hooks[0]["metadata"]["labels"]["kraft.quorum.dev/client"] == "metadata"
 
 
 @needs_helm

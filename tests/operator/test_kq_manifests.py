@@ -153,6 +153,12 @@ def test_examples_exist() -> None:
     ({"storage": {"size": "lots"}}, "does not match"),
     ({"config": {"fetchTimeoutMs": "2s"}}, "is not of type 'integer'"),
     ({"remediation": {"minCaughtUpSeconds": -1}}, "less than the minimum"),
+    ({"security": {"tls": {"enabled": "no"}}}, "is not of type 'boolean'"),
+    ({"security": {"tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "Vault"}}}}},
+     "is not one of"),
+    ({"security": {"tls": {"certManager": {}}}}, "'issuerRef' is a required property"),
+    ({"security": {"networkPolicy": {"allowFrom": [{"ipBlock": {}}]}}},
+     "'cidr' is a required property"),
 ])
 def test_bad_objects_are_refused(change: dict[str, Any], error: str) -> None:
     doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
@@ -209,7 +215,7 @@ SPEC_SCHEMA = SCHEMA["properties"]["spec"]
 def test_every_cel_rule_compiles() -> None:
     environment = celpy.Environment()
     rules = list(cel_rules(SPEC_SCHEMA))
-    assert len(rules) == 3
+    assert len(rules) == 4
     for _, rule in rules:
         environment.compile(rule["rule"])
 
@@ -235,6 +241,14 @@ def test_cel_storage_class_is_immutable(old: dict[str, Any], new: dict[str, Any]
     assert (errors == []) is ok
 
 
+@pytest.mark.parametrize(("tls", "ok"), [({}, True), ({"renewBeforeDays": 89}, True),
+                                         ({"renewBeforeDays": 90}, False),
+                                         ({"certificateDays": 10, "renewBeforeDays": 20}, False)])
+def test_cel_renewal_before_expiry(tls: dict[str, Any], ok: bool) -> None:
+    spec = apply_defaults(SPEC_SCHEMA, {"replicas": 3, "security": {"tls": tls}})
+    assert (cel_errors(SPEC_SCHEMA, spec) == []) is ok
+
+
 @pytest.mark.parametrize(("timeout", "ok"), [(None, True), (501, True), (500, False)])
 def test_cel_request_timeout_above_the_long_poll(timeout: int | None, ok: bool) -> None:
     config = {} if timeout is None else {"requestTimeoutMs": timeout}
@@ -251,7 +265,9 @@ def test_operator_objects_are_valid_kubernetes_objects() -> None:
                        "template": {"priorityClassName": "high", "nodeSelector": {"a": "b"},
                                     "tolerations": [{"key": "k", "operator": "Exists"}]}})
     environment = r.node_environment(owner, spec, "cluster", (1, 2, 3))
-    objects = [*r.owned_objects(owner, spec, environment, 3), r.claim(owner, spec, 1, "c"),
+    operator = r.OperatorPods("kafka-quorum-system", {"app.kubernetes.io/name": "kqo"})
+    objects = [*r.owned_objects(owner, spec, environment, 3, operator),
+               r.claim(owner, spec, 1, "c"),
                r.pod(owner, spec, 1, r.config_hash(spec, environment))]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

@@ -16,7 +16,6 @@ import time
 import pytest
 from kafka_quorum_operator import handlers
 from kafka_quorum_operator.kube import path
-from kafka_quorum_operator.nodes import NodeClient
 from kq_cluster import NAME, Cluster, Writer, create_ready, heal
 from kq_harness import NAMESPACE, OperatorThread, condition, cr_path
 
@@ -104,7 +103,7 @@ async def test_operator_restart_between_add_voter_and_remove_voter(cluster: Clus
     volume = cluster.kubelet.claim_dir(claim["metadata"]["uid"])
     shutil.rmtree(volume)
     volume.mkdir()
-    nodes = NodeClient()
+    nodes = await cluster.node_client()
     leader = await cluster.leader()
 
     async def observer() -> str | None:

@@ -42,7 +42,7 @@ def test_conditions_of_a_healthy_quorum() -> None:
         "Ready": ("True", "QuorumReady"), "Quorate": ("True", "LeaderElected"),
         "AllMembersReady": ("True", "PodsReady"), "MemberReplacing": ("False", "NoReplacement"),
         "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
-        "ScalingBlocked": ("False", "NotBlocked")}
+        "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS")}
 
 
 def test_conditions_while_replacing_and_when_lost_and_paused() -> None:

@@ -22,6 +22,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The operator pods' labels as k=v,... (the quorums' NetworkPolicies let them in). */}}
+{{- define "kqo.podSelector" -}}
+{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s" (include "kqo.name" .) .Release.Name -}}
+{{- end -}}
+
 {{- define "kqo.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "kqo.fullname" .) .Values.serviceAccount.name -}}
@@ -51,6 +56,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
+{{- /* The quorums' CA, certificates and tokens: created once, renewed; never listed. */}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
+{{- if .Values.certManager.enabled }}
+- apiGroups: [cert-manager.io]
+  resources: [certificates]
+  verbs: [get, create, patch]
+{{- end }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

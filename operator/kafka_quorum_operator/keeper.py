@@ -1,0 +1,152 @@
+"""Keeps a quorum's credentials (``credentials.py``) in its Secrets, pass after pass: creates
+what is missing, renews what expires, and gives the operator its TLS context towards the
+quorum's nodes. With ``spec.security.tls.certManager``, cert-manager issues the certificates
+(the Certificates are among the objects the reconciler applies) and only the token Secret is
+the operator's.
+
+Secrets are read again at most every ``RECHECK_S`` (renewals are days ahead; a pass stays cheap),
+except those not seen yet, and those missing, which are looked for at every pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka_quorum_operator import credentials as c
+from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.nodes import client_context
+from kafka_quorum_operator.spec import Spec
+
+RECHECK_S = 30.0
+CLUSTER_DOMAIN = "cluster.local"
+
+
+@dataclass(frozen=True)
+class Secured:
+    """What a pass of the keeper found and did."""
+
+    objects: list[dict[str, Any]] = field(default_factory=list)  # for the reconciler to apply
+    changes: list[str] = field(default_factory=list)  # one Event each
+
+
+@dataclass
+class Keeper:
+    kube: KubeClient
+    cluster_domain: str = CLUSTER_DOMAIN
+    clock: Callable[[], float] = time.time
+    # (namespace, name) -> (when read, monotonic; its data, None: no such Secret).
+    _cache: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = \
+        field(default_factory=dict)
+    # The operator's TLS contexts, by a digest of the credentials they hold.
+    _contexts: dict[bytes, ssl.SSLContext] = field(default_factory=dict)
+
+    async def client_tls(self, owner: r.Owner, spec: Spec) -> ssl.SSLContext | None:
+        """The operator's context towards the quorum's nodes (its client certificate and the
+        CA bundle); None while its Secret is missing or incomplete, or with TLS off."""
+        if not spec.security.tls:
+            return None
+        data = await self._read(owner.namespace, r.operator_secret_name(owner.name)) or {}
+        parts = [data.get(k) for k in (c.CA_KEY, "tls.crt", "tls.key")]
+        if not all(parts):
+            return None
+        ca, certificate, key = (p for p in parts if p is not None)
+        digest = hashlib.sha256(b"\0".join((ca, certificate, key))).digest()
+        context = self._contexts.get(digest)
+        if context is None:
+            try:
+                context = client_context(ca, certificate, key)
+            except (ssl.SSLError, ValueError, OSError):
+                return None  # a half-written Secret (cert-manager mid-issue): the next pass
+            if len(self._contexts) > 64:
+                self._contexts.clear()  # renewed credentials: the old contexts are unused
+            self._contexts[digest] = context
+        return context
+
+    async def secure(self, owner: r.Owner, spec: Spec, node_ids: Sequence[int]) -> Secured:
+        """Create or renew the quorum's credentials for ``node_ids``."""
+        if not spec.security.tls:
+            return Secured()
+        changes: list[str] = []
+        if await self._read(owner.namespace, r.tokens_secret_name(owner.name)) is None:
+            await self._create(c.tokens_secret(owner))
+            changes.append(f"admin token generated (Secret {r.tokens_secret_name(owner.name)})")
+        objects: list[dict[str, Any]] = []
+        if spec.security.issuer is not None:
+            objects += r.certificates(owner, spec, node_ids, self.cluster_domain)
+        else:
+            changes += await self._generate(owner, spec, node_ids)
+        operator = await self._read(owner.namespace, r.operator_secret_name(owner.name)) or {}
+        if operator.get(c.CA_KEY):
+            objects.append(c.ca_bundle(owner, operator[c.CA_KEY]))
+        return Secured(objects, changes)
+
+    async def _generate(self, owner: r.Owner, spec: Spec, node_ids: Sequence[int]
+                        ) -> list[str]:
+        now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
+        changes = []
+        ca_name = r.ca_secret_name(owner.name)
+        data = await self._read(owner.namespace, ca_name)
+        current = c.Authority.from_data(data) if data is not None else None
+        authority, change = c.next_authority(current, f"{owner.namespace}/{owner.name} CA", now)
+        if change is not None:
+            await self._write(owner, ca_name, data, authority.to_data())
+            changes.append(f"{change} (Secret {ca_name})")
+        validity = datetime.timedelta(days=spec.security.certificate_days)
+        renew_before = datetime.timedelta(days=spec.security.renew_before_days)
+        wanted = {r.operator_secret_name(owner.name): c.OPERATOR_WANTED}
+        for node_id in node_ids:
+            wanted[r.node_secret_name(owner.name, node_id)] = c.node_wanted(
+                owner, node_id, self.cluster_domain)
+        for name, want in wanted.items():
+            data = await self._read(owner.namespace, name)
+            new, why = c.next_leaf(data, authority, want, now, validity=validity,
+                                   renew_before=renew_before)
+            if new is not None:
+                await self._write(owner, name, data, new)
+                changes.append(f"certificate {want.common_name}: {why} (Secret {name})")
+        return changes
+
+    async def _read(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        key = (namespace, name)
+        cached = self._cache.get(key)
+        if cached is not None and cached[1] is not None and \
+                time.monotonic() - cached[0] < RECHECK_S:
+            return cached[1]
+        data = c.decode(await self.kube.get(path("Secret", namespace, name)))
+        self._cache[key] = (time.monotonic(), data)
+        return data
+
+    async def _create(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        try:
+            await self.kube.create(path("Secret", meta["namespace"]), obj)
+        except KubeError as error:
+            self._cache.pop(key, None)  # read again on the next pass
+            if error.status == 409:
+                return  # made by a pass whose answer was lost
+            raise
+        self._cache[key] = (time.monotonic(), c.decode(obj))
+
+    async def _write(self, owner: r.Owner, name: str, old: Mapping[str, bytes] | None,
+                     new: Mapping[str, bytes]) -> None:
+        if old is None:
+            await self._create(c.secret(owner, name, new))
+            return
+        # A merge patch: keys no longer wanted (a promoted successor CA's) are set to null.
+        data: dict[str, str | None] = {k: None for k in old if k not in new}
+        data.update(c.encode(new))
+        key = (owner.namespace, name)
+        try:
+            await self.kube.patch(path("Secret", owner.namespace, name), {"data": data})
+        except KubeError:
+            self._cache.pop(key, None)
+            raise
+        self._cache[key] = (time.monotonic(), dict(new))
