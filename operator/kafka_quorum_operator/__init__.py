@@ -5,8 +5,10 @@ the old one).
 Layout: ``spec`` (the custom resource's spec, defaulted), ``observe`` (API objects, node metrics
 and DescribeQuorum as plain values), ``plan`` (every decision, a pure function of what was
 observed), ``status`` (conditions, status and the record of what was done), ``resources`` (the
-Kubernetes objects the operator owns), ``kube`` and ``nodes`` (HTTP clients), ``reconcile``
-(observe, plan, act), ``handlers`` (kopf, thin), ``lease`` (single active operator).
+Kubernetes objects the operator owns), ``certs`` (X.509), ``credentials`` (the quorum's
+Secrets and when to renew them), ``keeper`` (keeps them, gives the operator its TLS context),
+``kube`` and ``nodes`` (HTTP clients), ``reconcile`` (observe, plan, act), ``handlers`` (kopf,
+thin), ``lease`` (single active operator).
 """
 
 GROUP = "kraft.quorum.dev"
