@@ -127,7 +127,10 @@ def declare_resources(emulator: Any) -> None:
 
 # --- the kubelet --------------------------------------------------------------------------------
 
-SECRET_REFRESH_S = 1.0
+SECRET_REFRESH_S = 2.0
+# Readiness is probed this often (each HTTPS probe is a full TLS handshake for the node: more
+# often costs the nodes CPU the tests need).
+PROBE_S = 0.5
 _DNS_NAME = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.[a-z0-9-]+\.[a-z0-9-]+\.svc"
                        r"(?:\.cluster\.local)?\b")
 
@@ -170,6 +173,7 @@ class Process:
     scheme: str = "http"
     mounts: list[Mount] = field(default_factory=list)
     refreshed: float = 0.0
+    probed: float = 0.0
     ready: bool = False
     stopping: bool = False
 
@@ -345,6 +349,9 @@ class Kubelet:
                 data = await self._secret(mount.secret)
                 if data is not None:
                     mount.write(data)
+        if time.monotonic() - process.probed < PROBE_S:
+            return
+        process.probed = time.monotonic()
         ready = await asyncio.to_thread(_probe, f"{process.scheme}://{process.address}/readyz")
         if ready != process.ready:
             process.ready = ready
