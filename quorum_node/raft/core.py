@@ -349,6 +349,10 @@ class RaftCore:
             )
         self.voters = voters
         self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
+        # The voters messages go to. A voter under another directory of this node's own id is
+        # this node's lost disk (KIP-856, before RemoveVoter): it counts in majorities, but
+        # nothing can reach it, and a request "to" it would come back to this very node.
+        self._peer_voters = tuple(k for k in self._remote_voters if k.id != self.node_id)
         self._is_voter = len(self._remote_voters) < len(voters)
         self._is_only_voter = self._is_voter and len(voters) == 1
 
@@ -478,7 +482,7 @@ class RaftCore:
             times.extend(
                 max(self._next_begin_quorum_ms(state.voters[key]),
                     self._requests.ready_at_ms(key.id))
-                for key in self._remote_voters
+                for key in self._peer_voters
                 if not self._requests.has_in_flight(key.id)
             )
         return max(min(times), self._now_ms)
@@ -773,7 +777,7 @@ class RaftCore:
         if stored.leader_id == self.node_id and voter:
             # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
             # lost, and reusing an (offset, epoch) pair would break log matching.
-            remote = {key.id for key in self._remote_voters}
+            remote = {key.id for key in self._peer_voters}
             return _Resigned(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
                              (), remote)
         # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
@@ -840,7 +844,7 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
-        for key in self._remote_voters:  # re-read: the steps above may change the voters
+        for key in self._peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
             if now_ms < self._next_begin_quorum_ms(progress):
                 continue
@@ -1032,7 +1036,7 @@ class RaftCore:
     def _resign(self, now_ms: int) -> None:
         state = self._state
         assert isinstance(state, _Leader)
-        remote = [(k, p) for k, p in state.voters.items() if not k.matches(self.local_key)]
+        remote = [(k, p) for k, p in state.voters.items() if k.id != self.node_id]
         # Most caught-up first, so that the likeliest winner campaigns first.
         remote.sort(key=lambda kp: -(kp[1].end_offset if kp[1].end_offset is not None else -1))
         self._transition(_Resigned(
@@ -1223,10 +1227,16 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if (response.error_code == Errors.NONE and response.leader_epoch == state.epoch
-                and isinstance(state, _Prospective | _Candidate)):
+        if response.leader_epoch != state.epoch or not isinstance(state, _Prospective | _Candidate):
+            return
+        if response.error_code == Errors.NONE:
             state.election.record(ReplicaKey(source, response.voter_directory_id),
                                   response.vote_granted)
+        elif (response.error_code == Errors.INVALID_VOTER_KEY
+              and response.voter_directory_id is not None):
+            # A voter whose node now runs another directory (a replaced disk, between AddVoter
+            # and RemoveVoter): ask that node again as the voter it is.
+            state.election.record_moved(source, response.voter_directory_id)
 
     # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Iterable
 
 from quorum_node.raft.types import ReplicaKey
@@ -23,6 +24,9 @@ class EpochElection:
         for key in self._votes:
             if key.matches(local):
                 self._votes[key] = VoteState.GRANTED
+            elif key.id == local.id:
+                # Another directory of this very node: a lost disk, which votes no more.
+                self._votes[key] = VoteState.REJECTED
         self._majority = len(self._votes) // 2 + 1
 
     def record(self, voter: ReplicaKey, granted: bool) -> None:
@@ -35,6 +39,15 @@ class EpochElection:
         if len(matching) != 1 or self._votes[matching[0]] is not VoteState.UNRECORDED:
             return
         self._votes[matching[0]] = VoteState.GRANTED if granted else VoteState.REJECTED
+
+    def record_moved(self, node_id: int, directory_id: uuid.UUID) -> None:
+        """Node ``node_id`` answered as ``directory_id``: its voters under any other directory
+        cannot vote from there (that disk was replaced, KIP-856). They count as rejections, so
+        that the round asks the directory the node has instead of the lost one again."""
+        for key, vote in self._votes.items():
+            if (key.id == node_id and key.directory_id is not None
+                    and key.directory_id != directory_id and vote is VoteState.UNRECORDED):
+                self._votes[key] = VoteState.REJECTED
 
     def _count(self, state: VoteState) -> int:
         return sum(1 for vote in self._votes.values() if vote is state)

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from quorum_node.raft.messages import (
+    BeginQuorumEpochRequest,
     EndQuorumEpochRequest,
     FetchRequest,
     FetchResponse,
     VoteRequest,
+    VoteResponse,
 )
 from quorum_node.raft.records import Record, decode_batches
 from quorum_node.raft.state import RaftState
@@ -310,19 +312,25 @@ def test_decommission_removes_a_node_id_down_to_one_voter(leader: Any) -> None:
     assert ctx.core.voters == (key(1), key(3))
 
 
-def test_leader_removing_itself_leads_until_committed_then_resigns(
-    make_ctx: Callable[..., Any],
-) -> None:
+def leader_3_with_a_second_directory(make_ctx: Callable[..., Any]) -> Any:
+    """Node 3 (as 3) leading {1, 2, 3} with AddVoter (3, u3') committed: voters {1, 2, 3, 3'}."""
     ctx = make_ctx(3, (1, 2, 3), local_directory_id=U[3])
     ctx.become_leader()
     catch_up(ctx, 1, 2)
-    # Node 3 is the leader; a second directory of node 3 cannot exist on the same node, so the
-    # leader's own old key goes out after its id got another directory: add (3, u3') first.
     fetch(ctx, 3, 0, REPLACED_3)
     catch_up(ctx, 1, 2, (3, REPLACED_3))
     ticket = ctx.core.add_voter(ctx.now_ms, key(3, REPLACED_3), TIMEOUT_MS)
     catch_up(ctx, 1, 2, (3, REPLACED_3))
     assert outcome(ctx, ticket)[0] is Errors.NONE
+    return ctx
+
+
+def test_leader_removing_itself_leads_until_committed_then_resigns(
+    make_ctx: Callable[..., Any],
+) -> None:
+    # Node 3 is the leader; a second directory of node 3 cannot exist on the same node, so the
+    # leader's own old key goes out after its id got another directory: add (3, u3') first.
+    ctx = leader_3_with_a_second_directory(make_ctx)
     ticket = ctx.core.remove_voter(ctx.now_ms, key(3), TIMEOUT_MS)
     ctx.flush()
     record_offset = voter_records(ctx)[-1][0]
@@ -335,7 +343,7 @@ def test_leader_removing_itself_leads_until_committed_then_resigns(
     assert outcome(ctx, ticket)[0] is Errors.NONE
     assert ctx.state() is RaftState.RESIGNED
     sent = {r.destination for r in ctx.take_requests(EndQuorumEpochRequest)}
-    assert sent == {1, 2, 3}
+    assert sent == {1, 2}  # never to its own node id: that would be itself
     # Once resigned it leaves the epoch as an observer: it never campaigns again.
     ctx.advance(ctx.config.election_timeout_ms * 3)
     assert ctx.state() is RaftState.UNATTACHED
@@ -360,6 +368,52 @@ def test_votes_count_for_the_directory_that_cast_them(leader: Any) -> None:
     assert not election.is_granted
     election.record(key(3), True)
     assert election.is_granted
+
+
+def test_a_node_that_answers_as_its_new_directory_is_asked_for_that_vote(leader: Any) -> None:
+    """Between AddVoter (3, u3') and RemoveVoter (3, u3) the voters are {1, 2, 3, 3'}: an
+    election needs 3 of 4 and so the vote of node 3's new directory. A node answering as
+    another directory than the one asked is asked again as the one it has."""
+    ctx = leader
+    replace_disk_of_3(ctx)
+    epoch = ctx.core.epoch
+    ctx.deliver_request(2, ctx.begin_quorum_request(2, epoch + 1))  # node 2 takes over ...
+    ctx.advance(ctx.config.fetch_timeout_ms)  # ... and goes silent
+    assert ctx.state() is RaftState.PROSPECTIVE
+    to_2 = ctx.take_request(VoteRequest, 2)
+    asked = ctx.take_request(VoteRequest, 3)
+    assert asked.message.voter_directory_id == U[3]  # the lost directory
+    ctx.deliver_response(asked, VoteResponse(
+        error_code=Errors.INVALID_VOTER_KEY, leader_id=None, leader_epoch=ctx.core.epoch,
+        vote_granted=False, voter_directory_id=REPLACED_3))
+    assert ctx.state() is RaftState.PROSPECTIVE  # 1, 2 and 3' can still make 3 of 4
+    ctx.advance(ctx.config.retry_backoff_ms)
+    again = ctx.take_request(VoteRequest, 3)
+    assert again.message.voter_directory_id == REPLACED_3
+    ctx.deliver_response(again, VoteResponse(
+        error_code=Errors.NONE, leader_id=None, leader_epoch=ctx.core.epoch, vote_granted=True,
+        voter_directory_id=REPLACED_3))
+    assert ctx.state() is RaftState.PROSPECTIVE  # 2 of 4
+    ctx.deliver_response(to_2, VoteResponse(
+        error_code=Errors.NONE, leader_id=None, leader_epoch=ctx.core.epoch, vote_granted=True,
+        voter_directory_id=U[2]))
+    assert ctx.state() is RaftState.CANDIDATE
+
+
+def test_no_request_goes_to_another_directory_of_the_nodes_own_id(
+    make_ctx: Callable[..., Any],
+) -> None:
+    """Voters {1, 2, 3, 3'} on node 3 (as 3): 3' is its own id under another directory, so
+    BeginQuorumEpoch and Vote go to nodes 1 and 2 only, and 3' counts as a vote lost."""
+    ctx = leader_3_with_a_second_directory(make_ctx)
+    assert len(ctx.core.voters) == 4
+    ctx.clear_outbox()
+    ctx.advance(ctx.config.fetch_timeout_ms)  # no fetches for a while: heartbeats are due
+    assert {r.destination for r in ctx.take_requests(BeginQuorumEpochRequest)} == {1, 2}
+    ctx.deliver_request(1, ctx.begin_quorum_request(1, ctx.core.epoch + 1))
+    ctx.advance(ctx.config.fetch_timeout_ms)
+    assert ctx.state() is RaftState.PROSPECTIVE
+    assert {r.destination for r in ctx.take_requests(VoteRequest)} == {1, 2}
 
 
 def test_vote_response_names_the_voting_directory(leader: Any) -> None:
