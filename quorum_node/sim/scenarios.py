@@ -27,6 +27,11 @@ from quorum_node.sim.simulation import Simulation
 RECOVERY_WINDOW_MS = 10_000
 # How long a scenario waits for the leader it wants to hurt.
 LEADER_WAIT_MS = 15_000
+# Longer partitions where the network also loses messages: the majority side must commit before
+# the heal, and each lost Fetch costs a request timeout on the way (two in a row end a follower's
+# fetch timeout, and the leader's check-quorum may follow), so progress can take a few more
+# election rounds than on a clean network.
+LOSSY_PARTITION_EXTRA_MS = 6_000
 # Time for a replaced disk's replica to catch up and for the operator's two voter changes.
 REMEDIATION_WINDOW_MS = 25_000
 
@@ -38,6 +43,12 @@ class Scenario:
     voters: tuple[int, int]  # inclusive range
     observers: tuple[int, int]
     script: Callable[[Simulation], None]
+
+
+def _partition_ms(sim: Simulation, low_ms: int, high_ms: int) -> int:
+    """How long a partition lasts: drawn from [low_ms, high_ms], longer on a lossy network."""
+    extra = LOSSY_PARTITION_EXTRA_MS if sim.cluster.network.drop_probability > 0 else 0
+    return sim.rng.randint(low_ms, high_ms) + extra
 
 
 def _then_at_leader(sim: Simulation, at_ms: int, action: Callable[[SimNode], None]) -> None:
@@ -96,7 +107,7 @@ def leader_partition(sim: Simulation) -> None:
     def isolate(leader: SimNode) -> None:
         now = sim.now_ms
         sim.cluster.isolate(leader.node_id)
-        heal_at = now + sim.rng.randint(5000, 8000)
+        heal_at = now + _partition_ms(sim, 5000, 8000)
         expect_commit_since(sim, now, heal_at)
         sim.at(heal_at, sim.cluster.heal)
         expect_recovery(sim, heal_at, RECOVERY_WINDOW_MS)
@@ -119,7 +130,7 @@ def majority_split(sim: Simulation) -> None:
         for observer in cluster.observer_ids:
             (minority if sim.rng.random() < 0.5 else majority).append(observer)
         cluster.split([minority, majority])
-        heal_at = now + sim.rng.randint(6000, 9000)
+        heal_at = now + _partition_ms(sim, 6000, 9000)
         expect_commit_since(sim, now, heal_at)
         unwatch = watch_no_commit_since(sim, minority, now)
 
@@ -152,7 +163,7 @@ def back_to_back_failures(sim: Simulation) -> None:
             now = sim.now_ms
             cluster.heal()
             cluster.isolate(second.node_id)
-            heal_at = now + sim.rng.randint(6000, 9000)
+            heal_at = now + _partition_ms(sim, 6000, 9000)
             expect_commit_since(sim, now, heal_at)
             sim.at(heal_at, cluster.heal)
             expect_recovery(sim, heal_at, RECOVERY_WINDOW_MS)
