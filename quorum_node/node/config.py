@@ -65,7 +65,8 @@ class NodeConfig(BaseModel):
     quorum: QuorumConfig = Field(default_factory=QuorumConfig)
     segment_bytes: int = Field(DEFAULT_SEGMENT_BYTES, ge=1)
     format_if_empty: bool = False
-    snapshot_interval_records: int = Field(20_000, ge=0)
+    # About 20 MB of 100-byte records: Kafka snapshots every 20 MiB of metadata log by default.
+    snapshot_interval_records: int = Field(200_000, ge=0)
     snapshot_retained_log_records: int = Field(0, ge=0)
     # Security (docs/security.md). Declared after listen_tls: their checks read it.
     ssl_certificate_location: Path | None = Field(None, validate_default=True)
@@ -203,11 +204,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(_QUORUM_TIMING + "append.linger.ms", ("quorum.append_linger_ms",),
               "Longest the leader holds appends back to batch them behind a running fsync.",
               shared=True),
+    ConfigKey(_QUORUM_TIMING + "high.watermark.linger.ms", ("quorum.high_watermark_linger_ms",),
+              "Longest a follower's fetch waits for records to carry a new high watermark (0: "
+              "answer at once, as Kafka does); commits never wait for it.", shared=True),
     ConfigKey("log.segment.bytes", ("segment_bytes",), "Size at which a log segment rolls.",
               shared=True),
     ConfigKey("snapshot.interval.records", ("snapshot_interval_records",),
-              "Write a snapshot of the key-value store after this many committed records "
-              "(0: never).", shared=True),
+              "Write a snapshot of the key-value store after this many committed records, and "
+              "no sooner than as many as it has keys (0: never).", shared=True),
     ConfigKey("snapshot.retained.log.records", ("snapshot_retained_log_records",),
               "Records of log kept below the latest snapshot; whole segments older than that "
               "are deleted.", shared=True),

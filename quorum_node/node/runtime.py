@@ -6,8 +6,13 @@ and answers inbound ones (a parked Fetch is answered whenever the core releases 
 flush requests to one flusher task, so that any number of appends waiting together share one
 fsync (group commit). A timer task polls the core at its next deadline.
 
-The core is only ever called from the event loop's thread; the fsync runs in a worker thread
-(the segment log allows that).
+The core is only ever called from the event loop's thread; a slow fsync runs in a worker
+thread (the segment log allows that).
+
+A commit on a fast disk is a handful of event-loop turns, so the runtime spends none it does not
+need: the core's timer is one rescheduled loop timer, and a caller waiting for a condition of the
+core (a commit, a confirmed read, a voter change) is woken once, when a step makes it true,
+rather than after every step to check.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.errors import NotFormattedError
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
+from quorum_node.storage.segment_log import SegmentLog
 
 if TYPE_CHECKING:
     from quorum_node.node.config import NodeConfig
@@ -126,9 +132,12 @@ class QuorumNode:
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
         self._next_inbound_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._timer_wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline_ms: int | None = None
         self._flush_wanted = asyncio.Event()
-        self._changed = asyncio.Event()
+        # Callers waiting for a condition of the core, checked after every step.
+        self._waiters: dict[asyncio.Future[None], Callable[[], bool]] = {}
         self._runner: web.AppRunner | None = None
         self._stopped = asyncio.Event()
         self._closing = False  # set once shutdown stops driving the core
@@ -160,7 +169,8 @@ class QuorumNode:
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
                            reuse_address=True, ssl_context=tls.listening if tls else None)
         await site.start()
-        self._spawn(self._timer_loop())
+        self._loop = asyncio.get_running_loop()
+        self._schedule_timer()
         self._spawn(self._flush_loop())
         self._spawn(self.security.reload_forever())
         logger.info("node %d listening on %s", self.config.node_id, self.config.listener)
@@ -174,12 +184,14 @@ class QuorumNode:
         if self.failure is None:
             self.core.begin_shutdown(_now_ms())
             self._after_step()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError, NotLeaderError):
                 await self._wait_for(self._successor_known, timeout_s)
         # From here on nothing drives the core: every call into it runs its timers, so a peer's
         # request would otherwise keep a stopping node campaigning.
         self._closing = True
         self._stopped.set()
+        if self._timer is not None:
+            self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -221,11 +233,47 @@ class QuorumNode:
                     future.set_result(message.message)
         if effects.flush:
             self._flush_wanted.set()
-        self._timer_wakeup.set()
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._schedule_timer()
+        if self._waiters:
+            self._wake_waiters()
         for hook in self.step_hooks:
             hook()
+
+    def _wake_waiters(self) -> None:
+        for future, condition in list(self._waiters.items()):
+            if future.done():
+                continue
+            try:
+                if condition():
+                    future.set_result(None)
+            except Exception as error:  # the waiter's own error, raised to it
+                future.set_exception(error)
+
+    def _schedule_timer(self) -> None:
+        """Keep one loop timer at the core's next deadline."""
+        loop = self._loop
+        if loop is None or self._closing:
+            return
+        deadline_ms = self.core.next_deadline_ms()
+        if self._timer is not None:
+            if deadline_ms == self._timer_deadline_ms:
+                return
+            self._timer.cancel()
+        self._timer_deadline_ms = deadline_ms
+        self._timer = loop.call_later(max(0, deadline_ms - _now_ms()) / 1000, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_deadline_ms = None
+        now_ms = _now_ms()
+        if self.core.next_deadline_ms() > now_ms:
+            self._schedule_timer()  # fired early (the wall clock stepped back)
+            return
+        self._call("poll", now_ms)
+        if self._timer is not None and self.core.next_deadline_ms() <= _now_ms():
+            # Polling settles the deadline into the future; should it not, do not spin.
+            self._timer.cancel()
+            assert self._loop is not None
+            self._timer = self._loop.call_later(0.001, self._on_timer)
 
     def _call(self, step: str, *args: object) -> None:
         """Call into the core; an invariant failure stops this node (it must not go on)."""
@@ -243,6 +291,9 @@ class QuorumNode:
         logger.critical("node %d stopping: %s", self.config.node_id, error)
         self.failure = error
         self._stopped.set()
+        for future in self._waiters:
+            if not future.done():
+                future.set_exception(NotLeaderError(None, self.core.epoch))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -276,54 +327,46 @@ class QuorumNode:
         finally:
             self._inbound.pop(correlation_id, None)
 
-    async def _timer_loop(self) -> None:
-        # The loops end on ``_closing`` too, not only by cancellation: Python 3.11's wait_for
-        # can swallow a cancellation that races with its own completion.
-        while not self._closing:
-            self._timer_wakeup.clear()
-            delay_ms = self.core.next_deadline_ms() - _now_ms()
-            if delay_ms <= 0:
-                self._call("poll", _now_ms())
-                # Polling settles the deadline into the future; should it not, do not spin.
-                if self.core.next_deadline_ms() <= _now_ms():
-                    await asyncio.sleep(0.001)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._timer_wakeup.wait(), delay_ms / 1000)
-
     async def _flush_loop(self) -> None:
         log = self.log_dir.log
         fsync_s = 0.0  # moving average of the recent flushes
         while not self._closing:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
-            started = time.perf_counter()
             try:
                 if fsync_s < INLINE_FSYNC_S:
                     # A fast disk: handing the fsync to a thread and back costs more than the
                     # fsync itself, and every commit waits for two of them (leader, follower).
-                    flushed = log.flush()
+                    flushed, took_s = _timed_flush(log)
                 else:
-                    flushed = await asyncio.to_thread(log.flush)
+                    flushed, took_s = await asyncio.to_thread(_timed_flush, log)
             except OSError as error:
                 # After a failed fsync the page cache cannot be trusted: stop (Kafka does too).
                 self._fail(error)
                 return
-            fsync_s = 0.8 * fsync_s + 0.2 * (time.perf_counter() - started)
+            # The fsync's own time, not the hop to a thread and back: that would keep a fast
+            # disk that once had a slow flush in the thread for good.
+            fsync_s = 0.8 * fsync_s + 0.2 * took_s
             self._call("handle_flushed", _now_ms(), flushed)
 
     async def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> None:
-        """Wait until ``condition()`` holds, re-checking after every step of the core."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not condition():
-            if self.failure is not None:
-                raise NotLeaderError(None, self.core.epoch)
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise TimeoutError
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+        """Wait until ``condition()`` holds (checked now and after every step of the core).
+        Raises TimeoutError after ``timeout_s``, NotLeaderError once the node has failed."""
+        if condition():
+            return
+        if self.failure is not None:
+            raise NotLeaderError(None, self.core.epoch)
+        if timeout_s <= 0:
+            raise TimeoutError
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[future] = condition
+        try:
+            # asyncio.timeout rather than wait_for: no task per wait, and on Python 3.11
+            # wait_for can swallow a cancellation.
+            async with asyncio.timeout(timeout_s):
+                await future
+        finally:
+            del self._waiters[future]
 
     # --- what the client and admin APIs build on ---------------------------------------------
 
@@ -441,6 +484,13 @@ class QuorumNode:
     def leader_endpoint(self) -> tuple[str, int] | None:
         leader = self.core.leader_id
         return self.endpoints.get(leader) if leader is not None else None
+
+
+def _timed_flush(log: SegmentLog) -> tuple[int, float]:
+    """Flush ``log``: the offset it is durable to, and how long the flush took in seconds."""
+    started = time.perf_counter()
+    flushed = log.flush()
+    return flushed, time.perf_counter() - started
 
 
 def _sender_of(request: RaftRequest) -> int:

@@ -1,7 +1,8 @@
 """Snapshots of the key-value state machine (KIP-630): when to write one, how to load one.
 
 The state machine, not the Raft core, decides when to snapshot: every
-``snapshot.interval.records`` applied records it writes its map, as of the offset it has applied
+``snapshot.interval.records`` applied records (and no more often than it has applied as many
+records as the map has keys) it writes its map, as of the offset it has applied
 (always committed, always at a batch boundary), with the voter set in force there. The log below
 the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
 are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
 
 logger = logging.getLogger(__name__)
+
+
+def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
+    """Whether to snapshot after ``records_since`` records applied since the last snapshot:
+    every ``interval`` records (0: never), but never a snapshot of more records (one per key)
+    than the log it lets go, so that a large map written to slowly is not rewritten over and
+    over for a little log."""
+    return interval > 0 and records_since >= max(interval, keys)
 
 
 class KvSnapshots:
@@ -57,9 +66,10 @@ class KvSnapshots:
     def maybe_start_writing(self) -> None:
         """Start writing a snapshot in the background if enough has been applied since the
         last one (the applier goes on meanwhile: a snapshot is of the map as it is now)."""
-        interval = self.node.config.snapshot_interval_records
         end = self.store.next_offset
-        if interval == 0 or self._task is not None or end - self._last_end < interval:
+        due = snapshot_due(end - self._last_end, self.node.config.snapshot_interval_records,
+                           len(self.store))
+        if not due or self._task is not None:
             return
         log = self.node.log_dir.log
         if end - 1 < log.start_offset:

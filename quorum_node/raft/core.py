@@ -1362,9 +1362,12 @@ class RaftCore:
         response = self._valid_fetch_response(state, request)
         newer_hwm = state.high_watermark is not None and (
             request.high_watermark is None or state.high_watermark > request.high_watermark)
-        if response.records or request.max_wait_ms == 0 or newer_hwm:
+        linger = self.config.high_watermark_linger_ms
+        if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0):
             return response
         wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
+        if newer_hwm:
+            wait = min(wait, linger)  # the new high watermark goes out with records, or soon
         state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
         return None
 
@@ -1451,7 +1454,14 @@ class RaftCore:
             return False
         state.high_watermark = majority_end
         self._advance_local_high_watermark(majority_end)
-        self._complete_parked_fetches(state, lambda parked: True)
+        linger = self.config.high_watermark_linger_ms
+        if linger == 0:
+            self._complete_parked_fetches(state, lambda parked: True)
+        else:
+            # Parked fetches learn the new high watermark with the next records, or at the
+            # latest after the linger.
+            for parked in state.parked:
+                parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
         return True
 
     def _append_pending(self, now_ms: int, state: _Leader) -> None:

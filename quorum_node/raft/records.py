@@ -72,6 +72,9 @@ class RecordBatch:
     timestamp_ms: int = 0
     is_control: bool = False
     crc: int = field(default=0, compare=False)
+    # The batch's bytes, where it was decoded from or encoded to: appending it again (a
+    # follower's append, a snapshot's copy) need not encode it again.
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def last_offset(self) -> int:
@@ -82,6 +85,8 @@ class RecordBatch:
         return self.base_offset + len(self.records)
 
     def encode(self) -> bytes:
+        if self.encoded is not None:
+            return self.encoded
         return encode_batch(
             self.base_offset, self.epoch, self.records, self.timestamp_ms, self.is_control
         )
@@ -210,13 +215,31 @@ def decode_batch(buffer: bytes | memoryview, position: int = 0) -> tuple[RecordB
     """
     header = read_batch_header(buffer, position)
     end = header.end
+    data = bytes(buffer[position:end])  # one copy; the records are slices of it
     records: list[Record] = []
-    cursor = position + HEADER_SIZE
+    cursor = HEADER_SIZE
+    size = len(data)
+    unpack_length = _RECORD_LEN.unpack_from  # the hot loop of every fetch and read
     for _ in range(header.record_count):
-        key, cursor = _read_bytes(buffer, cursor, end, nullable=True)
-        value, cursor = _read_bytes(buffer, cursor, end, nullable=False)
-        records.append(Record(value=value if value is not None else b"", key=key))
-    if cursor != end:
+        if cursor + 4 > size:
+            raise CorruptRecordError("record length past the end of its batch", position + cursor)
+        (length,) = unpack_length(data, cursor)
+        cursor += 4
+        key: bytes | None = None
+        if length != -1:
+            if length < 0 or cursor + length > size:
+                raise CorruptRecordError(f"invalid record length {length}", position + cursor)
+            key = data[cursor : cursor + length]
+            cursor += length
+        if cursor + 4 > size:
+            raise CorruptRecordError("record length past the end of its batch", position + cursor)
+        (length,) = unpack_length(data, cursor)
+        cursor += 4
+        if length < 0 or cursor + length > size:
+            raise CorruptRecordError(f"invalid record length {length}", position + cursor)
+        records.append(Record(data[cursor : cursor + length], key))
+        cursor += length
+    if cursor != size:
         raise CorruptRecordError("batch length does not match its records", position)
     batch = RecordBatch(
         base_offset=header.base_offset,
@@ -225,22 +248,9 @@ def decode_batch(buffer: bytes | memoryview, position: int = 0) -> tuple[RecordB
         timestamp_ms=header.timestamp_ms,
         is_control=header.is_control,
         crc=header.crc,
+        encoded=data,
     )
     return batch, end
-
-
-def _read_bytes(
-    buffer: bytes | memoryview, cursor: int, end: int, *, nullable: bool
-) -> tuple[bytes | None, int]:
-    if cursor + _RECORD_LEN.size > end:
-        raise CorruptRecordError("record length past the end of its batch", cursor)
-    (length,) = _RECORD_LEN.unpack_from(buffer, cursor)
-    cursor += _RECORD_LEN.size
-    if length == -1 and nullable:
-        return None, cursor
-    if length < 0 or cursor + length > end:
-        raise CorruptRecordError(f"invalid record length {length}", cursor)
-    return bytes(buffer[cursor : cursor + length]), cursor + length
 
 
 def decode_batches(buffer: bytes | memoryview) -> list[RecordBatch]:

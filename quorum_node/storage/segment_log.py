@@ -43,7 +43,6 @@ from quorum_node.raft.records import (
     Record,
     RecordBatch,
     decode_batch,
-    decode_batches,
     encode_batch,
     read_batch_header,
 )
@@ -183,7 +182,10 @@ class SegmentLog:
     ) -> RecordBatch:
         check_leader_append(self, epoch)
         encoded = encode_batch(self.end_offset, epoch, records, timestamp_ms, is_control)
-        (batch,) = decode_batches(encoded)  # also refuses what recovery could not read back
+        header = read_batch_header(encoded)  # refuses what recovery could not read back
+        batch = RecordBatch(base_offset=header.base_offset, epoch=epoch, records=tuple(records),
+                            timestamp_ms=timestamp_ms, is_control=is_control, crc=header.crc,
+                            encoded=encoded)
         self._append(batch, encoded)
         return batch
 

@@ -442,6 +442,11 @@ def test_records_bad_input_is_refused_and_nothing_is_appended(single: Cluster) -
 def test_writes_and_linearizable_reads_redirect_to_the_leader(trio: Cluster) -> None:
     leader = trio.leader()
     follower = trio.follower()
+    core = leader.node.core
+    deadline = time.monotonic() + 10  # a new leader's bootstrap voters may still be committing
+    while not (core.accepts_writes and core.high_watermark == core.log.end_offset):
+        assert time.monotonic() < deadline, "the leader's log never fully committed"
+        time.sleep(0.01)
     before = high_watermark(leader)
     for method, path, body in [("PUT", kv("city"), "Oslo"), ("GET", kv("city"), None),
                                ("DELETE", kv("city"), None),

@@ -237,6 +237,44 @@ def test_parked_fetch_completed_by_high_watermark_advance(make_ctx: MakeCtx) -> 
     assert completed.records == b""
 
 
+def test_high_watermark_linger_sends_the_new_high_watermark_with_the_next_records(
+    make_ctx: MakeCtx,
+) -> None:
+    """With high_watermark_linger_ms, a fetch that only has a newer high watermark to learn
+    waits up to the linger for records to carry it along (one message instead of two)."""
+    ctx = _leader(make_ctx, [1, 2, 3], high_watermark_linger_ms=5)
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
+    # Voter 2 acknowledges offset 1: the high watermark moves to 1, but the answer lingers.
+    assert ctx.deliver_request(2, ctx.fetch_request(2, 1, 1, 1)) == []
+    assert ctx.core.high_watermark == 1  # the commit itself does not wait
+    ctx.core.propose(ctx.now_ms, ctx.records("x"))
+    ctx.collect()
+    (response,) = ctx.take_responses(2)
+    assert isinstance(response, FetchResponse)
+    assert _layout(response.records) == [(1, 1, 1)] and response.high_watermark == 1
+
+
+def test_high_watermark_linger_answers_after_the_linger_without_records(
+    make_ctx: MakeCtx,
+) -> None:
+    ctx = _leader(make_ctx, [1, 2, 3], high_watermark_linger_ms=5)
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 0, 0))
+    # Voter 3's acknowledgement moves the high watermark to 1, and neither voter knows it yet:
+    # both fetches wait 5 ms at most for records to carry it.
+    assert ctx.deliver_request(3, ctx.fetch_request(3, 1, 1, 1)) == []
+    assert ctx.core.high_watermark == 1
+    assert ctx.deliver_request(2, ctx.fetch_request(2, 1, 1, 1)) == []
+    assert ctx.core.next_deadline_ms() == ctx.now_ms + 5
+    ctx.advance(4)
+    assert ctx.take_responses(2) == [] and ctx.take_responses(3) == []
+    ctx.advance(1)
+    for voter in (2, 3):
+        (response,) = ctx.take_responses(voter)
+        assert isinstance(response, FetchResponse)
+        assert response.records == b"" and response.high_watermark == 1
+
+
 # --- leader acknowledgement, check-quorum, heartbeats (items 26-29) ------------------------------
 
 
