@@ -311,7 +311,12 @@ class QuorumNode:
         self._call("handle_response", _now_ms(), outbound.destination, outbound.correlation_id,
                    response)
 
-    async def handle_peer_request(self, request: RaftRequest) -> RaftResponse:
+    def handle_peer_request(
+        self, request: RaftRequest
+    ) -> RaftResponse | Coroutine[Any, Any, RaftResponse]:
+        """The core's answer to a peer's request: at once when it has one (most do), else a
+        coroutine to await it (a parked Fetch). Raises HTTPServiceUnavailable on a stopping
+        node."""
         if self.failure is not None or self._closing:
             raise web.HTTPServiceUnavailable(text="node stopping\n")
         self._next_inbound_id += 1
@@ -319,9 +324,16 @@ class QuorumNode:
         future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
         self._inbound[correlation_id] = future
         self._call("handle_request", _now_ms(), _sender_of(request), correlation_id, request)
+        if future.done():  # answered in the step (which took it out of _inbound)
+            return future.result()
+        return self._await_inbound(correlation_id, future)
+
+    async def _await_inbound(self, correlation_id: int,
+                             future: asyncio.Future[RaftResponse]) -> RaftResponse:
         try:
             # A parked Fetch is answered within fetch_max_wait_ms; the bound is a safety net.
-            return await asyncio.wait_for(future, self.config.quorum.request_timeout_ms / 1000)
+            async with asyncio.timeout(self.config.quorum.request_timeout_ms / 1000):
+                return await future
         except TimeoutError:
             raise web.HTTPServiceUnavailable(text="no response from the quorum core\n") from None
         finally:

@@ -278,7 +278,8 @@ class PeerUnavailable(Exception):
     pass
 
 
-RequestHandler = Callable[[RaftRequest], Awaitable[RaftResponse]]
+# The node's answer to a request: at once, or something to await (a parked Fetch).
+RequestHandler = Callable[[RaftRequest], RaftResponse | Awaitable[RaftResponse]]
 
 
 class PeerServer:
@@ -304,7 +305,8 @@ class PeerServer:
                 request = decode_frame(request_type, body)
             except FrameError as error:
                 return web.Response(status=400, text=f"{error}\n")
-            response = await self._handle(request)  # type: ignore[arg-type]
+            answer = self._handle(request)  # type: ignore[arg-type]
+            response = answer if isinstance(answer, Message) else await answer
             return web.Response(body=encode_frame(response), content_type=CONTENT_TYPE)
 
         return web.post(f"{RPC_PREFIX}{name}", handler)
@@ -318,7 +320,15 @@ class PeerServer:
             async for message in socket:
                 if message.type is not aiohttp.WSMsgType.BINARY:
                     break
-                task = asyncio.ensure_future(self._answer(socket, message.data))
+                # Most requests are answered at once, in the reading task: a task of their own
+                # would cost more than the answer. A parked Fetch waits in one.
+                answer = self._answer(message.data)
+                if answer is None:
+                    continue
+                if isinstance(answer, bytes):
+                    await _send(socket, answer)
+                    continue
+                task = asyncio.ensure_future(self._answer_later(socket, *answer))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
         finally:
@@ -327,25 +337,39 @@ class PeerServer:
                 task.cancel()
         return socket
 
-    async def _answer(self, socket: web.WebSocketResponse, data: bytes) -> None:
+    def _answer(self, data: bytes) -> bytes | tuple[int, Awaitable[RaftResponse]] | None:
+        """The reply to a tagged request, or (its correlation, what to await for it)."""
         if len(data) < _TAG.size:
-            return
+            return None
         correlation, index = _TAG.unpack_from(data)
         try:
             if index >= len(_RPC_BY_INDEX):
                 raise FrameError(f"unknown rpc {index}")
             request = decode_frame(_RPC_BY_INDEX[index], data[_TAG.size:])
-            response = await self._handle(request)
-            reply = _TAG.pack(correlation, _OK) + encode_frame(response)
+            answer = self._handle(request)
         except (FrameError, web.HTTPException) as error:
+            return _TAG.pack(correlation, _ERROR) + str(error).encode()
+        if isinstance(answer, Message):
+            return _TAG.pack(correlation, _OK) + encode_frame(answer)
+        return correlation, answer
+
+    async def _answer_later(self, socket: web.WebSocketResponse, correlation: int,
+                            answer: Awaitable[RaftResponse]) -> None:
+        try:
+            reply = _TAG.pack(correlation, _OK) + encode_frame(await answer)
+        except web.HTTPException as error:
             reply = _TAG.pack(correlation, _ERROR) + str(error).encode()
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await socket.send_bytes(reply)  # the peer may be gone; it times out its request
+        await _send(socket, reply)
 
     async def close(self) -> None:
         """Close the peers' streams (at shutdown: they would hold the server open)."""
         for socket in list(self._sockets):
             await socket.close()
+
+
+async def _send(socket: web.WebSocketResponse, reply: bytes) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await socket.send_bytes(reply)  # the peer may be gone; it times out its request
 
 
 def _url_host(host: str) -> str:
