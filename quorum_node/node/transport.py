@@ -29,8 +29,8 @@ import json
 import logging
 import ssl
 import struct
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Final, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -127,6 +127,10 @@ def decode_frame(cls: type[M], data: bytes) -> M:
     return message
 
 
+# What a call's caller is told, once: the response, or why there is none.
+OnAnswer = Callable[["RaftResponse | PeerUnavailable"], None]
+
+
 class PeerClient:
     """Sends RPCs to peers by node id, over one WebSocket per peer, opened on first use and again
     after it fails."""
@@ -139,17 +143,49 @@ class PeerClient:
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[int, _PeerStream] = {}
         self._connecting: dict[int, asyncio.Future[_PeerStream]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start_call(self, destination: int, request: RaftRequest, on_answer: OnAnswer) -> None:
+        """Send ``request``, now if the peer's stream is open, else once it is. ``on_answer`` is
+        called once, never from within this call: with the response, or with PeerUnavailable
+        when the peer cannot be reached, does not answer within the request timeout, or answers
+        with something invalid."""
+        stream = self._streams.get(destination)
+        if stream is not None and not stream.closed:
+            stream.start_call(request, self._timeout_s,
+                              self._answered(destination, stream, on_answer))
+            return
+        task = asyncio.ensure_future(self._connect_and_call(destination, request, on_answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def send(self, destination: int, request: RaftRequest) -> RaftResponse:
-        """Deliver ``request``; raises ``PeerUnavailable`` when the peer cannot be reached, does
-        not answer within the request timeout, or answers with something invalid."""
-        stream = await self._stream(destination)
+        """``start_call``, awaited: the response; raises PeerUnavailable."""
+        answered: asyncio.Future[RaftResponse | PeerUnavailable] = (
+            asyncio.get_running_loop().create_future())
+        self.start_call(destination, request, answered.set_result)
+        answer = await answered
+        if isinstance(answer, PeerUnavailable):
+            raise answer
+        return answer
+
+    def _answered(self, destination: int, stream: _PeerStream, on_answer: OnAnswer) -> OnAnswer:
+        def answered(answer: RaftResponse | PeerUnavailable) -> None:
+            if isinstance(answer, PeerUnavailable):
+                # A timed-out or broken stream may be a silently dead connection: start afresh.
+                self._drop(destination, stream)
+            on_answer(answer)
+
+        return answered
+
+    async def _connect_and_call(self, destination: int, request: RaftRequest,
+                                on_answer: OnAnswer) -> None:
         try:
-            return await stream.call(request, self._timeout_s)
-        except PeerUnavailable:
-            # A timed-out or broken stream may be a silently dead connection: start afresh.
-            await self._drop(destination, stream)
-            raise
+            stream = await self._stream(destination)
+        except PeerUnavailable as error:
+            on_answer(error)
+            return
+        stream.start_call(request, self._timeout_s, self._answered(destination, stream, on_answer))
 
     async def _stream(self, destination: int) -> _PeerStream:
         stream = self._streams.get(destination)
@@ -187,50 +223,64 @@ class PeerClient:
         self._streams[destination] = stream
         return stream
 
-    async def _drop(self, destination: int, stream: _PeerStream) -> None:
+    def _drop(self, destination: int, stream: _PeerStream) -> None:
         if self._streams.get(destination) is stream:
             del self._streams[destination]
-        await stream.close()
+        task = asyncio.ensure_future(stream.close())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         for destination, stream in list(self._streams.items()):
-            await self._drop(destination, stream)
+            self._drop(destination, stream)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
 
 
 class _PeerStream:
-    """One WebSocket to a peer: requests go out tagged, a reader task hands answers back."""
+    """One WebSocket to a peer: requests go out tagged and are written at once; the reader task
+    hands each answer to its caller's callback."""
 
     def __init__(self, destination: int, socket: aiohttp.ClientWebSocketResponse) -> None:
         self.destination = destination
         self._socket = socket
-        # correlation id -> (the caller's future, the response type it expects)
-        self._pending: dict[int, tuple[asyncio.Future[RaftResponse], type[Message]]] = {}
+        # correlation id -> (the response type expected, the caller's callback, its timeout)
+        self._pending: dict[int, tuple[type[Message], OnAnswer, asyncio.TimerHandle]] = {}
         self._next_correlation = 0
+        self._ended = False
         self._reader = asyncio.ensure_future(self._read())
 
     @property
     def closed(self) -> bool:
-        return self._socket.closed or self._reader.done()
+        return self._ended or self._socket.closed or self._reader.done()
 
-    async def call(self, request: RaftRequest, timeout_s: float) -> RaftResponse:
+    def start_call(self, request: RaftRequest, timeout_s: float, on_answer: OnAnswer) -> None:
         self._next_correlation = (self._next_correlation + 1) % 2**32
         correlation = self._next_correlation
-        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
-        self._pending[correlation] = (future, RESPONSE_TYPES[type(request)])
-        try:
-            await self._socket.send_bytes(
-                _TAG.pack(correlation, _RPC_INDEX[type(request)]) + encode_frame(request))
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise PeerUnavailable(f"node {self.destination} did not answer in "
-                                  f"{timeout_s:g} s") from None
-        except (aiohttp.ClientError, OSError, ConnectionError) as error:
-            raise PeerUnavailable(f"node {self.destination} unreachable: {error!r}") from None
-        finally:
-            self._pending.pop(correlation, None)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout_s, self._settle, correlation, PeerUnavailable(
+            f"node {self.destination} did not answer in {timeout_s:g} s"))
+        self._pending[correlation] = (RESPONSE_TYPES[type(request)], on_answer, timer)
+
+        def failed(error: BaseException) -> None:
+            # Told later, as promised: never from within start_call.
+            loop.call_soon(self._settle, correlation, PeerUnavailable(
+                f"node {self.destination} unreachable: {error!r}"))
+
+        frame = _TAG.pack(correlation, _RPC_INDEX[type(request)]) + encode_frame(request)
+        start_now(self._socket.send_bytes(frame), failed)
+
+    def _settle(self, correlation: int, answer: RaftResponse | PeerUnavailable) -> None:
+        pending = self._pending.pop(correlation, None)
+        if pending is None:
+            return  # settled already (answered, timed out, or the stream ended)
+        _, on_answer, timer = pending
+        timer.cancel()
+        on_answer(answer)
 
     async def _read(self) -> None:
         reason = "connection closed"
@@ -243,35 +293,73 @@ class _PeerStream:
         except (aiohttp.ClientError, OSError) as error:
             reason = repr(error)
         finally:
-            for future, _ in self._pending.values():
-                if not future.done():
-                    future.set_exception(PeerUnavailable(
-                        f"node {self.destination} unreachable: {reason}"))
+            self._ended = True  # no new calls on this stream from the callbacks below
+            for correlation in list(self._pending):
+                self._settle(correlation, PeerUnavailable(
+                    f"node {self.destination} unreachable: {reason}"))
 
     def _answer(self, data: bytes) -> None:
         if len(data) < _TAG.size:
             return
         correlation, status = _TAG.unpack_from(data)
         pending = self._pending.get(correlation)
-        if pending is None or pending[0].done():
+        if pending is None:
             return  # answered after its caller gave up
-        future, response_type = pending
+        response_type = pending[0]
         body = data[_TAG.size:]
         if status != _OK:
-            future.set_exception(PeerUnavailable(
+            self._settle(correlation, PeerUnavailable(
                 f"node {self.destination} refused: {body.decode(errors='replace')}"))
             return
         try:
-            future.set_result(decode_frame(response_type, body))  # type: ignore[arg-type]
+            response = decode_frame(response_type, body)
         except FrameError as error:
-            future.set_exception(PeerUnavailable(
+            self._settle(correlation, PeerUnavailable(
                 f"node {self.destination} sent a bad response: {error}"))
+            return
+        self._settle(correlation, response)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
         await self._socket.close()
+
+
+_FINISHING: set[asyncio.Task[None]] = set()
+
+
+def start_now(coroutine: Coroutine[Any, Any, None],
+              on_error: Callable[[BaseException], None]) -> None:
+    """Run ``coroutine`` here and now until it first has to wait; a task finishes it from there
+    (what Python 3.12's eager tasks do). A WebSocket write is done at once unless the socket's
+    buffer is full: a task per message would cost more than the message. ``on_error`` gets what
+    it raises."""
+    try:
+        awaited = coroutine.send(None)
+    except StopIteration:
+        return
+    except Exception as error:
+        coroutine.close()
+        on_error(error)
+        return
+    loop = asyncio.get_running_loop()
+
+    def finish(_: object = None) -> None:
+        # The wait it stopped at is over: a task takes the coroutine on from there.
+        task = loop.create_task(coroutine)
+        _FINISHING.add(task)
+        task.add_done_callback(finished)
+
+    def finished(task: asyncio.Task[None]) -> None:
+        _FINISHING.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            on_error(task.exception())  # type: ignore[arg-type]
+
+    if isinstance(awaited, asyncio.Future):
+        awaited.add_done_callback(finish)
+    else:
+        loop.call_soon(finish)
 
 
 class PeerUnavailable(Exception):
