@@ -49,7 +49,12 @@ from quorum_node.node.kv import (
     encode_op,
 )
 from quorum_node.node.limits import BodyRefused, read_body
-from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
+from quorum_node.node.runtime import (
+    AppendLostError,
+    CommitUnknownError,
+    QuorumNode,
+    WaitInterrupted,
+)
 from quorum_node.node.snapshotting import KvSnapshots
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.types import NotLeaderError
@@ -220,7 +225,6 @@ class ClientApi:
         self.failure: BaseException | None = None
         self._applier: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
-        self._closed: asyncio.Future[None] | None = None
         # Replaced after every step of the applier: waiters hold the one current when they
         # checked, so no step is missed between the check and the wait.
         self._progress = asyncio.Event()
@@ -247,8 +251,7 @@ class ClientApi:
     def begin_closing(self) -> None:
         """Answer every waiting request now (the server is about to wait for them to finish)."""
         self._closing.set()
-        if self._closed is not None and not self._closed.done():
-            self._closed.set_result(None)
+        self.node.interrupt_waits()
         self._notify()
 
     async def stop(self) -> None:
@@ -324,27 +327,13 @@ class ClientApi:
     # --- calls that need the leader ----------------------------------------------------------
 
     async def _until_closing(self, awaitable: Awaitable[_T], interrupted: ApiError) -> _T:
-        """Await ``awaitable``; raise ``interrupted`` instead if the node starts shutting down
-        first (the node's waits would otherwise hold the server's shutdown until they time
+        """Await a wait of the node's; raise ``interrupted`` instead if the node starts shutting
+        down first (its waits would otherwise hold the server's shutdown until they time
         out)."""
-        task = asyncio.ensure_future(awaitable)
         try:
-            waiters: list[asyncio.Future[Any]] = [task, self._closing_future()]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-        if not task.done() or task.cancelled():
-            raise interrupted
-        return task.result()
-
-    def _closing_future(self) -> asyncio.Future[None]:
-        # One future shared by every waiting request (cheaper than a task per request).
-        if self._closed is None:
-            self._closed = asyncio.get_running_loop().create_future()
-            if self._closing.is_set():
-                self._closed.set_result(None)
-        return self._closed
+            return await awaitable
+        except WaitInterrupted:
+            raise interrupted from None
 
     def _check_node(self) -> None:
         self._check_running()

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import logging
 import os
 import random
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvloop
@@ -66,10 +67,18 @@ class AppendLostError(Exception):
     """An append was truncated away by a new leader: it will never commit."""
 
 
+class WaitInterrupted(Exception):
+    """The wait was cut short: the node's server is shutting down (``interrupt_waits``)."""
+
+
 # Flushes that take less than this (on average) run on the event loop's thread; slower ones in a
 # worker thread, so that a slow disk never stalls the loop. A hop to a thread and back costs
 # about 0.1 ms and the GIL, more than most of a fast disk's fsync (0.2-0.5 ms on an SSD).
 INLINE_FSYNC_S = 0.002
+
+
+# Waiters by offset kept before the timed-out ones among them are let go.
+_COMMIT_WAITERS_PRUNED_AT = 1024
 
 
 def _now_ms() -> int:
@@ -138,8 +147,15 @@ class QuorumNode:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline_ms: int | None = None
         self._flush_wanted = asyncio.Event()
-        # Callers waiting for a condition of the core, checked after every step.
-        self._waiters: dict[asyncio.Future[None], Callable[[], bool]] = {}
+        # Callers waiting for a condition of the core, checked after every step, and whether
+        # shutting the server down cuts the wait short.
+        self._waiters: dict[asyncio.Future[None], tuple[Callable[[], bool], bool]] = {}
+        # Callers waiting for the high watermark to pass an offset (every append does): by
+        # offset, so that a step looks at those it settles only. (offset, sequence, future,
+        # interruptible); a timed-out waiter's entry goes when the high watermark passes it.
+        self._commit_waiters: list[tuple[int, int, asyncio.Future[None], bool]] = []
+        self._commit_waiter_sequence = 0
+        self._waits_interrupted = False
         self._runner: web.AppRunner | None = None
         self._stopped = asyncio.Event()
         self._closing = False  # set once shutdown stops driving the core
@@ -190,7 +206,7 @@ class QuorumNode:
             self.core.begin_shutdown(_now_ms())
             self._after_step()
             with contextlib.suppress(TimeoutError, NotLeaderError):
-                await self._wait_for(self._successor_known, timeout_s)
+                await self._wait_for(self._successor_known, timeout_s, interruptible=False)
         # From here on nothing drives the core: every call into it runs its timers, so a peer's
         # request would otherwise keep a stopping node campaigning.
         self._closing = True
@@ -239,13 +255,32 @@ class QuorumNode:
         if effects.flush:
             self._flush_wanted.set()
         self._schedule_timer()
+        if self._commit_waiters:
+            self._wake_commit_waiters()
         if self._waiters:
             self._wake_waiters()
         for hook in self.step_hooks:
             hook()
 
+    def _wake_commit_waiters(self) -> None:
+        high_watermark = self.core.high_watermark
+        if high_watermark is None:
+            return
+        waiters = self._commit_waiters
+        while waiters and waiters[0][0] < high_watermark:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():
+                future.set_result(None)
+
+    def _all_waiters(self) -> Iterator[tuple[asyncio.Future[None], bool]]:
+        """Every waiting future, with whether it is interruptible."""
+        for future, (_, interruptible) in self._waiters.items():
+            yield future, interruptible
+        for _, _, future, interruptible in self._commit_waiters:
+            yield future, interruptible
+
     def _wake_waiters(self) -> None:
-        for future, condition in list(self._waiters.items()):
+        for future, (condition, _) in list(self._waiters.items()):
             if future.done():
                 continue
             try:
@@ -296,7 +331,7 @@ class QuorumNode:
         logger.critical("node %d stopping: %s", self.config.node_id, error)
         self.failure = error
         self._stopped.set()
-        for future in self._waiters:
+        for future, _ in self._all_waiters():
             if not future.done():
                 future.set_exception(NotLeaderError(None, self.core.epoch))
 
@@ -370,24 +405,49 @@ class QuorumNode:
             fsync_s = 0.8 * fsync_s + 0.2 * took_s
             self._call("handle_flushed", _now_ms(), flushed)
 
-    async def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> None:
+    def interrupt_waits(self) -> None:
+        """Cut every wait for the core short, now and from now on, with WaitInterrupted: the
+        server is shutting down and waits for its requests to end. (The node's own shutdown
+        still waits for a successor.)"""
+        self._waits_interrupted = True
+        for future, interruptible in self._all_waiters():
+            if interruptible and not future.done():
+                future.set_exception(WaitInterrupted())
+
+    async def _wait_for(self, condition: Callable[[], bool], timeout_s: float, *,
+                        interruptible: bool = True, committed: int | None = None) -> None:
         """Wait until ``condition()`` holds (checked now and after every step of the core).
-        Raises TimeoutError after ``timeout_s``, NotLeaderError once the node has failed."""
+        Raises TimeoutError after ``timeout_s``, NotLeaderError once the node has failed,
+        WaitInterrupted once ``interrupt_waits`` was called (if ``interruptible``).
+        ``committed``: the condition is that the high watermark passed this offset."""
         if condition():
             return
         if self.failure is not None:
             raise NotLeaderError(None, self.core.epoch)
+        if interruptible and self._waits_interrupted:
+            raise WaitInterrupted
         if timeout_s <= 0:
             raise TimeoutError
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[future] = condition
+        if committed is None:
+            self._waiters[future] = (condition, interruptible)
+        else:
+            self._commit_waiter_sequence += 1
+            heapq.heappush(self._commit_waiters, (committed, self._commit_waiter_sequence,
+                                                  future, interruptible))
         try:
             # asyncio.timeout rather than wait_for: no task per wait, and on Python 3.11
             # wait_for can swallow a cancellation.
             async with asyncio.timeout(timeout_s):
                 await future
         finally:
-            del self._waiters[future]
+            if committed is None:
+                del self._waiters[future]
+            elif len(self._commit_waiters) > _COMMIT_WAITERS_PRUNED_AT:
+                # Timed-out waits pile up while the high watermark stands still (an idle
+                # quorum, no leader): let them go.
+                self._commit_waiters = [w for w in self._commit_waiters if not w[2].done()]
+                heapq.heapify(self._commit_waiters)
 
     # --- what the client and admin APIs build on ---------------------------------------------
 
@@ -409,7 +469,7 @@ class QuorumNode:
         epoch = self.core.epoch
         self._after_step()
         try:
-            await self._wait_for(lambda: self._is_settled(last), timeout_s)
+            await self._wait_for(lambda: self._is_settled(last), timeout_s, committed=last)
         except TimeoutError:
             raise CommitUnknownError(
                 f"offsets {first}-{last} not committed within {timeout_s:g} s") from None
@@ -455,6 +515,10 @@ class QuorumNode:
             raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
                                    f"not done within {timeout_s:g} s; it may still complete"
                                    ) from None
+        except WaitInterrupted:
+            raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
+                                   "the node is shutting down; the change may still complete"
+                                   ) from None
         assert outcome is not None
         if outcome.error is not Errors.NONE:
             raise VoterChangeError(outcome.error, outcome.message)
@@ -488,7 +552,9 @@ class QuorumNode:
     async def wait_for_high_watermark(self, offset: int, timeout_s: float) -> bool:
         """Wait until this replica knows ``offset`` is committed; False on timeout."""
         try:
-            await self._wait_for(lambda: self._is_settled(offset), timeout_s)
+            # Not interruptible: the KV applier waits here, bounded, until it is stopped.
+            await self._wait_for(lambda: self._is_settled(offset), timeout_s,
+                                 interruptible=False, committed=offset)
         except TimeoutError:
             return False
         return True
