@@ -78,6 +78,8 @@ MAX_TIMEOUT_MS = 60_000
 # How much of the log to read at a time (whole batches; at least one). Small, as the node
 # decodes all it reads, uncommitted batches past the high watermark included.
 READ_CHUNK_BYTES = 64 * 1024
+# Most committed records a step applies itself; more is a backlog for the applier task.
+STEP_APPLY_RECORDS = 1000
 
 _INTEGER = re.compile(r"-?[0-9]+")
 _FRAME_LENGTH = struct.Struct(">I")
@@ -246,6 +248,7 @@ class ClientApi:
         """Start the applier: it follows the high watermark on every node, leader or not."""
         if self._applier is None:
             self._applier = asyncio.ensure_future(self._apply_committed())
+            self.node.step_hooks.append(self._apply_after_step)
         return self._applier
 
     def begin_closing(self) -> None:
@@ -278,16 +281,7 @@ class ClientApi:
                     # A bounded wait so that a stopped node is noticed (it raises then).
                     await node.wait_for_high_watermark(store.next_offset, 1.0)
                     continue
-                before = store.next_offset
-                # The log's bytes rather than read_committed's decoded batches: the store
-                # skips batches without KV operations undecoded.
-                store.apply_encoded(node.log_dir.log.read(before, READ_CHUNK_BYTES),
-                                    limit=high_watermark)
-                if store.next_offset == before:
-                    raise RuntimeError(f"no committed batch at offset {before} below the high "
-                                       f"watermark {high_watermark}")
-                self._notify()
-                self.snapshots.maybe_start_writing()
+                self._apply_chunk(high_watermark)
                 await asyncio.sleep(0)  # a long replay must not starve the handlers
         except NotLeaderError:
             # What the runtime raises to waiters once the node has stopped after a failure.
@@ -296,6 +290,38 @@ class ClientApi:
             logger.exception("node %d: the KV applier stopped", node.config.node_id)
             self.failure = error
         self._notify()
+
+    def _apply_chunk(self, high_watermark: int) -> None:
+        store = self.store
+        before = store.next_offset
+        # The log's bytes rather than read_committed's decoded batches: the store skips batches
+        # without KV operations undecoded.
+        store.apply_encoded(self.node.log_dir.log.read(before, READ_CHUNK_BYTES),
+                            limit=high_watermark)
+        if store.next_offset == before:
+            raise RuntimeError(f"no committed batch at offset {before} below the high "
+                               f"watermark {high_watermark}")
+        self._notify()
+        self.snapshots.maybe_start_writing()
+
+    def _apply_after_step(self) -> None:
+        """Apply what a step of the core committed right away, so that a write is answered in
+        the loop's next turn instead of after the applier's. A backlog, or a snapshot to load
+        first, is the applier's."""
+        if self.failure is not None or self._closing.is_set():
+            return
+        high_watermark = self.node.core.high_watermark
+        next_offset = self.store.next_offset
+        if (high_watermark is None or next_offset >= high_watermark
+                or high_watermark - next_offset > STEP_APPLY_RECORDS
+                or next_offset < self.node.log_dir.log.start_offset):
+            return
+        try:
+            self._apply_chunk(high_watermark)
+        except Exception as error:
+            logger.exception("node %d: the KV applier stopped", self.node.config.node_id)
+            self.failure = error
+            self._notify()
 
     async def wait_applied(self, next_offset: int, deadline: float) -> None:
         """Wait until the store has applied every offset below ``next_offset``."""
