@@ -179,6 +179,10 @@ class _Follower:
     leader_id: int
     voted_key: ReplicaKey | None
     fetch_deadline_ms: int
+    # controller.quorum.fetch.timeout.ms plus up to a tenth more, drawn once per state: the
+    # followers of a leader hear from it in the same instant, and without the jitter they would
+    # time out in the same instant too, grant each other's pre-votes and split the vote.
+    fetch_timeout_ms: int
     # KAFKA-17641: a follower grants pre-votes only until its first successful fetch in the epoch.
     has_fetched_from_leader: bool = False
     # KIP-630: the leader's snapshot being downloaded, instead of fetching, when the log it needs
@@ -783,8 +787,7 @@ class RaftCore:
         # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
         # which forgets the leader and campaigns in an epoch that already has one.
         if stored.leader_id is not None and stored.leader_id != self.node_id:
-            return _Follower(stored.epoch, stored.leader_id, stored.voted_key,
-                             now_ms + self.config.fetch_timeout_ms)
+            return self._new_follower(stored.epoch, stored.leader_id, stored.voted_key, now_ms)
         if stored.voted_key is not None and stored.voted_key.matches(self.local_key) and voter:
             return self._new_candidate_state(stored.epoch, now_ms)
         return _Unattached(stored.epoch, None, stored.voted_key, self._unattached_deadline(now_ms))
@@ -909,8 +912,8 @@ class RaftCore:
 
     def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
-            self._transition(_Follower(state.epoch, state.leader_id, state.voted_key,
-                                       now_ms + self.config.fetch_timeout_ms))
+            self._transition(self._new_follower(state.epoch, state.leader_id, state.voted_key,
+                                                now_ms))
         else:
             self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key,
                                          self._election_deadline(now_ms)))
@@ -1001,7 +1004,13 @@ class RaftCore:
 
     def _become_follower(self, now_ms: int, epoch: int, leader_id: int) -> None:
         voted = self._state_voted_key() if epoch == self.epoch else None
-        self._transition(_Follower(epoch, leader_id, voted, now_ms + self.config.fetch_timeout_ms))
+        self._transition(self._new_follower(epoch, leader_id, voted, now_ms))
+
+    def _new_follower(self, epoch: int, leader_id: int, voted_key: ReplicaKey | None,
+                      now_ms: int) -> _Follower:
+        timeout = self.config.fetch_timeout_ms
+        timeout += self._random.randrange(timeout // 10 + 1)
+        return _Follower(epoch, leader_id, voted_key, now_ms + timeout, timeout)
 
     def _become_unattached(self, now_ms: int, epoch: int) -> None:
         voted = self._state_voted_key() if epoch == self.epoch else None
@@ -1521,7 +1530,7 @@ class RaftCore:
         # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
         if response.high_watermark is not None and response.snapshot_id is None:
             self._advance_local_high_watermark(min(response.high_watermark, self.log.end_offset))
-        state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
+        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
         state.has_fetched_from_leader = True
 
     def _begin_download(self, state: _Follower, snapshot_id: SnapshotId) -> None:
@@ -1595,7 +1604,7 @@ class RaftCore:
             self._abort_download(state)
             return
         download.append(response.records)
-        state.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
+        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
         state.has_fetched_from_leader = True
         if download.written < response.size:
             return

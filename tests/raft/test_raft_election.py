@@ -7,6 +7,7 @@ Default timing (QuorumConfig defaults): election timeout T = 1000 ms (timers are
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -732,3 +733,20 @@ def test_replaced_disk_is_an_observer(make_ctx: MakeCtx) -> None:
     ctx.advance(10 * T)
     assert ctx.core.state is RaftState.UNATTACHED
     assert ctx.pending_requests(VoteRequest) == []
+
+
+def test_fetch_timeout_has_a_jitter_drawn_per_follower_state(make_ctx: MakeCtx) -> None:
+    """Followers hear from their leader in the same instant; a jitter of up to a tenth of the
+    fetch timeout keeps them from timing out in the same instant and splitting the vote."""
+
+    class HighestRandom(random.Random):
+        def randrange(self, start: int, stop: int | None = None, step: int = 1) -> int:
+            return (start if stop is None else stop) - 1
+
+    ctx = make_ctx(2, [1, 2, 3], fetch_timeout_ms=1000, rng=HighestRandom())
+    ctx.deliver_request(1, ctx.begin_quorum_request(1, 1))
+    assert ctx.core.state is RaftState.FOLLOWER
+    ctx.advance(1000)
+    assert ctx.core.state is RaftState.FOLLOWER  # not yet: the jitter is 100 ms here
+    ctx.advance(100)
+    assert ctx.core.state is RaftState.PROSPECTIVE
