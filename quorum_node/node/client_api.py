@@ -57,6 +57,7 @@ from quorum_node.node.runtime import (
 )
 from quorum_node.node.snapshotting import KvSnapshots
 from quorum_node.raft.records import Record, RecordBatch
+from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
 
 logger = logging.getLogger(__name__)
@@ -305,10 +306,12 @@ class ClientApi:
         self.snapshots.maybe_start_writing()
 
     def _apply_after_step(self) -> None:
-        """Apply what a step of the core committed right away, so that a write is answered in
-        the loop's next turn instead of after the applier's. A backlog, or a snapshot to load
-        first, is the applier's."""
-        if self.failure is not None or self._closing.is_set():
+        """On the leader, apply what a step of the core committed right away, so that a write
+        is answered in the loop's next turn instead of after the applier's. A follower leaves it
+        to the applier, after the fsync its leader waits for; a backlog, or a snapshot to load
+        first, is the applier's anywhere."""
+        if (self.failure is not None or self._closing.is_set()
+                or self.node.core.state is not RaftState.LEADER):
             return
         high_watermark = self.node.core.high_watermark
         next_offset = self.store.next_offset
