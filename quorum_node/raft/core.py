@@ -164,6 +164,12 @@ class _Prospective:
     voted_key: ReplicaKey | None
     election: EpochElection
     election_deadline_ms: int
+    # When the voters that rejected the pre-vote are asked again: a follower that still heard
+    # from its leader when asked (KAFKA-17641) grants once its own fetch timeout has passed.
+    # Without this, the one replica with the newest log may time out first, be told no, wait
+    # out its election timeout and a whole fetch timeout again while the others, behind it,
+    # cannot win.
+    ask_again_ms: int = NEVER
 
 
 @dataclass(slots=True)
@@ -474,6 +480,8 @@ class RaftCore:
             pass  # a stopping resigned leader stays resigned: its timer means nothing
         elif isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
             times.append(state.election_deadline_ms)
+            if isinstance(state, _Prospective):
+                times.append(state.ask_again_ms)
         elif isinstance(state, _Follower):
             times.append(state.fetch_deadline_ms)
         else:
@@ -908,6 +916,11 @@ class RaftCore:
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
         else:
+            if now_ms >= state.ask_again_ms:
+                state.election.forget_rejections()
+                state.ask_again_ms = NEVER
+            if state.ask_again_ms == NEVER and state.election.has_rejections:
+                state.ask_again_ms = now_ms + self.config.election_timeout_ms // 4
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
 
     def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:

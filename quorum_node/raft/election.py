@@ -21,12 +21,15 @@ class EpochElection:
 
     def __init__(self, local: ReplicaKey, voters: Iterable[ReplicaKey]) -> None:
         self._votes: dict[ReplicaKey, VoteState] = dict.fromkeys(voters, VoteState.UNRECORDED)
+        # Voters that cannot vote at all (a lost directory): rejections no answer changes.
+        self._lost: set[ReplicaKey] = set()
         for key in self._votes:
             if key.matches(local):
                 self._votes[key] = VoteState.GRANTED
             elif key.id == local.id:
                 # Another directory of this very node: a lost disk, which votes no more.
                 self._votes[key] = VoteState.REJECTED
+                self._lost.add(key)
         self._majority = len(self._votes) // 2 + 1
 
     def record(self, voter: ReplicaKey, granted: bool) -> None:
@@ -48,6 +51,22 @@ class EpochElection:
             if (key.id == node_id and key.directory_id is not None
                     and key.directory_id != directory_id and vote is VoteState.UNRECORDED):
                 self._votes[key] = VoteState.REJECTED
+                self._lost.add(key)
+
+    def _answered_no(self) -> list[ReplicaKey]:
+        return [key for key, vote in self._votes.items()
+                if vote is VoteState.REJECTED and key not in self._lost]
+
+    @property
+    def has_rejections(self) -> bool:
+        """Whether a voter that can vote said no."""
+        return bool(self._answered_no())
+
+    def forget_rejections(self) -> None:
+        """Ask again the voters that said no (a pre-vote round only: a pre-vote binds nobody,
+        and a follower's no, "my leader is alive", changes once its own fetch timeout passes)."""
+        for key in self._answered_no():
+            self._votes[key] = VoteState.UNRECORDED
 
     def _count(self, state: VoteState) -> int:
         return sum(1 for vote in self._votes.values() if vote is state)

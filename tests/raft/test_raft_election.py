@@ -750,3 +750,22 @@ def test_fetch_timeout_has_a_jitter_drawn_per_follower_state(make_ctx: MakeCtx) 
     assert ctx.core.state is RaftState.FOLLOWER  # not yet: the jitter is 100 ms here
     ctx.advance(100)
     assert ctx.core.state is RaftState.PROSPECTIVE
+
+
+def test_prospective_asks_again_a_voter_that_rejected_its_pre_vote(make_ctx: MakeCtx) -> None:
+    """A follower that still hears from its leader rejects a pre-vote (KAFKA-17641), and grants
+    once its own fetch timeout has passed: the prospective asks it again every quarter of the
+    election timeout, rather than losing the round and waiting out a whole fetch timeout."""
+    ctx = make_ctx(1, [1, 2, 3], election_timeout_ms=1000)
+    ctx.expire_election_timer()
+    assert ctx.core.state is RaftState.PROSPECTIVE
+    first = ctx.take_request(VoteRequest, 2)
+    ctx.take_request(VoteRequest, 3)  # node 3 is unreachable: never answers
+    ctx.deliver_response(first, ctx.vote_response(False, ctx.core.epoch))
+    assert ctx.core.state is RaftState.PROSPECTIVE  # node 3 could still make a majority
+    assert ctx.core.next_deadline_ms() == ctx.now_ms + 250
+    ctx.advance(250)
+    again = ctx.take_request(VoteRequest, 2)
+    assert again.message.pre_vote
+    ctx.deliver_response(again, ctx.vote_response(True, ctx.core.epoch))
+    assert ctx.core.state is RaftState.CANDIDATE
