@@ -288,8 +288,7 @@ class ClientApi:
             # What the runtime raises to waiters once the node has stopped after a failure.
             self.failure = node.failure or RuntimeError("the node stopped")
         except Exception as error:
-            logger.exception("node %d: the KV applier stopped", node.config.node_id)
-            self.failure = error
+            self._applier_failed(error)
         self._notify()
 
     def _apply_chunk(self, high_watermark: int) -> None:
@@ -322,9 +321,12 @@ class ClientApi:
         try:
             self._apply_chunk(high_watermark)
         except Exception as error:
-            logger.exception("node %d: the KV applier stopped", self.node.config.node_id)
-            self.failure = error
+            self._applier_failed(error)
             self._notify()
+
+    def _applier_failed(self, error: Exception) -> None:
+        logger.exception("node %d: the KV applier stopped", self.node.config.node_id)
+        self.failure = error
 
     async def wait_applied(self, next_offset: int, deadline: float) -> None:
         """Wait until the store has applied every offset below ``next_offset``."""

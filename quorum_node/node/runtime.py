@@ -4,7 +4,7 @@ It keeps the core's contract (``quorum_node/raft/core.py``): after every call in
 takes the effects, writes the election state durably *before* sending anything, sends requests
 and answers inbound ones (a parked Fetch is answered whenever the core releases it), and hands
 flush requests to one flusher task, so that any number of appends waiting together share one
-fsync (group commit). A timer task polls the core at its next deadline.
+fsync (group commit). A loop timer polls the core at its next deadline.
 
 The core is only ever called from the event loop's thread; a slow fsync runs in a worker
 thread (the segment log allows that).
@@ -449,6 +449,12 @@ class QuorumNode:
                 self._commit_waiters = [w for w in self._commit_waiters if not w[2].done()]
                 heapq.heapify(self._commit_waiters)
 
+    async def _wait_committed(self, offset: int, timeout_s: float, *,
+                              interruptible: bool = True) -> None:
+        """``_wait_for`` the high watermark to pass ``offset``."""
+        await self._wait_for(lambda: self._is_settled(offset), timeout_s,
+                             interruptible=interruptible, committed=offset)
+
     # --- what the client and admin APIs build on ---------------------------------------------
 
     async def append(self, records: Sequence[Record], timeout_s: float) -> tuple[int, int]:
@@ -469,7 +475,7 @@ class QuorumNode:
         epoch = self.core.epoch
         self._after_step()
         try:
-            await self._wait_for(lambda: self._is_settled(last), timeout_s, committed=last)
+            await self._wait_committed(last, timeout_s)
         except TimeoutError:
             raise CommitUnknownError(
                 f"offsets {first}-{last} not committed within {timeout_s:g} s") from None
@@ -553,8 +559,7 @@ class QuorumNode:
         """Wait until this replica knows ``offset`` is committed; False on timeout."""
         try:
             # Not interruptible: the KV applier waits here, bounded, until it is stopped.
-            await self._wait_for(lambda: self._is_settled(offset), timeout_s,
-                                 interruptible=False, committed=offset)
+            await self._wait_committed(offset, timeout_s, interruptible=False)
         except TimeoutError:
             return False
         return True

@@ -152,8 +152,7 @@ class PeerClient:
         with something invalid."""
         stream = self._streams.get(destination)
         if stream is not None and not stream.closed:
-            stream.start_call(request, self._timeout_s,
-                              self._answered(destination, stream, on_answer))
+            stream.start_call(request, self._timeout_s, on_answer)
             return
         task = asyncio.ensure_future(self._connect_and_call(destination, request, on_answer))
         self._tasks.add(task)
@@ -169,15 +168,6 @@ class PeerClient:
             raise answer
         return answer
 
-    def _answered(self, destination: int, stream: _PeerStream, on_answer: OnAnswer) -> OnAnswer:
-        def answered(answer: RaftResponse | PeerUnavailable) -> None:
-            if isinstance(answer, PeerUnavailable):
-                # A timed-out or broken stream may be a silently dead connection: start afresh.
-                self._drop(destination, stream)
-            on_answer(answer)
-
-        return answered
-
     async def _connect_and_call(self, destination: int, request: RaftRequest,
                                 on_answer: OnAnswer) -> None:
         try:
@@ -185,7 +175,7 @@ class PeerClient:
         except PeerUnavailable as error:
             on_answer(error)
             return
-        stream.start_call(request, self._timeout_s, self._answered(destination, stream, on_answer))
+        stream.start_call(request, self._timeout_s, on_answer)
 
     async def _stream(self, destination: int) -> _PeerStream:
         stream = self._streams.get(destination)
@@ -219,23 +209,26 @@ class PeerClient:
                 self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
             raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
-        stream = _PeerStream(destination, socket)
+        # A timed-out or broken call may mean a silently dead connection: start afresh.
+        stream = _PeerStream(destination, socket, on_unavailable=self._drop)
         self._streams[destination] = stream
         return stream
 
-    def _drop(self, destination: int, stream: _PeerStream) -> None:
-        if self._streams.get(destination) is stream:
-            del self._streams[destination]
+    def _drop(self, stream: _PeerStream) -> None:
+        if self._streams.get(stream.destination) is stream:
+            del self._streams[stream.destination]
         task = asyncio.ensure_future(stream.close())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        for destination, stream in list(self._streams.items()):
-            self._drop(destination, stream)
+        streams = list(self._streams.values())
+        self._streams.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -245,9 +238,11 @@ class _PeerStream:
     """One WebSocket to a peer: requests go out tagged and are written at once; the reader task
     hands each answer to its caller's callback."""
 
-    def __init__(self, destination: int, socket: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(self, destination: int, socket: aiohttp.ClientWebSocketResponse, *,
+                 on_unavailable: Callable[[_PeerStream], None]) -> None:
         self.destination = destination
         self._socket = socket
+        self._on_unavailable = on_unavailable  # told when a call ends in PeerUnavailable
         # correlation id -> (the response type expected, the caller's callback, its timeout)
         self._pending: dict[int, tuple[type[Message], OnAnswer, asyncio.TimerHandle]] = {}
         self._next_correlation = 0
@@ -280,6 +275,8 @@ class _PeerStream:
             return  # settled already (answered, timed out, or the stream ended)
         _, on_answer, timer = pending
         timer.cancel()
+        if isinstance(answer, PeerUnavailable):
+            self._on_unavailable(self)
         on_answer(answer)
 
     async def _read(self) -> None:

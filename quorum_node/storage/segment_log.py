@@ -182,7 +182,9 @@ class SegmentLog:
     ) -> RecordBatch:
         check_leader_append(self, epoch)
         encoded = encode_batch(self.end_offset, epoch, records, timestamp_ms, is_control)
-        header = read_batch_header(encoded)  # refuses what recovery could not read back
+        # Refuses what recovery could not read back (size, header); the CRC was computed just
+        # now, so it is not computed again.
+        header = read_batch_header(encoded, verify_crc=False)
         batch = RecordBatch(base_offset=header.base_offset, epoch=epoch, records=tuple(records),
                             timestamp_ms=timestamp_ms, is_control=is_control, crc=header.crc,
                             encoded=encoded)
