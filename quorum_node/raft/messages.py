@@ -8,6 +8,8 @@ are ``None`` where Kafka writes -1. Record batches travel as bytes in the log's 
 
 from __future__ import annotations
 
+import functools
+import typing
 import uuid
 from typing import Annotated
 
@@ -160,20 +162,29 @@ class FetchSnapshotResponse(Message):
 
 def check_received_epochs(message: Message) -> None:
     """Raise ValueError if a received message carries an epoch above MAX_RECEIVED_EPOCH."""
-    for name, value in _epochs_of(message):
-        if value > MAX_RECEIVED_EPOCH:
-            raise ValueError(f"{name} {value} is above {MAX_RECEIVED_EPOCH}: no quorum gets there")
-
-
-def _epochs_of(message: Message) -> list[tuple[str, int]]:
-    found = []
-    for name in type(message).model_fields:
+    for name, nested in _epoch_fields(type(message)):
         value = getattr(message, name)
-        if name.endswith("epoch") and isinstance(value, int):
-            found.append((name, value))
-        elif isinstance(value, EpochEndOffset | SnapshotIdField):
-            found.append((f"{name}.epoch", value.epoch))
-    return found
+        if value is None:
+            continue
+        if nested:
+            value = value.epoch
+        if value > MAX_RECEIVED_EPOCH:
+            shown = f"{name}.epoch" if nested else name
+            raise ValueError(f"{shown} {value} is above {MAX_RECEIVED_EPOCH}: no quorum gets there")
+
+
+@functools.cache
+def _epoch_fields(cls: type[Message]) -> tuple[tuple[str, bool], ...]:
+    """A message type's epoch fields, each with whether it is nested (``X.epoch``): found once
+    per type, as every received message is checked."""
+    fields = []
+    for name, info in cls.model_fields.items():
+        if any(isinstance(kind, type) and issubclass(kind, EpochEndOffset | SnapshotIdField)
+               for kind in typing.get_args(info.annotation) or (info.annotation,)):
+            fields.append((name, True))
+        elif name.endswith("epoch"):
+            fields.append((name, False))
+    return tuple(fields)
 
 
 RaftRequest = (VoteRequest | BeginQuorumEpochRequest | EndQuorumEpochRequest | FetchRequest
