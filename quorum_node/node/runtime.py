@@ -33,7 +33,7 @@ import uvloop
 from aiohttp import web
 
 from quorum_node.node.limits import READ_TIMEOUT_KEY
-from quorum_node.node.transport import PeerClient, PeerServer, PeerUnavailable
+from quorum_node.node.transport import PeerClient, PeerServer, PeerUnavailable, Reply
 from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
@@ -139,7 +139,10 @@ class QuorumNode:
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
                                  tls=self.security.tls)
         self._peer_server = PeerServer(self.handle_peer_request)
-        self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
+        # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
+        # safety-net timer of each.
+        self._inbound: dict[int, Reply] = {}
+        self._inbound_timers: dict[int, asyncio.TimerHandle] = {}
         self._next_inbound_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
@@ -216,9 +219,8 @@ class QuorumNode:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for future in self._inbound.values():
-            if not future.done():
-                future.cancel()
+        for correlation_id in list(self._inbound):
+            self._answer_inbound(correlation_id, None)
         await self._peer_server.close()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -248,10 +250,8 @@ class QuorumNode:
         for message in effects.messages:
             if isinstance(message, OutboundRequest):
                 self._deliver(message)
-            else:
-                future = self._inbound.pop(message.correlation_id, None)
-                if future is not None and not future.done():
-                    future.set_result(message.message)
+            elif self._inbound:
+                self._answer_inbound(message.correlation_id, message.message)
         if effects.flush:
             self._flush_wanted.set()
         self._schedule_timer()
@@ -355,33 +355,37 @@ class QuorumNode:
 
         self._peers.start_call(destination, outbound.message, answered)
 
-    def handle_peer_request(
-        self, request: RaftRequest
-    ) -> RaftResponse | Coroutine[Any, Any, RaftResponse]:
-        """The core's answer to a peer's request: at once when it has one (most do), else a
-        coroutine to await it (a parked Fetch). Raises HTTPServiceUnavailable on a stopping
-        node."""
+    def handle_peer_request(self, request: RaftRequest, reply: Reply) -> RaftResponse | None:
+        """The core's answer to a peer's request: at once when it has one (most do), else None
+        and the answer through ``reply`` (a parked Fetch). Raises HTTPServiceUnavailable on a
+        stopping node."""
         if self.failure is not None or self._closing:
             raise web.HTTPServiceUnavailable(text="node stopping\n")
         self._next_inbound_id += 1
         correlation_id = self._next_inbound_id
-        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
-        self._inbound[correlation_id] = future
+        answered: list[RaftResponse | None] = []
+        self._inbound[correlation_id] = answered.append
         self._call("handle_request", _now_ms(), _sender_of(request), correlation_id, request)
-        if future.done():  # answered in the step (which took it out of _inbound)
-            return future.result()
-        return self._await_inbound(correlation_id, future)
-
-    async def _await_inbound(self, correlation_id: int,
-                             future: asyncio.Future[RaftResponse]) -> RaftResponse:
-        try:
+        if not answered and self.failure is None:  # parked
+            self._inbound[correlation_id] = reply
             # A parked Fetch is answered within fetch_max_wait_ms; the bound is a safety net.
-            async with asyncio.timeout(self.config.quorum.request_timeout_ms / 1000):
-                return await future
-        except TimeoutError:
-            raise web.HTTPServiceUnavailable(text="no response from the quorum core\n") from None
-        finally:
-            self._inbound.pop(correlation_id, None)
+            self._inbound_timers[correlation_id] = asyncio.get_running_loop().call_later(
+                self.config.quorum.request_timeout_ms / 1000,
+                self._answer_inbound, correlation_id, None)
+            return None
+        self._inbound.pop(correlation_id, None)
+        if answered and answered[0] is not None:  # answered in the step
+            return answered[0]
+        raise web.HTTPServiceUnavailable(text="node stopping\n")  # it failed in the step
+
+    def _answer_inbound(self, correlation_id: int, answer: RaftResponse | None) -> None:
+        reply = self._inbound.pop(correlation_id, None)
+        if reply is None:
+            return  # answered already, or given up on
+        timer = self._inbound_timers.pop(correlation_id, None)
+        if timer is not None:
+            timer.cancel()
+        reply(answer)
 
     async def _flush_loop(self) -> None:
         log = self.log_dir.log

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 import struct
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -364,8 +365,13 @@ class PeerUnavailable(Exception):
     pass
 
 
-# The node's answer to a request: at once, or something to await (a parked Fetch).
-RequestHandler = Callable[[RaftRequest], RaftResponse | Awaitable[RaftResponse]]
+# A parked request's answer, given later; None when there will be none (the node is stopping,
+# or gave no answer within the request timeout).
+Reply = Callable[["RaftResponse | None"], None]
+# The node's answer to a request: at once, or None and the answer later through ``reply``,
+# called exactly once. Raises web.HTTPException to refuse the request.
+RequestHandler = Callable[[RaftRequest, Reply], "RaftResponse | None"]
+NO_ANSWER: Final = "no response from the quorum core"
 
 
 class PeerServer:
@@ -391,9 +397,14 @@ class PeerServer:
                 request = decode_frame(request_type, body)
             except FrameError as error:
                 return web.Response(status=400, text=f"{error}\n")
-            answer = self._handle(request)  # type: ignore[arg-type]
-            response = answer if isinstance(answer, Message) else await answer
-            return web.Response(body=encode_frame(response), content_type=CONTENT_TYPE)
+            later: asyncio.Future[RaftResponse | None] = (
+                asyncio.get_running_loop().create_future())
+            answer = self._handle(request, later.set_result)  # type: ignore[arg-type]
+            if answer is None:
+                answer = await later
+                if answer is None:
+                    raise web.HTTPServiceUnavailable(text=f"{NO_ANSWER}\n")
+            return web.Response(body=encode_frame(answer), content_type=CONTENT_TYPE)
 
         return web.post(f"{RPC_PREFIX}{name}", handler)
 
@@ -401,30 +412,21 @@ class PeerServer:
         socket = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, compress=False)
         await socket.prepare(http_request)
         self._sockets.add(socket)
-        answering: set[asyncio.Task[None]] = set()
         try:
             async for message in socket:
                 if message.type is not aiohttp.WSMsgType.BINARY:
                     break
-                # Most requests are answered at once, in the reading task: a task of their own
-                # would cost more than the answer. A parked Fetch waits in one.
-                answer = self._answer(message.data)
-                if answer is None:
-                    continue
-                if isinstance(answer, bytes):
-                    await _send(socket, answer)
-                    continue
-                task = asyncio.ensure_future(self._answer_later(socket, *answer))
-                answering.add(task)
-                task.add_done_callback(answering.discard)
+                # Answered here and now, or (a parked Fetch) written by the reply callback the
+                # moment the node has the answer: no task per request.
+                reply = self._answer(socket, message.data)
+                if reply is not None:
+                    await _send(socket, reply)
         finally:
             self._sockets.discard(socket)
-            for task in answering:
-                task.cancel()
         return socket
 
-    def _answer(self, data: bytes) -> bytes | tuple[int, Awaitable[RaftResponse]] | None:
-        """The reply to a tagged request, or (its correlation, what to await for it)."""
+    def _answer(self, socket: web.WebSocketResponse, data: bytes) -> bytes | None:
+        """The reply to a tagged request, or None if there is none yet (or none at all)."""
         if len(data) < _TAG.size:
             return None
         correlation, index = _TAG.unpack_from(data)
@@ -432,25 +434,33 @@ class PeerServer:
             if index >= len(_RPC_BY_INDEX):
                 raise FrameError(f"unknown rpc {index}")
             request = decode_frame(_RPC_BY_INDEX[index], data[_TAG.size:])
-            answer = self._handle(request)
+            answer = self._handle(request,
+                                  functools.partial(_reply_later, socket, correlation))
         except (FrameError, web.HTTPException) as error:
             return _TAG.pack(correlation, _ERROR) + str(error).encode()
-        if isinstance(answer, Message):
-            return _TAG.pack(correlation, _OK) + encode_frame(answer)
-        return correlation, answer
-
-    async def _answer_later(self, socket: web.WebSocketResponse, correlation: int,
-                            answer: Awaitable[RaftResponse]) -> None:
-        try:
-            reply = _TAG.pack(correlation, _OK) + encode_frame(await answer)
-        except web.HTTPException as error:
-            reply = _TAG.pack(correlation, _ERROR) + str(error).encode()
-        await _send(socket, reply)
+        if answer is None:
+            return None
+        return _TAG.pack(correlation, _OK) + encode_frame(answer)
 
     async def close(self) -> None:
         """Close the peers' streams (at shutdown: they would hold the server open)."""
         for socket in list(self._sockets):
             await socket.close()
+
+
+def _reply_later(socket: web.WebSocketResponse, correlation: int,
+                 answer: RaftResponse | None) -> None:
+    if answer is None:
+        reply = _TAG.pack(correlation, _ERROR) + NO_ANSWER.encode()
+    else:
+        reply = _TAG.pack(correlation, _OK) + encode_frame(answer)
+    if not socket.closed:
+        # The peer may be gone: it times out its request.
+        start_now(socket.send_bytes(reply), _ignore)
+
+
+def _ignore(_: BaseException) -> None:
+    pass
 
 
 async def _send(socket: web.WebSocketResponse, reply: bytes) -> None:

@@ -18,6 +18,7 @@ from quorum_node.node.transport import (
     PeerClient,
     PeerServer,
     PeerUnavailable,
+    Reply,
     decode_frame,
     encode_frame,
 )
@@ -45,17 +46,25 @@ class Peer:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.delays: dict[int, float] = {}  # fetch offset -> seconds before answering
+        self.unanswered: set[int] = set()  # fetch offsets the node parks, then gives up on
         self.fail = False
 
-    async def handle(self, request: RaftRequest) -> RaftResponse:
+    def handle(self, request: RaftRequest, reply: Reply) -> RaftResponse | None:
         if self.fail:
             raise web.HTTPServiceUnavailable(text="node stopping")
         if isinstance(request, VoteRequest):
             return VoteResponse(leader_epoch=request.replica_epoch, vote_granted=True)
         assert isinstance(request, FetchRequest)
-        await asyncio.sleep(self.delays.get(request.fetch_offset, 0))
-        return FetchResponse(leader_id=1, leader_epoch=1, high_watermark=request.fetch_offset,
-                             records=b"\x01" * request.fetch_offset)
+        answer = FetchResponse(leader_id=1, leader_epoch=1, high_watermark=request.fetch_offset,
+                               records=b"\x01" * request.fetch_offset)
+        if request.fetch_offset in self.unanswered:
+            asyncio.get_running_loop().call_later(0.05, reply, None)
+            return None
+        delay = self.delays.get(request.fetch_offset, 0)
+        if delay == 0:
+            return answer
+        asyncio.get_running_loop().call_later(delay, reply, answer)  # a parked long poll
+        return None
 
     async def start(self, port: int = 0) -> None:
         app = web.Application()
@@ -124,6 +133,21 @@ async def test_a_refusal_or_timeout_is_peer_unavailable(peer: Peer) -> None:
             await client.send(9, fetch(0))
     finally:
         await client.close()
+
+
+async def test_a_parked_request_the_node_gives_up_on_is_refused(peer: Peer) -> None:
+    peer.unanswered.add(6)
+    client = PeerClient({1: ("127.0.0.1", peer.port)}, timeout_ms=2000)
+    try:
+        with pytest.raises(PeerUnavailable, match="refused: no response from the quorum core"):
+            await client.send(1, fetch(6))
+        assert (await client.send(1, fetch(2))).high_watermark == 2  # the stream goes on
+    finally:
+        await client.close()
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{peer.port}/raft/v1/Fetch", data=encode_frame(fetch(6))) as reply:
+        assert reply.status == 503
+        assert "no response from the quorum core" in await reply.text()
 
 
 async def test_the_client_reconnects_after_the_peer_restarts(peer: Peer) -> None:
