@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import heapq
 import logging
 import os
@@ -76,6 +77,9 @@ class WaitInterrupted(Exception):
 # about 0.1 ms and the GIL, more than most of a fast disk's fsync (0.2-0.5 ms on an SSD).
 INLINE_FSYNC_S = 0.002
 
+
+# Allocations between two collections of the youngest generation (Python's default: 700).
+GC_YOUNG_THRESHOLD = 20_000
 
 # Waiters by offset kept before the timed-out ones among them are let go.
 _COMMIT_WAITERS_PRUNED_AT = 1024
@@ -610,6 +614,7 @@ async def serve(config: NodeConfig) -> int:
 
     node = QuorumNode(config)
     await node.start(build_app(node))
+    _tune_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -621,6 +626,15 @@ async def serve(config: NodeConfig) -> int:
     failed.cancel()
     await node.shutdown()
     return 1 if node.failure is not None else 0
+
+
+def _tune_garbage_collector() -> None:
+    """Every request allocates a few hundred objects, nearly all freed by reference counting;
+    at the default threshold (700) the cyclic collector runs every few requests and walks every
+    young survivor, about 5% of a busy leader's CPU. What start-up built lives for good: frozen,
+    the collector never walks it again."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_node(config: NodeConfig) -> int:
