@@ -84,6 +84,12 @@ class _State:
             f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.elector = LeaderElector(kube, namespace, LEASE_NAME, identity)
 
+    async def close(self) -> None:
+        """Close the HTTP clients (at the operator's exit)."""
+        if self.reconciler is not None:
+            await self.reconciler.nodes.close()
+            await self.reconciler.kube.close()
+
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
 
@@ -108,6 +114,11 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = int(_env_float("KQ_OPERATOR_METRICS_PORT", 0))
     if port:
         start_http_server(port)
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    await STATE.close()
 
 
 @kopf.on.login()
