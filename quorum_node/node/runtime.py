@@ -141,7 +141,7 @@ class QuorumNode:
             snapshots=self.log_dir.snapshots,
         )
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
-                                 tls=self.security.tls)
+                                 tls=self.security.tls, on_peer_lost=self._peer_lost)
         self._peer_server = PeerServer(self.handle_peer_request)
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
         # safety-net timer of each.
@@ -164,6 +164,8 @@ class QuorumNode:
         self._commit_waiter_sequence = 0
         self._appends_waiting = 0  # appends waiting for their commit
         self._waits_interrupted = False
+        # Peers whose last request failed, or whose stream ended, since the shutdown began.
+        self._unreachable: set[int] = set()
         self._runner: web.AppRunner | None = None
         self._stopped = asyncio.Event()
         self._closing = False  # set once shutdown stops driving the core
@@ -211,10 +213,12 @@ class QuorumNode:
         if self._stopped.is_set():
             return
         if self.failure is None:
+            self._unreachable.clear()  # from here on: who the resignation cannot reach
             self.core.begin_shutdown(_now_ms())
             self._after_step()
             with contextlib.suppress(TimeoutError, NotLeaderError):
-                await self._wait_for(self._successor_known, timeout_s, interruptible=False)
+                await self._wait_for(self._no_successor_to_wait_for, timeout_s,
+                                     interruptible=False)
         # From here on nothing drives the core: every call into it runs its timers, so a peer's
         # request would otherwise keep a stopping node campaigning.
         self._closing = True
@@ -233,6 +237,15 @@ class QuorumNode:
         if self.failure is None:
             self.log_dir.log.flush()
         self.log_dir.close()
+
+    def _no_successor_to_wait_for(self) -> bool:
+        """A successor is known, or none can come: every other voter refused a request, could
+        not be reached, or closed its stream since the shutdown began (they are stopping too,
+        as a whole local quorum does)."""
+        if self._successor_known():
+            return True
+        others = {key.id for key in self.core.voters} - {self.config.node_id}
+        return bool(others) and others <= self._unreachable
 
     def _successor_known(self) -> bool:
         leader = self.core.leader_id
@@ -354,11 +367,18 @@ class QuorumNode:
         def answered(answer: RaftResponse | PeerUnavailable) -> None:
             if isinstance(answer, PeerUnavailable):
                 logger.debug("%s", answer)
+                self._peer_lost(destination)
                 self._call("handle_request_failure", _now_ms(), destination, correlation_id)
             else:
+                self._unreachable.discard(destination)
                 self._call("handle_response", _now_ms(), destination, correlation_id, answer)
 
         self._peers.start_call(destination, outbound.message, answered)
+
+    def _peer_lost(self, node_id: int) -> None:
+        self._unreachable.add(node_id)
+        if self._waiters:
+            self._wake_waiters()  # a stopping leader may be waiting for this peer
 
     def handle_peer_request(self, request: RaftRequest, reply: Reply) -> RaftResponse | None:
         """The core's answer to a peer's request: at once when it has one (most do), else None

@@ -138,9 +138,13 @@ class PeerClient:
     after it fails."""
 
     def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int, *,
-                 tls: ReloadingTls | None = None) -> None:
+                 tls: ReloadingTls | None = None,
+                 on_peer_lost: Callable[[int], None] | None = None) -> None:
         self._endpoints = dict(endpoints)
         self._tls = tls
+        # Told the node id whenever an open stream to a peer ends (the peer closed it, or it
+        # broke): the peer may be gone even though no call of ours is waiting to find out.
+        self._on_peer_lost = on_peer_lost
         self._timeout_s = timeout_ms / 1000
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[int, _PeerStream] = {}
@@ -212,9 +216,15 @@ class PeerClient:
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
             raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
         # A timed-out or broken call may mean a silently dead connection: start afresh.
-        stream = _PeerStream(destination, socket, on_unavailable=self._drop)
+        stream = _PeerStream(destination, socket, on_unavailable=self._drop,
+                             on_ended=self._stream_ended)
         self._streams[destination] = stream
         return stream
+
+    def _stream_ended(self, stream: _PeerStream) -> None:
+        if self._on_peer_lost is not None and self._streams.get(stream.destination) in (
+                stream, None):
+            self._on_peer_lost(stream.destination)
 
     def _drop(self, stream: _PeerStream) -> None:
         if self._streams.get(stream.destination) is stream:
@@ -241,10 +251,12 @@ class _PeerStream:
     hands each answer to its caller's callback."""
 
     def __init__(self, destination: int, socket: aiohttp.ClientWebSocketResponse, *,
-                 on_unavailable: Callable[[_PeerStream], None]) -> None:
+                 on_unavailable: Callable[[_PeerStream], None],
+                 on_ended: Callable[[_PeerStream], None]) -> None:
         self.destination = destination
         self._socket = socket
         self._on_unavailable = on_unavailable  # told when a call ends in PeerUnavailable
+        self._on_ended = on_ended  # told once the stream has ended
         # correlation id -> (the response type expected, the caller's callback, its timeout)
         self._pending: dict[int, tuple[type[Message], OnAnswer, asyncio.TimerHandle]] = {}
         self._next_correlation = 0
@@ -296,6 +308,7 @@ class _PeerStream:
             for correlation in list(self._pending):
                 self._settle(correlation, PeerUnavailable(
                     f"node {self.destination} unreachable: {reason}"))
+            self._on_ended(self)
 
     def _answer(self, data: bytes) -> None:
         if len(data) < _TAG.size:
