@@ -29,6 +29,7 @@ NODE_CONFIG_KEYS: Mapping[str, str] = {
     "requestTimeoutMs": "controller.quorum.request.timeout.ms",
     "retryBackoffMs": "controller.quorum.retry.backoff.ms",
     "appendLingerMs": "controller.quorum.append.linger.ms",
+    "highWatermarkLingerMs": "controller.quorum.high.watermark.linger.ms",
     "logSegmentBytes": "log.segment.bytes",
     "snapshotIntervalRecords": "snapshot.interval.records",
     "snapshotRetainedLogRecords": "snapshot.retained.log.records",

@@ -19,9 +19,11 @@ from celpy.adapter import json_to_cel
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.plan import plan
-from kafka_quorum_operator.spec import Spec, parse_spec
+from kafka_quorum_operator.spec import NODE_CONFIG_KEYS, Spec, parse_spec
 from kafka_quorum_operator.status import remediation_detected, status_patch
 from kq_builders import DIRS, NOW, healthy, pending, replaced
+
+from quorum_node.node.config import KEYS_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / f"{PLURAL}.{GROUP}.yaml"
@@ -121,6 +123,14 @@ def test_crd_names_subresources_and_columns() -> None:
 def test_chart_carries_the_same_crd() -> None:
     assert CHART_CRD.read_text() == CRD_PATH.read_text(), \
         f"copy {CRD_PATH.relative_to(ROOT)} to {CHART_CRD.relative_to(ROOT)}"
+
+
+def test_crd_config_keys_are_the_nodes() -> None:
+    """Every spec.config property is one the operator passes on, as a key the node knows."""
+    properties = SPEC_SCHEMA["properties"]["config"]["properties"]
+    assert set(properties) == set(NODE_CONFIG_KEYS)
+    for name, node_key in NODE_CONFIG_KEYS.items():
+        assert node_key in KEYS_BY_NAME, f"{name} -> {node_key}: not a node configuration key"
 
 
 def test_crd_defaults_are_the_operators() -> None:
