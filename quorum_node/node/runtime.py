@@ -74,7 +74,7 @@ class WaitInterrupted(Exception):
 
 # Flushes that take less than this (on average) run on the event loop's thread; slower ones in a
 # worker thread, so that a slow disk never stalls the loop. A hop to a thread and back costs
-# about 0.1 ms and the GIL, more than most of a fast disk's fsync (0.2-0.5 ms on an SSD).
+# about 0.1 ms and a contended GIL: a large share of a fast disk's fsync (0.2-0.5 ms on an SSD).
 INLINE_FSYNC_S = 0.002
 
 
