@@ -1,10 +1,13 @@
 """``quorum-node export``: stream a log directory (of a running node too) as a tar archive, for the
 audit pipeline (``quorum-audit``) to read once extracted, locally or in object storage::
 
-    kubectl exec quorum-0 -- quorum-node export --log-dir /var/lib/quorum > quorum-0.tar
-    quorum-node export --log-dir ./quorum-data/node-1 --output node-1.tar
+    kubectl exec quorum-0 -- quorum-node export --live --log-dir /var/lib/quorum > quorum-0.tar
+    quorum-node export --log-dir ./quorum-data/node-1 --output node-1.tar   # a stopped node
 
-Only reads. The node appends to its last segment, rolls segments, and deletes old segments once a
+Only reads. It holds the directory's lock while it runs, so that no node starts on the directory
+and no ``repair-log`` cuts it meanwhile, and the archive is the directory as it is; a directory in
+use is refused, unless ``--live`` says that a running node's directory is meant. Then the lock is
+not taken and the node appends to its last segment, rolls segments, and deletes old segments once a
 snapshot covers them, while this runs: each file is copied up to the size it had when it was
 opened (the last segment may end in a torn batch, which the audit reports as a warning), a file
 deleted before it is opened is skipped, and snapshots are listed only after the segments are
@@ -22,6 +25,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from quorum_node.storage.dir_lock import DirectoryInUseError, lock_directory
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.meta_properties import META_PROPERTIES
 from quorum_node.storage.quorum_state import QUORUM_STATE
@@ -35,8 +39,12 @@ def add_export_command(commands: argparse._SubParsersAction[Any]) -> None:
     export = commands.add_parser(
         "export", help="write a log directory as a tar archive (for quorum-audit)",
         description="Write meta.properties, quorum-state, the segments and the snapshots of a "
-        "log directory as a tar archive, under the directory's name. Safe while the node runs.")
+        "log directory as a tar archive, under the directory's name. Takes the directory's "
+        "lock: a directory in use is refused, unless --live.")
     export.add_argument("--log-dir", type=Path, required=True, help="the log directory")
+    export.add_argument("--live", action="store_true",
+                        help="export the directory of a running node: no lock is taken, and the "
+                        "last segment may end in a torn batch")
     export.add_argument("--output", default="-",
                         help="the archive to write (default -: standard output)")
     export.add_argument("--name", help="the directory name inside the archive (default: the log "
@@ -51,11 +59,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     name = args.name or log_dir.resolve().name
-    if args.output == "-":
-        export(log_dir, sys.stdout.buffer, name)
-    else:
-        with open(args.output, "wb") as output:
-            export(log_dir, output, name)
+    try:
+        lock = None if args.live else lock_directory(log_dir)
+    except DirectoryInUseError as exc:
+        print(f"quorum-node export: error: {exc} (--live exports a running node's directory)",
+              file=sys.stderr)
+        return 1
+    try:
+        if args.output == "-":
+            export(log_dir, sys.stdout.buffer, name)
+        else:
+            with open(args.output, "wb") as output:
+                export(log_dir, output, name)
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 

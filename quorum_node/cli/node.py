@@ -1,7 +1,9 @@
-"""``quorum-node``: format a log directory, run a node, or run a whole local quorum.
+"""``quorum-node``: format a log directory, run a node, run a whole local quorum, or repair a
+damaged log.
 
-Errors are one line on stderr. Exit codes: 0 done, 1 a node failed while running, 2 refused
-(bad usage, bad configuration, or a log directory that cannot be used as it is).
+Errors are one line on stderr. Exit codes: 0 done, 1 a node failed while running (repair-log:
+damage reported and left as it is), 2 refused (bad usage, bad configuration, or a log directory
+that cannot be used as it is, or is in use by another process).
 """
 
 from __future__ import annotations
@@ -37,14 +39,24 @@ from quorum_node.node.config import (
     settings_from_environ,
 )
 from quorum_node.storage import kafka_uuid
+from quorum_node.storage.dir_lock import (
+    LOCK_FILE,
+    DirectoryInUseError,
+    DirectoryLock,
+    lock_directory,
+)
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.fsutil import atomic_write
+from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.meta_properties import (
     META_PROPERTIES,
     format_log_dir,
     random_cluster_id,
+    read_meta_properties,
     validate_cluster_id,
+    validate_node_id,
 )
+from quorum_node.storage.segment_log import DroppedBytes, LogDamage, SegmentLog
 
 PROG = "quorum-node"
 EXIT_FAILED = 1
@@ -115,6 +127,24 @@ def _build_parser() -> _Parser:
     _add_key_flags(run, CONFIG_KEYS)
     run.set_defaults(command=_cmd_run)
 
+    repair = commands.add_parser(
+        "repair-log", help="cut a damaged log back to its last valid batch (offline)",
+        description="For a node that refuses to start because its log is damaged in the middle "
+        "(\"refusing to open the log\"): report what cutting the log back to its last valid "
+        "batch would drop, and with --yes do it (the damaged segment is truncated there and "
+        "later segments are deleted). The node must be stopped; the directory's lock is held "
+        "meanwhile. Never run by the node itself. The records dropped may have been "
+        "acknowledged: the node rejoins as a follower and its leader sends them again, which "
+        "is safe while the quorum's other voters hold them. Repair one voter at a time and let "
+        "it catch up before touching another; when a majority of the voters is damaged, "
+        "restore from a backup instead. Exit codes: 0 nothing to repair or repaired, 1 damage "
+        "reported and left as it is (no --yes), 2 refused.",
+    )
+    repair.add_argument("--log-dir", type=Path, required=True, help="the node's log directory")
+    repair.add_argument("--yes", action="store_true",
+                        help="do it: without this flag nothing is changed")
+    repair.set_defaults(command=_cmd_repair_log)
+
     local = commands.add_parser(
         "local", help="run a whole quorum on this machine",
         description="Start a quorum of N nodes on loopback, formatting their directories on first "
@@ -173,7 +203,10 @@ def _cmd_format(args: argparse.Namespace) -> int:
                      "(--ignore-formatted keeps a directory formatted for this cluster and node)")
         return EXIT_REFUSED
     try:
-        meta = format_log_dir(log_dir, args.cluster_id, args.node_id, args.ignore_formatted)
+        validate_cluster_id(args.cluster_id)  # before the lock creates the directory
+        validate_node_id(args.node_id)
+        with lock_directory(log_dir, create=True):
+            meta = format_log_dir(log_dir, args.cluster_id, args.node_id, args.ignore_formatted)
     except (StorageError, ValueError, OSError) as exc:
         _error(prog, exc)
         return EXIT_REFUSED
@@ -208,6 +241,63 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (StorageError, ConfigError) as exc:
         _error(prog, exc)
         return EXIT_REFUSED
+
+
+def _cmd_repair_log(args: argparse.Namespace) -> int:
+    prog = f"{PROG} repair-log"
+    log_dir: Path = args.log_dir
+    partition = log_dir / METADATA_PARTITION_DIR
+    try:
+        read_meta_properties(log_dir / META_PROPERTIES)  # a log directory, before the lock file
+        with lock_directory(log_dir):
+            damage = SegmentLog.find_damage(partition)
+            if damage is None or damage.torn_tail or not args.yes:
+                _report_damage(damage, done=False)
+                return 0 if damage is None or damage.torn_tail else EXIT_FAILED
+            repaired = SegmentLog.repair(partition)
+    except (StorageError, OSError) as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    _report_damage(repaired, done=True)
+    return 0
+
+
+def _report_damage(damage: LogDamage | None, *, done: bool) -> None:
+    if damage is None:
+        print("nothing to repair: every segment is whole")
+        return
+    if damage.torn_tail:
+        print(f"nothing to repair: {damage.path} ends in a torn batch at byte {damage.position} "
+              f"({damage.reason}), which the node cuts by itself when it starts")
+        return
+    print(f"damaged: {damage.path} at byte {damage.position}: {damage.reason}")
+    print(f"the log {'now ends' if done else 'would end'} at offset {damage.valid_end_offset}, "
+          "after its last valid batch")
+    for part in damage.dropped:
+        if part.deleted:
+            action = "deleted" if done else "would delete"
+        else:
+            action = f"{'truncated' if done else 'would truncate'} at byte {part.position}"
+        print(f"  {action}: {part.path}: {part.size} bytes, {_batches(part)}")
+    dropped_end = damage.dropped_end_offset
+    print(f"{'dropped' if done else 'would drop'} {damage.dropped_bytes} bytes in all, offsets "
+          f"from {damage.valid_end_offset} on"
+          + (f" (the last recognisable batch ends at offset {dropped_end})"
+             if dropped_end is not None else ""))
+    if done:
+        print("start the node: it rejoins as a follower and fetches the records it lacks from "
+              "the leader")
+    else:
+        print(f"nothing was changed; rerun with --yes to repair (first read {PROG} repair-log "
+              "--help: the records dropped may have been acknowledged)")
+
+
+def _batches(part: DroppedBytes) -> str:
+    if not part.batches:
+        return "no recognisable batch"
+    noun = "batch" if part.batches == 1 else "batches"
+    return (f"{part.batches} recognisable {noun}, offsets {part.first_offset}-"
+            f"{(part.end_offset or 0) - 1}")
 
 
 # -- local -----------------------------------------------------------------------------------------
@@ -280,12 +370,48 @@ def prepare_local_cluster(
     return prepared
 
 
+def lock_local_data_dir(data_dir: Path, nodes: int) -> DirectoryLock:
+    """Lock the data directory of a local quorum (creating it if missing) for the lifetime of
+    ``local``, after checking (reading only) that it is new or a local quorum of ``nodes``, and
+    check that no node directory in it is in use. Raises LocalClusterError having written nothing
+    but the lock file.
+
+    The data directory's own lock, rather than the node directories' locks: the nodes are child
+    processes that lock their own directories, so ``local`` must not hold those; and probing them
+    alone would leave a window between the probe and the children's start in which a second
+    ``local`` passes the same probe and rewrites node-*.properties. Two ``local``s on one data
+    directory meet at its lock, before either writes anything. The node directories are still
+    probed (locked and released at once), for a node run by hand from node-i.properties."""
+    data_dir = data_dir.absolute()
+    _check_existing_layout(data_dir, nodes)
+    try:
+        lock = lock_directory(data_dir, create=True, what="data directory")
+    except DirectoryInUseError as exc:
+        raise LocalClusterError(f"{exc} (another quorum-node local?)") from None
+    try:
+        for node_id in range(1, nodes + 1):
+            node_dir = data_dir / f"node-{node_id}"
+            if (node_dir / META_PROPERTIES).exists():
+                try:
+                    lock_directory(node_dir).release()
+                except DirectoryInUseError as exc:
+                    raise LocalClusterError(
+                        f"data directory {data_dir} is in use by another process (pid "
+                        f"{exc.holder_pid if exc.holder_pid is not None else 'unknown'}, which "
+                        f"holds {node_dir}); stop it first, or use another --data-dir"
+                    ) from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def _check_existing_layout(data_dir: Path, nodes: int) -> None:
     if not data_dir.exists():
         return
     if not data_dir.is_dir():
         raise LocalClusterError(f"{data_dir} is not a directory")
-    entries = sorted(os.listdir(data_dir))
+    entries = sorted(entry for entry in os.listdir(data_dir) if entry != LOCK_FILE)
     if not entries:
         return
     if CLUSTER_ID_FILE not in entries:
@@ -464,6 +590,16 @@ def _describe_exit(code: int) -> str:
 
 def _cmd_local(args: argparse.Namespace) -> int:
     prog = f"{PROG} local"
+    try:
+        data_lock = lock_local_data_dir(args.data_dir, args.nodes)  # before anything is written
+    except (LocalClusterError, StorageError, OSError) as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    with data_lock:  # held until every node has stopped
+        return _run_local(args, prog)
+
+
+def _run_local(args: argparse.Namespace, prog: str) -> int:
     try:
         settings = settings_from_environ(os.environ)
         settings.update({k: Setting(v, KEYS_BY_NAME[k].flag) for k, v in _key_flags(args).items()})

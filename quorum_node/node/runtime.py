@@ -49,6 +49,7 @@ from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
+from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
 from quorum_node.storage.errors import NotFormattedError
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
@@ -92,24 +93,42 @@ def _now_ms() -> int:
 
 
 def open_log_directory(config: NodeConfig) -> LogDirectory:
-    """Open the node's log directory; with ``format.if.empty``, format an empty one first (a new
-    directory id, so that a replaced disk comes back as a new replica, never the old one)."""
-    try:
+    """Open the node's log directory, holding its lock until it is closed; with
+    ``format.if.empty``, format an empty one first (a new directory id, so that a replaced disk
+    comes back as a new replica, never the old one)."""
+    def open_with(lock: DirectoryLock | None) -> LogDirectory:
         return LogDirectory.open(config.log_dir, cluster_id=config.cluster_id,
-                                 node_id=config.node_id, segment_bytes=config.segment_bytes)
+                                 node_id=config.node_id, segment_bytes=config.segment_bytes,
+                                 lock=lock)
+
+    try:
+        return open_with(None)
     except NotFormattedError:
         if not config.format_if_empty or _has_entries(config.log_dir):
             raise
+    # Locked (created if missing) before it is formatted, and held until it is closed: no other
+    # process can format or open the directory in between.
+    lock = lock_directory(config.log_dir, create=True)
+    try:
+        try:
+            return open_with(lock)  # formatted by another process since the check above
+        except NotFormattedError:
+            if _has_entries(config.log_dir):
+                raise
         meta = format_log_dir(config.log_dir, config.cluster_id, config.node_id)
         logger.warning("formatted empty log directory %s with new directory id %s",
                        config.log_dir, meta.directory_id)
-        return LogDirectory.open(config.log_dir, cluster_id=config.cluster_id,
-                                 node_id=config.node_id, segment_bytes=config.segment_bytes)
+        return open_with(lock)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _has_entries(path: os.PathLike[str]) -> bool:
+    """Whether the directory holds anything but its lock file."""
     try:
-        return any(os.scandir(path))
+        with os.scandir(path) as entries:
+            return any(entry.name != LOCK_FILE for entry in entries)
     except FileNotFoundError:
         return False
 
@@ -127,19 +146,23 @@ class QuorumNode:
 
             raise ConfigError(str(error)) from None
         self.log_dir = open_log_directory(config)
-        self.endpoints = {voter.id: (voter.host, voter.port) for voter in config.voters}
-        self.core = RaftCore(
-            node_id=config.node_id,
-            directory_id=self.log_dir.meta.directory_id,
-            cluster_id=config.cluster_id,
-            voters=[ReplicaKey(voter.id) for voter in config.voters],
-            log=self.log_dir.log,
-            election_state=self.log_dir.quorum_state.read(),
-            config=config.quorum,
-            random=random.Random(int.from_bytes(os.urandom(8), "big")),
-            now_ms=_now_ms(),
-            snapshots=self.log_dir.snapshots,
-        )
+        try:
+            self.endpoints = {voter.id: (voter.host, voter.port) for voter in config.voters}
+            self.core = RaftCore(
+                node_id=config.node_id,
+                directory_id=self.log_dir.meta.directory_id,
+                cluster_id=config.cluster_id,
+                voters=[ReplicaKey(voter.id) for voter in config.voters],
+                log=self.log_dir.log,
+                election_state=self.log_dir.quorum_state.read(),
+                config=config.quorum,
+                random=random.Random(int.from_bytes(os.urandom(8), "big")),
+                now_ms=_now_ms(),
+                snapshots=self.log_dir.snapshots,
+            )
+        except BaseException:
+            self.log_dir.close()  # and its lock, for whoever opens it next
+            raise
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
                                  tls=self.security.tls, on_peer_lost=self._peer_lost)
         self._peer_server = PeerServer(self.handle_peer_request)

@@ -2,7 +2,8 @@
 
 Every one of them means "the node must not start (or go on) with this directory as it is": the
 storage layer refuses rather than repairs, because a replica that silently forgets a vote or a
-flushed record can break Raft's safety.
+flushed record can break Raft's safety. A damaged log is repaired only when an operator asks for
+it (``quorum-node repair-log``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class CorruptLogError(StorageError):
 
     def __init__(self, path: Path, position: int, reason: str) -> None:
         super().__init__(
-            f"{path} at byte {position}: {reason}; refusing to open the log (nothing was modified)"
+            f"{path} at byte {position}: {reason}; refusing to open the log (nothing was "
+            "modified; see 'quorum-node repair-log --help')"
         )
         self.path = path
         self.position = position

@@ -3,6 +3,7 @@ quorum-state, opened together and only after the identity checks out.
 
 Layout, as Kafka's::
 
+    <log_dir>/.lock                                held by the process using the directory
     <log_dir>/meta.properties                      cluster id, node id, directory id
     <log_dir>/__cluster_metadata-0/<offset>.log    segments
     <log_dir>/__cluster_metadata-0/<offset>-<epoch>.checkpoint    snapshots
@@ -15,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from quorum_node.storage.dir_lock import DirectoryLock, lock_directory
 from quorum_node.storage.meta_properties import MetaProperties, load_meta_properties
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES, SegmentLog
@@ -30,6 +32,7 @@ class LogDirectory:
     log: SegmentLog
     quorum_state: QuorumStateStore
     snapshots: FileSnapshotStore
+    lock: DirectoryLock  # held until close()
 
     @classmethod
     def open(
@@ -39,12 +42,33 @@ class LogDirectory:
         cluster_id: str,
         node_id: int,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        lock: DirectoryLock | None = None,
     ) -> LogDirectory:
         """Open a formatted directory for ``node_id`` of ``cluster_id``. Raises a StorageError
-        (and touches nothing) when meta.properties is missing or names another node or cluster,
-        before the log is even looked at, or when the latest snapshot is damaged."""
+        (and touches nothing) when another process holds the directory's lock, when
+        meta.properties is missing or names another node or cluster, before the log is even looked
+        at, or when the latest snapshot is damaged.
+
+        The directory's lock is taken here, or ``lock`` (already held by the caller, who formatted
+        the directory under it) is used; either way the open directory holds it until ``close``.
+        A ``lock`` passed in stays the caller's to release if opening fails."""
         root = Path(path)
-        meta = load_meta_properties(root, cluster_id, node_id)
+        if lock is not None:
+            return cls._open_locked(root, cluster_id, node_id, segment_bytes, lock)
+        # A directory that is not this node's is refused before even the lock file is created.
+        load_meta_properties(root, cluster_id, node_id)
+        own_lock = lock_directory(root)
+        try:
+            return cls._open_locked(root, cluster_id, node_id, segment_bytes, own_lock)
+        except BaseException:
+            own_lock.release()
+            raise
+
+    @classmethod
+    def _open_locked(
+        cls, root: Path, cluster_id: str, node_id: int, segment_bytes: int, lock: DirectoryLock
+    ) -> LogDirectory:
+        meta = load_meta_properties(root, cluster_id, node_id)  # again: now nobody else writes
         partition = root / METADATA_PARTITION_DIR
         # Snapshots first: the log reconciles its start with the latest one, which must be
         # whole (the log below it may be deleted, so a damaged one is refused, not skipped).
@@ -53,7 +77,8 @@ class LogDirectory:
         if latest is not None:
             snapshots.check(latest)
         log = SegmentLog.open(partition, segment_bytes, latest)
-        return cls(root, meta, log, QuorumStateStore(partition), snapshots)
+        return cls(root, meta, log, QuorumStateStore(partition), snapshots, lock)
 
     def close(self) -> None:
         self.log.close()
+        self.lock.release()

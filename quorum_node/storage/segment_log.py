@@ -93,6 +93,55 @@ class _Defect:
     undecodable: bool  # False: the batch is intact but out of sequence (never a torn write)
 
 
+@dataclass(frozen=True)
+class DroppedBytes:
+    """The part of one segment file a repair drops, from ``position`` to its end."""
+
+    path: Path
+    position: int
+    size: int  # bytes
+    deleted: bool  # the whole file goes (else it is truncated at position)
+    batches: int  # batches still recognisable in them (valid header and CRC32C)
+    first_offset: int | None  # the first offset of the first of those, if any
+    end_offset: int | None  # the offset after the last of those, if any
+
+
+@dataclass(frozen=True)
+class LogDamage:
+    """The first defect of a log, and what cutting the log back to its last valid batch drops."""
+
+    path: Path  # the segment holding it
+    position: int  # the byte where the valid data of that segment ends
+    reason: str
+    torn_tail: bool  # the undecodable end of the last segment: opening the log cuts it
+    valid_end_offset: int  # the end offset of the log once cut
+    dropped: tuple[DroppedBytes, ...]  # the damaged segment's part first, then later segments
+
+    @property
+    def dropped_bytes(self) -> int:
+        return sum(part.size for part in self.dropped)
+
+    @property
+    def dropped_batches(self) -> int:
+        return sum(part.batches for part in self.dropped)
+
+    @property
+    def dropped_end_offset(self) -> int | None:
+        """The offset after the last recognisable batch dropped, if any."""
+        ends = [part.end_offset for part in self.dropped if part.end_offset is not None]
+        return max(ends) if ends else None
+
+
+@dataclass(frozen=True)
+class _Damage:
+    """The first defect of the log: its valid prefix ends at ``position`` of ``segment``."""
+
+    segment: _Segment
+    position: int
+    reason: str
+    torn_tail: bool  # what open cuts by itself: the undecodable end of the last segment
+
+
 class SegmentLog:
     """A ``DurableLog`` in segment files. Open with ``SegmentLog.open(directory)``."""
 
@@ -103,6 +152,15 @@ class SegmentLog:
         snapshot_id: SnapshotId | None = None,
     ) -> None:
         """Open (creating if needed) the log in ``directory`` and recover it; see ``open``."""
+        self._init_state(directory, segment_bytes)
+        try:
+            self._recover()
+            self._meet_snapshot(snapshot_id)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_state(self, directory: str | os.PathLike[str], segment_bytes: int) -> None:
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be positive, not {segment_bytes}")
         self.directory = Path(directory)
@@ -116,12 +174,6 @@ class SegmentLog:
         self._closed = False
         self._failure: BaseException | None = None
         self.fsync_count = 0
-        try:
-            self._recover()
-            self._meet_snapshot(snapshot_id)
-        except BaseException:
-            self.close()
-            raise
 
     @classmethod
     def open(
@@ -143,6 +195,56 @@ class SegmentLog:
         starts past it (or past 0 without one) is refused: the offsets between are in neither.
         """
         return cls(directory, segment_bytes, snapshot_id)
+
+    @classmethod
+    def find_damage(cls, directory: str | os.PathLike[str]) -> LogDamage | None:
+        """What keeps the log in ``directory`` from opening, or would be cut when it opens (a
+        torn tail), and what ``repair`` would drop; None when nothing is wrong. Changes nothing.
+        The caller holds the directory's lock (``dir_lock``)."""
+        with cls._unrecovered(directory) as log:
+            found = log._find_damage()
+            return None if found is None else log._describe_damage(found)
+
+    @classmethod
+    def repair(cls, directory: str | os.PathLike[str]) -> LogDamage | None:
+        """Cut the log in ``directory`` back to its last valid batch, the way recovery cuts a torn
+        tail but wherever the first defect is: the damaged segment is truncated there (deleted,
+        when that leaves nothing of a segment after the first), every later segment is deleted,
+        and it is all fsynced. Returns what was dropped, or None when nothing was wrong. Never
+        run by the node itself: this drops records that may have been acknowledged (see
+        ``quorum-node repair-log``). The caller holds the directory's lock."""
+        with cls._unrecovered(directory) as log:
+            found = log._find_damage()
+            if found is None:
+                return None
+            damage = log._describe_damage(found)
+            if damage.torn_tail:
+                return damage  # recovery cuts it when the log opens; nothing to repair
+            index = log._segments.index(found.segment)
+            # Newest first, like truncate_to: a crash part-way leaves a prefix of the log that
+            # still holds the damage, and running the repair again finishes it.
+            while len(log._segments) > index + 1:
+                log._delete_segment(log._segments[-1])
+            if found.position == 0 and index > 0:
+                log._delete_segment(found.segment)  # an empty segment may only be the last
+            else:
+                os.ftruncate(found.segment.fd, found.position)
+                os.fsync(found.segment.fd)
+            fsync_directory(log.directory)
+            return damage
+
+    @classmethod
+    def _unrecovered(cls, directory: str | os.PathLike[str]) -> SegmentLog:
+        """The segments of an existing log opened and not yet checked, for inspection."""
+        log = cls.__new__(cls)
+        log._init_state(directory, DEFAULT_SEGMENT_BYTES)
+        try:
+            if log.directory.is_dir():
+                log._open_segments()
+        except BaseException:
+            log.close()
+            raise
+        return log
 
     # -- RaftLog -----------------------------------------------------------------------------
     @property
@@ -406,43 +508,104 @@ class SegmentLog:
     # -- recovery ------------------------------------------------------------------------------
     def _recover(self) -> None:
         ensure_directory(self.directory)
+        if not self._open_segments():
+            self._sync_found(self._new_segment(0))
+            return
+        # Everything is checked before the only modification recovery makes (the tail cut).
+        damage = self._find_damage()
+        last = self._segments[-1]
+        if damage is not None:
+            if not damage.torn_tail:
+                raise CorruptLogError(damage.segment.path, damage.position, damage.reason)
+            self._cut_tail(last, damage.position, damage.reason)
+        self._sync_found(last)
+
+    def _describe_damage(self, found: _Damage) -> LogDamage:
+        """``found`` as the report of what a repair drops: the damaged segment from the defect on,
+        then every later segment, each with the batches still recognisable in it."""
+        index = self._segments.index(found.segment)
+        starts_empty = found.position == 0 and index > 0
+        valid_end = (self._segments[index - 1] if starts_empty else found.segment).next_offset
+        dropped = tuple(
+            self._recognisable_batches(segment, found.position, starts_empty, valid_end)
+            if segment is found.segment
+            else self._recognisable_batches(segment, 0, True, valid_end)
+            for segment in self._segments[index:]
+        )
+        return LogDamage(found.segment.path, found.position, found.reason, found.torn_tail,
+                         valid_end, dropped)
+
+    def _recognisable_batches(
+        self, segment: _Segment, position: int, deleted: bool, min_offset: int
+    ) -> DroppedBytes:
+        """The batches with a valid header and CRC32C from ``position`` on (resynchronising on
+        the magic byte past anything else) that hold offsets from ``min_offset`` on."""
+        size = os.fstat(segment.fd).st_size
+        batches, first, end = 0, None, None
+        if size > position:
+            with (
+                mmap.mmap(segment.fd, size, access=mmap.ACCESS_READ) as mapped,
+                memoryview(mapped) as data,
+            ):
+                candidate = position
+                while candidate + HEADER_SIZE <= size:
+                    try:
+                        header = read_batch_header(data, candidate)
+                    except CorruptRecordError:
+                        pass
+                    else:
+                        if header.base_offset >= min_offset:
+                            batches += 1
+                            first = header.base_offset if first is None else first
+                            end = max(header.next_offset, end or 0)
+                            candidate = header.end
+                            continue
+                    hit = mapped.find(_MAGIC_BYTE, candidate + 1 + _MAGIC_POSITION)
+                    if hit < 0:
+                        break
+                    candidate = hit - _MAGIC_POSITION
+        return DroppedBytes(segment.path, position, max(size - position, 0), deleted, batches,
+                            first, end)
+
+    def _open_segments(self) -> bool:
+        """Open every segment file, oldest first; False when there is none."""
         names = sorted(
             (int(match.group(1)), entry.name)
             for entry in os.scandir(self.directory)
             if (match := _SEGMENT_NAME.fullmatch(entry.name)) and entry.is_file()
         )
-        if not names:
-            self._sync_found(self._new_segment(0))
-            return
         for base_offset, name in names:
             path = self.directory / name
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             segment = _Segment(base_offset=base_offset, path=path, fd=fd, next_offset=base_offset)
             self._segments.append(segment)
             self._segment_bases.append(base_offset)
-        # Everything is checked before the only modification recovery makes (the tail cut).
+        return bool(names)
+
+    def _find_damage(self) -> _Damage | None:
+        """Index every segment up to the first defect, which is returned; changes nothing. Only
+        an undecodable tail of the last segment, with no valid batch after it, is a torn tail."""
         *older, last = self._segments
         for segment in older:
-            self._check_starts_after_previous(segment)
+            if (damage := self._check_starts_after_previous(segment)) is not None:
+                return damage
             defect = self._scan(segment)
             if defect is not None:
-                raise CorruptLogError(segment.path, defect.position, defect.reason)
+                return _Damage(segment, defect.position, defect.reason, torn_tail=False)
             if not segment.bases:
-                raise CorruptLogError(segment.path, 0, "empty segment before the last one")
-        self._check_starts_after_previous(last)
+                return _Damage(segment, 0, "empty segment before the last one", torn_tail=False)
+        if (damage := self._check_starts_after_previous(last)) is not None:
+            return damage
         defect = self._scan(last)
-        if defect is not None:
-            if not defect.undecodable:
-                raise CorruptLogError(last.path, defect.position, defect.reason)
-            follower = self._find_valid_batch_after(last, defect.position)
-            if follower is not None:
-                raise CorruptLogError(
-                    last.path,
-                    defect.position,
-                    f"{defect.reason}, followed by a valid batch at byte {follower}",
-                )
-            self._cut_tail(last, defect)
-        self._sync_found(last)
+        if defect is None:
+            return None
+        if not defect.undecodable:
+            return _Damage(last, defect.position, defect.reason, torn_tail=False)
+        follower = self._find_valid_batch_after(last, defect.position)
+        if follower is not None:
+            reason = f"{defect.reason}, followed by a valid batch at byte {follower}"
+            return _Damage(last, defect.position, reason, torn_tail=False)
+        return _Damage(last, defect.position, defect.reason, torn_tail=True)
 
     def _meet_snapshot(self, snapshot_id: SnapshotId | None) -> None:
         """Reconcile the recovered log with the latest snapshot (see ``open``)."""
@@ -478,26 +641,24 @@ class SegmentLog:
         fsync_directory(self.directory)
         self.fsync_count += 2
 
-    def _check_starts_after_previous(self, segment: _Segment) -> None:
+    def _check_starts_after_previous(self, segment: _Segment) -> _Damage | None:
         index = self._segments.index(segment)
         if index > 0 and segment.base_offset != self._segments[index - 1].next_offset:
-            raise CorruptLogError(
-                segment.path,
-                0,
-                f"segment starts at offset {segment.base_offset} but the log before it ends at "
-                f"{self._segments[index - 1].next_offset}",
-            )
+            reason = (f"segment starts at offset {segment.base_offset} but the log before it "
+                      f"ends at {self._segments[index - 1].next_offset}")
+            return _Damage(segment, 0, reason, torn_tail=False)
+        return None
 
-    def _cut_tail(self, segment: _Segment, defect: _Defect) -> None:
+    def _cut_tail(self, segment: _Segment, position: int, reason: str) -> None:
         file_size = os.fstat(segment.fd).st_size
         logger.warning(
             "%s: cutting %d bytes at byte %d off the end of the log: %s (a torn or corrupt tail)",
             segment.path,
-            file_size - defect.position,
-            defect.position,
-            defect.reason,
+            file_size - position,
+            position,
+            reason,
         )
-        os.ftruncate(segment.fd, defect.position)
+        os.ftruncate(segment.fd, position)
 
     def _scan(self, segment: _Segment) -> _Defect | None:
         """Index the segment's batches up to the first defect, which is returned."""

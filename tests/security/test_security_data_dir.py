@@ -17,6 +17,7 @@ from quorum_node.cli.node import main as node_main
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.storage.dir_lock import LOCK_FILE
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.meta_properties import random_cluster_id
@@ -39,8 +40,9 @@ def used(tmp_path_factory: pytest.TempPathFactory) -> NodeConfig:
 
 
 def fingerprint(directory: Path) -> dict[str, str]:
+    # Not the lock file: it holds the pid of the last process that opened the directory.
     return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(directory.rglob("*")) if path.is_file()}
+            for path in sorted(directory.rglob("*")) if path.is_file() and path.name != LOCK_FILE}
 
 
 def flip_byte(path: Path, position: int) -> None:
