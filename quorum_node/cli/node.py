@@ -9,6 +9,7 @@ that cannot be used as it is, or is in use by another process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import re
@@ -323,12 +324,15 @@ def prepare_local_cluster(
     host: str = DEFAULT_HOST,
     base_port: int = DEFAULT_BASE_PORT,
     settings: Mapping[str, Setting] | None = None,
+    before_writing: Callable[[Path], object] | None = None,
 ) -> list[LocalNode]:
     """Set up (first use) or check and reuse (later) a local quorum's data directory: its
     cluster id in ``cluster.id``, node i's log directory ``node-i`` (formatted once), and
     ``node-i.properties``, rewritten every time from the arguments and ``settings`` (shared keys
     only, e.g. timeouts). Raises LocalClusterError, ConfigError or StorageError; nothing is
-    written when the directory belongs to a quorum of another size or to something else."""
+    written when the directory belongs to a quorum of another size or to something else.
+    ``before_writing(data_dir)`` runs once everything is checked, before the first write (it
+    locks the data directory: see ``lock_local_data_dir``)."""
     if nodes < 1:
         raise LocalClusterError(f"--nodes must be at least 1, got {nodes}")
     if not 1 <= base_port <= 65536 - nodes:
@@ -361,6 +365,8 @@ def prepare_local_cluster(
         )
         for node_id, port in ports.items()
     ]
+    if before_writing is not None:
+        before_writing(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     _store_cluster_id(data_dir, cluster_id)
     for node in prepared:
@@ -371,19 +377,16 @@ def prepare_local_cluster(
 
 
 def lock_local_data_dir(data_dir: Path, nodes: int) -> DirectoryLock:
-    """Lock the data directory of a local quorum (creating it if missing) for the lifetime of
-    ``local``, after checking (reading only) that it is new or a local quorum of ``nodes``, and
-    check that no node directory in it is in use. Raises LocalClusterError having written nothing
-    but the lock file.
+    """Lock the data directory of a local quorum (creating it if missing), for the lifetime of
+    ``local``, and check that no node directory in it is in use. Raises LocalClusterError having
+    written nothing but the lock file.
 
     The data directory's own lock, rather than the node directories' locks: the nodes are child
     processes that lock their own directories, so ``local`` must not hold those; and probing them
     alone would leave a window between the probe and the children's start in which a second
     ``local`` passes the same probe and rewrites node-*.properties. Two ``local``s on one data
-    directory meet at its lock, before either writes anything. The node directories are still
-    probed (locked and released at once), for a node run by hand from node-i.properties."""
-    data_dir = data_dir.absolute()
-    _check_existing_layout(data_dir, nodes)
+    directory meet at its lock, before either writes anything. The node directories are probed
+    too (locked and released at once), for a node run by hand from its node-i.properties."""
     try:
         lock = lock_directory(data_dir, create=True, what="data directory")
     except DirectoryInUseError as exc:
@@ -395,10 +398,10 @@ def lock_local_data_dir(data_dir: Path, nodes: int) -> DirectoryLock:
                 try:
                     lock_directory(node_dir).release()
                 except DirectoryInUseError as exc:
+                    holder = "unknown" if exc.holder_pid is None else exc.holder_pid
                     raise LocalClusterError(
-                        f"data directory {data_dir} is in use by another process (pid "
-                        f"{exc.holder_pid if exc.holder_pid is not None else 'unknown'}, which "
-                        f"holds {node_dir}); stop it first, or use another --data-dir"
+                        f"data directory {data_dir} is in use by another process (pid {holder}, "
+                        f"which holds {node_dir}); stop it first, or use another --data-dir"
                     ) from None
     except BaseException:
         lock.release()
@@ -589,22 +592,21 @@ def _describe_exit(code: int) -> str:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
-    prog = f"{PROG} local"
-    try:
-        data_lock = lock_local_data_dir(args.data_dir, args.nodes)  # before anything is written
-    except (LocalClusterError, StorageError, OSError) as exc:
-        _error(prog, exc)
-        return EXIT_REFUSED
-    with data_lock:  # held until every node has stopped
-        return _run_local(args, prog)
+    # Holds the data directory's lock, taken before anything is written, until every node stops.
+    with contextlib.ExitStack() as held:
+        return _run_local(args, f"{PROG} local", held)
 
 
-def _run_local(args: argparse.Namespace, prog: str) -> int:
+def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) -> int:
+    def lock_data_dir(data_dir: Path) -> None:
+        held.enter_context(lock_local_data_dir(data_dir, args.nodes))
+
     try:
         settings = settings_from_environ(os.environ)
         settings.update({k: Setting(v, KEYS_BY_NAME[k].flag) for k, v in _key_flags(args).items()})
         nodes = prepare_local_cluster(
-            args.data_dir, args.nodes, host=args.host, base_port=args.base_port, settings=settings
+            args.data_dir, args.nodes, host=args.host, base_port=args.base_port, settings=settings,
+            before_writing=lock_data_dir,
         )
         check_ports_free(args.host, [node.config.listen_port for node in nodes])
     except (LocalClusterError, ConfigError, StorageError, OSError) as exc:

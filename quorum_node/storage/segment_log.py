@@ -585,6 +585,8 @@ class SegmentLog:
     def _find_damage(self) -> _Damage | None:
         """Index every segment up to the first defect, which is returned; changes nothing. Only
         an undecodable tail of the last segment, with no valid batch after it, is a torn tail."""
+        if not self._segments:
+            return None
         *older, last = self._segments
         for segment in older:
             if (damage := self._check_starts_after_previous(segment)) is not None:

@@ -577,3 +577,32 @@ def test_supervisor_reports_a_node_killed_by_a_signal_and_a_second_signal_kills(
     assert time.monotonic() - started < 5  # not the 10 s grace period
     assert out.getvalue() == (f"node 2 was killed by SIGKILL; its log: {nodes[1].log_path}\n"
                               "node 1 killed on a second signal\n")
+
+
+def test_a_second_local_on_a_data_directory_in_use_is_refused_and_writes_nothing(
+    tmp_path: Path, local_process: list[LocalProcess]
+) -> None:
+    if not has_real_runtime():
+        pytest.skip("quorum_node.node.runtime.run_node is not there yet")
+    first = LocalProcess(tmp_path, 3, fake=False, name="first")
+    local_process.append(first)
+    first.node_pids(3)
+    first.wait_healthy(3)
+    data = first.data.absolute()
+    kept = [".lock", "cluster.id", *(f"node-{i}.properties" for i in (1, 2, 3)),
+            *(f"node-{i}/{name}" for i in (1, 2, 3) for name in (".lock", "meta.properties"))]
+
+    def state() -> dict[str, tuple[bytes, int]]:
+        return {name: ((data / name).read_bytes(), (data / name).stat().st_mtime_ns)
+                for name in kept}
+
+    before = state()
+    second = LocalProcess(tmp_path, 3, fake=False, name="second")  # other ports, same data
+    local_process.append(second)
+    assert second.process.wait(timeout=60) == 2, second.diagnostics()
+    error = one_line(second.err())
+    assert error.startswith(f"quorum-node local: error: data directory {data} is in use by "
+                            f"another process (pid {first.process.pid})"), error
+    assert second.out() == ""
+    assert state() == before
+    first.wait_healthy(3)  # untouched
