@@ -13,9 +13,11 @@ from pathlib import Path
 
 from proc_cluster import FAST, ProcessCluster, http_json
 
-from quorum_node.raft.records import decode_batch
+from quorum_node.raft.records import Record, decode_batch
 from quorum_node.storage.dir_lock import LOCK_FILE
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
+from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
+from quorum_node.storage.segment_log import SegmentLog
 
 CLI = [sys.executable, "-m", "quorum_node.cli.node"]
 
@@ -131,3 +133,31 @@ def test_a_repaired_voter_rejoins_as_a_follower_and_catches_up(tmp_path: Path) -
         assert leader != damaged  # it came back as a follower (and stayed one)
     finally:
         cluster.stop_all()
+
+
+def test_repair_log_refuses_what_is_not_a_log_directory(tmp_path: Path) -> None:
+    result = repair_log(tmp_path, "--yes")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"quorum-node repair-log: error: {tmp_path / 'meta.properties'}"
+                                    ": not found")
+    assert list(tmp_path.iterdir()) == []  # not even a lock file
+
+
+def test_repair_log_leaves_a_torn_tail_to_the_node(tmp_path: Path) -> None:
+    log_dir = tmp_path / "node-1"
+    format_log_dir(log_dir, random_cluster_id(), 1)
+    partition = log_dir / METADATA_PARTITION_DIR
+    with SegmentLog.open(partition) as log:
+        for n in range(3):
+            log.append_as_leader([Record(value=b"v%d" % n)], 1, 1000)
+        log.flush()
+    (segment,) = partition.glob("*.log")
+    with segment.open("r+b") as file:
+        file.truncate(segment.stat().st_size - 3)  # a crash in the middle of the last append
+    before = files(log_dir)
+    result = repair_log(log_dir, "--yes")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"nothing to repair: {segment} ends in a torn batch at byte ")
+    assert result.stdout.endswith("which the node cuts by itself when it starts\n")
+    assert files(log_dir) == before
