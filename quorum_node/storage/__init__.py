@@ -1,6 +1,8 @@
-"""Durable storage for a quorum node: the log directory's identity (``meta.properties``), the
-segmented replicated log, group commit of its fsyncs, and the ``quorum-state`` file."""
+"""Durable storage for a quorum node: the log directory's lock and identity (``meta.properties``),
+the segmented replicated log (and its repair), group commit of its fsyncs, and the
+``quorum-state`` file."""
 
+from quorum_node.storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directory
 from quorum_node.storage.errors import (
     CorruptLogError,
     MetaPropertiesError,
@@ -16,13 +18,16 @@ from quorum_node.storage.meta_properties import (
     random_cluster_id,
 )
 from quorum_node.storage.quorum_state import QuorumStateStore
-from quorum_node.storage.segment_log import SegmentLog
+from quorum_node.storage.segment_log import LogDamage, SegmentLog
 from quorum_node.storage.snapshot_store import FileSnapshotStore
 
 __all__ = [
     "CorruptLogError",
+    "DirectoryInUseError",
+    "DirectoryLock",
     "FileSnapshotStore",
     "GroupCommitter",
+    "LogDamage",
     "MetaProperties",
     "MetaPropertiesError",
     "NotFormattedError",
@@ -32,5 +37,6 @@ __all__ = [
     "StorageError",
     "format_log_dir",
     "load_meta_properties",
+    "lock_directory",
     "random_cluster_id",
 ]
