@@ -82,6 +82,9 @@ def format_log_dir(
     replaced disk under the id recorded for it, as ``--initial-controllers`` does). An existing file
     is never overwritten: without ``ignore_formatted`` that is an error; with it the file is left
     untouched and returned, after checking it belongs to this cluster and node.
+
+    The caller holds the directory's lock (``dir_lock.lock_directory``), or one that covers it
+    (``quorum-node local``'s data directory lock), so that no node opens it meanwhile.
     """
     validate_cluster_id(cluster_id)
     validate_node_id(node_id)
