@@ -99,7 +99,20 @@ def test_waiting_reads_are_bounded(node: InProcessCluster) -> None:
 
 
 HUGE = b"x" * (MAX_APPEND_BODY_BYTES + 1)
+# Nested past the interpreter's recursion limit (the JSON parser's RecursionError was a 500), and
+# just past the APIs' nesting limit.
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP_OBJECT = b'{"expected": null, "value": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_001
+NESTED_65 = b"[" * 65 + b"]" * 65
+DEEP_SMALL = b"[" * 30_000 + b"]" * 30_000  # within the admin API's 64 KiB body limit
 MALFORMED = [
+    ("POST", "/v1/records", DEEP, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/records", NESTED_65, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/kv/k/cas", DEEP, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/kv/k/cas", DEEP_OBJECT, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/quorum/voters", DEEP_SMALL, "application/json", 400, "INVALID_REQUEST"),
+    ("POST", "/v1/quorum/voters", b'{"id": ' + DEEP_SMALL + b"}", "application/json", 400,
+     "INVALID_REQUEST"),
     # (method, path, body, content type, status, code)
     ("POST", "/v1/records", b"[", "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/records", b"{}", "application/json", 400, "BAD_REQUEST"),
@@ -159,6 +172,15 @@ def test_malformed_requests_get_their_error_and_change_nothing(
     time.sleep(0.05)
     assert (log_end(node), node.nodes[1].core.voters) == before
     assert node.nodes[1].failure is None
+
+
+@pytest.mark.parametrize("path", ["/v1/records", "/v1/kv/k/cas", "/v1/quorum/voters"])
+@pytest.mark.parametrize("body", [DEEP_SMALL, NESTED_65, b'{"a": ' + NESTED_65 + b"}"])
+def test_deeply_nested_json_is_refused_for_its_depth(node: InProcessCluster, path: str,
+                                                      body: bytes) -> None:
+    status, answer = call(node, "POST", path, body, {"Content-Type": "application/json"})
+    assert status == 400
+    assert "nests deeper than 64 levels" in answer.get("error", answer.get("message")), answer
 
 
 @pytest.mark.parametrize(
