@@ -92,7 +92,8 @@ STREAM_PATH: Final = RPC_PREFIX + "stream"
 _TAG = struct.Struct(">IB")
 _OK, _ERROR = 0, 1
 # The largest request a peer can send: requests carry no records, only a header. Anything larger
-# is refused before it is buffered (a stream message, or a POST body).
+# is refused before it is buffered (a stream message, or a POST body). aiohttp's max_msg_size is
+# exclusive, hence the + 1 where it is given.
 MAX_REQUEST_BYTES: Final = _TAG.size + _HEADER_LENGTH.size + MAX_HEADER_BYTES
 
 
@@ -240,7 +241,7 @@ class PeerClient:
             # is taken at each connection, so a reloaded certificate is used from then on.
             socket = await asyncio.wait_for(
                 self._session.ws_connect(
-                    url, max_msg_size=self._max_response_bytes, compress=0,
+                    url, max_msg_size=self._max_response_bytes + 1, compress=0,
                     heartbeat=self._heartbeat_s,
                     ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
@@ -492,7 +493,7 @@ class PeerServer:
             return web.Response(status=refusal.status, text=f"{refusal.message}\n")
         idle_s = self._idle_timeout_s
         socket = web.WebSocketResponse(
-            max_msg_size=MAX_REQUEST_BYTES, compress=False, receive_timeout=idle_s,
+            max_msg_size=MAX_REQUEST_BYTES + 1, compress=False, receive_timeout=idle_s,
             heartbeat=idle_s / 2 if idle_s is not None else None)
         await socket.prepare(http_request)
         self._sockets.add(socket)
