@@ -29,6 +29,7 @@ from certs import CertificateAuthority
 from proc_cluster import FAST, ProcessCluster
 from secured_cluster import InProcessCluster, Pki, secured_configs
 
+from quorum_node.client import QuorumClient
 from quorum_node.node.transport import (
     MAX_REQUEST_BYTES,
     REQUEST_TYPES,
@@ -370,6 +371,41 @@ def test_a_ca_reload_closes_the_connections_made_under_the_old_one(
     # The peer of the old CA cannot come back.
     with pytest.raises((ssl.SSLError, ConnectionError, AssertionError)):
         open_raw_stream(port, context_of(pki, "quorum-node-2")).close()
+
+
+def test_a_certificate_reload_closes_the_streams_both_ways(tmp_path: Path, pki: Pki,
+                                                           caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    """Node 1's certificate is renewed: it closes the streams node 2 opened to it and those it
+    opened to node 2, and the two talk again over new ones."""
+    configs = secured_configs(tmp_path, pki, 2)
+    cert, key = pki.ca.issue(tmp_path / "node-1-tls", "quorum-node-1")
+    configs[0] = configs[0].model_copy(update={"ssl_certificate_location": cert,
+                                               "ssl_key_location": key})
+    cluster = InProcessCluster(configs)
+    try:
+        wait_for_leader(cluster)
+        caplog.set_level(logging.INFO, logger="quorum_node.node.runtime")
+        node_1 = cluster.nodes[1]
+        assert node_1.security.tls is not None
+        reloads = node_1.security.tls.reloads
+        # Both nodes have a stream open to the other: a leader and its follower talk both ways
+        # (the follower's Fetch; the leader's BeginQuorumEpoch).
+        streams_before = dict(node_1._peers._streams)
+        assert streams_before, "node 1 has no stream to node 2"
+        pki.ca.issue(tmp_path / "node-1-tls", "quorum-node-1")  # renewed in place
+        deadline = time.monotonic() + 10
+        while node_1.security.tls.reloads == reloads:
+            assert time.monotonic() < deadline, "not reloaded"
+            time.sleep(0.05)
+        assert all(stream.closed for stream in streams_before.values())
+        closed = [r.getMessage() for r in caplog.records if "TLS files reloaded" in r.getMessage()]
+        assert closed and "closed 0 connection" not in closed[0], closed
+        with QuorumClient(cluster.bootstrap, timeout_s=10,
+                          credentials=pki.credentials(token="writer")) as client:
+            client.put("after-renewal", "ok")  # committed by both again
+    finally:
+        cluster.stop()
 
 
 # --- a node process under a flood of large stream messages -------------------------------------
