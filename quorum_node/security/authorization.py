@@ -154,6 +154,10 @@ class Authorizer:
                    else "a bearer token (Authorization: Bearer ...) or a client certificate"
                    if self.tls else "a bearer token (Authorization: Bearer ...)")
             raise Refused(401, "UNAUTHENTICATED", f"authentication required: send {how}")
+        if role is Role.PEER and role not in identity.roles:
+            raise Refused(403, "FORBIDDEN", f"{identity.principal} ({identity.via}) is no node "
+                                            "of this quorum: a peer's certificate has its node's "
+                                            f"common name, {self.peers.template}")
         if role not in identity.roles:
             held = ", ".join(sorted(r.value for r in identity.roles)) or "none"
             raise Refused(403, "FORBIDDEN", f"{identity.principal} ({identity.via}; roles: "

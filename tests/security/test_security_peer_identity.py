@@ -181,6 +181,7 @@ def test_a_name_that_is_no_node_is_no_peer(cluster: InProcessCluster, pki: Pki,
     status, body = post(port_of(cluster, 1), context, "/raft/v1/Vote",
                         encode_frame(vote_as(cluster, 2, 1, epoch_ahead=5)))
     assert status == 403, body
+    assert f"{certificate} (certificate) is no node of this quorum".encode() in body, body
     assert state(cluster) == before
 
 
@@ -455,8 +456,9 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
             stream.close()
         with capsys.disabled():
             print(f"\nnode RSS {before / 2**20:.1f} MiB before, {after / 2**20:.1f} MiB after "
-                  f"6 streams of 60 MiB messages; sent before refused (MiB): "
-                  f"{[round(s / 2**20, 1) for s in sent]}")
+                  f"6 streams of 60 MiB messages (MiB sent: {[round(s / 2**20) for s in sent]}; "
+                  f"closed within: {[round(c, 2) if c is not None else c for c in closed]} s "
+                  "after the last byte)")
         assert all(elapsed is not None for elapsed in closed)
         assert after - before < 32 * 2**20
         assert node.process.poll() is None
