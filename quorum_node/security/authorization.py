@@ -245,7 +245,7 @@ def redacted_path(request: web.BaseRequest) -> str:
     a token sent as ``?access_token=...`` must not end up in the audit log."""
     url = request.rel_url
     if not url.query_string:
-        return url.path
+        return url.raw_path
     query = [(key, REDACTED if _sensitive(key) else value) for key, value in url.query.items()]
     return str(url.with_query(query))
 

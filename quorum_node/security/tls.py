@@ -3,7 +3,7 @@
 One listener serves peers, clients and admin, so the server asks for a client certificate without
 requiring one (``CERT_OPTIONAL``): a certificate that is presented must chain to the quorum's CA
 or the handshake fails; a client with a bearer token needs none; and the peer routes require a
-certificate principal with the ``peer`` role (``quorum_node.security.authorization``). A node
+node's certificate, which speaks for that node only (``quorum_node.security.peer_identity``). A node
 presents the same certificate when it connects to its peers, so the certificate must allow both
 server and client authentication.
 

@@ -17,7 +17,12 @@ import pytest
 from secured_cluster import InProcessCluster, plain_configs
 
 from quorum_node.node.client_api import MAX_APPEND_BODY_BYTES
-from quorum_node.node.transport import REQUEST_TYPES, RESPONSE_TYPES, decode_frame
+from quorum_node.node.transport import (
+    MAX_HEADER_BYTES,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    decode_frame,
+)
 
 READ_TIMEOUT_MS = 600
 
@@ -236,3 +241,13 @@ def test_garbage_peer_frames_get_400(node: InProcessCluster, body: bytes) -> Non
         status, _ = call(node, "POST", f"/raft/v1/{rpc}", body)
         assert status == 400, rpc
     assert log_end(node) == before and node.nodes[1].failure is None
+
+
+def test_a_peer_post_larger_than_any_request_gets_413(node: InProcessCluster) -> None:
+    # A request frame is a header of at most MAX_HEADER_BYTES (requests carry no records).
+    largest = 4 + MAX_HEADER_BYTES
+    status, _ = call(node, "POST", "/raft/v1/Fetch", b"\xff" * largest)
+    assert status == 400  # within the limit: read, and refused as a frame
+    status, answer = call(node, "POST", "/raft/v1/Fetch", b"\xff" * (largest + 1))
+    assert status == 413, answer
+    assert node.nodes[1].failure is None
