@@ -429,7 +429,8 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
         return {"ssl.certificate.location": cert, "ssl.key.location": key,
                 "ssl.ca.location": pki.ca_path}
 
-    cluster = ProcessCluster.create(tmp_path, 1, node_settings, tls=True, **FAST)
+    cluster = ProcessCluster.create(tmp_path, 1, node_settings, tls=True, **FAST,
+                                    http_read_timeout_ms=3000, max_connections=8)
     cluster.start_all()
     try:
         node = cluster.nodes[1]
@@ -462,6 +463,17 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
         assert all(elapsed is not None for elapsed in closed)
         assert after - before < 32 * 2**20
         assert node.process.poll() is None
+        # The process's own event loop (uvloop) bounds the TLS handshake and the connections too.
+        silent = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        elapsed = seconds_until_closed(silent, 10)
+        silent.close()
+        assert elapsed is not None and 2.5 < elapsed < 6, elapsed
+        held = [open_raw_stream(node.port, context) for _ in range(8)]
+        extra = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        extra_tls = context.wrap_socket(extra, server_hostname="127.0.0.1")
+        assert seconds_until_closed(extra_tls, 3) is not None
+        for connection in [*held, extra_tls]:
+            connection.close()
     finally:
         cluster.stop_all()
 
