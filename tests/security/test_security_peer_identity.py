@@ -10,6 +10,7 @@ timeout. The audit log never shows a token passed in the query string.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import logging
@@ -25,9 +26,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from certs import CertificateAuthority
 from proc_cluster import FAST, ProcessCluster
-from secured_cluster import InProcessCluster, Pki, secured_configs
+from secured_cluster import InProcessCluster, Pki, free_port, secured_configs
 
 from quorum_node.client import QuorumClient
 from quorum_node.node.transport import (
@@ -35,6 +37,8 @@ from quorum_node.node.transport import (
     REQUEST_TYPES,
     RESPONSE_TYPES,
     STREAM_PATH,
+    PeerClient,
+    PeerUnavailable,
     decode_frame,
     encode_frame,
 )
@@ -407,6 +411,44 @@ def test_a_certificate_reload_closes_the_streams_both_ways(tmp_path: Path, pki: 
             client.put("after-renewal", "ok")  # committed by both again
     finally:
         cluster.stop()
+
+
+def test_an_answer_larger_than_a_fetch_closes_the_stream() -> None:
+    """The node's side of its own streams: a peer answering with more than a Fetch can hold
+    (records and a header) is cut off, not buffered."""
+    limit = 64 * 1024
+
+    async def oversized_answers(request: web.Request) -> web.WebSocketResponse:
+        socket_ = web.WebSocketResponse()
+        await socket_.prepare(request)
+        async for message in socket_:
+            correlation, _ = _TAG.unpack_from(message.data)
+            await socket_.send_bytes(_TAG.pack(correlation, 0) + bytes(limit))
+        return socket_
+
+    async def scenario() -> tuple[float, str]:
+        app = web.Application()
+        app.router.add_get(STREAM_PATH, oversized_answers)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        client = PeerClient({2: ("127.0.0.1", port)}, timeout_ms=5000,
+                            max_response_bytes=limit - 1)
+        start = time.monotonic()
+        try:
+            with pytest.raises(PeerUnavailable) as refused:
+                await client.send(2, BeginQuorumEpochRequest(
+                    cluster_id=None, leader_id=1, leader_epoch=1, voter_id=2))
+            return time.monotonic() - start, str(refused.value)
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    elapsed, reason = asyncio.run(scenario())
+    # The stream failed on the size (an ERROR message), at once; an answer within the limit
+    # would have been read, and refused as a frame ("sent a bad response").
+    assert "unreachable: unexpected ERROR message" in reason and elapsed < 2, (elapsed, reason)
 
 
 # --- a node process under a flood of large stream messages -------------------------------------
