@@ -38,12 +38,13 @@ CONTAINER = "node"
 TLS_MOUNT = "/etc/quorum/tls"
 AUTH_MOUNT = "/etc/quorum/auth"
 TOKENS_KEY = "tokens"
-# Principals (certificate common names) and their roles on the nodes: a node's certificate is a
-# peer, the operator's an administrator. Each quorum has its own CA, so no other quorum's node
-# is a peer.
+# Principals (certificate common names) and their roles on the nodes. Node N's certificate is
+# quorum-node-N: the nodes' default auth.peer.principal.template, so it is the peer N and no
+# other; the operator's is an administrator. Each quorum has its own CA, so no other quorum's
+# node is a peer.
 NODE_PRINCIPAL_PREFIX = "quorum-node-"
 OPERATOR_PRINCIPAL = "quorum-operator"
-CERTIFICATE_ROLES = f"{NODE_PRINCIPAL_PREFIX}*:peer;{OPERATOR_PRINCIPAL}:admin"
+CERTIFICATE_ROLES = f"{OPERATOR_PRINCIPAL}:admin"
 # Pods in the quorum's namespace with this label (value: the quorum's name) may reach its port.
 LABEL_CLIENT = f"{GROUP}/client"
 

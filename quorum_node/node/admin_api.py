@@ -39,7 +39,6 @@ complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Container
@@ -48,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from quorum_node.node.config import format_address
-from quorum_node.node.limits import BodyRefused, read_body
+from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json, read_body
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
@@ -241,10 +240,9 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     except BodyRefused as refusal:
         raise _InvalidRequest(refusal.message, status=refusal.status) from None
     try:
-        body = json.loads(raw)
-    except ValueError:
-        raise _InvalidRequest('the body is not JSON: expected {"id": N, "directory_id": "..."}'
-                       ) from None
+        body = parse_json(raw)
+    except JsonRefused as error:
+        raise _InvalidRequest(f'{error}: expected {{"id": N, "directory_id": "..."}}') from None
     if not isinstance(body, dict):
         raise _InvalidRequest('expected a JSON object {"id": N, "directory_id": "..."}')
     return body

@@ -48,7 +48,7 @@ from quorum_node.node.kv import (
     check_key,
     encode_op,
 )
-from quorum_node.node.limits import BodyRefused, read_body
+from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json, read_body
 from quorum_node.node.runtime import (
     AppendLostError,
     CommitUnknownError,
@@ -595,9 +595,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 def _json_body(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        _bad_request(f"the body is not valid JSON: {error}")
+        return parse_json(body)
+    except JsonRefused as error:
+        _bad_request(str(error))
 
 
 def _json_records(body: bytes) -> list[bytes]:

@@ -30,7 +30,11 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint, parse_quorum_voters
-from quorum_node.security.roles import Role, parse_principal_grants
+from quorum_node.security.peer_identity import (
+    DEFAULT_PEER_PRINCIPAL_TEMPLATE,
+    validate_peer_principal_template,
+)
+from quorum_node.security.roles import parse_principal_grants
 from quorum_node.storage.meta_properties import validate_cluster_id
 from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES
 
@@ -75,10 +79,13 @@ class NodeConfig(BaseModel):
     ssl_endpoint_identification_algorithm: Literal["https", ""] = "https"
     auth_token_file: Path | None = None
     auth_certificate_roles: str = Field("", validate_default=True)
+    auth_peer_principal_template: Annotated[
+        str, AfterValidator(validate_peer_principal_template)] = DEFAULT_PEER_PRINCIPAL_TEMPLATE
     security_reload_interval_ms: int = Field(10_000, ge=100)
     # Hostile clients.
     http_read_timeout_ms: int = Field(30_000, ge=100)
     http_max_long_polls: int = Field(1024, ge=1)
+    max_connections: int = Field(1000, ge=1)
 
     @field_validator("voters", mode="before")
     @classmethod
@@ -115,10 +122,6 @@ class NodeConfig(BaseModel):
     def _certificate_roles(cls, value: str, info: ValidationInfo) -> str:
         grants = parse_principal_grants(value)
         tls = info.data.get("listen_tls", False)
-        if tls and not any(Role.PEER in grant.roles for grant in grants):
-            raise ValueError("no certificate principal has the peer role, so the nodes could "
-                             "not talk to each other; grant it to the nodes' certificates, "
-                             "e.g. quorum-node-*:peer")
         if grants and not tls:
             raise ValueError("certificate principals need an SSL:// listener")
         return value
@@ -234,17 +237,24 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Setting it requires a credential for the client and admin APIs."),
     ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
               "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
-              "(globs; roles read, write, admin, peer), e.g. "
-              "quorum-node-*:peer;quorum-operator:admin."),
+              "(globs; roles read, write, admin), e.g. quorum-operator:admin;app-*:read. Peers "
+              "are not granted here: see auth.peer.principal.template."),
+    ConfigKey("auth.peer.principal.template", ("auth_peer_principal_template",),
+              "Over SSL, the one subject common name of node N's certificate, {id} standing for "
+              "N: a peer may speak only as the node its certificate names.", shared=True),
     ConfigKey("security.reload.interval.ms", ("security_reload_interval_ms",),
               "How often the certificate, key, CA and token files are checked for changes.",
               shared=True),
     ConfigKey("http.read.timeout.ms", ("http_read_timeout_ms",),
-              "Longest a client may take to send a request's head or body, or stay idle "
-              "between requests; slower ones are disconnected.", shared=True),
+              "Longest a client may take for its TLS handshake, to send a request's head or "
+              "body, or stay idle between requests, and a peer stream may stay silent; slower "
+              "ones are disconnected.", shared=True),
     ConfigKey("http.max.long.polls", ("http_max_long_polls",),
               "Most record reads waiting for new records (wait_ms) at once; more get 429.",
               shared=True),
+    ConfigKey("max.connections", ("max_connections",),
+              "Most connections a listener keeps open at once; one beyond it is closed as soon "
+              "as it is accepted (after its TLS handshake on an SSL listener).", shared=True),
 )
 KEYS_BY_NAME: Mapping[str, ConfigKey] = {key.name: key for key in CONFIG_KEYS}
 _KEYS_BY_ENV: Mapping[str, ConfigKey] = {key.env_var: key for key in CONFIG_KEYS}

@@ -1,9 +1,12 @@
-"""Bounds on what a client may send: a request body's size, and how long it may take to send
-it. (How long a request head may take is the server's keep-alive timeout, set by the runtime.)"""
+"""Bounds on what a client may send: a request body's size, how long it may take to send it, and
+how deeply its JSON may nest. (How long a request head may take is the server's keep-alive
+timeout, set by the runtime.)"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from aiohttp import web
 
@@ -41,3 +44,51 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyRefused(413, f"a body of {len(body)} bytes exceeds the limit of {limit} bytes")
     return body
 
+
+
+# No request body of the APIs nests deeper than a few levels; a deeper one is refused before
+# anything walks it recursively (the JSON parser stops at the interpreter's recursion limit with
+# a RecursionError, which must never escape as a 500).
+MAX_JSON_DEPTH = 64
+
+
+class JsonRefused(ValueError):
+    """The body is not JSON, or nests deeper than MAX_JSON_DEPTH; a one-line reason."""
+
+
+def parse_json(body: bytes) -> Any:
+    """The body's JSON document; raises JsonRefused."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise JsonRefused(f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise JsonRefused(_too_deep()) from None
+    # Fewer brackets than the limit cannot nest deeper than it: no walk for the usual body.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _depth(document) > MAX_JSON_DEPTH:
+        raise JsonRefused(_too_deep())
+    return document
+
+
+def _too_deep() -> str:
+    return f"the body's JSON nests deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _depth(document: Any) -> int:
+    """How deeply lists and objects nest in ``document`` (a scalar is 0), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        pending.extend((child, depth + 1) for child in children
+                       if isinstance(child, dict | list))
+    return deepest

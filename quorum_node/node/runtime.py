@@ -34,7 +34,14 @@ import uvloop
 from aiohttp import web
 
 from quorum_node.node.limits import READ_TIMEOUT_KEY
-from quorum_node.node.transport import PeerClient, PeerServer, PeerUnavailable, Reply
+from quorum_node.node.listener import BoundedSite, start_site
+from quorum_node.node.transport import (
+    PeerClient,
+    PeerServer,
+    PeerUnavailable,
+    Reply,
+    max_response_bytes,
+)
 from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
@@ -163,9 +170,15 @@ class QuorumNode:
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next
             raise
+        idle_timeout_s = config.http_read_timeout_ms / 1000
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
-                                 tls=self.security.tls, on_peer_lost=self._peer_lost)
-        self._peer_server = PeerServer(self.handle_peer_request)
+                                 tls=self.security.tls, on_peer_lost=self._peer_lost,
+                                 max_response_bytes=max_response_bytes(config.quorum),
+                                 idle_timeout_s=idle_timeout_s)
+        self._peer_server = PeerServer(self.handle_peer_request,
+                                       authorizer=self.security.authorizer,
+                                       idle_timeout_s=idle_timeout_s)
+        self._sites: list[BoundedSite] = []
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
         # safety-net timer of each.
         self._inbound: dict[int, Reply] = {}
@@ -217,9 +230,13 @@ class QuorumNode:
                                      keepalive_timeout=self.config.http_read_timeout_ms / 1000)
         await self._runner.setup()
         tls = self.security.tls
-        site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
-                           reuse_address=True, ssl_context=tls.listening if tls else None)
-        await site.start()
+        self._sites.append(await start_site(
+            self._runner, self.config.listen_host, self.config.listen_port,
+            tls.listening if tls else None,
+            handshake_timeout_s=self.config.http_read_timeout_ms / 1000,
+            max_connections=self.config.max_connections))
+        if tls is not None:
+            tls.on_reload.append(self._close_connections)
         self._loop = asyncio.get_running_loop()
         for outbound in self._unsent:
             self._deliver(outbound)
@@ -229,6 +246,14 @@ class QuorumNode:
         self._spawn(self.security.reload_forever())
         logger.info("node %d listening on %s", self.config.node_id, self.config.listener)
         self.security.warn_if_open(self.config.listener)
+
+    def _close_connections(self) -> None:
+        """The TLS files changed: close every connection made under the old ones, both ways,
+        so that each is made again and verified against the current CA."""
+        closed = sum(site.close_connections() for site in self._sites)
+        self._peers.close_streams()
+        logger.info("node %d: TLS files reloaded; closed %d connection(s) made under the "
+                    "previous ones, and the streams to peers", self.config.node_id, closed)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so

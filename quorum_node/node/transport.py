@@ -19,6 +19,13 @@ costs a tenth of an HTTP request/response on the same connection. Requests are a
 concurrently (a Fetch may be parked for its long poll). Each RPC is also served as a plain POST to
 ``/raft/v1/<Name>`` (``/raft/v1/Vote``, ``/raft/v1/Fetch``, ...), one frame each way, for tools
 and tests.
+
+What a peer may send is bounded: a request carries no records, so a message or POST body larger
+than the largest request header is refused (the stream is closed), and a response larger than a
+fetch's bytes and a header likewise; a stream that stays silent (no message, no answer to a ping)
+for the read timeout is closed. Over SSL a request must name as its sender the node the
+connection's certificate speaks for (``quorum_node.security.peer_identity``); one naming another
+node is refused before the node sees it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from quorum_node.node.limits import BodyRefused, read_body
+from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -54,6 +62,7 @@ from quorum_node.raft.messages import (
     VoteResponse,
     check_received_epochs,
 )
+from quorum_node.security.authorization import Authorizer, Refused
 from quorum_node.security.tls import ReloadingTls
 
 CONTENT_TYPE: Final = "application/x-quorum-rpc"
@@ -82,8 +91,25 @@ _RPC_BY_INDEX: Final = tuple(REQUEST_TYPES.values())
 STREAM_PATH: Final = RPC_PREFIX + "stream"
 _TAG = struct.Struct(">IB")
 _OK, _ERROR = 0, 1
-# A Fetch or FetchSnapshot answer holds up to fetch.max.bytes (8 MiB) of records; room to spare.
-MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+# The largest request a peer can send: requests carry no records, only a header. Anything larger
+# is refused before it is buffered (a stream message, or a POST body). aiohttp's max_msg_size is
+# exclusive, hence the + 1 where it is given.
+MAX_REQUEST_BYTES: Final = _TAG.size + _HEADER_LENGTH.size + MAX_HEADER_BYTES
+
+
+def max_response_bytes(quorum: QuorumConfig) -> int:
+    """The largest answer a peer can send: a Fetch or FetchSnapshot holds up to fetch_max_bytes
+    of records, or one batch (up to max_batch_bytes) when the first is larger, and a header."""
+    return max(quorum.fetch_max_bytes, quorum.max_batch_bytes) + MAX_REQUEST_BYTES
+
+
+def claimed_node_id(request: Message) -> int:
+    """The node a request says it comes from."""
+    if isinstance(request, FetchRequest | FetchSnapshotRequest | VoteRequest):
+        return request.replica_id
+    if isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
+        return request.leader_id
+    raise TypeError(type(request))
 
 logger = logging.getLogger(__name__)
 
@@ -139,9 +165,14 @@ class PeerClient:
 
     def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int, *,
                  tls: ReloadingTls | None = None,
-                 on_peer_lost: Callable[[int], None] | None = None) -> None:
+                 on_peer_lost: Callable[[int], None] | None = None,
+                 max_response_bytes: int = max_response_bytes(QuorumConfig()),
+                 idle_timeout_s: float | None = None) -> None:
         self._endpoints = dict(endpoints)
         self._tls = tls
+        self._max_response_bytes = max_response_bytes
+        # A stream silent for this long (no answer to a ping sent halfway) is closed.
+        self._heartbeat_s = idle_timeout_s / 2 if idle_timeout_s is not None else None
         # Told the node id whenever an open stream to a peer ends (the peer closed it, or it
         # broke): the peer may be gone even though no call of ours is waiting to find out.
         self._on_peer_lost = on_peer_lost
@@ -210,7 +241,8 @@ class PeerClient:
             # is taken at each connection, so a reloaded certificate is used from then on.
             socket = await asyncio.wait_for(
                 self._session.ws_connect(
-                    url, max_msg_size=MAX_MESSAGE_BYTES, compress=0,
+                    url, max_msg_size=self._max_response_bytes + 1, compress=0,
+                    heartbeat=self._heartbeat_s,
                     ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
@@ -225,6 +257,12 @@ class PeerClient:
         if self._on_peer_lost is not None and self._streams.get(stream.destination) in (
                 stream, None):
             self._on_peer_lost(stream.destination)
+
+    def close_streams(self) -> None:
+        """Close every open stream (the TLS files changed: each is made again, and verified
+        against the current CA, at its next call)."""
+        for stream in list(self._streams.values()):
+            self._drop(stream)
 
     def _drop(self, stream: _PeerStream) -> None:
         if self._streams.get(stream.destination) is stream:
@@ -388,11 +426,30 @@ NO_ANSWER: Final = "no response from the quorum core"
 
 
 class PeerServer:
-    """Serves the peer RPCs: the WebSocket stream, and each RPC as a POST."""
+    """Serves the peer RPCs: the WebSocket stream, and each RPC as a POST. With an
+    ``authorizer`` over SSL, a request naming another sender than the node of the connection's
+    certificate is refused (403, or the stream's error frame)."""
 
-    def __init__(self, handle: RequestHandler) -> None:
+    def __init__(self, handle: RequestHandler, *, authorizer: Authorizer | None = None,
+                 idle_timeout_s: float | None = None) -> None:
         self._handle = handle
+        self._authorizer = authorizer
+        self._idle_timeout_s = idle_timeout_s
         self._sockets: set[web.WebSocketResponse] = set()
+
+    def _peer_node_id(self, http_request: web.Request) -> int | None:
+        """The node the connection speaks for; None when peers are not identified by
+        certificates. Raises Refused."""
+        if self._authorizer is None:
+            return None
+        return self._authorizer.peer_node_id(http_request)
+
+    def _refuse_claim(self, http_request: web.Request, peer_node_id: int | None,
+                      request: Message) -> Refused | None:
+        if peer_node_id is None or self._authorizer is None:
+            return None
+        return self._authorizer.check_peer_claim(http_request, peer_node_id,
+                                                 claimed_node_id(request))
 
     def routes(self) -> list[web.RouteDef]:
         posts = [self._post_route(name, cls) for name, cls in REQUEST_TYPES.items()]
@@ -401,7 +458,11 @@ class PeerServer:
     def _post_route(self, name: str, request_type: type[Message]) -> web.RouteDef:
         async def handler(http_request: web.Request) -> web.Response:
             try:
-                body = await read_body(http_request, MAX_MESSAGE_BYTES)
+                peer_node_id = self._peer_node_id(http_request)
+            except Refused as refusal:
+                return web.Response(status=refusal.status, text=f"{refusal.message}\n")
+            try:
+                body = await read_body(http_request, MAX_REQUEST_BYTES - _TAG.size)
             except BodyRefused as refusal:
                 refused = web.Response(status=refusal.status, text=f"{refusal.message}\n")
                 refused.force_close()
@@ -410,6 +471,9 @@ class PeerServer:
                 request = decode_frame(request_type, body)
             except FrameError as error:
                 return web.Response(status=400, text=f"{error}\n")
+            mismatch = self._refuse_claim(http_request, peer_node_id, request)
+            if mismatch is not None:
+                return web.Response(status=mismatch.status, text=f"{mismatch.message}\n")
             later: asyncio.Future[RaftResponse | None] = (
                 asyncio.get_running_loop().create_future())
             answer = self._handle(request, later.set_result)  # type: ignore[arg-type]
@@ -421,8 +485,16 @@ class PeerServer:
 
         return web.post(f"{RPC_PREFIX}{name}", handler)
 
-    async def _stream(self, http_request: web.Request) -> web.WebSocketResponse:
-        socket = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, compress=False)
+    async def _stream(self, http_request: web.Request) -> web.StreamResponse:
+        try:
+            # The connection's identity, once: each message on it is checked against it.
+            peer_node_id = self._peer_node_id(http_request)
+        except Refused as refusal:
+            return web.Response(status=refusal.status, text=f"{refusal.message}\n")
+        idle_s = self._idle_timeout_s
+        socket = web.WebSocketResponse(
+            max_msg_size=MAX_REQUEST_BYTES + 1, compress=False, receive_timeout=idle_s,
+            heartbeat=idle_s / 2 if idle_s is not None else None)
         await socket.prepare(http_request)
         self._sockets.add(socket)
         try:
@@ -431,14 +503,15 @@ class PeerServer:
                     break
                 # Answered here and now, or (a parked Fetch) written by the reply callback the
                 # moment the node has the answer: no task per request.
-                reply = self._answer(socket, message.data)
+                reply = self._answer(socket, message.data, http_request, peer_node_id)
                 if reply is not None:
                     await _send(socket, reply)
         finally:
             self._sockets.discard(socket)
         return socket
 
-    def _answer(self, socket: web.WebSocketResponse, data: bytes) -> bytes | None:
+    def _answer(self, socket: web.WebSocketResponse, data: bytes, http_request: web.Request,
+                peer_node_id: int | None) -> bytes | None:
         """The reply to a tagged request, or None if there is none yet (or none at all)."""
         if len(data) < _TAG.size:
             return None
@@ -447,6 +520,10 @@ class PeerServer:
             if index >= len(_RPC_BY_INDEX):
                 raise FrameError(f"unknown rpc {index}")
             request = decode_frame(_RPC_BY_INDEX[index], data[_TAG.size:])
+            if peer_node_id is not None:
+                refusal = self._refuse_claim(http_request, peer_node_id, request)
+                if refusal is not None:
+                    return _TAG.pack(correlation, _ERROR) + refusal.message.encode()
             answer = self._handle(request,
                                   functools.partial(_reply_later, socket, correlation))
         except (FrameError, web.HTTPException) as error:

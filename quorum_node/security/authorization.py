@@ -4,8 +4,12 @@ before the handler runs, so that a refused request changes nothing. Every refusa
 admin request, is written to the ``quorum_node.audit`` log.
 
 A credential is a bearer token (``Authorization: Bearer ...``) or, over TLS, the verified client
-certificate's subject common name. A token, when sent, decides: a wrong one is refused even on a
-connection with a good certificate.
+certificate's one subject common name (a certificate with several is refused). A token, when sent,
+decides: a wrong one is refused even on a connection with a good certificate.
+
+Peers: over TLS, a certificate whose common name is a node's (``auth.peer.principal.template``)
+may open the peer routes, and each request on them must then name that node as its sender
+(``check_peer_claim``): a node's certificate speaks for that one node id.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Final
 
 from aiohttp import web
 
+from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.roles import PrincipalGrant, Role, roles_of_principal
-from quorum_node.security.tls import certificate_principal
+from quorum_node.security.tls import certificate_common_names
 from quorum_node.security.tokens import TokenTable
 
 audit_log = logging.getLogger("quorum_node.audit")
@@ -72,9 +77,11 @@ class Authorizer:
     None when no token file is configured."""
 
     def __init__(self, *, tls: bool, grants: tuple[PrincipalGrant, ...],
-                 tokens: Callable[[], TokenTable] | None) -> None:
+                 tokens: Callable[[], TokenTable] | None,
+                 peers: PeerPrincipals | None = None) -> None:
         self.tls = tls
         self.grants = grants
+        self.peers = peers if peers is not None else PeerPrincipals()
         self._tokens = tokens
         self._audit = _AuditLog()
 
@@ -95,19 +102,62 @@ class Authorizer:
             if holder is None:
                 raise Refused(401, "UNAUTHENTICATED", "the bearer token is not valid")
             return Identity(holder.principal, holder.roles, "token")
-        principal = certificate_principal(peercert) if self.tls else None
+        principal = self._certificate_principal(peercert) if self.tls else None
         if principal is None:
             return None
-        return Identity(principal, roles_of_principal(self.grants, principal), "certificate")
+        roles = roles_of_principal(self.grants, principal)
+        if self.peers.node_id_of(principal) is not None:
+            roles |= {Role.PEER}
+        return Identity(principal, roles, "certificate")
+
+    @staticmethod
+    def _certificate_principal(peercert: object) -> str | None:
+        names = certificate_common_names(peercert)
+        if len(names) > 1:
+            # Which one would count is a choice of this server, not of the CA: take none.
+            raise Refused(401, "UNAUTHENTICATED",
+                          f"the client certificate holds {len(names)} subject common names "
+                          f"({', '.join(names)}); exactly one is required")
+        return names[0] if names else None
+
+    def peer_node_id(self, request: web.Request) -> int | None:
+        """The node id the connection's certificate speaks for, which every peer request on it
+        must name as its sender; None when peers are not identified by certificates (a
+        PLAINTEXT listener). Raises Refused (401, 403) for a connection that is not a peer's
+        (the middleware has refused it already; this fails closed all the same)."""
+        if not self.tls:
+            return None
+        identity = self.check(Role.PEER, None, _peercert(request))
+        node_id = self.peers.node_id_of(identity.principal)
+        if node_id is None:
+            raise Refused(403, "FORBIDDEN", f"{identity.principal} is not a node's certificate")
+        return node_id
+
+    def check_peer_claim(self, request: web.Request, peer_node_id: int | None,
+                         claimed_node_id: int) -> Refused | None:
+        """None if a request naming ``claimed_node_id`` as its sender may come from this
+        connection (``peer_node_id`` from ``peer_node_id``); else the refusal, audited."""
+        if peer_node_id is None or claimed_node_id == peer_node_id:
+            return None
+        refusal = Refused(403, "FORBIDDEN",
+                          f"{self.peers.principal_of(peer_node_id)} may speak as node "
+                          f"{peer_node_id} only, not as node {claimed_node_id} (its certificate "
+                          f"would need the common name {self.peers.principal_of(claimed_node_id)})")
+        self._audit.denied(request, refusal)
+        return refusal
 
     def check(self, role: Role, authorization: str | None, peercert: object) -> Identity:
         """The identity, if it holds ``role``; raises Refused (401 or 403) otherwise."""
         identity = self.identify(authorization, peercert)
         if identity is None:
-            how = ("a client certificate of the quorum's CA" if role is Role.PEER
+            how = ("a node's certificate of the quorum's CA" if role is Role.PEER
                    else "a bearer token (Authorization: Bearer ...) or a client certificate"
                    if self.tls else "a bearer token (Authorization: Bearer ...)")
             raise Refused(401, "UNAUTHENTICATED", f"authentication required: send {how}")
+        if role is Role.PEER and role not in identity.roles:
+            raise Refused(403, "FORBIDDEN", f"{identity.principal} ({identity.via}) is no node "
+                                            "of this quorum: a peer's certificate has its node's "
+                                            f"common name, {self.peers.template}")
         if role not in identity.roles:
             held = ", ".join(sorted(r.value for r in identity.roles)) or "none"
             raise Refused(403, "FORBIDDEN", f"{identity.principal} ({identity.via}; roles: "
@@ -173,11 +223,33 @@ class _AuditLog:
         self._last[key] = (now, 0)
         repeated = f" repeated={last[1]}" if last is not None and last[1] else ""
         audit_log.warning("denied status=%d method=%s path=%s remote=%s reason=%r%s",
-                          refusal.status, request.method, request.path_qs, remote,
+                          refusal.status, request.method, redacted_path(request), remote,
                           refusal.message, repeated)
 
     @staticmethod
     def granted(request: web.Request, identity: Identity, status: int) -> None:
         audit_log.info("allowed status=%d method=%s path=%s remote=%s principal=%s via=%s",
-                       status, request.method, request.path_qs, request.remote or "-",
+                       status, request.method, redacted_path(request), request.remote or "-",
                        identity.principal, identity.via)
+
+
+# Query parameters whose values are never logged: a key containing any of these (access_token,
+# client_secret, password, api_key, ...).
+_SENSITIVE_QUERY_KEYS: Final = ("token", "secret", "password", "passwd", "credential", "auth",
+                                "api_key", "apikey")
+REDACTED: Final = "REDACTED"
+
+
+def redacted_path(request: web.BaseRequest) -> str:
+    """The request's path and query, with the values of sensitive query parameters replaced:
+    a token sent as ``?access_token=...`` must not end up in the audit log."""
+    url = request.rel_url
+    if not url.query_string:
+        return url.raw_path
+    query = [(key, REDACTED if _sensitive(key) else value) for key, value in url.query.items()]
+    return str(url.with_query(query))
+
+
+def _sensitive(key: str) -> bool:
+    lowered = key.lower()
+    return any(word in lowered for word in _SENSITIVE_QUERY_KEYS)

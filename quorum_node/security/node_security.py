@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from quorum_node.security.authorization import Authorizer
 from quorum_node.security.file_watch import Reloading
+from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.roles import parse_principal_grants
 from quorum_node.security.tls import ReloadingTls, TlsFiles, TlsFilesError
 from quorum_node.security.tokens import TokenFileError, TokenTable
@@ -50,7 +51,8 @@ class NodeSecurity:
         self.authorizer = Authorizer(
             tls=self.tls is not None,
             grants=parse_principal_grants(config.auth_certificate_roles),
-            tokens=(lambda: tokens.current) if tokens is not None else None)
+            tokens=(lambda: tokens.current) if tokens is not None else None,
+            peers=PeerPrincipals(config.auth_peer_principal_template))
 
     def warn_if_open(self, listener: str) -> None:
         if self.tls is None and self.tokens is None:

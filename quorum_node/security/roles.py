@@ -2,7 +2,9 @@
 
 ``read`` < ``write`` < ``admin`` form a ladder (a writer may read, an administrator may do
 everything a client may); ``peer`` stands apart: only the quorum's own nodes may send Raft RPCs,
-and no other role implies it, so a client's certificate signed by the same CA is never a peer.
+and no other role implies it. ``peer`` is never granted: over SSL a node's certificate holds it by
+its common name (``quorum_node.security.peer_identity``), so no pattern can make a client's
+certificate of the same CA, or one node's certificate for another node, a peer.
 """
 
 from __future__ import annotations
@@ -36,18 +38,25 @@ def effective_roles(granted: Iterable[Role]) -> frozenset[Role]:
     return frozenset(roles)
 
 
+PEER_NOT_GRANTED = ("peer is not a role to grant: peers are identified by "
+                    "auth.peer.principal.template")
+
+
 def parse_roles(text: str) -> frozenset[Role]:
-    """``read,write`` (or ``read+write``) as roles; ValueError names an unknown one."""
+    """``read,write`` (or ``read+write``) as roles; ValueError names an unknown one, or
+    ``peer``, which is not granted (PEER_NOT_GRANTED)."""
     names = [name.strip() for name in text.replace("+", ",").split(",") if name.strip()]
     if not names:
-        raise ValueError("no role given (expected read, write, admin or peer)")
+        raise ValueError("no role given (expected read, write or admin)")
     roles = set()
     for name in names:
         try:
-            roles.add(Role(name.lower()))
+            role = Role(name.lower())
         except ValueError:
-            raise ValueError(f"unknown role {name!r} (expected read, write, admin or peer)"
-                             ) from None
+            raise ValueError(f"unknown role {name!r} (expected read, write or admin)") from None
+        if role is Role.PEER:
+            raise ValueError(PEER_NOT_GRANTED)
+        roles.add(role)
     return frozenset(roles)
 
 
@@ -64,7 +73,7 @@ class PrincipalGrant:
 
 def parse_principal_grants(text: str) -> tuple[PrincipalGrant, ...]:
     """``auth.certificate.roles``: ``PATTERN:ROLE[,ROLE...]`` entries separated by ``;``, e.g.
-    ``quorum-node-*:peer;quorum-operator:admin;billing:read,write``. ValueError on a bad one."""
+    ``quorum-operator:admin;billing:read,write``. ValueError on a bad one."""
     grants = []
     for raw in text.split(";"):
         entry = raw.strip()
@@ -74,10 +83,12 @@ def parse_principal_grants(text: str) -> tuple[PrincipalGrant, ...]:
         pattern = pattern.strip()
         if not colon or not pattern:
             raise ValueError(f"{entry!r} is not PATTERN:ROLE[,ROLE...] (e.g. "
-                             "quorum-node-*:peer;quorum-operator:admin)")
+                             "quorum-operator:admin;app-*:read)")
         try:
             grants.append(PrincipalGrant(pattern, parse_roles(roles)))
         except ValueError as error:
+            if str(error) == PEER_NOT_GRANTED:
+                raise  # one line on its own: the key is the problem, not this entry
             raise ValueError(f"{entry!r}: {error}") from None
     return tuple(grants)
 

@@ -3,7 +3,7 @@
 One listener serves peers, clients and admin, so the server asks for a client certificate without
 requiring one (``CERT_OPTIONAL``): a certificate that is presented must chain to the quorum's CA
 or the handshake fails; a client with a bearer token needs none; and the peer routes require a
-certificate principal with the ``peer`` role (``quorum_node.security.authorization``). A node
+node's certificate, which speaks for that node only (``quorum_node.security.peer_identity``). A node
 presents the same certificate when it connects to its peers, so the certificate must allow both
 server and client authentication.
 
@@ -11,17 +11,23 @@ Reloading: the listening socket keeps one SSLContext for its lifetime, so that c
 the current one for each new connection (its SNI callback, which OpenSSL runs for every handshake,
 with or without a server name, switches the connection to it). A certificate, key or CA bundle
 that changes is loaded into a new context; established connections keep the one they started
-with. A file caught half-written (a key not matching its certificate) keeps the previous context
-until the next check.
+with, until the node closes them (``ReloadingTls.on_reload``): a connection verified against a CA
+that is no longer trusted must not outlive it, so after a reload every connection is made again
+and verified against the current files. A file caught half-written (a key not matching its
+certificate) keeps the previous context until the next check.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from quorum_node.security.file_watch import Reloading
+
+logger = logging.getLogger(__name__)
 
 
 class TlsFilesError(ValueError):
@@ -86,6 +92,8 @@ class ReloadingTls:
         # The context the listening socket holds; it only hands each handshake to the current.
         self.listening = server_context(files)
         self.listening.sni_callback = self._select
+        # Called after each reload: they close the connections made under the old files.
+        self.on_reload: list[Callable[[], None]] = []
 
     @property
     def client(self) -> ssl.SSLContext:
@@ -96,19 +104,24 @@ class ReloadingTls:
         return self._contexts.reloads
 
     def reload_if_changed(self) -> bool:
-        return self._contexts.reload_if_changed()
+        if not self._contexts.reload_if_changed():
+            return False
+        for hook in self.on_reload:
+            try:
+                hook()
+            except Exception:  # one hook's failure must not keep the others from closing
+                logger.exception("closing the connections of the previous TLS files failed")
+        return True
 
     def _select(self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None,
                 _context: ssl.SSLContext) -> None:
         connection.context = self._contexts.current[0]
 
 
-def certificate_principal(peercert: object) -> str | None:
-    """The subject common name of a verified peer certificate (``getpeercert()``'s form)."""
+def certificate_common_names(peercert: object) -> list[str]:
+    """Every subject common name of a verified peer certificate (``getpeercert()``'s form), in
+    order; none without a certificate."""
     if not isinstance(peercert, dict):
-        return None
-    for rdn in peercert.get("subject", ()):
-        for name, value in rdn:
-            if name == "commonName" and isinstance(value, str):
-                return value
-    return None
+        return []
+    return [value for rdn in peercert.get("subject", ()) for name, value in rdn
+            if name == "commonName" and isinstance(value, str)]

@@ -56,13 +56,13 @@ class TokenTable:
             if len(token) < MIN_TOKEN_CHARS:
                 raise TokenFileError(f"{where}: the token of {principal!r} is shorter than "
                                      f"{MIN_TOKEN_CHARS} characters")
+            if "peer" in role_text.lower().replace("+", ",").split(","):
+                raise TokenFileError(f"{where}: a token cannot have the peer role (peers are "
+                                     "identified by their certificates)")
             try:
                 roles = parse_roles(role_text)
             except ValueError as error:
                 raise TokenFileError(f"{where}: {error}") from None
-            if Role.PEER in roles:
-                raise TokenFileError(f"{where}: a token cannot have the peer role (peers are "
-                                     "identified by their certificates)")
             digest = _digest(token)
             if digest in holders:
                 raise TokenFileError(f"{where}: the token of {principal!r} is also "

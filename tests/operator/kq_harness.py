@@ -16,7 +16,7 @@ process, its volume claim a directory.
   (so a leader resigns), and removes a deleted claim's directory. There is no cluster DNS: the
   names in the configuration become loopback IPs, which no certificate names, so the nodes'
   own check of their peers' names is turned off (``ssl.endpoint.identification.algorithm``
-  empty: a peer still needs a certificate of the quorum's CA with the peer role); the
+  empty: a peer still needs a certificate of the quorum's CA with its node's common name); the
   operator's check of the names is not (it connects to the IP and verifies the DNS name).
 - ``OperatorThread``: ``kopf.operator`` on its own event loop and thread (spikes.md: never in
   the test's loop).

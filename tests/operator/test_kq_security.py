@@ -38,6 +38,7 @@ from kq_cluster import NAME, Cluster, create_ready
 from kq_harness import NAMESPACE, condition, cr_path, quorum_object
 
 from quorum_node.node.config import load_config
+from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.roles import Role, parse_principal_grants, roles_of_principal
 from quorum_node.security.tokens import TokenTable
 
@@ -88,7 +89,9 @@ def test_node_certificate_chains_to_the_ca_names_the_pod_and_is_a_peer() -> None
         x509.BasicConstraints).value.ca
     principal = certs.describe(certificate).common_name
     assert principal == "quorum-node-2"
-    assert roles_of_principal(GRANTS, principal) == {Role.PEER}
+    # The peer node 2 by the nodes' default auth.peer.principal.template, and nothing else.
+    assert PeerPrincipals().node_id_of(principal) == 2
+    assert roles_of_principal(GRANTS, principal) == frozenset()
 
 
 def test_operator_certificate_is_an_admin_client_only() -> None:
@@ -99,7 +102,7 @@ def test_operator_certificate_is_an_admin_client_only() -> None:
     assert list(certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) \
         == [ExtendedKeyUsageOID.CLIENT_AUTH]
     roles = roles_of_principal(GRANTS, "quorum-operator")
-    assert Role.ADMIN in roles and Role.PEER not in roles
+    assert Role.ADMIN in roles and PeerPrincipals().node_id_of("quorum-operator") is None
 
 
 def test_a_certificate_of_another_ca_does_not_verify() -> None:
@@ -322,7 +325,7 @@ def test_cert_manager_certificates() -> None:
     assert operator["secretName"] == r.operator_secret_name("kq")
     assert operator["commonName"] == "quorum-operator" and "dnsNames" not in operator
     assert operator["usages"] == ["digital signature", "client auth"]
-    assert roles_of_principal(GRANTS, node["spec"]["commonName"]) == {Role.PEER}
+    assert PeerPrincipals().node_id_of(node["spec"]["commonName"]) is not None
 
 
 # --- the objects: pods, configuration, NetworkPolicy ------------------------------------------

@@ -45,9 +45,10 @@ class CertificateAuthority:
         return path
 
     def issue(self, directory: Path, common_name: str, *, hosts: tuple[str, ...] = (
-            "127.0.0.1", "localhost")) -> tuple[Path, Path]:
+            "127.0.0.1", "localhost"), more_common_names: tuple[str, ...] = ()
+              ) -> tuple[Path, Path]:
         """A certificate for server and client authentication: (certificate, key) PEM paths in
-        ``directory``, named after the common name."""
+        ``directory``, named after the (first) common name."""
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
         for host in hosts:
@@ -58,7 +59,8 @@ class CertificateAuthority:
         now = datetime.datetime.now(datetime.UTC)
         certificate = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)
+                                     for name in (common_name, *more_common_names)]))
             .issuer_name(self.certificate.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - _DAY).not_valid_after(now + 30 * _DAY)

@@ -26,7 +26,7 @@ _T = TypeVar("_T")
 
 FAST = QuorumConfig(election_timeout_ms=300, fetch_timeout_ms=600, request_timeout_ms=500,
                     fetch_max_wait_ms=100, append_linger_ms=2)
-ROLES = "quorum-node-*:peer;quorum-operator:admin;app-writer:write;app-reader:read"
+ROLES = "quorum-operator:admin;app-writer:write;app-reader:read"
 # Client certificate common names; "stranger" has a certificate of the CA but no role.
 CLIENT_NAMES = ("quorum-operator", "app-writer", "app-reader", "stranger")
 TOKEN_ROLES = {"admin": "admin", "writer": "write", "reader": "read"}

@@ -10,6 +10,7 @@ from certs import CertificateAuthority
 
 from quorum_node.node.config import ConfigError, load_config
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.roles import Role, parse_principal_grants, roles_of_principal
 from quorum_node.security.tokens import TokenFileError, TokenTable
 from quorum_node.storage.meta_properties import format_log_dir
@@ -26,8 +27,7 @@ def tls_settings(directory: Path) -> dict[str, str]:
     ca = CertificateAuthority.create()
     cert, key = ca.issue(directory, "quorum-node-1")
     return {"listeners": "SSL://127.0.0.1:9091", "ssl.certificate.location": str(cert),
-            "ssl.key.location": str(key), "ssl.ca.location": str(ca.write_ca(directory / "ca")),
-            "auth.certificate.roles": "quorum-node-*:peer"}
+            "ssl.key.location": str(key), "ssl.ca.location": str(ca.write_ca(directory / "ca"))}
 
 
 def error_of(flags: dict[str, str]) -> str:
@@ -53,7 +53,6 @@ def test_tls_listener(tmp_path: Path) -> None:
     [
         ({"ssl.key.location": ""}, "ssl.key.location (from default): required with an SSL://"),
         ({"listeners": "127.0.0.1:9091"}, "only used with an SSL:// listener"),
-        ({"auth.certificate.roles": "admin-*:admin"}, "no certificate principal has the peer"),
         ({"auth.certificate.roles": "x:root"}, "unknown role 'root'"),
         ({"auth.certificate.roles": "justaname"}, "is not PATTERN:ROLE"),
         ({"ssl.endpoint.identification.algorithm": "dns"}, "ssl.endpoint.identification"),
@@ -63,6 +62,39 @@ def test_refused_security_settings(tmp_path: Path, change: dict[str, str], probl
     settings = {**tls_settings(tmp_path), **change}
     settings = {k: v for k, v in settings.items() if v != ""}
     assert problem in error_of(settings)
+
+
+@pytest.mark.parametrize("roles", ["quorum-node-*:peer", "quorum-operator:admin;quorum-node-*:peer",
+                                   "x:read,peer"])
+def test_granting_peer_is_refused_in_one_line(tmp_path: Path, roles: str) -> None:
+    # Peers are the certificates named by auth.peer.principal.template, each for its node id
+    # only; a glob granting peer would make any matching name one, for any node id.
+    message = error_of({**tls_settings(tmp_path), "auth.certificate.roles": roles})
+    assert message == ("auth.certificate.roles (from --auth-certificate-roles): peer is not a "
+                       "role to grant: peers are identified by auth.peer.principal.template")
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [("quorum-node", "must contain {id} exactly once"),
+     ("n-{id}-{id}", "must contain {id} exactly once"),
+     ("n-{id}-{x}", "no brace is allowed"),
+     ("node {id}", "no whitespace")],
+)
+def test_bad_peer_principal_templates(tmp_path: Path, template: str, problem: str) -> None:
+    message = error_of({**tls_settings(tmp_path), "auth.peer.principal.template": template})
+    assert message.startswith("auth.peer.principal.template (from "
+                              "--auth-peer-principal-template): ")
+    assert problem in message
+
+
+def test_peer_principals_name_one_node_each() -> None:
+    peers = PeerPrincipals("kq-prod-{id}.nodes")
+    assert peers.principal_of(7) == "kq-prod-7.nodes"
+    assert peers.node_id_of("kq-prod-7.nodes") == 7
+    for nobody in ("kq-prod-07.nodes", "kq-prod-x9.nodes", "kq-prod-.nodes", "kq-prod-7",
+                   "kq-prod-7.nodes.evil", "kq-prod--1.nodes", "kq-prod-\u0667.nodes"):
+        assert peers.node_id_of(nobody) is None, nobody
 
 
 def test_plaintext_refuses_certificate_roles() -> None:
@@ -86,8 +118,8 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
 
 
 def test_roles_ladder_and_globs() -> None:
-    grants = parse_principal_grants("quorum-node-*:peer; ops:admin ;app:read,write")
-    assert roles_of_principal(grants, "quorum-node-2") == {Role.PEER}
+    grants = parse_principal_grants("quorum-node-*:read; ops:admin ;app:read,write")
+    assert roles_of_principal(grants, "quorum-node-2") == {Role.READ}
     assert roles_of_principal(grants, "ops") == {Role.READ, Role.WRITE, Role.ADMIN}
     assert roles_of_principal(grants, "app") == {Role.READ, Role.WRITE}
     assert roles_of_principal(grants, "quorum-node") == frozenset()

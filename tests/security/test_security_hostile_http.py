@@ -17,7 +17,12 @@ import pytest
 from secured_cluster import InProcessCluster, plain_configs
 
 from quorum_node.node.client_api import MAX_APPEND_BODY_BYTES
-from quorum_node.node.transport import REQUEST_TYPES, RESPONSE_TYPES, decode_frame
+from quorum_node.node.transport import (
+    MAX_HEADER_BYTES,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    decode_frame,
+)
 
 READ_TIMEOUT_MS = 600
 
@@ -99,7 +104,20 @@ def test_waiting_reads_are_bounded(node: InProcessCluster) -> None:
 
 
 HUGE = b"x" * (MAX_APPEND_BODY_BYTES + 1)
+# Nested past the interpreter's recursion limit (the JSON parser's RecursionError was a 500), and
+# just past the APIs' nesting limit.
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP_OBJECT = b'{"expected": null, "value": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_001
+NESTED_65 = b"[" * 65 + b"]" * 65
+DEEP_SMALL = b"[" * 30_000 + b"]" * 30_000  # within the admin API's 64 KiB body limit
 MALFORMED = [
+    ("POST", "/v1/records", DEEP, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/records", NESTED_65, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/kv/k/cas", DEEP, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/kv/k/cas", DEEP_OBJECT, "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/quorum/voters", DEEP_SMALL, "application/json", 400, "INVALID_REQUEST"),
+    ("POST", "/v1/quorum/voters", b'{"id": ' + DEEP_SMALL + b"}", "application/json", 400,
+     "INVALID_REQUEST"),
     # (method, path, body, content type, status, code)
     ("POST", "/v1/records", b"[", "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/records", b"{}", "application/json", 400, "BAD_REQUEST"),
@@ -161,6 +179,15 @@ def test_malformed_requests_get_their_error_and_change_nothing(
     assert node.nodes[1].failure is None
 
 
+@pytest.mark.parametrize("path", ["/v1/records", "/v1/kv/k/cas", "/v1/quorum/voters"])
+@pytest.mark.parametrize("body", [DEEP_SMALL, NESTED_65, b'{"a": ' + NESTED_65 + b"}"])
+def test_deeply_nested_json_is_refused_for_its_depth(node: InProcessCluster, path: str,
+                                                      body: bytes) -> None:
+    status, answer = call(node, "POST", path, body, {"Content-Type": "application/json"})
+    assert status == 400
+    assert "nests deeper than 64 levels" in answer.get("error", answer.get("message")), answer
+
+
 @pytest.mark.parametrize(
     ("rpc", "header", "error"),
     [
@@ -214,3 +241,13 @@ def test_garbage_peer_frames_get_400(node: InProcessCluster, body: bytes) -> Non
         status, _ = call(node, "POST", f"/raft/v1/{rpc}", body)
         assert status == 400, rpc
     assert log_end(node) == before and node.nodes[1].failure is None
+
+
+def test_a_peer_post_larger_than_any_request_gets_413(node: InProcessCluster) -> None:
+    # A request frame is a header of at most MAX_HEADER_BYTES (requests carry no records).
+    largest = 4 + MAX_HEADER_BYTES
+    status, _ = call(node, "POST", "/raft/v1/Fetch", b"\xff" * largest)
+    assert status == 400  # within the limit: read, and refused as a frame
+    status, answer = call(node, "POST", "/raft/v1/Fetch", b"\xff" * (largest + 1))
+    assert status == 413, answer
+    assert node.nodes[1].failure is None
