@@ -90,7 +90,7 @@ async def lone(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalC
 
 
 @pytest.mark.parametrize(("method", "path", "body", "message"), [
-    ("POST", "", b"{", "not JSON"),
+    ("POST", "", b"{", "not valid JSON"),
     ("POST", "", b"[1]", "expected a JSON object"),
     ("POST", "", b'{"directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}', "id must be a node id"),
     ("POST", "", b'{"id": true, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}', "id must be"),
