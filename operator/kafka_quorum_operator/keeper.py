@@ -20,7 +20,7 @@ from typing import Any
 
 from kafka_quorum_operator import credentials as c
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.nodes import client_context
 from kafka_quorum_operator.spec import Spec
 
@@ -38,7 +38,7 @@ class Secured:
 
 @dataclass
 class Keeper:
-    kube: KubeClient
+    kube: Kube
     cluster_domain: str = CLUSTER_DOMAIN
     clock: Callable[[], float] = time.time
     # (namespace, name) -> (when read, monotonic; its data, None: no such Secret).

@@ -27,7 +27,7 @@ from kafka_quorum_operator import (
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.keeper import Keeper
-from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     NodeView,
@@ -59,6 +59,7 @@ REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
 # Answers after which a voter change is known to be in force.
+NOT_LEADER = "NOT_LEADER"
 _DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
 
 
@@ -73,7 +74,7 @@ class Memory:
 
 @dataclass
 class Reconciler:
-    kube: KubeClient
+    kube: Kube
     nodes: NodeClient
     clock: Callable[[], float] = time.time
     memories: dict[str, Memory] = field(default_factory=dict)
@@ -83,6 +84,10 @@ class Reconciler:
     operator_pods: r.OperatorPods = field(default_factory=lambda: r.OperatorPods(
         "default", {"app.kubernetes.io/name": MANAGER}))
     keeper: Keeper | None = None
+    # Whether this operator may change anything now (it holds the Lease): asked immediately
+    # before every voter change and deletion, so that a replica that lost the lease while a
+    # pass was under way (a slow call, a paused process) sends nothing.
+    may_act: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         if self.keeper is None:
@@ -147,7 +152,11 @@ class Reconciler:
         pending = decided.pending
         if changing:
             for action in decided.actions:
+                if not self.may_act():
+                    return decided  # the lease was lost during the pass: nothing more
                 outcome = await self._act(owner, observed, decided, action, cluster_id)
+                if outcome is not None and outcome.code == NOT_LEADER:
+                    return decided
                 if action.is_voter_change:
                     pending, last_remediation, decided = await self._after_change(
                         owner, observed, decided, action, outcome=outcome,
@@ -159,7 +168,7 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        if r.differs(patch, status):
+        if r.differs(patch, status) and self.may_act():
             await self.patch_status(owner, patch)
         return decided
 
@@ -225,21 +234,16 @@ class Reconciler:
         return cluster_id
 
     async def _apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply as the operator's field manager. Unchanged objects are applied
+        again only now and then (drift, deletion): a pass stays cheap."""
         meta = obj["metadata"]
-        url = path(obj["kind"], meta["namespace"])
-        # Unchanged objects are looked at again only now and then: a pass stays cheap.
-        key = f"{url}/{meta['name']}"
+        key = path(obj["kind"], meta["namespace"], meta["name"])
         digest = json.dumps(obj, sort_keys=True)
         seen = self.applied.get(key)
         now = time.monotonic()
         if seen is not None and seen[0] == digest and now - seen[1] < RECHECK_S:
             return
-        existing = await self.kube.get(key)
-        if existing is None:
-            await self._create(url, obj)
-        elif r.differs({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")},
-                       existing):
-            await self.kube.patch(f"{url}/{meta['name']}", obj)
+        await self.kube.apply(obj)
         self.applied[key] = (digest, now)
 
     async def _create(self, url: str, obj: dict[str, Any]) -> bool:
@@ -292,6 +296,8 @@ class Reconciler:
             iso(observed.now)).to_status()})
         address = f"{pod.ip}:{observed.spec.port}"
         assert action.directory_id is not None
+        if not self.may_act():  # fencing, right before the call (see ``may_act``)
+            return ChangeResult(False, NOT_LEADER, "this operator no longer holds the lease")
         if action.kind == ADD_VOTER:
             return await self.nodes.add_voter(address, action.node_id, action.directory_id)
         return await self.nodes.remove_voter(address, action.node_id, action.directory_id,

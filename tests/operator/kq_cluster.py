@@ -23,7 +23,7 @@ import kmock
 import pytest
 from kafka_quorum_operator import KIND, handlers
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.nodes import NodeClient, Route, client_context
 from kafka_quorum_operator.reconcile import CR_API
 from kq_harness import (
@@ -93,7 +93,7 @@ class Writer:
 
 @dataclass
 class Cluster:
-    kube: KubeClient
+    kube: Kube
     kubelet: Kubelet
     operator: OperatorThread
     emulator: Any
@@ -224,7 +224,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         declare_resources(emulator)
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
-            kube = KubeClient(Connection(url))
+            kube = Kube.connect(url)
             kubelet = Kubelet(kube, tmp_path)
             operator = OperatorThread()
             handler = logging.FileHandler(tmp_path / "operator.log")
@@ -246,7 +246,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                     # The test may have replaced the operator (a restart): stop the current one.
                     await asyncio.to_thread(cluster.operator.stop)
                     await kubelet.stop()
-                    await kube.close()
+                    kube.close()
 
 
 async def create_ready(cluster: Cluster, replicas: int = 3) -> float:

@@ -135,3 +135,30 @@ async def test_operator_restart_between_add_voter_and_remove_voter(cluster: Clus
     await cluster.wait("the replacement finished by the new operator", finished, 60)
     later = [reason for reason, _ in (await cluster.events())[events:]]
     assert "VoterRemoved" in later and "VoterAdded" not in later, later
+
+
+async def test_pods_and_claims_are_watched_by_label_on_the_server(cluster: Cluster) -> None:
+    """kopf's watches of pods and claims ask the API server for the operator's own only (a
+    cluster's other pods never reach it), and the emulator honours the selector."""
+    foreign = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "someone-elses", "namespace": NAMESPACE,
+                            "labels": {"app": "other"}},
+               "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [
+                   {"name": "v", "persistentVolumeClaim": {"claimName": "absent"}}]}}
+    await cluster.kube.create(path("Pod", NAMESPACE), foreign)
+
+    def watches() -> list[dict[str, str]]:
+        return [dict(r.params) for r in cluster.emulator._requests
+                if r.resource is not None and r.resource.plural in
+                ("pods", "persistentvolumeclaims") and r.params.get("watch") == "true"]
+
+    async def both_watched() -> bool:
+        return {p.get("labelSelector") for p in watches()} == \
+            {"app.kubernetes.io/managed-by=kafka-quorum-operator"} and len(watches()) >= 2
+
+    await cluster.wait("the operator's watches of pods and claims", both_watched, 20)
+    selected = await cluster.kube.list(path("Pod", NAMESPACE),
+                                       {"app.kubernetes.io/managed-by": "kafka-quorum-operator"})
+    assert selected == []
+    assert [p["metadata"]["name"] for p in await cluster.kube.list(path("Pod", NAMESPACE), {})] \
+        == ["someone-elses"]
