@@ -622,7 +622,7 @@ def cr_path(name: str) -> str:
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float,
-                   describe: Callable[[], str] = lambda: "") -> Any:
+                   describe: Callable[[], str] = lambda: "", interval_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
@@ -632,7 +632,7 @@ async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout_s: fl
             last = error
         if last and not isinstance(last, Exception):
             return last
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} "
                          f"(last: {last!r})\n{describe()}")
 
