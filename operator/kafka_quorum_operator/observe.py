@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_quorum_operator import ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
+from kafka_quorum_operator import ANNOTATION_CLUSTER_ID, ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
 from kafka_quorum_operator.spec import Spec
 
 
@@ -36,6 +36,8 @@ class ClaimView:
     node_id: int
     uid: str
     terminating: bool = False
+    # The cluster id the claim was made for (its annotation); None on claims without one.
+    cluster_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,16 @@ def claim_view(claim: Mapping[str, Any]) -> ClaimView | None:
         return None
     meta = claim.get("metadata", {})
     return ClaimView(name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
-                     terminating=bool(meta.get("deletionTimestamp")))
+                     terminating=bool(meta.get("deletionTimestamp")),
+                     cluster_id=(meta.get("annotations") or {}).get(ANNOTATION_CLUSTER_ID))
+
+
+def foreign_claims(claims: Mapping[int, ClaimView], cluster_id: str | None
+                   ) -> dict[int, ClaimView]:
+    """Claims made for another cluster id (a quorum of the same name before): never mounted,
+    so that no node of this cluster formats or reads them."""
+    return {i: c for i, c in claims.items()
+            if cluster_id and c.cluster_id and c.cluster_id != cluster_id}
 
 
 # --- the node's metrics and admin API ----------------------------------------------------------

@@ -35,6 +35,7 @@ from kafka_quorum_operator.observe import (
     PendingChange,
     QuorumView,
     ReplicaRow,
+    foreign_claims,
 )
 
 VoterKey = tuple[int, str | None]
@@ -267,8 +268,11 @@ class _Planner:
     def _create_missing(self) -> Plan | None:
         observed = self.observed
         actions = []
+        foreign = foreign_claims(observed.claims, observed.cluster_id)
         for node_id in sorted(wanted_ids(observed, self.assessment)):
             claim = observed.claims.get(node_id)
+            if node_id in foreign:
+                continue  # refused (condition ClaimsRefused): an administrator decides
             if claim is None:
                 actions.append(Action("CreateClaim", node_id))
             elif node_id not in observed.pods and not claim.terminating:

@@ -10,6 +10,7 @@ import logging
 import os
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -227,10 +228,24 @@ class Reconciler:
     # --- acting ---------------------------------------------------------------------------
 
     async def _generate_cluster_id(self, owner: r.Owner) -> str:
-        """Generated once, before anything is created, and kept in status (and on each claim)."""
-        cluster_id = random_cluster_id()
+        """Generated once, before anything is created, and kept in status (and on each claim).
+        A KafkaQuorum made again over the claims of one of the same name (kept: no
+        ``deleteClaims``) takes the cluster id written on them, so that its nodes start on
+        their data; if the claims disagree, the id most of them hold (the others are refused,
+        condition ClaimsRefused)."""
+        claims = await self.kube.list(path("PersistentVolumeClaim", owner.namespace),
+                                      {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER})
+        found = Counter(v.cluster_id for v in map(claim_view, claims)
+                        if v is not None and v.cluster_id and not v.terminating)
+        if found:
+            cluster_id = found.most_common(1)[0][0]
+            reason, message = "ClusterIdRecovered", f"cluster id {cluster_id}, as written on " \
+                f"{found[cluster_id]} existing volume claim(s)"
+        else:
+            cluster_id = random_cluster_id()
+            reason, message = "ClusterIdGenerated", f"cluster id {cluster_id}"
         await self.patch_status(owner, {"clusterId": cluster_id})
-        await self.event(owner, "ClusterIdGenerated", f"cluster id {cluster_id}")
+        await self.event(owner, reason, message)
         return cluster_id
 
     async def _apply(self, obj: dict[str, Any]) -> None:

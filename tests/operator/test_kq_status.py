@@ -41,7 +41,8 @@ def test_conditions_of_a_healthy_quorum() -> None:
         "Ready": ("True", "QuorumReady"), "Quorate": ("True", "LeaderElected"),
         "AllMembersReady": ("True", "PodsReady"), "MemberReplacing": ("False", "NoReplacement"),
         "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
-        "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS")}
+        "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS"),
+        "ClaimsRefused": ("False", "NoneRefused")}
 
 
 def test_conditions_while_replacing_and_when_lost_and_paused() -> None:
