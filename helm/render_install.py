@@ -23,6 +23,8 @@ HEADER = """\
 # `python helm/render_install.py`; do not edit.
 #
 #   kubectl apply -f manifests/install.yaml
+#
+# Applying a newer one upgrades everything, the CRD included.
 """
 
 
@@ -35,7 +37,7 @@ def render(helm: str, *extra: str) -> str:
         env = {**os.environ, "HELM_CACHE_HOME": home, "HELM_CONFIG_HOME": home,
                "HELM_DATA_HOME": home}
         done = subprocess.run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                               "--include-crds", *extra], capture_output=True, text=True,
+                               *extra], capture_output=True, text=True,
                               env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")

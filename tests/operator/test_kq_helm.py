@@ -160,3 +160,17 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
     assert HELM is not None
     with pytest.raises(RuntimeError, match="helm template failed"):
         render_install.render(HELM, "--set", bad)
+
+
+@needs_helm
+def test_the_crd_is_a_kept_template_upgraded_with_the_release() -> None:
+    """helm upgrade updates the CRD (a template, not crds/, which helm installs only once) and
+    helm uninstall keeps it (and every KafkaQuorum); crds.install=false leaves it out."""
+    source = yaml.safe_load((ROOT / "crds" / "kafkaquorums.kraft.quorum.dev.yaml").read_text())
+    for docs in (template(), documents(render_install.INSTALL.read_text())):
+        crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        del crd["metadata"]["annotations"]
+        assert crd == source
+    assert not [d for d in template("--set", "crds.install=false")
+                if d["kind"] == "CustomResourceDefinition"]
