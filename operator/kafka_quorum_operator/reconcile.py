@@ -19,6 +19,7 @@ from kafka_quorum_operator import (
     API_VERSION,
     GROUP,
     KIND,
+    LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     MANAGER,
@@ -163,6 +164,10 @@ class Reconciler:
                         owner, observed, decided, action, outcome=outcome,
                         last=last_remediation)
 
+        if changing and self.may_act():
+            await self._collect_configs(owner, r.config_map_name(owner.name,
+                                                                 observed.config_hash))
+
         patch = status_patch(observed, decided, status, r.selector(owner.name))
         patch["pendingChange"] = pending.to_status() if pending is not None else None
         if last_remediation is not None:
@@ -260,6 +265,23 @@ class Reconciler:
             return
         await self.kube.apply(obj)
         self.applied[key] = (digest, now)
+
+    async def _collect_configs(self, owner: r.Owner, current: str) -> None:
+        """Delete the configuration ConfigMaps of past revisions once no pod refers to them."""
+        selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
+        maps = await self.kube.list(path("ConfigMap", owner.namespace),
+                                    {**selector, LABEL_COMPONENT: "config"})
+        if len(maps) <= 1:
+            return
+        pods = await self.kube.list(path("Pod", owner.namespace), selector)
+        used = {source.get("configMapRef", {}).get("name")
+                for pod in pods for container in (pod.get("spec") or {}).get("containers") or []
+                for source in container.get("envFrom") or []}
+        for config in maps:
+            name = config["metadata"]["name"]
+            if name != current and name not in used:
+                await self.kube.delete(path("ConfigMap", owner.namespace, name))
+                self.applied.pop(path("ConfigMap", owner.namespace, name), None)
 
     async def _create(self, url: str, obj: dict[str, Any]) -> bool:
         try:

@@ -203,6 +203,16 @@ class Cluster:
         for node_id in node_ids:
             await self.kube.delete(path("Pod", NAMESPACE, f"{NAME}-{node_id}"))
 
+    async def configs(self) -> dict[str, dict[str, str]]:
+        """Each pod's configuration: the data of the ConfigMap its container reads."""
+        found = {}
+        for pod in await self.kube.list(path("Pod", NAMESPACE), r.labels(NAME)):
+            name = pod["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+            config = await self.kube.get(path("ConfigMap", NAMESPACE, name))
+            assert config is not None, f"pod {pod['metadata']['name']}: no ConfigMap {name}"
+            found[pod["metadata"]["name"]] = dict(config.get("data") or {})
+        return found
+
     async def objects(self) -> tuple[set[str], set[str]]:
         """The uids of the quorum's pods and claims."""
         pods = await self.kube.list(path("Pod", NAMESPACE), {})

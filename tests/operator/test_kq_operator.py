@@ -162,3 +162,30 @@ async def test_pods_and_claims_are_watched_by_label_on_the_server(cluster: Clust
     assert selected == []
     assert [p["metadata"]["name"] for p in await cluster.kube.list(path("Pod", NAMESPACE), {})] \
         == ["someone-elses"]
+
+
+async def test_configuration_per_revision(cluster: Cluster) -> None:
+    """A changed configuration is a new immutable ConfigMap; pods not rolled yet keep reading
+    theirs (a container restarted meanwhile starts with its pod's configuration), and the old
+    one goes once no pod refers to it."""
+    await create_ready(cluster)
+    before = await cluster.configs()
+    assert len(set(map(str, before.values()))) == 1
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"config": {"electionTimeoutMs": 600}}})
+    key = "QUORUM_CONTROLLER_QUORUM_ELECTION_TIMEOUT_MS"
+    mixed_seen = False
+
+    async def rolled() -> bool:
+        nonlocal mixed_seen
+        configs = await cluster.configs()
+        values = {c.get(key) for c in configs.values()}
+        mixed_seen |= values == {"500", "600"}
+        maps = await cluster.kube.list(path("ConfigMap", NAMESPACE),
+                                       {"app.kubernetes.io/instance": NAME,
+                                        "app.kubernetes.io/component": "config"})
+        assert all(m.get("immutable") is True for m in maps)
+        return len(configs) == 3 and values == {"600"} and len(maps) == 1 and \
+            condition(await cluster.get(), "Ready") == "True"
+
+    await cluster.wait("every pod rolled onto the new ConfigMap, the old one gone", rolled, 120)
+    assert mixed_seen, "never saw pods of both revisions, each with its own configuration"

@@ -544,8 +544,9 @@ async def test_secured_quorum_refuses_strangers_and_renews_in_place(cluster: Clu
     policy = await cluster.kube.get(path("NetworkPolicy", NAMESPACE, NAME))
     assert policy is not None and policy["spec"]["podSelector"]["matchLabels"] == \
         r.labels(NAME)
-    config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
-    assert config is not None and config["data"]["QUORUM_LISTENERS"].startswith("SSL://")
+    configs = await cluster.configs()
+    assert len(configs) == 3
+    assert all(c["QUORUM_LISTENERS"].startswith("SSL://") for c in configs.values())
 
     ca_secret = await cluster.secret("kq-ca")
     operator = await cluster.secret("kq-operator")
