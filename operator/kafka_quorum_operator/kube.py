@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from kubernetes import client, config
+from kubernetes.utils import parse_quantity
 from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
@@ -102,6 +104,12 @@ def configuration(server: str | None = None) -> client.Configuration:
                 client_configuration=configured)
     configured.retries = RETRY
     return configured
+
+
+def quantity(text: str) -> Decimal:
+    """A resource quantity (``1Gi``, ``500M``) as a number; ValueError when it is none."""
+    value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+    return value
 
 
 def label_selector(labels: Mapping[str, str]) -> str:

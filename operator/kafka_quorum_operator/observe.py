@@ -38,6 +38,8 @@ class ClaimView:
     terminating: bool = False
     # The cluster id the claim was made for (its annotation); None on claims without one.
     cluster_id: str | None = None
+    size: str | None = None  # spec.resources.requests.storage
+    storage_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class Observed:
     # Why the quorum's nodes cannot be reached securely (TLS on, the operator's credentials
     # missing); None when they can, or TLS is off.
     security_problem: str | None = None
+    # Why claims cannot grow to spec.storage.size (condition VolumeResizeBlocked).
+    resize_problem: str | None = None
 
 
 # --- Kubernetes objects ------------------------------------------------------------------------
@@ -188,7 +192,10 @@ def claim_view(claim: Mapping[str, Any]) -> ClaimView | None:
     meta = claim.get("metadata", {})
     return ClaimView(name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
                      terminating=bool(meta.get("deletionTimestamp")),
-                     cluster_id=(meta.get("annotations") or {}).get(ANNOTATION_CLUSTER_ID))
+                     cluster_id=(meta.get("annotations") or {}).get(ANNOTATION_CLUSTER_ID),
+                     size=((claim.get("spec") or {}).get("resources") or {}).get(
+                         "requests", {}).get("storage"),
+                     storage_class=(claim.get("spec") or {}).get("storageClassName"))
 
 
 def foreign_claims(claims: Mapping[int, ClaimView], cluster_id: str | None

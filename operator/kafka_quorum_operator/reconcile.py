@@ -29,7 +29,7 @@ from kafka_quorum_operator import (
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.keeper import Keeper
-from kafka_quorum_operator.kube import Kube, KubeError, path
+from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     NodeView,
@@ -37,6 +37,7 @@ from kafka_quorum_operator.observe import (
     PendingChange,
     QuorumView,
     claim_view,
+    foreign_claims,
     members_from_status,
     pending_from_status,
     pod_view,
@@ -62,6 +63,8 @@ REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 RECHECK_S = 30.0
 # Answers after which a voter change is known to be in force.
 NOT_LEADER = "NOT_LEADER"
+# Conditions whose True is a warning (an Event of type Warning when they turn True).
+_BAD_WHEN_TRUE = ("QuorumLost", "VolumeResizeBlocked", "ClaimsRefused")
 _DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
 
 
@@ -165,6 +168,8 @@ class Reconciler:
                         last=last_remediation)
 
         if changing and self.may_act():
+            problem = await self._expand_claims(owner, observed)
+            observed = replace(observed, resize_problem=problem)
             await self._collect_configs(owner, r.config_map_name(owner.name,
                                                                  observed.config_hash))
 
@@ -265,6 +270,36 @@ class Reconciler:
             return
         await self.kube.apply(obj)
         self.applied[key] = (digest, now)
+
+    async def _expand_claims(self, owner: r.Owner, observed: Observed) -> str | None:
+        """Grow claims smaller than spec.storage.size where their StorageClass allows volume
+        expansion; why not, where it does not (condition VolumeResizeBlocked; an Event when
+        the condition turns True)."""
+        wanted = observed.spec.storage.size
+        blocked = []
+        foreign = foreign_claims(observed.claims, observed.cluster_id)
+        for node_id, claim in sorted(observed.claims.items()):
+            if node_id in foreign or claim.terminating or claim.size is None:
+                continue
+            try:
+                if quantity(claim.size) >= quantity(wanted):
+                    continue  # a claim never shrinks
+            except ValueError:
+                continue
+            storage_class = await self.kube.get(cluster_path(
+                "StorageClass", claim.storage_class)) if claim.storage_class else None
+            if storage_class is None or not storage_class.get("allowVolumeExpansion"):
+                blocked.append(f"{claim.name} ({claim.size})")
+                continue
+            await self.kube.patch(path("PersistentVolumeClaim", owner.namespace, claim.name),
+                                  {"spec": {"resources": {"requests": {"storage": wanted}}}})
+            await self.event(owner, "VolumeExpanding",
+                             f"volume claim {claim.name}: {claim.size} -> {wanted}")
+        if not blocked:
+            return None
+        return f"spec.storage.size is {wanted} but the StorageClass of " \
+               f"{', '.join(blocked)} does not allow volume expansion " \
+               f"(allowVolumeExpansion), or the claim names none; the claims keep their size"
 
     async def _collect_configs(self, owner: r.Owner, current: str) -> None:
         """Delete the configuration ConfigMaps of past revisions once no pod refers to them."""
@@ -381,16 +416,16 @@ class Reconciler:
 
     async def _conditions_events(self, owner: r.Owner, before: Mapping[str, Any],
                                  after: Mapping[str, Any]) -> None:
-        """An Event whenever QuorumLost, Quorate or Secured changes (a quorum created without
-        security is warned about at once)."""
+        """An Event whenever QuorumLost, Quorate, Secured, VolumeResizeBlocked or ClaimsRefused
+        changes (a quorum created without security is warned about at once)."""
         old = {c.get("type"): c.get("status") for c in before.get("conditions") or []}
         for condition in after["conditions"]:
             kind, value = condition["type"], condition["status"]
             unset = "True" if kind == "Secured" else "False"
-            if kind not in ("QuorumLost", "Quorate", "Secured") or \
+            if kind not in ("Quorate", "Secured", *_BAD_WHEN_TRUE) or \
                     old.get(kind, unset) == value:
                 continue
-            warn = (kind == "QuorumLost") == (value == "True")
+            warn = (kind in _BAD_WHEN_TRUE) == (value == "True")
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
                              "Warning" if warn else "Normal")
 

@@ -18,7 +18,8 @@ from kafka_quorum_operator.plan import (
 )
 
 CONDITION_TYPES = ("Ready", "Quorate", "AllMembersReady", "MemberReplacing", "QuorumLost",
-                   "Paused", "ScalingBlocked", "Secured", "ClaimsRefused")
+                   "Paused", "ScalingBlocked", "Secured", "ClaimsRefused",
+                   "VolumeResizeBlocked")
 
 
 def iso(now: float) -> str:
@@ -101,6 +102,9 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
                   for c in foreign.values()) +
         ": never mounted; delete the claim to have a new one made, or restore the "
         "KafkaQuorum it belongs to") if foreign else "")
+    found["VolumeResizeBlocked"] = (observed.resize_problem is not None, "NotExpandable"
+                                    if observed.resize_problem else "NotBlocked",
+                                    observed.resize_problem or "")
     old = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
     result = []
     for kind in CONDITION_TYPES:

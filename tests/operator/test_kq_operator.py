@@ -14,10 +14,11 @@ import shutil
 import time
 
 import pytest
-from kafka_quorum_operator import handlers
+from kafka_quorum_operator import KIND, handlers
 from kafka_quorum_operator.kube import path
+from kafka_quorum_operator.reconcile import CR_API
 from kq_cluster import NAME, Cluster, Writer, create_ready, heal
-from kq_harness import NAMESPACE, OperatorThread, condition, cr_path
+from kq_harness import NAMESPACE, OperatorThread, condition, cr_path, quorum_object
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -189,3 +190,38 @@ async def test_configuration_per_revision(cluster: Cluster) -> None:
 
     await cluster.wait("every pod rolled onto the new ConfigMap, the old one gone", rolled, 120)
     assert mixed_seen, "never saw pods of both revisions, each with its own configuration"
+
+
+async def test_volume_expansion(cluster: Cluster) -> None:
+    """A larger spec.storage.size grows the claims where the StorageClass allows expansion,
+    and is refused with a condition and a Warning Event where it does not."""
+    classes = "/apis/storage.k8s.io/v1/storageclasses"
+    await cluster.kube.create(classes, {
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "expandable"}, "provisioner": "test",
+        "allowVolumeExpansion": True})
+    await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(
+        NAME, 3, storage={"size": "1Gi", "storageClassName": "expandable"}))
+    await cluster.ready_with(3)
+
+    async def sizes() -> set[str]:
+        claims = await cluster.kube.list(path("PersistentVolumeClaim", NAMESPACE),
+                                         {"app.kubernetes.io/instance": NAME})
+        return {c["spec"]["resources"]["requests"]["storage"] for c in claims}
+
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"storage": {"size": "2Gi"}}})
+
+    async def grown() -> bool:
+        return await sizes() == {"2Gi"}
+
+    await cluster.wait("the claims grown to 2Gi", grown, 30)
+    await cluster.kube.patch(f"{classes}/expandable", {"allowVolumeExpansion": False})
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"storage": {"size": "3Gi"}}})
+
+    async def blocked() -> bool:
+        return condition(await cluster.get(), "VolumeResizeBlocked") == "True"
+
+    await cluster.wait("VolumeResizeBlocked", blocked, 30)
+    assert await sizes() == {"2Gi"}
+    reasons = [reason for reason, _ in await cluster.events()]
+    assert reasons.count("VolumeExpanding") == 3 and "VolumeResizeBlockedTrue" in reasons

@@ -42,7 +42,8 @@ def test_conditions_of_a_healthy_quorum() -> None:
         "AllMembersReady": ("True", "PodsReady"), "MemberReplacing": ("False", "NoReplacement"),
         "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
         "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS"),
-        "ClaimsRefused": ("False", "NoneRefused")}
+        "ClaimsRefused": ("False", "NoneRefused"),
+        "VolumeResizeBlocked": ("False", "NotBlocked")}
 
 
 def test_conditions_while_replacing_and_when_lost_and_paused() -> None:
