@@ -19,7 +19,8 @@ INSTALL = ROOT / "manifests" / "install.yaml"
 RELEASE, NAMESPACE = "kafka-quorum-operator", "kafka-quorum-system"
 HEADER = """\
 # The KafkaQuorum operator for kubectl: the CRD, namespace kafka-quorum-system, RBAC and the
-# operator Deployment (watching every namespace). Generated from helm/kafka-quorum-operator by
+# operator Deployment, managing the KafkaQuorums of namespace kafka-quorum-system (for others,
+# use the chart's watchNamespaces). Generated from helm/kafka-quorum-operator by
 # `python helm/render_install.py`; do not edit.
 #
 #   kubectl apply -f manifests/install.yaml

@@ -28,7 +28,7 @@ from kafka_quorum_operator import (
 )
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.keeper import Keeper
+from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
@@ -120,8 +120,14 @@ class Reconciler:
             cluster_id = await self._generate_cluster_id(owner)
 
         assert self.keeper is not None
-        tls = await self.keeper.client_tls(owner, spec)
+        try:
+            tls = await self.keeper.client_tls(owner, spec)
+            not_owned = None
+        except SecretNotOwned as error:
+            tls, not_owned = None, str(error)
         observed = await self._observe(owner, body, cluster_id, memory, tls)
+        if not_owned is not None:
+            observed = replace(observed, security_problem=not_owned)
         assessment = assess(observed)
         voter_ids = configured_voter_ids(observed, assessment)
         environment = r.node_environment(owner, spec, cluster_id, voter_ids)
@@ -131,7 +137,11 @@ class Reconciler:
         changing = not spec.paused and not a.quorum_lost
         if changing:
             # Credentials before anything that mounts them (pods created below).
-            secured = await self.keeper.secure(owner, spec, voter_ids)
+            try:
+                secured = await self.keeper.secure(owner, spec, voter_ids)
+            except SecretNotOwned as error:  # nothing of it used: condition Secured
+                secured = Secured()
+                observed = replace(observed, security_problem=str(error))
             voters = max(len(a.voters), spec.replicas)
             for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
                         *secured.objects]:
