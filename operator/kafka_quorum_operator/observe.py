@@ -24,6 +24,8 @@ class PodView:
     terminating: bool = False
     config_hash: str | None = None
     claim_name: str | None = None
+    # Whether the pod's node serves TLS (its readiness probe's scheme); None: unknown.
+    tls: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -176,12 +178,14 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     claim = next((v["persistentVolumeClaim"].get("claimName")
                   for v in pod.get("spec", {}).get("volumes") or []
                   if isinstance(v.get("persistentVolumeClaim"), Mapping)), None)
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    scheme = ((containers[0].get("readinessProbe") or {}).get("httpGet") or {}).get("scheme")
     return PodView(
         name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
         ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
         terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
-        claim_name=claim,
+        claim_name=claim, tls=None if scheme is None else scheme == "HTTPS",
     )
 
 

@@ -181,6 +181,8 @@ class Cluster:
 
     async def events(self) -> list[tuple[str, str]]:
         items = await self.kube.list(path("Event", NAMESPACE), {})
+        # In the order they were posted (a list is in name order, as the API server's).
+        items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
         return [(e.get("reason", ""), e.get("message", "")) for e in items]
 
     def addresses(self, ids: range | list[int]) -> list[str]:

@@ -225,3 +225,28 @@ async def test_volume_expansion(cluster: Cluster) -> None:
     assert await sizes() == {"2Gi"}
     reasons = [reason for reason, _ in await cluster.events()]
     assert reasons.count("VolumeExpanding") == 3 and "VolumeResizeBlockedTrue" in reasons
+
+
+async def test_tls_switched_off_and_on_without_a_manual_restart(cluster: Cluster) -> None:
+    """Nodes on either side of a TLS switch cannot talk: the operator restarts the pods of the
+    old side together (a short outage) instead of a roll that would stop after one pod."""
+    await create_ready(cluster)
+    directories = await cluster.voter_directories()
+    timings = {}
+    for enabled in (False, True):
+        started = time.monotonic()
+        await cluster.kube.patch(cr_path(NAME), {"spec": {"security": {"tls": {
+            "enabled": enabled}}}})
+
+        async def switched(enabled: bool = enabled) -> bool:
+            configs = await cluster.configs()
+            body = await cluster.get()
+            return len(configs) == 3 and all(
+                c["QUORUM_LISTENERS"].startswith("SSL://") == enabled
+                for c in configs.values()) and condition(body, "Ready") == "True" and \
+                condition(body, "Secured") == ("True" if enabled else "False")
+
+        await cluster.wait(f"TLS {'on' if enabled else 'off'} on every node", switched, 120)
+        timings[enabled] = time.monotonic() - started
+    assert await cluster.voter_directories() == directories  # the same volumes, no remediation
+    print(f"\n[operator] TLS off in {timings[False]:.1f} s, on again in {timings[True]:.1f} s")
