@@ -5,12 +5,15 @@ leader election with controlled clocks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
+import aiohttp
 import kmock
 import pytest
 from kafka_quorum_operator import MANAGER, kube
@@ -54,6 +57,31 @@ async def test_list_filters_by_label_on_the_server_and_paginates(
     assert all(r.params.get("labelSelector") == "app=kq" for r in lists)
     assert [len(i) for i in [await client.list(path("ConfigMap", NAMESPACE),
                                                {"app": "kq", "tier": "a"})]] == [3]
+
+
+async def test_a_watch_with_a_label_selector_streams_only_matching_objects(
+        api: tuple[Kube, K8s]) -> None:
+    client, _ = api
+    await client.create(path("ConfigMap", NAMESPACE), config_map("before", {"app": "kq"}))
+    await client.create(path("ConfigMap", NAMESPACE), config_map("foreign", {"app": "other"}))
+    url = client.api.configuration.host + path("ConfigMap", NAMESPACE)
+    names: list[str] = []
+    async with aiohttp.ClientSession() as session, session.get(
+            url, params={"watch": "true", "labelSelector": "app=kq"}) as response:
+
+        async def read() -> None:
+            async for line in response.content:
+                if line.strip():
+                    names.append(json.loads(line)["object"]["metadata"]["name"])
+
+        reader = asyncio.get_running_loop().create_task(read())
+        await client.create(path("ConfigMap", NAMESPACE), config_map("other-2", {"app": "x"}))
+        await client.create(path("ConfigMap", NAMESPACE), config_map("after", {"app": "kq"}))
+        await asyncio.sleep(0.5)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    assert names == ["before", "after"]
 
 
 async def test_server_side_apply_owns_its_fields(api: tuple[Kube, K8s]) -> None:
