@@ -5,7 +5,10 @@ process, its volume claim a directory.
 - ``K8s``: kmock 0.8's emulator with the fixes it needs (spikes.md): uid, resourceVersion,
   generation, creationTimestamp and generateName on create; 201 for a create; 422 for a failed
   JSON-patch test; and the finalizers the real cluster has, so that a deleted pod stays
-  Terminating until its process has stopped and a claim in use stays until its pod is gone.
+  Terminating until its process has stopped and a claim in use stays until its pod is gone. And
+  what the operator relies on from a real API server: label selectors on lists and watches,
+  ``limit``/``continue``, server-side apply with per-manager field ownership, and 409 for a
+  write naming a stale resourceVersion.
 - ``Kubelet``: starts a node process for every pod (environment from the pod's env and
   envFrom ConfigMap; each pod gets its own loopback IP, which stands in for the pod IP and for
   the cluster DNS names in the configuration), mounts its Secret volumes as directories (a pod
