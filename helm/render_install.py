@@ -19,10 +19,13 @@ INSTALL = ROOT / "manifests" / "install.yaml"
 RELEASE, NAMESPACE = "kafka-quorum-operator", "kafka-quorum-system"
 HEADER = """\
 # The KafkaQuorum operator for kubectl: the CRD, namespace kafka-quorum-system, RBAC and the
-# operator Deployment (watching every namespace). Generated from helm/kafka-quorum-operator by
+# operator Deployment, managing the KafkaQuorums of namespace kafka-quorum-system (for others,
+# use the chart's watchNamespaces). Generated from helm/kafka-quorum-operator by
 # `python helm/render_install.py`; do not edit.
 #
 #   kubectl apply -f manifests/install.yaml
+#
+# Applying a newer one upgrades everything, the CRD included.
 """
 
 
@@ -35,7 +38,7 @@ def render(helm: str, *extra: str) -> str:
         env = {**os.environ, "HELM_CACHE_HOME": home, "HELM_CONFIG_HOME": home,
                "HELM_DATA_HOME": home}
         done = subprocess.run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                               "--include-crds", *extra], capture_output=True, text=True,
+                               *extra], capture_output=True, text=True,
                               env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")

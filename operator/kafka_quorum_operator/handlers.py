@@ -10,6 +10,10 @@ NetworkPolicies let in; default ``app.kubernetes.io/name=kafka-quorum-operator``
 ``KQ_OPERATOR_CLUSTER_DOMAIN`` (in the nodes' certificates; default ``cluster.local``),
 ``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and tests;
 otherwise the service account, then the kubeconfig).
+
+The operator's own calls go through the official ``kubernetes`` client (``kube.Kube``, built once
+at start-up); kopf logs in with ``kopf.login_via_client``, from the same client configuration, so
+both use the same credentials (the client re-reads a rotated service account token itself).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from prometheus_client import start_http_server
 
 from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
 from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
-from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.lease import LeaderElector
 from kafka_quorum_operator.nodes import NodeClient
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
@@ -38,6 +42,8 @@ from kafka_quorum_operator.resources import OperatorPods
 from kafka_quorum_operator.status import iso
 
 LEASE_NAME = "kafka-quorum-operator"
+OWNED_WATCHED = ("pods", "persistentvolumeclaims")
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -59,36 +65,34 @@ class _State:
 
     reconciler: Reconciler | None = None
     elector: LeaderElector | None = None
+    electing: asyncio.Task[None] | None = None
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     last_pass: float | None = None
 
-    def connect(self, info: kopf.ConnectionInfo) -> None:
-        def text(value: Any) -> str | None:
-            return None if value is None else os.fsdecode(value) if not isinstance(
-                value, str) else value
-
-        data = info.ca_data
-        connection = Connection(
-            server=info.server, token=info.token, ca_path=text(info.ca_path),
-            ca_data=data.decode() if isinstance(data, bytes) else data,
-            certificate_path=text(info.certificate_path),
-            private_key_path=text(info.private_key_path), insecure=bool(info.insecure))
-        kube = KubeClient(connection)
-        namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or info.default_namespace \
-            or "default"
+    def connect(self, kube: Kube, default_namespace: str = "default") -> None:
+        namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or default_namespace
         pods = OperatorPods(namespace, _labels(os.environ.get(
             "KQ_OPERATOR_POD_SELECTOR") or f"app.kubernetes.io/name={MANAGER}"))
         keeper = Keeper(kube, os.environ.get("KQ_OPERATOR_CLUSTER_DOMAIN") or CLUSTER_DOMAIN)
-        self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper)
         identity = os.environ.get("KQ_OPERATOR_IDENTITY") or \
             f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        self.elector = LeaderElector(kube, namespace, LEASE_NAME, identity)
+        elector = LeaderElector(kube, namespace, LEASE_NAME, identity)
+        self.elector = elector
+        # Fencing: every voter change and deletion asks the elector right before it is sent.
+        self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
+                                     may_act=lambda: elector.leading)
+        self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:
-        """Close the HTTP clients (at the operator's exit)."""
+        """Stop the elector and close the clients (at the operator's exit)."""
+        if self.electing is not None:
+            self.electing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.electing
+            self.electing = None
         if self.reconciler is not None:
             await self.reconciler.nodes.close()
-            await self.reconciler.kube.close()
+            self.reconciler.kube.close()
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -107,13 +111,28 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
+    # Pods and claims are watched with a server-side label selector: only the quorums' own
+    # reach the operator (kopf's ``labels=`` filters only after receiving every pod).
+    for plural in OWNED_WATCHED:
+        settings.watching.label_selectors["", "v1", plural] = f"{LABEL_MANAGED_BY}={MANAGER}"
     # The reconciler posts an Event for every change itself; kopf adds only its failures.
     settings.posting.level = logging.WARNING
-    # No cluster-wide list of namespaces or CRDs: least privilege (and API emulators lack it).
+    # No cluster-wide list of namespaces or CRDs: least privilege.
     settings.scanning.disabled = True
     port = int(_env_float("KQ_OPERATOR_METRICS_PORT", 0))
     if port:
         start_http_server(port)
+    kube = await asyncio.to_thread(Kube.connect, os.environ.get("KQ_OPERATOR_API_SERVER"))
+    STATE.connect(kube, _own_namespace())
+
+
+def _own_namespace() -> str:
+    """The namespace of the operator's pod (its service account's), else ``default``."""
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as file:
+            return file.read().strip() or "default"
+    except OSError:
+        return "default"
 
 
 @kopf.on.cleanup()
@@ -123,15 +142,12 @@ async def cleanup(**_: Any) -> None:
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's credentials: those of the ``kubernetes`` client's configuration (in-cluster,
+    else kubeconfig), read again whenever kopf meets a 401."""
     server = os.environ.get("KQ_OPERATOR_API_SERVER")
     if server:
-        info: kopf.ConnectionInfo | None = kopf.ConnectionInfo(server=server, insecure=True)
-    else:
-        info = kopf.login_with_service_account(**kwargs) or \
-            kopf.login_with_kubeconfig(**kwargs)
-    if info is not None:
-        STATE.connect(info)
-    return info
+        return kopf.ConnectionInfo(server=server, insecure=True)
+    return kopf.login_via_client(**kwargs)
 
 
 @kopf.on.probe(id="lastReconcile")
@@ -149,8 +165,7 @@ async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: s
     while not stopped:
         waker.clear()
         reconciler, elector = STATE.reconciler, STATE.elector
-        if reconciler is not None and elector is not None and \
-                await elector.tick(time.time()):
+        if reconciler is not None and elector is not None and elector.leading:
             try:
                 # Read afresh: the daemon's body may not yet show the last pass's own status.
                 body = await reconciler.kube.get(url)

@@ -20,12 +20,16 @@ from typing import Any
 
 from kafka_quorum_operator import credentials as c
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.nodes import client_context
 from kafka_quorum_operator.spec import Spec
 
 RECHECK_S = 30.0
 CLUSTER_DOMAIN = "cluster.local"
+
+
+class SecretNotOwned(Exception):
+    """A Secret the operator would use exists but another made it."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,12 @@ class Secured:
 
 @dataclass
 class Keeper:
-    kube: KubeClient
+    kube: Kube
     cluster_domain: str = CLUSTER_DOMAIN
     clock: Callable[[], float] = time.time
-    # (namespace, name) -> (when read, monotonic; its data, None: no such Secret).
-    _cache: dict[tuple[str, str], tuple[float, dict[str, bytes] | None]] = \
+    # (namespace, name) -> (when read, monotonic; its data, None: no such Secret; the uids of
+    # its owners).
+    _cache: dict[tuple[str, str], tuple[float, dict[str, bytes] | None, frozenset[str]]] = \
         field(default_factory=dict)
     # The operator's TLS contexts, by a digest of the credentials they hold.
     _contexts: dict[bytes, ssl.SSLContext] = field(default_factory=dict)
@@ -52,7 +57,8 @@ class Keeper:
         CA bundle); None while its Secret is missing or incomplete, or with TLS off."""
         if not spec.security.tls:
             return None
-        data = await self._read(owner.namespace, r.operator_secret_name(owner.name)) or {}
+        data = await self._read(owner, r.operator_secret_name(owner.name),
+                                owned=spec.security.issuer is None) or {}
         parts = [data.get(k) for k in (c.CA_KEY, "tls.crt", "tls.key")]
         if not all(parts):
             return None
@@ -74,7 +80,7 @@ class Keeper:
         if not spec.security.tls:
             return Secured()
         changes: list[str] = []
-        if await self._read(owner.namespace, r.tokens_secret_name(owner.name)) is None:
+        if await self._read(owner, r.tokens_secret_name(owner.name)) is None:
             await self._create(c.tokens_secret(owner))
             changes.append(f"admin token generated (Secret {r.tokens_secret_name(owner.name)})")
         objects: list[dict[str, Any]] = []
@@ -82,7 +88,8 @@ class Keeper:
             objects += r.certificates(owner, spec, node_ids, self.cluster_domain)
         else:
             changes += await self._generate(owner, spec, node_ids)
-        operator = await self._read(owner.namespace, r.operator_secret_name(owner.name)) or {}
+        operator = await self._read(owner, r.operator_secret_name(owner.name),
+                                    owned=spec.security.issuer is None) or {}
         if operator.get(c.CA_KEY):
             objects.append(c.ca_bundle(owner, operator[c.CA_KEY]))
         return Secured(objects, changes)
@@ -92,7 +99,7 @@ class Keeper:
         now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
         changes = []
         ca_name = r.ca_secret_name(owner.name)
-        data = await self._read(owner.namespace, ca_name)
+        data = await self._read(owner, ca_name)
         current = c.Authority.from_data(data) if data is not None else None
         authority, change = c.next_authority(current, f"{owner.namespace}/{owner.name} CA", now)
         if change is not None:
@@ -105,7 +112,7 @@ class Keeper:
             wanted[r.node_secret_name(owner.name, node_id)] = c.node_wanted(
                 owner, node_id, self.cluster_domain)
         for name, want in wanted.items():
-            data = await self._read(owner.namespace, name)
+            data = await self._read(owner, name)
             new, why = c.next_leaf(data, authority, want, now, validity=validity,
                                    renew_before=renew_before)
             if new is not None:
@@ -113,14 +120,25 @@ class Keeper:
                 changes.append(f"certificate {want.common_name}: {why} (Secret {name})")
         return changes
 
-    async def _read(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        key = (namespace, name)
+    async def _read(self, owner: r.Owner, name: str, *, owned: bool = True
+                    ) -> dict[str, bytes] | None:
+        """A Secret's data; ``SecretNotOwned`` if ``owned`` and it exists without an owner
+        reference to this KafkaQuorum (its uid): a Secret of that name made by someone else (a
+        planted CA, a KafkaQuorum of the same name before) is never used nor overwritten."""
+        key = (owner.namespace, name)
         cached = self._cache.get(key)
-        if cached is not None and cached[1] is not None and \
-                time.monotonic() - cached[0] < RECHECK_S:
-            return cached[1]
-        data = c.decode(await self.kube.get(path("Secret", namespace, name)))
-        self._cache[key] = (time.monotonic(), data)
+        if cached is None or cached[1] is None or time.monotonic() - cached[0] >= RECHECK_S:
+            obj = await self.kube.get(path("Secret", owner.namespace, name))
+            owners = frozenset(ref.get("uid") for ref in
+                               ((obj or {}).get("metadata") or {}).get("ownerReferences") or [])
+            cached = (time.monotonic(), c.decode(obj), owners)
+            self._cache[key] = cached
+        _, data, owners = cached
+        if owned and data is not None and owner.uid not in owners:
+            raise SecretNotOwned(f"Secret {owner.namespace}/{name} exists but is not owned by "
+                                 f"KafkaQuorum {owner.name} (uid {owner.uid}): refused, never "
+                                 f"used or overwritten; delete it to have the operator make its "
+                                 f"own")
         return data
 
     async def _create(self, obj: dict[str, Any]) -> None:
@@ -133,7 +151,8 @@ class Keeper:
             if error.status == 409:
                 return  # made by a pass whose answer was lost
             raise
-        self._cache[key] = (time.monotonic(), c.decode(obj))
+        owners = frozenset(ref["uid"] for ref in meta.get("ownerReferences") or [])
+        self._cache[key] = (time.monotonic(), c.decode(obj), owners)
 
     async def _write(self, owner: r.Owner, name: str, old: Mapping[str, bytes] | None,
                      new: Mapping[str, bytes]) -> None:
@@ -149,4 +168,4 @@ class Keeper:
         except KubeError:
             self._cache.pop(key, None)
             raise
-        self._cache[key] = (time.monotonic(), dict(new))
+        self._cache[key] = (time.monotonic(), dict(new), frozenset([owner.uid]))

@@ -1,20 +1,46 @@
-"""A small asynchronous Kubernetes REST client over aiohttp, for the few calls the operator makes
-(get, list, create, merge-patch, delete). kopf watches; this acts. It takes kopf's connection
-info, so both authenticate the same way.
+"""The operator's calls to the Kubernetes API, all through the official ``kubernetes`` client:
+get, paginated list, create, server-side apply, merge patch, delete. kopf watches; this acts.
 
-Label selectors are applied here as well as sent: an API emulator may ignore them.
+The client is synchronous (urllib3): each call runs in a worker thread (``asyncio.to_thread``),
+so a slow API server never blocks the event loop that also talks to the nodes. The async
+flavour shipped in the same package (``kubernetes.aio``, on aiohttp-retry) is newer than the
+urllib3 one and its retry options are another library's; the urllib3 client is the one kopf's
+``login_via_client`` and most operators use.
+
+One retry policy for every call, urllib3's own ``Retry`` on the client's configuration: connection
+errors, 429 and 5xx are retried with exponential back-off (Retry-After honoured). A retried
+create that had in fact succeeded answers 409, which callers take as "already there".
+
+Credentials: ``kubernetes.config.load_incluster_config()`` in a pod (the service account token
+is re-read by the client when the kubelet rotates it), else the kubeconfig; or an API server URL
+without credentials (``KQ_OPERATOR_API_SERVER``: development).
 """
 
 from __future__ import annotations
 
-import ssl
+import asyncio
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
-import aiohttp
+from kubernetes import client, config
+from kubernetes.utils import parse_quantity
+from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
+
+from kafka_quorum_operator import GROUP, MANAGER, PLURAL, VERSION
 
 JSON = dict[str, Any]
+
+
+class KubeError(Exception):
+    """The API server's error answer, in one line (``status`` is the HTTP status; 0 when no
+    answer came, the retries spent)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
 
 # Resource kind -> (API path prefix, plural).
 RESOURCES: Mapping[str, tuple[str, str]] = {
@@ -29,24 +55,20 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "Secret": ("/api/v1", "secrets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Certificate": ("/apis/cert-manager.io/v1", "certificates"),
+    "KafkaQuorum": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+CLUSTER_RESOURCES: Mapping[str, tuple[str, str]] = {
+    "StorageClass": ("/apis/storage.k8s.io/v1", "storageclasses"),
 }
 
-
-class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Connection:
-    server: str
-    token: str | None = None
-    ca_path: str | None = None
-    ca_data: str | None = None
-    certificate_path: str | None = None
-    private_key_path: str | None = None
-    insecure: bool = False
+RETRY = Retry(total=5, connect=5, read=2, status=5, backoff_factor=0.25, backoff_max=4.0,
+              status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None,
+              respect_retry_after_header=True, raise_on_status=False)
+# (connect, read) seconds of one attempt.
+REQUEST_TIMEOUT = (5.0, 30.0)
+PAGE_SIZE = 250
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 def path(kind: str, namespace: str, name: str | None = None, *,
@@ -56,68 +78,122 @@ def path(kind: str, namespace: str, name: str | None = None, *,
     return base if name is None else f"{base}/{name}"
 
 
-class KubeClient:
-    def __init__(self, connection: Connection, timeout_s: float = 30.0) -> None:
-        self.connection = connection
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+def cluster_path(kind: str, name: str | None = None) -> str:
+    prefix, plural = CLUSTER_RESOURCES[kind]
+    return f"{prefix}/{plural}" if name is None else f"{prefix}/{plural}/{name}"
 
-    def _ssl(self) -> ssl.SSLContext | bool:
-        c = self.connection
-        if not c.server.startswith("https"):
-            return False
-        if c.insecure:
-            return False
-        context = ssl.create_default_context(cafile=c.ca_path, cadata=c.ca_data)
-        if c.certificate_path:
-            context.load_cert_chain(c.certificate_path, c.private_key_path)
-        return context
 
-    async def _request(self, method: str, url_path: str, body: Any = None,
-                       content_type: str = "application/json",
-                       params: Mapping[str, str] | None = None) -> JSON | None:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=self._ssl()))
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        if self.connection.token:
-            headers["Authorization"] = f"Bearer {self.connection.token}"
-        url = self.connection.server.rstrip("/") + url_path
-        async with self._session.request(method, url, json=body, headers=headers,
-                                         params=params) as response:
-            if response.status == 404:
-                return None
+def object_path(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return path(obj["kind"], meta["namespace"], meta["name"])
+
+
+def configuration(server: str | None = None) -> client.Configuration:
+    """The client's configuration: ``server`` without credentials, else in-cluster, else the
+    kubeconfig; with the retry policy."""
+    configured = client.Configuration()
+    if server:
+        configured.host = server.rstrip("/")
+        configured.verify_ssl = False
+    else:
+        try:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configured)
+        except config.ConfigException:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                client_configuration=configured)
+    configured.retries = RETRY
+    return configured
+
+
+def quantity(text: str) -> Decimal:
+    """A resource quantity (``1Gi``, ``500M``) as a number; ValueError when it is none."""
+    value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
+    return value
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+class Kube:
+    """Asynchronous calls over one ``kubernetes.client.ApiClient`` (its connection pool)."""
+
+    def __init__(self, api: client.ApiClient, field_manager: str = MANAGER) -> None:
+        self.api = api
+        self.field_manager = field_manager
+
+    @classmethod
+    def connect(cls, server: str | None = None) -> Kube:
+        return cls(client.ApiClient(configuration(server)))
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, url_path: str, *, body: Any = None,
+              query: list[tuple[str, Any]] | None = None,
+              content_type: str = "application/json") -> JSON | None:
+        """One request (in a worker thread); None on 404, ``KubeError`` on any other error."""
+        _, url, headers, serialized, _ = self.api.param_serialize(
+            method=method, resource_path=url_path, query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body, auth_settings=["BearerToken"])
+        try:
+            response = self.api.call_api(method, url, header_params=headers, body=serialized,
+                                         _request_timeout=REQUEST_TIMEOUT)
+            data = response.read()  # type: ignore[no-untyped-call]
+        except HTTPError as error:
+            raise KubeError(0, f"{method} {url_path}: {error}") from error
+        if response.status == 404:
+            return None
+        if not 200 <= response.status <= 299:
             try:
-                answer = await response.json(content_type=None)
-            except (aiohttp.ContentTypeError, ValueError):
-                answer = None
-            if response.status >= 400:
-                message = answer.get("message") if isinstance(answer, dict) else None
-                raise KubeError(response.status, str(message or response.reason))
-            return answer if isinstance(answer, dict) else {}
+                message = json.loads(data).get("message")
+            except (ValueError, AttributeError):
+                message = None
+            raise KubeError(response.status, str(message or response.reason))
+        answer = json.loads(data) if data else {}
+        return answer if isinstance(answer, dict) else {}
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+    async def _request(self, method: str, url_path: str, **kwargs: Any) -> JSON | None:
+        return await asyncio.to_thread(self._call, method, url_path, **kwargs)
 
     async def get(self, url_path: str) -> JSON | None:
         return await self._request("GET", url_path)
 
     async def list(self, url_path: str, labels: Mapping[str, str]) -> list[JSON]:
-        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())}
-        answer = await self._request("GET", url_path, params=params) or {}
-        return [item for item in answer.get("items") or []
-                if all((item.get("metadata", {}).get("labels") or {}).get(k) == v
-                       for k, v in labels.items())]
+        """Every object matching ``labels`` (server-side selector), page by page."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            query: list[tuple[str, Any]] = [("limit", PAGE_SIZE)]
+            if labels:
+                query.append(("labelSelector", label_selector(labels)))
+            if token:
+                query.append(("continue", token))
+            answer = await self._request("GET", url_path, query=query) or {}
+            items += answer.get("items") or []
+            token = (answer.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     async def create(self, url_path: str, body: JSON) -> JSON:
-        return await self._request("POST", url_path, body) or {}
+        return await self._request("POST", url_path, body=body) or {}
+
+    async def apply(self, obj: JSON) -> JSON:
+        """Server-side apply of ``obj`` as the operator's field manager (forced: the operator
+        owns these fields; anyone else's change to them is drift it undoes)."""
+        return await self._request(
+            "PATCH", object_path(obj), body=obj, content_type=APPLY,
+            query=[("fieldManager", self.field_manager), ("force", "true")]) or {}
 
     async def patch(self, url_path: str, body: JSON) -> JSON | None:
-        return await self._request("PATCH", url_path, body,
-                                   content_type="application/merge-patch+json")
+        """A JSON merge patch; a ``metadata.resourceVersion`` in it makes it conditional
+        (409 when the object changed since)."""
+        return await self._request("PATCH", url_path, body=body, content_type=MERGE,
+                                   query=[("fieldManager", self.field_manager)])
 
     async def delete(self, url_path: str, grace_period_s: int | None = None) -> bool:
         body = None if grace_period_s is None else {
             "kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_period_s}
-        return await self._request("DELETE", url_path, body) is not None
+        return await self._request("DELETE", url_path, body=body) is not None

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_quorum_operator import ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
+from kafka_quorum_operator import ANNOTATION_CLUSTER_ID, ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
 from kafka_quorum_operator.spec import Spec
 
 
@@ -24,6 +24,8 @@ class PodView:
     terminating: bool = False
     config_hash: str | None = None
     claim_name: str | None = None
+    # Whether the pod's node serves TLS (its readiness probe's scheme); None: unknown.
+    tls: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -36,6 +38,10 @@ class ClaimView:
     node_id: int
     uid: str
     terminating: bool = False
+    # The cluster id the claim was made for (its annotation); None on claims without one.
+    cluster_id: str | None = None
+    size: str | None = None  # spec.resources.requests.storage
+    storage_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,8 @@ class Observed:
     # Why the quorum's nodes cannot be reached securely (TLS on, the operator's credentials
     # missing); None when they can, or TLS is off.
     security_problem: str | None = None
+    # Why claims cannot grow to spec.storage.size (condition VolumeResizeBlocked).
+    resize_problem: str | None = None
 
 
 # --- Kubernetes objects ------------------------------------------------------------------------
@@ -170,12 +178,14 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     claim = next((v["persistentVolumeClaim"].get("claimName")
                   for v in pod.get("spec", {}).get("volumes") or []
                   if isinstance(v.get("persistentVolumeClaim"), Mapping)), None)
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    scheme = ((containers[0].get("readinessProbe") or {}).get("httpGet") or {}).get("scheme")
     return PodView(
         name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
         ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
         terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
-        claim_name=claim,
+        claim_name=claim, tls=None if scheme is None else scheme == "HTTPS",
     )
 
 
@@ -185,7 +195,19 @@ def claim_view(claim: Mapping[str, Any]) -> ClaimView | None:
         return None
     meta = claim.get("metadata", {})
     return ClaimView(name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
-                     terminating=bool(meta.get("deletionTimestamp")))
+                     terminating=bool(meta.get("deletionTimestamp")),
+                     cluster_id=(meta.get("annotations") or {}).get(ANNOTATION_CLUSTER_ID),
+                     size=((claim.get("spec") or {}).get("resources") or {}).get(
+                         "requests", {}).get("storage"),
+                     storage_class=(claim.get("spec") or {}).get("storageClassName"))
+
+
+def foreign_claims(claims: Mapping[int, ClaimView], cluster_id: str | None
+                   ) -> dict[int, ClaimView]:
+    """Claims made for another cluster id (a quorum of the same name before): never mounted,
+    so that no node of this cluster formats or reads them."""
+    return {i: c for i, c in claims.items()
+            if cluster_id and c.cluster_id and c.cluster_id != cluster_id}
 
 
 # --- the node's metrics and admin API ----------------------------------------------------------

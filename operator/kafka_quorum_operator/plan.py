@@ -35,6 +35,7 @@ from kafka_quorum_operator.observe import (
     PendingChange,
     QuorumView,
     ReplicaRow,
+    foreign_claims,
 )
 
 VoterKey = tuple[int, str | None]
@@ -42,6 +43,7 @@ VoterKey = tuple[int, str | None]
 ADD_VOTER = "AddVoter"
 REMOVE_VOTER = "RemoveVoter"
 REMEDIATION = "Remediation"
+TLS_SWITCH = "TLSSwitch"
 SCALE_UP = "ScaleUp"
 SCALE_DOWN = "ScaleDown"
 
@@ -267,8 +269,11 @@ class _Planner:
     def _create_missing(self) -> Plan | None:
         observed = self.observed
         actions = []
+        foreign = foreign_claims(observed.claims, observed.cluster_id)
         for node_id in sorted(wanted_ids(observed, self.assessment)):
             claim = observed.claims.get(node_id)
+            if node_id in foreign:
+                continue  # refused (condition ClaimsRefused): an administrator decides
             if claim is None:
                 actions.append(Action("CreateClaim", node_id))
             elif node_id not in observed.pods and not claim.terminating:
@@ -393,6 +398,17 @@ class _Planner:
             return None
         if any(pod.terminating for pod in observed.pods.values()):
             return self._plan((), self.pending, "rolling update: waiting for a pod to stop")
+        switching = [p for p in outdated if p.tls is not None and
+                     p.tls != observed.spec.security.tls]
+        if switching:
+            # Nodes on either side of a TLS switch cannot talk to each other: a one-at-a-time
+            # roll would stop after its first pod (no quorum for the rest). The pods still on
+            # the old side restart together: a short outage, nothing lost. (The operator, on
+            # the new side already, cannot reach the leader: this goes before that check.)
+            return self._plan([Action("DeletePod", p.node_id, TLS_SWITCH)
+                               for p in sorted(switching, key=lambda p: p.node_id)], None,
+                              f"switching TLS {'on' if observed.spec.security.tls else 'off'}: "
+                              f"restarting {', '.join(p.name for p in switching)} together")
         if not a.bootstrapped:
             # Nothing is committed yet: restart in any order.
             pod = min(outdated, key=lambda p: p.node_id)

@@ -10,6 +10,7 @@ import logging
 import os
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +19,7 @@ from kafka_quorum_operator import (
     API_VERSION,
     GROUP,
     KIND,
+    LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     MANAGER,
@@ -26,8 +28,8 @@ from kafka_quorum_operator import (
 )
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.keeper import Keeper
-from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
+from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     NodeView,
@@ -35,6 +37,7 @@ from kafka_quorum_operator.observe import (
     PendingChange,
     QuorumView,
     claim_view,
+    foreign_claims,
     members_from_status,
     pending_from_status,
     pod_view,
@@ -59,6 +62,9 @@ REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
 # Answers after which a voter change is known to be in force.
+NOT_LEADER = "NOT_LEADER"
+# Conditions whose True is a warning (an Event of type Warning when they turn True).
+_BAD_WHEN_TRUE = ("QuorumLost", "VolumeResizeBlocked", "ClaimsRefused")
 _DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
 
 
@@ -73,7 +79,7 @@ class Memory:
 
 @dataclass
 class Reconciler:
-    kube: KubeClient
+    kube: Kube
     nodes: NodeClient
     clock: Callable[[], float] = time.time
     memories: dict[str, Memory] = field(default_factory=dict)
@@ -83,6 +89,10 @@ class Reconciler:
     operator_pods: r.OperatorPods = field(default_factory=lambda: r.OperatorPods(
         "default", {"app.kubernetes.io/name": MANAGER}))
     keeper: Keeper | None = None
+    # Whether this operator may change anything now (it holds the Lease): asked immediately
+    # before every voter change and deletion, so that a replica that lost the lease while a
+    # pass was under way (a slow call, a paused process) sends nothing.
+    may_act: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         if self.keeper is None:
@@ -110,8 +120,14 @@ class Reconciler:
             cluster_id = await self._generate_cluster_id(owner)
 
         assert self.keeper is not None
-        tls = await self.keeper.client_tls(owner, spec)
+        try:
+            tls = await self.keeper.client_tls(owner, spec)
+            not_owned = None
+        except SecretNotOwned as error:
+            tls, not_owned = None, str(error)
         observed = await self._observe(owner, body, cluster_id, memory, tls)
+        if not_owned is not None:
+            observed = replace(observed, security_problem=not_owned)
         assessment = assess(observed)
         voter_ids = configured_voter_ids(observed, assessment)
         environment = r.node_environment(owner, spec, cluster_id, voter_ids)
@@ -121,7 +137,11 @@ class Reconciler:
         changing = not spec.paused and not a.quorum_lost
         if changing:
             # Credentials before anything that mounts them (pods created below).
-            secured = await self.keeper.secure(owner, spec, voter_ids)
+            try:
+                secured = await self.keeper.secure(owner, spec, voter_ids)
+            except SecretNotOwned as error:  # nothing of it used: condition Secured
+                secured = Secured()
+                observed = replace(observed, security_problem=str(error))
             voters = max(len(a.voters), spec.replicas)
             for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
                         *secured.objects]:
@@ -147,11 +167,21 @@ class Reconciler:
         pending = decided.pending
         if changing:
             for action in decided.actions:
+                if not self.may_act():
+                    return decided  # the lease was lost during the pass: nothing more
                 outcome = await self._act(owner, observed, decided, action, cluster_id)
+                if outcome is not None and outcome.code == NOT_LEADER:
+                    return decided
                 if action.is_voter_change:
                     pending, last_remediation, decided = await self._after_change(
                         owner, observed, decided, action, outcome=outcome,
                         last=last_remediation)
+
+        if changing and self.may_act():
+            problem = await self._expand_claims(owner, observed)
+            observed = replace(observed, resize_problem=problem)
+            await self._collect_configs(owner, r.config_map_name(owner.name,
+                                                                 observed.config_hash))
 
         patch = status_patch(observed, decided, status, r.selector(owner.name))
         patch["pendingChange"] = pending.to_status() if pending is not None else None
@@ -159,7 +189,7 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        if r.differs(patch, status):
+        if r.differs(patch, status) and self.may_act():
             await self.patch_status(owner, patch)
         return decided
 
@@ -218,29 +248,85 @@ class Reconciler:
     # --- acting ---------------------------------------------------------------------------
 
     async def _generate_cluster_id(self, owner: r.Owner) -> str:
-        """Generated once, before anything is created, and kept in status (and on each claim)."""
-        cluster_id = random_cluster_id()
+        """Generated once, before anything is created, and kept in status (and on each claim).
+        A KafkaQuorum made again over the claims of one of the same name (kept: no
+        ``deleteClaims``) takes the cluster id written on them, so that its nodes start on
+        their data; if the claims disagree, the id most of them hold (the others are refused,
+        condition ClaimsRefused)."""
+        claims = await self.kube.list(path("PersistentVolumeClaim", owner.namespace),
+                                      {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER})
+        found = Counter(v.cluster_id for v in map(claim_view, claims)
+                        if v is not None and v.cluster_id and not v.terminating)
+        if found:
+            cluster_id = found.most_common(1)[0][0]
+            reason, message = "ClusterIdRecovered", f"cluster id {cluster_id}, as written on " \
+                f"{found[cluster_id]} existing volume claim(s)"
+        else:
+            cluster_id = random_cluster_id()
+            reason, message = "ClusterIdGenerated", f"cluster id {cluster_id}"
         await self.patch_status(owner, {"clusterId": cluster_id})
-        await self.event(owner, "ClusterIdGenerated", f"cluster id {cluster_id}")
+        await self.event(owner, reason, message)
         return cluster_id
 
     async def _apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply as the operator's field manager. Unchanged objects are applied
+        again only now and then (drift, deletion): a pass stays cheap."""
         meta = obj["metadata"]
-        url = path(obj["kind"], meta["namespace"])
-        # Unchanged objects are looked at again only now and then: a pass stays cheap.
-        key = f"{url}/{meta['name']}"
+        key = path(obj["kind"], meta["namespace"], meta["name"])
         digest = json.dumps(obj, sort_keys=True)
         seen = self.applied.get(key)
         now = time.monotonic()
         if seen is not None and seen[0] == digest and now - seen[1] < RECHECK_S:
             return
-        existing = await self.kube.get(key)
-        if existing is None:
-            await self._create(url, obj)
-        elif r.differs({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")},
-                       existing):
-            await self.kube.patch(f"{url}/{meta['name']}", obj)
+        await self.kube.apply(obj)
         self.applied[key] = (digest, now)
+
+    async def _expand_claims(self, owner: r.Owner, observed: Observed) -> str | None:
+        """Grow claims smaller than spec.storage.size where their StorageClass allows volume
+        expansion; why not, where it does not (condition VolumeResizeBlocked; an Event when
+        the condition turns True)."""
+        wanted = observed.spec.storage.size
+        blocked = []
+        foreign = foreign_claims(observed.claims, observed.cluster_id)
+        for node_id, claim in sorted(observed.claims.items()):
+            if node_id in foreign or claim.terminating or claim.size is None:
+                continue
+            try:
+                if quantity(claim.size) >= quantity(wanted):
+                    continue  # a claim never shrinks
+            except ValueError:
+                continue
+            storage_class = await self.kube.get(cluster_path(
+                "StorageClass", claim.storage_class)) if claim.storage_class else None
+            if storage_class is None or not storage_class.get("allowVolumeExpansion"):
+                blocked.append(f"{claim.name} ({claim.size})")
+                continue
+            await self.kube.patch(path("PersistentVolumeClaim", owner.namespace, claim.name),
+                                  {"spec": {"resources": {"requests": {"storage": wanted}}}})
+            await self.event(owner, "VolumeExpanding",
+                             f"volume claim {claim.name}: {claim.size} -> {wanted}")
+        if not blocked:
+            return None
+        return f"spec.storage.size is {wanted} but the StorageClass of " \
+               f"{', '.join(blocked)} does not allow volume expansion " \
+               f"(allowVolumeExpansion), or the claim names none; the claims keep their size"
+
+    async def _collect_configs(self, owner: r.Owner, current: str) -> None:
+        """Delete the configuration ConfigMaps of past revisions once no pod refers to them."""
+        selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
+        maps = await self.kube.list(path("ConfigMap", owner.namespace),
+                                    {**selector, LABEL_COMPONENT: "config"})
+        if len(maps) <= 1:
+            return
+        pods = await self.kube.list(path("Pod", owner.namespace), selector)
+        used = {source.get("configMapRef", {}).get("name")
+                for pod in pods for container in (pod.get("spec") or {}).get("containers") or []
+                for source in container.get("envFrom") or []}
+        for config in maps:
+            name = config["metadata"]["name"]
+            if name != current and name not in used:
+                await self.kube.delete(path("ConfigMap", owner.namespace, name))
+                self.applied.pop(path("ConfigMap", owner.namespace, name), None)
 
     async def _create(self, url: str, obj: dict[str, Any]) -> bool:
         try:
@@ -292,6 +378,8 @@ class Reconciler:
             iso(observed.now)).to_status()})
         address = f"{pod.ip}:{observed.spec.port}"
         assert action.directory_id is not None
+        if not self.may_act():  # fencing, right before the call (see ``may_act``)
+            return ChangeResult(False, NOT_LEADER, "this operator no longer holds the lease")
         if action.kind == ADD_VOTER:
             return await self.nodes.add_voter(address, action.node_id, action.directory_id)
         return await self.nodes.remove_voter(address, action.node_id, action.directory_id,
@@ -338,16 +426,16 @@ class Reconciler:
 
     async def _conditions_events(self, owner: r.Owner, before: Mapping[str, Any],
                                  after: Mapping[str, Any]) -> None:
-        """An Event whenever QuorumLost, Quorate or Secured changes (a quorum created without
-        security is warned about at once)."""
+        """An Event whenever QuorumLost, Quorate, Secured, VolumeResizeBlocked or ClaimsRefused
+        changes (a quorum created without security is warned about at once)."""
         old = {c.get("type"): c.get("status") for c in before.get("conditions") or []}
         for condition in after["conditions"]:
             kind, value = condition["type"], condition["status"]
             unset = "True" if kind == "Secured" else "False"
-            if kind not in ("QuorumLost", "Quorate", "Secured") or \
+            if kind not in ("Quorate", "Secured", *_BAD_WHEN_TRUE) or \
                     old.get(kind, unset) == value:
                 continue
-            warn = (kind == "QuorumLost") == (value == "True")
+            warn = (kind in _BAD_WHEN_TRUE) == (value == "True")
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
                              "Warning" if warn else "Normal")
 

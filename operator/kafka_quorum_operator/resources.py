@@ -84,8 +84,9 @@ def headless_name(name: str) -> str:
     return f"{name}-nodes"
 
 
-def config_map_name(name: str) -> str:
-    return f"{name}-config"
+def config_map_name(name: str, revision: str) -> str:
+    """The ConfigMap of one pod revision (``config_hash``): see ``config_map``."""
+    return f"{name}-config-{revision}"
 
 
 def service_account_name(name: str) -> str:
@@ -188,10 +189,15 @@ def _meta(owner: Owner, name: str, component: str = "node", **extra: Any) -> dic
             "ownerReferences": [owner.reference()], **extra}
 
 
-def config_map(owner: Owner, environment: Mapping[str, str]) -> dict[str, Any]:
+def config_map(owner: Owner, spec: Spec, environment: Mapping[str, str]) -> dict[str, Any]:
+    """The nodes' configuration for one revision of the pods, immutable: a pod reads the
+    ConfigMap of the revision it was made for, so a container restarted in the middle of a roll
+    never starts with a newer (or older) configuration than its pod's. The reconciler deletes
+    those no pod refers to any more."""
+    revision = config_hash(spec, environment)
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(owner, config_map_name(owner.name), "config"),
-            "data": dict(environment)}
+            "metadata": _meta(owner, config_map_name(owner.name, revision), "config"),
+            "immutable": True, "data": dict(environment)}
 
 
 def headless_service(owner: Owner, spec: Spec) -> dict[str, Any]:
@@ -251,7 +257,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["quorum-node", "run"],
-        "envFrom": [{"configMapRef": {"name": config_map_name(owner.name)}}],
+        "envFrom": [{"configMapRef": {"name": config_map_name(owner.name, hash_value)}}],
         "env": [{"name": env_var("node.id"), "value": str(node_id)}],
         "ports": [{"name": "quorum", "containerPort": spec.port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port,
@@ -373,7 +379,7 @@ def certificates(owner: Owner, spec: Spec, node_ids: Sequence[int], cluster_doma
 def owned_objects(owner: Owner, spec: Spec, environment: Mapping[str, str], voters: int,
                   operator: OperatorPods) -> list[dict[str, Any]]:
     """The objects kept as specified on every pass (besides pods, claims and credentials)."""
-    objects = [service_account(owner), config_map(owner, environment),
+    objects = [service_account(owner), config_map(owner, spec, environment),
                headless_service(owner, spec), client_service(owner, spec),
                disruption_budget(owner, voters)]
     if spec.security.network_policy:

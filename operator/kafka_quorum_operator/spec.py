@@ -1,7 +1,7 @@
 """A KafkaQuorum's spec as typed, defaulted values.
 
 The API server applies the CRD's defaults, but the operator defaults again from the same table:
-objects created before a default existed, and API emulators in tests, arrive without them.
+an operator newer than the installed CRD (upgraded first) meets fields the CRD does not default.
 ``tests/operator/test_crd.py`` checks that these defaults and the CRD's agree.
 """
 

@@ -7,7 +7,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kafka_quorum_operator.observe import MemberRecord, Observed
+from kafka_quorum_operator.observe import MemberRecord, Observed, foreign_claims
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
     REMEDIATION,
@@ -18,7 +18,8 @@ from kafka_quorum_operator.plan import (
 )
 
 CONDITION_TYPES = ("Ready", "Quorate", "AllMembersReady", "MemberReplacing", "QuorumLost",
-                   "Paused", "ScalingBlocked", "Secured")
+                   "Paused", "ScalingBlocked", "Secured", "ClaimsRefused",
+                   "VolumeResizeBlocked")
 
 
 def iso(now: float) -> str:
@@ -95,6 +96,15 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
                       f"{voters} voters, leader {a.leader_id}" if ready else
                       plan.waiting or _not_ready_reason(voters, observed.spec.replicas,
                                                         unready, outdated))
+    foreign = foreign_claims(observed.claims, observed.cluster_id)
+    found["ClaimsRefused"] = (bool(foreign), "ForeignClusterId" if foreign else "NoneRefused", (
+        "; ".join(f"{c.name} belongs to cluster {c.cluster_id}, not {observed.cluster_id}"
+                  for c in foreign.values()) +
+        ": never mounted; delete the claim to have a new one made, or restore the "
+        "KafkaQuorum it belongs to") if foreign else "")
+    found["VolumeResizeBlocked"] = (observed.resize_problem is not None, "NotExpandable"
+                                    if observed.resize_problem else "NotBlocked",
+                                    observed.resize_problem or "")
     old = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
     result = []
     for kind in CONDITION_TYPES:

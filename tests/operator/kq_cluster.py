@@ -23,7 +23,7 @@ import kmock
 import pytest
 from kafka_quorum_operator import KIND, handlers
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.nodes import NodeClient, Route, client_context
 from kafka_quorum_operator.reconcile import CR_API
 from kq_harness import (
@@ -93,7 +93,7 @@ class Writer:
 
 @dataclass
 class Cluster:
-    kube: KubeClient
+    kube: Kube
     kubelet: Kubelet
     operator: OperatorThread
     emulator: Any
@@ -181,6 +181,8 @@ class Cluster:
 
     async def events(self) -> list[tuple[str, str]]:
         items = await self.kube.list(path("Event", NAMESPACE), {})
+        # In the order they were posted (a list is in name order, as the API server's).
+        items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
         return [(e.get("reason", ""), e.get("message", "")) for e in items]
 
     def addresses(self, ids: range | list[int]) -> list[str]:
@@ -203,6 +205,16 @@ class Cluster:
         for node_id in node_ids:
             await self.kube.delete(path("Pod", NAMESPACE, f"{NAME}-{node_id}"))
 
+    async def configs(self) -> dict[str, dict[str, str]]:
+        """Each pod's configuration: the data of the ConfigMap its container reads."""
+        found = {}
+        for pod in await self.kube.list(path("Pod", NAMESPACE), r.labels(NAME)):
+            name = pod["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+            config = await self.kube.get(path("ConfigMap", NAMESPACE, name))
+            assert config is not None, f"pod {pod['metadata']['name']}: no ConfigMap {name}"
+            found[pod["metadata"]["name"]] = dict(config.get("data") or {})
+        return found
+
     async def objects(self) -> tuple[set[str], set[str]]:
         """The uids of the quorum's pods and claims."""
         pods = await self.kube.list(path("Pod", NAMESPACE), {})
@@ -224,7 +236,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         declare_resources(emulator)
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
-            kube = KubeClient(Connection(url))
+            kube = Kube.connect(url)
             kubelet = Kubelet(kube, tmp_path)
             operator = OperatorThread()
             handler = logging.FileHandler(tmp_path / "operator.log")
@@ -246,7 +258,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                     # The test may have replaced the operator (a restart): stop the current one.
                     await asyncio.to_thread(cluster.operator.stop)
                     await kubelet.stop()
-                    await kube.close()
+                    kube.close()
 
 
 async def create_ready(cluster: Cluster, replicas: int = 3) -> float:

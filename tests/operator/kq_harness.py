@@ -5,7 +5,10 @@ process, its volume claim a directory.
 - ``K8s``: kmock 0.8's emulator with the fixes it needs (spikes.md): uid, resourceVersion,
   generation, creationTimestamp and generateName on create; 201 for a create; 422 for a failed
   JSON-patch test; and the finalizers the real cluster has, so that a deleted pod stays
-  Terminating until its process has stopped and a claim in use stays until its pod is gone.
+  Terminating until its process has stopped and a claim in use stays until its pod is gone. And
+  what the operator relies on from a real API server: label selectors on lists and watches,
+  ``limit``/``continue``, server-side apply with per-manager field ownership, and 409 for a
+  write naming a stale resourceVersion.
 - ``Kubelet``: starts a node process for every pod (environment from the pod's env and
   envFrom ConfigMap; each pod gets its own loopback IP, which stands in for the pod IP and for
   the cluster DNS names in the configuration), mounts its Secret volumes as directories (a pod
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import datetime
 import itertools
 import os
@@ -51,7 +55,7 @@ import jsonpatch
 import kmock
 import kopf
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
-from kafka_quorum_operator.kube import KubeClient, KubeError, path
+from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.reconcile import CR_API
 from kafka_quorum_operator.spec import DATA_MOUNT
 
@@ -65,21 +69,39 @@ def _now() -> str:
 
 
 class K8s(kmock.KubernetesEmulator):
-    """kmock's emulator with the fixes the operator and kopf need (see the module doc)."""
+    """kmock's emulator with the fixes the operator and kopf need (see the module doc), and the
+    API server's behaviour the operator relies on: label selectors on lists and watches,
+    ``limit``/``continue`` pagination, server-side apply (a merge with a lite ``managedFields``:
+    the fields a manager applied before and leaves out now are removed), and 409 for a patch whose
+    ``metadata.resourceVersion`` is not the object's."""
 
     _versions = itertools.count(1)
+
+    @property
+    def applied(self) -> dict[tuple[Any, str | None, str | None, str], dict[str, Any]]:
+        """Per-manager applied configurations: (resource, namespace, name, manager) -> the
+        last applied."""
+        found: dict[tuple[Any, str | None, str | None, str], dict[str, Any]] = \
+            self.__dict__.setdefault("_applied_by_manager", {})
+        return found
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         action = request.action
         data = request.data
         resource = request.resource
+        if action == kmock.action.UPDATE and isinstance(data, dict):
+            stale = self._stale(request)
+            if stale is not None:
+                return await self._render_error(stale)
+            content_type = str(request.headers.get("Content-Type", ""))
+            if content_type.startswith("application/apply-patch"):
+                return await self._apply(request)
         if action == kmock.action.CREATE and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("namespace", request.namespace)
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)),
-                        creationTimestamp=_now(), generation=1)
+            self._created(meta)
             plural = resource.plural if resource is not None else None
             if plural == "pods":
                 meta.setdefault("finalizers", []).append(POD_FINALIZER)
@@ -103,6 +125,77 @@ class K8s(kmock.KubernetesEmulator):
             response.set_status(201)
         return response
 
+    def _created(self, meta: dict[str, Any]) -> None:
+        meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)),
+                    creationTimestamp=_now(), generation=1)
+
+    def _stale(self, request: Any) -> Exception | None:
+        """A conflict when the patch names a resourceVersion that is not the object's."""
+        wanted = (request.data.get("metadata") or {}).get("resourceVersion")
+        current = self._current(request)
+        if wanted is None or current is None:
+            return None
+        actual = (current.get("metadata") or {}).get("resourceVersion")
+        if str(wanted) == str(actual):
+            return None
+        return kmock.KubernetesError(status=409, reason="Conflict", message=(
+            f"Operation cannot be fulfilled on {request.name}: the object has been modified; "
+            f"please apply your changes to the latest version and try again"))
+
+    async def _apply(self, request: Any) -> aiohttp.web.StreamResponse:
+        manager = request.params.get("fieldManager")
+        if not manager:
+            return await self._render_error(kmock.KubernetesError(
+                status=400, reason="BadRequest", message="fieldManager is required for apply"))
+        applied = copy.deepcopy(request.data)
+        key = (request.resource, request.namespace, request.name, manager)
+        current = self._current(request)
+        desired = copy.deepcopy(dict(current)) if current is not None else {}
+        _remove_unapplied(desired, self.applied.get(key) or {}, applied)
+        _deep_merge(desired, applied)
+        meta = desired.setdefault("metadata", {})
+        meta["managedFields"] = [
+            entry for entry in meta.get("managedFields") or [] if entry.get("manager") != manager
+        ] + [{"manager": manager, "operation": "Apply", "apiVersion": applied.get("apiVersion"),
+              "fieldsType": "FieldsV1", "fieldsV1": _field_set(applied), "time": _now()}]
+        self.applied[key] = applied
+        async with self._lock:
+            bus = self._buses[request.resource]
+            if current is None:
+                meta.setdefault("namespace", request.namespace)
+                self._created(meta)
+                object_key = (request.resource, request.namespace, request.name)
+                self._objects[object_key] = desired
+                raw = self._objects[object_key].raw
+                await bus.put({"type": "ADDED", "object": raw})
+                return aiohttp.web.json_response(raw, status=201)
+            if desired.get("spec") != current.get("spec"):
+                meta["generation"] = int((current.get("metadata") or {}).get("generation", 1)) + 1
+            meta["resourceVersion"] = str(next(self._versions))
+            obj = self._objects[(request.resource, request.namespace, request.name)]
+            obj.patch(_merge_patch(dict(current), desired))
+            await bus.put({"type": "MODIFIED", "object": obj.raw})
+            return aiohttp.web.json_response(obj.raw)
+
+    async def _serve_list(self, request: Any) -> Any:
+        answer = await super()._serve_list(request)
+        selector = _parse_selector(request.params.get("labelSelector", ""))
+        items = sorted((i for i in answer["items"] if _matches(selector, i)),
+                       key=lambda i: (i["metadata"].get("namespace") or "", i["metadata"]["name"]))
+        start = int(request.params.get("continue") or 0)
+        limit = int(request.params.get("limit") or 0)
+        end = start + limit if limit else len(items)
+        answer["items"] = items[start:end]
+        if end < len(items):
+            answer["metadata"] = {**answer["metadata"], "continue": str(end)}
+        return answer
+
+    async def _serve_watch(self, request: Any) -> Any:
+        selector = _parse_selector(request.params.get("labelSelector", ""))
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict) or _matches(selector, event.get("object") or {}):
+                yield event
+
     def _current(self, request: Any) -> Mapping[str, Any] | None:
         for (resource, namespace, name), obj in self.objects.items():
             if resource == request.resource and namespace == request.namespace and \
@@ -115,6 +208,91 @@ class K8s(kmock.KubernetesEmulator):
             exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
         response: aiohttp.web.StreamResponse = await super()._render_error(exc)
         return response
+
+
+Requirement = tuple[str, str, frozenset[str]]  # key, operator (in, notin, exists, !), values
+_REQUIREMENT = re.compile(r"^\s*(!?)\s*([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|"
+                          r"\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def _parse_selector(text: str) -> list[Requirement]:
+    """A label selector (equality and set-based), as the API server parses it."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    requirements: list[Requirement] = []
+    for part in filter(str.strip, parts):
+        match = _REQUIREMENT.match(part)
+        if match is None:
+            raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                        message=f"unable to parse requirement: {part!r}")
+        negated, key, equality, value, set_op, values = match.groups()
+        if negated:
+            requirements.append((key, "!", frozenset()))
+        elif equality:
+            requirements.append((key, "notin" if equality == "!=" else "in",
+                                 frozenset([value])))
+        elif set_op:
+            requirements.append((key, set_op, frozenset(
+                v.strip() for v in values.split(",") if v.strip())))
+        else:
+            requirements.append((key, "exists", frozenset()))
+    return requirements
+
+
+def _matches(requirements: list[Requirement], obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for key, op, values in requirements:
+        present = key in labels
+        if (op == "exists" and not present) or (op == "!" and present) or \
+                (op == "in" and labels.get(key) not in values) or \
+                (op == "notin" and present and labels[key] in values):
+            return False
+    return True
+
+
+def _deep_merge(target: dict[str, Any], source: Mapping[str, Any]) -> None:
+    for key, value in source.items():
+        if isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _deep_merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _remove_unapplied(target: dict[str, Any], before: Mapping[str, Any],
+                      now: Mapping[str, Any]) -> None:
+    """Remove the fields a manager applied before and no longer applies."""
+    for key, value in before.items():
+        if key not in now:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(now[key], Mapping) and \
+                isinstance(target.get(key), dict):
+            _remove_unapplied(target[key], value, now[key])
+
+
+def _field_set(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"f:{k}": _field_set(v) if isinstance(v, Mapping) else {} for k, v in obj.items()}
+
+
+def _merge_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns ``current`` into ``desired``."""
+    patch: dict[str, Any] = {k: None for k in current if k not in desired}
+    for key, value in desired.items():
+        old = current.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            inner = _merge_patch(old, value)
+            if inner:
+                patch[key] = inner
+        elif value != old or key not in current:
+            patch[key] = copy.deepcopy(value)
+    return patch
 
 
 def declare_resources(emulator: Any) -> None:
@@ -180,7 +358,7 @@ class Process:
 
 @dataclass
 class Kubelet:
-    kube: KubeClient
+    kube: Kube
     root: Path
     # Every pod gets a loopback IP of its own, always the same for the same pod name.
     prefix: str = field(default_factory=lambda: f"127.{random.randint(20, 250)}."
@@ -219,7 +397,7 @@ class Kubelet:
         while True:
             try:
                 await self._sync()
-            except (KubeError, aiohttp.ClientError) as error:
+            except KubeError as error:
                 print(f"kubelet: {error}")
             except Exception:  # a kubelet bug must show, not silently stop every pod's status
                 self.errors.append(traceback.format_exc())
@@ -447,17 +625,17 @@ def cr_path(name: str) -> str:
 
 
 async def wait_for(what: str, check: Callable[[], Awaitable[Any]], timeout_s: float,
-                   describe: Callable[[], str] = lambda: "") -> Any:
+                   describe: Callable[[], str] = lambda: "", interval_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:
         try:
             last = await check()
-        except (KubeError, aiohttp.ClientError, OSError) as error:
+        except (KubeError, OSError) as error:
             last = error
         if last and not isinstance(last, Exception):
             return last
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} "
                          f"(last: {last!r})\n{describe()}")
 

@@ -73,6 +73,7 @@ def test_helm_lint_is_clean() -> None:
 
 @needs_helm
 @pytest.mark.parametrize("values", [[], ["--set", "watchNamespaces={team-a,team-b}"],
+                                    ["--set", "clusterWide=true"],
                                     ["--set", "metrics.enabled=false,replicaCount=2"],
                                     ["--set", "networkPolicy.enabled=false,test.tls=false"],
                                     ["--set", "certManager.enabled=true"]])
@@ -82,39 +83,67 @@ def test_rendered_objects_are_valid(values: list[str]) -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    return {(g, res): set(rule["verbs"]) for rule in role["rules"]
+            for g in rule["apiGroups"] for res in rule["resources"]}
+
+
 @needs_helm
 def test_rbac_is_least_privilege() -> None:
+    """By default the operator manages its own namespace: a Role there; cluster-wide it may only
+    read StorageClasses. watchNamespaces gives a Role per namespace; clusterWide=true (opt-in)
+    a ClusterRole."""
     docs = template()
-    operator = next(d for d in by_kind(docs, "ClusterRole")
-                    if not d["metadata"]["name"].endswith(("-view", "-edit")))
-    verbs = {(g, res): set(rule["verbs"]) for rule in operator["rules"]
-             for g in rule["apiGroups"] for res in rule["resources"]}
+    cluster_roles = {d["metadata"]["name"]: d for d in by_kind(docs, "ClusterRole")}
+    assert sorted(cluster_roles) == ["kafka-quorum-operator-cluster",
+                                     "kafka-quorum-operator-edit", "kafka-quorum-operator-view"]
+    assert _rules(cluster_roles["kafka-quorum-operator-cluster"]) == {
+        ("storage.k8s.io", "storageclasses"): {"get"}}
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
+             for d in by_kind(docs, "Role")}
+    assert sorted(roles) == [("kafka-quorum-system", "kafka-quorum-operator"),
+                             ("kafka-quorum-system", "kafka-quorum-operator-leader-election")]
+    verbs = _rules(roles["kafka-quorum-system", "kafka-quorum-operator"])
     assert not any("*" in v for v in verbs.values())
     assert not any(res in ("pods/exec", "nodes", "namespaces") for _, res in verbs)
     assert verbs["", "pods"] == {"get", "list", "watch", "create", "delete"}
+    assert verbs["", "persistentvolumeclaims"] == {"get", "list", "watch", "create", "patch",
+                                                   "delete"}
     # Credentials and policies are read by name, never listed, watched or deleted.
     assert verbs["", "secrets"] == {"get", "create", "patch"}
     assert verbs["networking.k8s.io", "networkpolicies"] == {"get", "create", "patch"}
     assert ("cert-manager.io", "certificates") not in verbs
-    with_cert_manager = next(d for d in by_kind(template("--set", "certManager.enabled=true"),
-                                                "ClusterRole")
-                             if not d["metadata"]["name"].endswith(("-view", "-edit")))
-    assert {"get", "create", "patch"} == next(
-        set(rule["verbs"]) for rule in with_cert_manager["rules"]
-        if rule["apiGroups"] == ["cert-manager.io"] and rule["resources"] == ["certificates"])
     assert verbs["kraft.quorum.dev", "kafkaquorums/status"] == {"get", "patch"}
-    leases = next(d for d in by_kind(docs, "Role") if "leader-election" in
-                  d["metadata"]["name"])
-    assert leases["metadata"]["namespace"] == "kafka-quorum-system"
+    deployment = by_kind(docs, "Deployment")[0]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=kafka-quorum-system"]
+    with_cert_manager = next(d for d in by_kind(template("--set", "certManager.enabled=true"),
+                                                "Role") if d["metadata"]["name"] ==
+                             "kafka-quorum-operator")
+    assert _rules(with_cert_manager)["cert-manager.io", "certificates"] == \
+        {"get", "create", "patch"}
 
     namespaced = template("--set", "watchNamespaces={team-a,team-b}")
     assert [d["metadata"]["name"] for d in by_kind(namespaced, "ClusterRole")] == [
-        "kafka-quorum-operator-view", "kafka-quorum-operator-edit"]
-    roles = {d["metadata"]["namespace"] for d in by_kind(namespaced, "Role")}
-    assert roles == {"team-a", "team-b", "kafka-quorum-system"}
-    deployment = by_kind(namespaced, "Deployment")[0]
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        "kafka-quorum-operator-cluster", "kafka-quorum-operator-view",
+        "kafka-quorum-operator-edit"]
+    assert {d["metadata"]["namespace"] for d in by_kind(namespaced, "Role")} == \
+        {"team-a", "team-b", "kafka-quorum-system"}
+    assert {d["metadata"]["namespace"] for d in by_kind(namespaced, "Role")
+            if d["metadata"]["name"] == "kafka-quorum-operator"} == {"team-a", "team-b"}
+    args = by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0][
+        "args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+    wide = template("--set", "clusterWide=true")
+    operator = next(d for d in by_kind(wide, "ClusterRole")
+                    if d["metadata"]["name"] == "kafka-quorum-operator")
+    assert _rules(operator)["", "secrets"] == {"get", "create", "patch"}
+    assert [d["metadata"]["name"] for d in by_kind(wide, "Role")] == [
+        "kafka-quorum-operator-leader-election"]
+    args = by_kind(wide, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--namespace")]
 
 
 @needs_helm
@@ -160,3 +189,17 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
     assert HELM is not None
     with pytest.raises(RuntimeError, match="helm template failed"):
         render_install.render(HELM, "--set", bad)
+
+
+@needs_helm
+def test_the_crd_is_a_kept_template_upgraded_with_the_release() -> None:
+    """helm upgrade updates the CRD (a template, not crds/, which helm installs only once) and
+    helm uninstall keeps it (and every KafkaQuorum); crds.install=false leaves it out."""
+    source = yaml.safe_load((ROOT / "crds" / "kafkaquorums.kraft.quorum.dev.yaml").read_text())
+    for docs in (template(), documents(render_install.INSTALL.read_text())):
+        crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        del crd["metadata"]["annotations"]
+        assert crd == source
+    assert not [d for d in template("--set", "crds.install=false")
+                if d["kind"] == "CustomResourceDefinition"]

@@ -27,7 +27,7 @@ from quorum_node.node.config import KEYS_BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / f"{PLURAL}.{GROUP}.yaml"
-CHART_CRD = ROOT / "helm" / "kafka-quorum-operator" / "crds" / CRD_PATH.name
+CHART_CRD = ROOT / "helm" / "kafka-quorum-operator" / "files" / CRD_PATH.name
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 K8S_VERSION = "1.33.0"
 

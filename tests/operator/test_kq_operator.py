@@ -14,10 +14,11 @@ import shutil
 import time
 
 import pytest
-from kafka_quorum_operator import handlers
+from kafka_quorum_operator import KIND, handlers
 from kafka_quorum_operator.kube import path
+from kafka_quorum_operator.reconcile import CR_API
 from kq_cluster import NAME, Cluster, Writer, create_ready, heal
-from kq_harness import NAMESPACE, OperatorThread, condition, cr_path
+from kq_harness import NAMESPACE, OperatorThread, condition, cr_path, quorum_object
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -135,3 +136,117 @@ async def test_operator_restart_between_add_voter_and_remove_voter(cluster: Clus
     await cluster.wait("the replacement finished by the new operator", finished, 60)
     later = [reason for reason, _ in (await cluster.events())[events:]]
     assert "VoterRemoved" in later and "VoterAdded" not in later, later
+
+
+async def test_pods_and_claims_are_watched_by_label_on_the_server(cluster: Cluster) -> None:
+    """kopf's watches of pods and claims ask the API server for the operator's own only (a
+    cluster's other pods never reach it), and the emulator honours the selector."""
+    foreign = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "someone-elses", "namespace": NAMESPACE,
+                            "labels": {"app": "other"}},
+               "spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [
+                   {"name": "v", "persistentVolumeClaim": {"claimName": "absent"}}]}}
+    await cluster.kube.create(path("Pod", NAMESPACE), foreign)
+
+    def watches() -> list[dict[str, str]]:
+        return [dict(r.params) for r in cluster.emulator._requests
+                if r.resource is not None and r.resource.plural in
+                ("pods", "persistentvolumeclaims") and r.params.get("watch") == "true"]
+
+    async def both_watched() -> bool:
+        return {p.get("labelSelector") for p in watches()} == \
+            {"app.kubernetes.io/managed-by=kafka-quorum-operator"} and len(watches()) >= 2
+
+    await cluster.wait("the operator's watches of pods and claims", both_watched, 20)
+    selected = await cluster.kube.list(path("Pod", NAMESPACE),
+                                       {"app.kubernetes.io/managed-by": "kafka-quorum-operator"})
+    assert selected == []
+    assert [p["metadata"]["name"] for p in await cluster.kube.list(path("Pod", NAMESPACE), {})] \
+        == ["someone-elses"]
+
+
+async def test_configuration_per_revision(cluster: Cluster) -> None:
+    """A changed configuration is a new immutable ConfigMap; pods not rolled yet keep reading
+    theirs (a container restarted meanwhile starts with its pod's configuration), and the old
+    one goes once no pod refers to it."""
+    await create_ready(cluster)
+    before = await cluster.configs()
+    assert len(set(map(str, before.values()))) == 1
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"config": {"electionTimeoutMs": 600}}})
+    key = "QUORUM_CONTROLLER_QUORUM_ELECTION_TIMEOUT_MS"
+    mixed_seen = False
+
+    async def rolled() -> bool:
+        nonlocal mixed_seen
+        configs = await cluster.configs()
+        values = {c.get(key) for c in configs.values()}
+        mixed_seen |= values == {"500", "600"}
+        maps = await cluster.kube.list(path("ConfigMap", NAMESPACE),
+                                       {"app.kubernetes.io/instance": NAME,
+                                        "app.kubernetes.io/component": "config"})
+        assert all(m.get("immutable") is True for m in maps)
+        return len(configs) == 3 and values == {"600"} and len(maps) == 1 and \
+            condition(await cluster.get(), "Ready") == "True"
+
+    await cluster.wait("every pod rolled onto the new ConfigMap, the old one gone", rolled, 120)
+    assert mixed_seen, "never saw pods of both revisions, each with its own configuration"
+
+
+async def test_volume_expansion(cluster: Cluster) -> None:
+    """A larger spec.storage.size grows the claims where the StorageClass allows expansion,
+    and is refused with a condition and a Warning Event where it does not."""
+    classes = "/apis/storage.k8s.io/v1/storageclasses"
+    await cluster.kube.create(classes, {
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "expandable"}, "provisioner": "test",
+        "allowVolumeExpansion": True})
+    await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(
+        NAME, 3, storage={"size": "1Gi", "storageClassName": "expandable"}))
+    await cluster.ready_with(3)
+
+    async def sizes() -> set[str]:
+        claims = await cluster.kube.list(path("PersistentVolumeClaim", NAMESPACE),
+                                         {"app.kubernetes.io/instance": NAME})
+        return {c["spec"]["resources"]["requests"]["storage"] for c in claims}
+
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"storage": {"size": "2Gi"}}})
+
+    async def grown() -> bool:
+        return await sizes() == {"2Gi"}
+
+    await cluster.wait("the claims grown to 2Gi", grown, 30)
+    await cluster.kube.patch(f"{classes}/expandable", {"allowVolumeExpansion": False})
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"storage": {"size": "3Gi"}}})
+
+    async def blocked() -> bool:
+        return condition(await cluster.get(), "VolumeResizeBlocked") == "True"
+
+    await cluster.wait("VolumeResizeBlocked", blocked, 30)
+    assert await sizes() == {"2Gi"}
+    reasons = [reason for reason, _ in await cluster.events()]
+    assert reasons.count("VolumeExpanding") == 3 and "VolumeResizeBlockedTrue" in reasons
+
+
+async def test_tls_switched_off_and_on_without_a_manual_restart(cluster: Cluster) -> None:
+    """Nodes on either side of a TLS switch cannot talk: the operator restarts the pods of the
+    old side together (a short outage) instead of a roll that would stop after one pod."""
+    await create_ready(cluster)
+    directories = await cluster.voter_directories()
+    timings = {}
+    for enabled in (False, True):
+        started = time.monotonic()
+        await cluster.kube.patch(cr_path(NAME), {"spec": {"security": {"tls": {
+            "enabled": enabled}}}})
+
+        async def switched(enabled: bool = enabled) -> bool:
+            configs = await cluster.configs()
+            body = await cluster.get()
+            return len(configs) == 3 and all(
+                c["QUORUM_LISTENERS"].startswith("SSL://") == enabled
+                for c in configs.values()) and condition(body, "Ready") == "True" and \
+                condition(body, "Secured") == ("True" if enabled else "False")
+
+        await cluster.wait(f"TLS {'on' if enabled else 'off'} on every node", switched, 120)
+        timings[enabled] = time.monotonic() - started
+    assert await cluster.voter_directories() == directories  # the same volumes, no remediation
+    print(f"\n[operator] TLS off in {timings[False]:.1f} s, on again in {timings[True]:.1f} s")

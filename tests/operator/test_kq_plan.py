@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from kafka_quorum_operator.observe import Observed
 from kafka_quorum_operator.plan import (
+    TLS_SWITCH,
     Action,
     assess,
     configured_voter_ids,
@@ -16,7 +17,7 @@ from kafka_quorum_operator.plan import (
     plan,
     trusts,
 )
-from kafka_quorum_operator.spec import Remediation
+from kafka_quorum_operator.spec import Remediation, Security
 from kq_builders import (
     DIRS,
     HASH,
@@ -315,6 +316,21 @@ def test_roll_followers_first_leader_last() -> None:
     assert only(observed) == Action("DeletePod", 2, "RollingUpdate")
     assert only(outdated(healthy(), 1, 3)) == Action("DeletePod", 3, "RollingUpdate")
     assert only(outdated(healthy(), 1)) == Action("DeletePod", 1, "RollingUpdate")
+
+
+def test_a_tls_switch_restarts_the_old_side_together() -> None:
+    """Nodes on either side of a TLS switch cannot talk (the operator, already on the new side,
+    reaches no leader either): the pods of the old side are deleted together."""
+    switched = with_spec(healthy(), security=Security(tls=False))
+    on_tls = {i: replace(p, config_hash="old", tls=True) for i, p in switched.pods.items()}
+    no_leader = replace(switched, pods=on_tls, nodes={}, quorum=None)
+    decided = plan(no_leader)
+    assert decided.actions == tuple(Action("DeletePod", i, TLS_SWITCH) for i in (1, 2, 3))
+    # Pods already on the new side are not restarted again; an ordinary roll stays one by one.
+    half = replace(no_leader, pods={**on_tls, 1: replace(on_tls[1], tls=False)})
+    assert plan(half).actions == (Action("DeletePod", 2, TLS_SWITCH),
+                                  Action("DeletePod", 3, TLS_SWITCH))
+    assert only(outdated(healthy(), 1, 2, 3)) == Action("DeletePod", 2, "RollingUpdate")
 
 
 def test_roll_unready_pods_first() -> None:

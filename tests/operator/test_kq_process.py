@@ -15,7 +15,7 @@ from pathlib import Path
 import kmock
 import pytest
 from kafka_quorum_operator import KIND
-from kafka_quorum_operator.kube import Connection, KubeClient, path
+from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.reconcile import CR_API
 from kq_harness import NAMESPACE, K8s, cr_path, declare_resources, quorum_object, wait_for
 
@@ -50,7 +50,7 @@ async def test_the_operator_command(tmp_path: Path) -> None:
                 env={**os.environ, "KQ_OPERATOR_API_SERVER": url, "KQ_OPERATOR_INTERVAL": "0.3",
                      "KQ_OPERATOR_METRICS_PORT": str(metrics),
                      "KQ_OPERATOR_NAMESPACE": NAMESPACE})
-            kube = KubeClient(Connection(url))
+            kube = Kube.connect(url)
             try:
                 await kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object("kq", 3))
 
@@ -81,6 +81,6 @@ async def test_the_operator_command(tmp_path: Path) -> None:
                 except subprocess.TimeoutExpired:
                     process.kill()
                 log.close()
-                await kube.close()
+                kube.close()
             lines = (tmp_path / "operator.log").read_text().splitlines()
             assert any(line.startswith("{") and '"message"' in line for line in lines)

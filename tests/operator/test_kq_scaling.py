@@ -14,9 +14,8 @@ import asyncio
 import time
 
 import pytest
-from kafka_quorum_operator.kube import path
 from kq_cluster import NAME, Cluster, Writer, create_ready
-from kq_harness import NAMESPACE, condition, cr_path
+from kq_harness import condition, cr_path
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -46,9 +45,9 @@ async def test_scale_up_roll_and_scale_down(cluster: Cluster) -> None:
         timings["3 -> 5"] = time.monotonic() - started
         rolled = await rolled_pods(cluster, events)
         assert sorted(rolled) == ["kq-1", "kq-2", "kq-3"] and rolled[-1] == f"kq-{leader}"
-        config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
-        assert config is not None
-        assert config["data"]["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@") == 5
+        configs = await cluster.configs()
+        assert [c["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@") for c in configs.values()] \
+            == [5] * 5
 
         # 5 -> 3: RemoveVoter with decommission, then the pod, then the claim, one node at a
         # time, then one rolling update of the voters list.
@@ -58,10 +57,9 @@ async def test_scale_up_roll_and_scale_down(cluster: Cluster) -> None:
 
         async def done() -> bool:
             pods, claims = await cluster.objects()
-            config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
-            assert config is not None
-            voters = config["data"]["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@")
-            return len(pods) == 3 and len(claims) == 3 and voters == 3 and \
+            voters = {c["QUORUM_CONTROLLER_QUORUM_VOTERS"].count("@")
+                      for c in (await cluster.configs()).values()}
+            return len(pods) == 3 and len(claims) == 3 and voters == {3} and \
                 condition(await cluster.get(), "Ready") == "True"
 
         await cluster.wait("nodes 4 and 5 gone, every node configured with 3", done, 300)

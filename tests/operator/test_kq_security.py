@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from kafka_quorum_operator import KIND, certs
 from kafka_quorum_operator import credentials as c
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.keeper import Keeper
+from kafka_quorum_operator.keeper import Keeper, SecretNotOwned
 from kafka_quorum_operator.kube import KubeError, path
 from kafka_quorum_operator.nodes import NodeClient, Route, client_context
 from kafka_quorum_operator.plan import plan
@@ -289,6 +289,20 @@ async def test_keeper_generates_once_and_renews_by_the_clock() -> None:
     assert (await keeper.secure(OWNER, spec, [1, 2, 3, 4, 5])).changes == []
 
 
+async def test_keeper_refuses_a_secret_it_does_not_own() -> None:
+    """A ``NAME-ca`` Secret made by someone else (planted, or left by a KafkaQuorum of the same
+    name before) is never adopted: nothing is signed with it, nothing is written."""
+    kube = FakeKube()
+    planted = c.secret(r.Owner("kq", "prod", "someone-else"), "kq-ca",
+                       c.next_authority(None, "planted", NOW)[0].to_data())
+    kube.objects[path("Secret", "prod", "kq-ca")] = planted
+    keeper = Keeper(kube)  # type: ignore[arg-type]
+    with pytest.raises(SecretNotOwned, match="not owned by KafkaQuorum kq"):
+        await keeper.secure(OWNER, parse_spec({}), [1, 2, 3])
+    assert not [w for w in kube.writes if "kq-ca" in w or "node" in w]
+    assert kube.objects[path("Secret", "prod", "kq-ca")] is planted
+
+
 async def test_keeper_with_security_off_or_cert_manager() -> None:
     kube = FakeKube()
     keeper = Keeper(kube)  # type: ignore[arg-type]
@@ -547,8 +561,9 @@ async def test_secured_quorum_refuses_strangers_and_renews_in_place(cluster: Clu
     policy = await cluster.kube.get(path("NetworkPolicy", NAMESPACE, NAME))
     assert policy is not None and policy["spec"]["podSelector"]["matchLabels"] == \
         r.labels(NAME)
-    config = await cluster.kube.get(path("ConfigMap", NAMESPACE, f"{NAME}-config"))
-    assert config is not None and config["data"]["QUORUM_LISTENERS"].startswith("SSL://")
+    configs = await cluster.configs()
+    assert len(configs) == 3
+    assert all(c["QUORUM_LISTENERS"].startswith("SSL://") for c in configs.values())
 
     ca_secret = await cluster.secret("kq-ca")
     operator = await cluster.secret("kq-operator")

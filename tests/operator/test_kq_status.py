@@ -1,5 +1,5 @@
 """Status, conditions, the remediation record, parsing of what nodes report, the objects the
-operator creates (checked against the node's own configuration loader) and the Lease."""
+operator creates (checked against the node's own configuration loader)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.lease import lease_decision, micro_time
 from kafka_quorum_operator.observe import (
     members_from_status,
     parse_describe_quorum,
@@ -42,7 +41,9 @@ def test_conditions_of_a_healthy_quorum() -> None:
         "Ready": ("True", "QuorumReady"), "Quorate": ("True", "LeaderElected"),
         "AllMembersReady": ("True", "PodsReady"), "MemberReplacing": ("False", "NoReplacement"),
         "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
-        "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS")}
+        "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS"),
+        "ClaimsRefused": ("False", "NoneRefused"),
+        "VolumeResizeBlocked": ("False", "NotBlocked")}
 
 
 def test_conditions_while_replacing_and_when_lost_and_paused() -> None:
@@ -230,17 +231,3 @@ def test_differs() -> None:
 def test_spec_errors(bad: dict[str, object]) -> None:
     with pytest.raises(SpecError):
         parse_spec(bad)
-
-
-# --- lease --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("holder", "renewed_ago", "expected"), [
-    (None, None, "create"), ("me", 1, "renew"), ("me", 100, "renew"), ("other", 1, "wait"),
-    ("other", 16, "acquire"), ("", 1, "acquire"),
-])
-def test_lease_decision(holder: str | None, renewed_ago: float | None, expected: str) -> None:
-    lease = None if holder is None else {"spec": {
-        "holderIdentity": holder, "leaseDurationSeconds": 15,
-        "renewTime": micro_time(NOW - (renewed_ago or 0))}}
-    assert lease_decision(lease, "me", NOW) == expected

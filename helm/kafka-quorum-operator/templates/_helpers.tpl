@@ -40,6 +40,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* What the operator may do with the quorums it manages: nothing more. */}}
+{{- /* The namespaces the operator manages (Role + RoleBinding in each): watchNamespaces, or
+the release namespace alone; none with clusterWide (a ClusterRole instead). */ -}}
+{{- define "kqo.namespaces" -}}
+{{- if not .Values.clusterWide -}}
+{{- toYaml (.Values.watchNamespaces | default (list .Release.Namespace)) -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
 {{- define "kqo.workloadRules" -}}
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums]
@@ -48,10 +58,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: [kafkaquorums/status]
   verbs: [get, patch]
 - apiGroups: [""]
-  resources: [pods, persistentvolumeclaims]
+  resources: [pods]
   verbs: [get, list, watch, create, delete]
+{{- /* Claims grow with spec.storage.size (patch). */}}
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, watch, create, patch, delete]
+{{- /* One ConfigMap per pod revision: listed and deleted once no pod uses it. */}}
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
   verbs: [get, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
