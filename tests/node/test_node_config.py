@@ -8,6 +8,7 @@ from quorum_node.node.config import (
     CONFIG_KEYS,
     KEYS_BY_NAME,
     ConfigError,
+    Listener,
     NodeConfig,
     keys_markdown_table,
     load_config,
@@ -45,7 +46,7 @@ def test_a_full_config_from_flags() -> None:
     config = load_config(None, REQUIRED, {})
     assert config == NodeConfig(
         node_id=1, cluster_id="MkU3OEVBNTcwNTJENDM2Qk", log_dir=Path("/var/lib/quorum/node-1"),
-        listen_host="127.0.0.1", listen_port=9091,
+        listeners=(Listener(name="PLAINTEXT", host="127.0.0.1", port=9091),),
         voters=tuple(VoterEndpoint(id=i, host="127.0.0.1", port=9090 + i) for i in (1, 2, 3)),
     )
     assert config.quorum == QuorumConfig()  # Kafka's defaults
@@ -82,7 +83,7 @@ def test_required_keys_can_come_from_a_mix_of_sources(tmp_path: Path) -> None:
         path, {"log.dir": "/d", "node.id": "4"},
         {"QUORUM_LISTENERS": "h:1", "QUORUM_CONTROLLER_QUORUM_VOTERS": "4@h:1"},
     )
-    assert (config.node_id, config.cluster_id, config.listen_host) == (4, "abc", "h")
+    assert (config.node_id, config.cluster_id, config.listeners[0].host) == (4, "abc", "h")
 
 
 @pytest.mark.parametrize("missing", [key.name for key in CONFIG_KEYS if key.required])
@@ -181,19 +182,20 @@ def test_missing_config_file(tmp_path: Path) -> None:
 )
 def test_listener_forms(listener: str, host: str, port: int) -> None:
     config = load_config(None, {**REQUIRED, "listeners": listener}, {})
-    assert (config.listen_host, config.listen_port) == (host, port)
+    assert config.listeners == (Listener(name="PLAINTEXT", host=host, port=port),)
+    assert config.combined_listener and config.controller_listener == config.client_listeners[0]
 
 
 @pytest.mark.parametrize(
     ("listener", "problem"),
     [
         ("SASL_SSL://h:9093", "only PLAINTEXT and SSL listeners are supported"),
-        ("h", "is not of the form host:port"),
-        (":9093", "is not of the form host:port"),
+        ("h", "is not of the form NAME://host:port, host:port"),
+        (":9093", "is not of the form NAME://host:port, host:port"),
         ("::1:9093", "put an IPv6 address in brackets"),
-        ("h:1,h:2", "expected one listener"),
-        ("h:99999", "port: must be at most 65535, got '99999'"),
-        ("h:0", "port: must be at least 1, got '0'"),
+        ("h:1,h:2", "listener name PLAINTEXT appears twice"),
+        ("h:99999", "port: must be from 1 to 65535, got '99999'"),
+        ("h:0", "port: must be from 1 to 65535, got '0'"),
         ("h:http", "port: expected an integer, got 'http'"),
     ],
 )
@@ -250,8 +252,12 @@ def test_properties_syntax() -> None:
 )
 def test_properties_round_trip(tmp_path: Path, log_dir: str, host: str) -> None:
     config = NodeConfig(
-        node_id=3, cluster_id="abc-_XYZ", log_dir=Path(log_dir), listen_host=host,
-        listen_port=9093,
+        node_id=3, cluster_id="abc-_XYZ", log_dir=Path(log_dir),
+        listeners=f"CLIENT://{'[::1]' if ':' in host else host}:9092,CONTROLLER://a:9093",
+        listener_security_protocol_map="CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        controller_listener_names="CONTROLLER", controller_listener_secret_file="/s/secret",
+        client_endpoints=(VoterEndpoint(id=1, host="a", port=1),
+                          VoterEndpoint(id=3, host=host, port=9092)),
         voters=(VoterEndpoint(id=1, host="a", port=1), VoterEndpoint(id=3, host=host, port=9093)),
         quorum=QuorumConfig(election_timeout_ms=500, fetch_timeout_ms=1000,
                             election_backoff_max_ms=700, request_timeout_ms=1500,

@@ -62,7 +62,7 @@ def _leader_url(quorum: InProcessCluster) -> str:
     while time.monotonic() < deadline:
         leader = quorum.leader()
         if leader is not None and leader.core.accepts_writes:
-            return f"http://127.0.0.1:{leader.config.listen_port}"
+            return leader.config.client_url
         time.sleep(0.05)
     raise AssertionError("no leader")
 
