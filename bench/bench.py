@@ -87,7 +87,7 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None,
     nodes = prepare_local_cluster(directory, 3, base_port=base_port, settings=settings)
     cluster = LocalCluster(nodes, out=open(os.devnull, "w"))  # noqa: SIM115
     cluster.start()
-    ports = [node.config.listen_port for node in nodes]
+    ports = [node.config.client_listeners[0].port for node in nodes]
 
     def leader_port() -> int | None:
         for port in ports:
@@ -115,7 +115,8 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None,
     def stop() -> None:
         cluster.stop()
 
-    pids = {node.config.listen_port: cluster.processes[node.node_id].pid for node in nodes}
+    pids = {node.config.client_listeners[0].port: cluster.processes[node.node_id].pid
+            for node in nodes}
     return System("quorum-node", ports, pids, leader_port, put, append_batch, stop)
 
 

@@ -152,7 +152,7 @@ def run(keys: int, value_bytes: int, directory: Path) -> dict[str, Any]:
         "log.segment.bytes": Setting(str(8 << 20), "bench"),
     }
     nodes = prepare_local_cluster(directory, 3, base_port=BASE_PORT, settings=settings)
-    ports = [node.config.listen_port for node in nodes]
+    ports = [node.config.client_listeners[0].port for node in nodes]
     processes = {node.node_id: start(node) for node in nodes}
     try:
         deadline = time.monotonic() + 30
@@ -162,7 +162,7 @@ def run(keys: int, value_bytes: int, directory: Path) -> dict[str, Any]:
             time.sleep(0.1)
         assert leader is not None, "no leader"
         load_s = load(leader, keys, value_bytes)
-        victim = next(n for n in nodes if n.config.listen_port != leader)
+        victim = next(n for n in nodes if n.config.client_listeners[0].port != leader)
         time.sleep(2)  # let the last snapshot be written
         size = max(snapshot_sizes(nodes[ports.index(leader)].config.log_dir))
         processes[victim.node_id].kill()
@@ -176,7 +176,7 @@ def run(keys: int, value_bytes: int, directory: Path) -> dict[str, Any]:
         last_key = f"/v1/kv/k{keys - 1}?stale=true"
         while True:
             try:
-                status, _ = call(victim.config.listen_port, "GET", last_key)
+                status, _ = call(victim.config.client_listeners[0].port, "GET", last_key)
             except OSError:
                 status = 0
             if status == 200:

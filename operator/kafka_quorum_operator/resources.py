@@ -45,8 +45,13 @@ TOKENS_KEY = "tokens"
 NODE_PRINCIPAL_PREFIX = "quorum-node-"
 OPERATOR_PRINCIPAL = "quorum-operator"
 CERTIFICATE_ROLES = f"{OPERATOR_PRINCIPAL}:admin"
-# Pods in the quorum's namespace with this label (value: the quorum's name) may reach its port.
+# Pods in the quorum's namespace with this label (value: the quorum's name) may reach its client
+# port.
 LABEL_CLIENT = f"{GROUP}/client"
+# The nodes' listeners: clients, admin, probes and metrics on spec.port; the peer RPCs, and only
+# those, on spec.controllerPort, reachable from the quorum's own pods only.
+CLIENT_LISTENER = "CLIENT"
+CONTROLLER_LISTENER = "CONTROLLER"
 
 
 @dataclass(frozen=True)
@@ -146,20 +151,28 @@ def env_var(key: str) -> str:
 def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Sequence[int]
                      ) -> dict[str, str]:
     """The configuration every node shares, as the node's QUORUM_* environment variables."""
-    voters = ",".join(f"{i}@{node_host(owner.name, owner.namespace, i)}:{spec.port}"
-                      for i in voter_ids)
+    hosts = {i: node_host(owner.name, owner.namespace, i) for i in voter_ids}
+    protocol = "SSL" if spec.security.tls else "PLAINTEXT"
     data = {
         env_var("cluster.id"): cluster_id,
-        env_var("controller.quorum.voters"): voters,
+        # The peers reach each other's controller listener; clients are redirected to the
+        # leader's client listener.
+        env_var("controller.quorum.voters"): ",".join(
+            f"{i}@{host}:{spec.controller_port}" for i, host in hosts.items()),
+        env_var("controller.quorum.client.endpoints"): ",".join(
+            f"{i}@{host}:{spec.port}" for i, host in hosts.items()),
         env_var("log.dir"): LOG_DIR,
         # A new, empty volume is formatted with a new directory id and joins as an observer;
         # the operator then makes it a voter (KIP-856). The first bootstrap is the same.
         env_var("format.if.empty"): "true",
-        env_var("listeners"): f"0.0.0.0:{spec.port}",
+        env_var("listeners"): f"{CLIENT_LISTENER}://0.0.0.0:{spec.port},"
+                              f"{CONTROLLER_LISTENER}://0.0.0.0:{spec.controller_port}",
+        env_var("listener.security.protocol.map"): f"{CLIENT_LISTENER}:{protocol},"
+                                                   f"{CONTROLLER_LISTENER}:{protocol}",
+        env_var("controller.listener.names"): CONTROLLER_LISTENER,
     }
     if spec.security.tls:
         data.update({
-            env_var("listeners"): f"SSL://0.0.0.0:{spec.port}",
             env_var("ssl.certificate.location"): f"{TLS_MOUNT}/tls.crt",
             env_var("ssl.key.location"): f"{TLS_MOUNT}/tls.key",
             env_var("ssl.ca.location"): f"{TLS_MOUNT}/ca.crt",
@@ -176,6 +189,7 @@ def config_hash(spec: Spec, environment: Mapping[str, str]) -> str:
     template = spec.template
     inputs = {"env": dict(environment), "image": spec.image, "pull": spec.image_pull_policy,
               "resources": spec.resources, "port": spec.port,
+              "controllerPort": spec.controller_port,
               "affinity": template.affinity, "tolerations": list(template.tolerations),
               "nodeSelector": dict(template.node_selector),
               "priorityClassName": template.priority_class_name,
@@ -202,18 +216,23 @@ def config_map(owner: Owner, spec: Spec, environment: Mapping[str, str]) -> dict
 
 def headless_service(owner: Owner, spec: Spec) -> dict[str, Any]:
     # Peers find each other before they are ready (a new quorum elects no leader otherwise).
+    # Each pod's name resolves through it, for its peers (controller port) and for clients
+    # redirected to the leader (client port).
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(owner, headless_name(owner.name)),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": labels(owner.name),
-                     "ports": [{"name": "quorum", "port": spec.port, "targetPort": spec.port}]}}
+                     "ports": [{"name": "client", "port": spec.port, "targetPort": spec.port},
+                               {"name": "controller", "port": spec.controller_port,
+                                "targetPort": spec.controller_port}]}}
 
 
 def client_service(owner: Owner, spec: Spec) -> dict[str, Any]:
+    # The client port only: the peers find each other through the headless service.
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(owner, owner.name, "client"),
             "spec": {"type": "ClusterIP", "selector": labels(owner.name),
-                     "ports": [{"name": "quorum", "port": spec.port, "targetPort": spec.port}]}}
+                     "ports": [{"name": "client", "port": spec.port, "targetPort": spec.port}]}}
 
 
 def disruption_budget(owner: Owner, voters: int) -> dict[str, Any]:
@@ -259,7 +278,8 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
         "command": ["quorum-node", "run"],
         "envFrom": [{"configMapRef": {"name": config_map_name(owner.name, hash_value)}}],
         "env": [{"name": env_var("node.id"), "value": str(node_id)}],
-        "ports": [{"name": "quorum", "containerPort": spec.port}],
+        "ports": [{"name": "client", "containerPort": spec.port},
+                  {"name": "controller", "containerPort": spec.controller_port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port,
                                        "scheme": scheme},
                            "periodSeconds": 2, "failureThreshold": 3},
@@ -322,11 +342,13 @@ class OperatorPods:
 
 
 def network_policy(owner: Owner, spec: Spec, operator: OperatorPods) -> dict[str, Any]:
-    """Ingress to the quorum's pods: its one port (peers, clients and admin share it), from the
-    quorum's own pods, the operator, pods of the namespace labelled as the quorum's clients, and
-    ``allowFrom``. Everything else is dropped, other ports included. Egress stays open."""
+    """Ingress to the quorum's pods: the client port from the quorum's own pods, the operator,
+    pods of the namespace labelled as the quorum's clients, and ``allowFrom``; the controller
+    port (peer RPCs) from the quorum's own pods only. Everything else is dropped, other ports
+    included. Egress stays open."""
+    own_pods = {"podSelector": {"matchLabels": labels(owner.name)}}
     sources: list[dict[str, Any]] = [
-        {"podSelector": {"matchLabels": labels(owner.name)}},
+        own_pods,
         {"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": operator.namespace}},
          "podSelector": {"matchLabels": dict(operator.labels)}},
@@ -338,7 +360,10 @@ def network_policy(owner: Owner, spec: Spec, operator: OperatorPods) -> dict[str
             "spec": {"podSelector": {"matchLabels": labels(owner.name)},
                      "policyTypes": ["Ingress"],
                      "ingress": [{"from": sources,
-                                  "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
+                                  "ports": [{"protocol": "TCP", "port": spec.port}]},
+                                 {"from": [own_pods],
+                                  "ports": [{"protocol": "TCP",
+                                             "port": spec.controller_port}]}]}}
 
 
 def certificate(owner: Owner, spec: Spec, secret_name: str, common_name: str,

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_IMAGE = "ghcr.io/quorum-node/quorum-node:0.1.0"
-DEFAULT_PORT = 9093
+DEFAULT_PORT = 9093  # the client listener: client and admin APIs, probes, metrics
+DEFAULT_CONTROLLER_PORT = 9094  # the controller listener: peer RPCs only
 DEFAULT_REPLICAS = 3
 DEFAULT_STORAGE_SIZE = "1Gi"
 DEFAULT_MIN_CAUGHT_UP_SECONDS = 10
@@ -97,6 +98,7 @@ class Spec:
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     port: int = DEFAULT_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
     storage: Storage = field(default_factory=Storage)
     resources: Mapping[str, Any] = field(default_factory=dict)
     # Node configuration overrides, by the node's key (controller.quorum.fetch.timeout.ms=...).
@@ -124,11 +126,17 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
         raise SpecError(f"spec.config.{unknown[0]}: unknown setting")
     node_config = {NODE_CONFIG_KEYS[k]: _int(config_raw, k, 0, minimum=0) for k in config_raw}
     affinity = template_raw.get("affinity")
+    port = _int(raw, "port", DEFAULT_PORT, minimum=1)
+    controller_port = _int(raw, "controllerPort", DEFAULT_CONTROLLER_PORT, minimum=1)
+    if controller_port == port:
+        raise SpecError(f"spec.controllerPort: must differ from spec.port ({port}): the peers "
+                        "have a listener of their own")
     return Spec(
         replicas=replicas,
         image=_str(raw, "image", DEFAULT_IMAGE),
         image_pull_policy=_str(raw, "imagePullPolicy", "IfNotPresent"),
-        port=_int(raw, "port", DEFAULT_PORT, minimum=1),
+        port=port,
+        controller_port=controller_port,
         storage=Storage(
             size=_str(storage_raw, "size", DEFAULT_STORAGE_SIZE),
             storage_class_name=storage_raw.get("storageClassName") or None,

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ from quorum_node.node.config import (
     read_properties,
     settings_from_environ,
 )
+from quorum_node.security.peer_secret import PeerSecretError, load_peer_secret
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.dir_lock import (
     LOCK_FILE,
@@ -68,6 +70,9 @@ DEFAULT_BASE_PORT = 9091
 DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 CLUSTER_ID_FILE = "cluster.id"
+PEER_SECRET_FILE = "peer-secret"
+CLIENT_LISTENER = "CLIENT"
+CONTROLLER_LISTENER = "CONTROLLER"
 _LOCAL_SOURCE = "quorum-node local"
 _NODE_ENTRY = re.compile(r"node-([0-9]+)(?:\.properties)?")
 
@@ -149,7 +154,9 @@ def _build_parser() -> _Parser:
     local = commands.add_parser(
         "local", help="run a whole quorum on this machine",
         description="Start a quorum of N nodes on loopback, formatting their directories on first "
-        "use, and stop them all on Ctrl-C. Node i listens on base-port + i - 1; its config, log "
+        "use, and stop them all on Ctrl-C. Node i serves clients on base-port + i - 1 and its "
+        "peers on base-port + N + i - 1 (a controller listener of its own, where every peer RPC "
+        "must carry the secret generated once in DATA_DIR/peer-secret); its config, log "
         "directory and output are DATA_DIR/node-i.properties, DATA_DIR/node-i and "
         "DATA_DIR/node-i.log. The timing flags below apply to every node.",
     )
@@ -160,7 +167,8 @@ def _build_parser() -> _Parser:
     )
     local.add_argument(
         "--base-port", type=int, default=DEFAULT_BASE_PORT,
-        help=f"port of node 1 (default {DEFAULT_BASE_PORT})",
+        help=f"client port of node 1 (default {DEFAULT_BASE_PORT}); the controller ports follow "
+        "the client ports",
     )
     local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
@@ -335,9 +343,9 @@ def prepare_local_cluster(
     locks the data directory: see ``lock_local_data_dir``)."""
     if nodes < 1:
         raise LocalClusterError(f"--nodes must be at least 1, got {nodes}")
-    if not 1 <= base_port <= 65536 - nodes:
-        raise LocalClusterError(f"--base-port {base_port}: ports up to {base_port + nodes - 1} "
-                                "do not fit below 65536")
+    if not 1 <= base_port <= 65536 - 2 * nodes:
+        raise LocalClusterError(f"--base-port {base_port}: ports up to "
+                                f"{base_port + 2 * nodes - 1} do not fit below 65536")
     overrides = dict(settings or {})
     for name, setting in overrides.items():
         if not KEYS_BY_NAME[name].shared:
@@ -347,8 +355,13 @@ def prepare_local_cluster(
     data_dir = data_dir.absolute()
     _check_existing_layout(data_dir, nodes)
     cluster_id = _local_cluster_id(data_dir)
+    secret_path = data_dir / PEER_SECRET_FILE
+    _check_peer_secret(secret_path)
     ports = {i: base_port + i - 1 for i in range(1, nodes + 1)}
-    voters = ",".join(f"{i}@{format_address(host, port)}" for i, port in ports.items())
+    peer_ports = {i: base_port + nodes + i - 1 for i in range(1, nodes + 1)}
+    voters = ",".join(f"{i}@{format_address(host, port)}" for i, port in peer_ports.items())
+    client_endpoints = ",".join(f"{i}@{format_address(host, port)}"
+                                for i, port in ports.items())
     # Every config is validated before anything is formatted or written.
     prepared = [
         LocalNode(
@@ -357,8 +370,16 @@ def prepare_local_cluster(
                 "node.id": Setting(str(node_id), _LOCAL_SOURCE),
                 "cluster.id": Setting(cluster_id, _LOCAL_SOURCE),
                 "log.dir": Setting(str(data_dir / f"node-{node_id}"), _LOCAL_SOURCE),
-                "listeners": Setting(format_address(host, port), _LOCAL_SOURCE),
+                "listeners": Setting(
+                    f"{CLIENT_LISTENER}://{format_address(host, port)},"
+                    f"{CONTROLLER_LISTENER}://{format_address(host, peer_ports[node_id])}",
+                    _LOCAL_SOURCE),
+                "listener.security.protocol.map": Setting(
+                    f"{CLIENT_LISTENER}:PLAINTEXT,{CONTROLLER_LISTENER}:PLAINTEXT", _LOCAL_SOURCE),
+                "controller.listener.names": Setting(CONTROLLER_LISTENER, _LOCAL_SOURCE),
+                "controller.listener.secret.file": Setting(str(secret_path), _LOCAL_SOURCE),
                 "controller.quorum.voters": Setting(voters, _LOCAL_SOURCE),
+                "controller.quorum.client.endpoints": Setting(client_endpoints, _LOCAL_SOURCE),
             }),
             data_dir / f"node-{node_id}.properties",
             data_dir / f"node-{node_id}.log",
@@ -369,6 +390,7 @@ def prepare_local_cluster(
         before_writing(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     _store_cluster_id(data_dir, cluster_id)
+    _store_peer_secret(secret_path)
     for node in prepared:
         # Formats a new directory; checks that an existing one is this cluster's and node's.
         format_log_dir(node.config.log_dir, cluster_id, node.node_id, ignore_formatted=True)
@@ -465,6 +487,35 @@ def _store_cluster_id(data_dir: Path, cluster_id: str) -> None:
     path = data_dir / CLUSTER_ID_FILE
     if not path.exists():
         atomic_write(path, f"{cluster_id}\n".encode("ascii"), replace=False)
+
+
+def _check_peer_secret(path: Path) -> None:
+    """An existing secret file must be usable (it is kept: the nodes may be running with it)."""
+    if path.exists():
+        try:
+            load_peer_secret(path)
+        except PeerSecretError as exc:
+            raise LocalClusterError(f"{exc}; remove it to have a new one generated") from None
+
+
+def _store_peer_secret(path: Path) -> None:
+    """Generate the quorum's peer secret once, readable by its owner only (mode 0600)."""
+    if path.exists():
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover tmp file of a crash may have had other bits
+        os.write(fd, f"{secrets.token_urlsafe(32)}\n".encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # never clobbers a secret written meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def check_ports_free(host: str, ports: Sequence[int]) -> None:
@@ -608,7 +659,8 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
             args.data_dir, args.nodes, host=args.host, base_port=args.base_port, settings=settings,
             before_writing=lock_data_dir,
         )
-        check_ports_free(args.host, [node.config.listen_port for node in nodes])
+        check_ports_free(args.host, [listener.port for node in nodes
+                                     for listener in node.config.listeners])
     except (LocalClusterError, ConfigError, StorageError, OSError) as exc:
         _error(prog, exc)
         return EXIT_REFUSED
@@ -628,7 +680,10 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
         for node in nodes:
             pid = cluster.processes[node.node_id].pid
             url = node.config.client_url
-            print(f"node {node.node_id}: {url}  (pid {pid}, log {node.log_path})")
+            peers = node.config.controller_listener.address
+            print(f"node {node.node_id}: {url}  (peers on {peers}; pid {pid}, "
+                  f"log {node.log_path})")
+        print(f"peer RPCs need the secret in {nodes[0].config.controller_listener_secret_file}")
         print("Ctrl-C stops every node.", flush=True)
         code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1)
         if code == 0:

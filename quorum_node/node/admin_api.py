@@ -87,7 +87,9 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
             "lag": -1 if end is None or leader_end is None else leader_end - end,
             "last_fetch_timestamp": _or_unknown(row.last_fetch_ms),
             "last_caught_up_timestamp": _or_unknown(row.last_caught_up_ms),
-            "endpoint": endpoint_url(node.endpoints.get(row.key.id), node.config.url_scheme),
+            # The voter's controller listener, as Kafka's DescribeQuorum reports it.
+            "endpoint": endpoint_url(node.endpoints.get(row.key.id),
+                                     node.config.controller_listener.scheme),
         }
 
     return {

@@ -53,6 +53,59 @@ def _cluster_id(value: str) -> str:
     return value
 
 
+_LISTENER_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+PROTOCOLS = ("PLAINTEXT", "SSL")
+
+
+class Listener(BaseModel):
+    """One entry of ``listeners``: ``NAME://host:port``; ``tls`` from the name's protocol."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=_LISTENER_NAME.pattern)
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    tls: bool = False
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.address}"
+
+    @property
+    def protocol(self) -> str:
+        return "SSL" if self.tls else "PLAINTEXT"
+
+    def __str__(self) -> str:
+        return f"{self.name}://{self.address}"
+
+
+def _named(listeners: tuple[Listener, ...], name: str) -> Listener:
+    if not name:
+        return listeners[0]
+    return next(listener for listener in listeners if listener.name == name)
+
+
+def _any_tls(info: ValidationInfo) -> bool:
+    listeners: tuple[Listener, ...] = info.data.get("listeners") or ()
+    return any(listener.tls for listener in listeners)
+
+
+def _controller_of(info: ValidationInfo) -> Listener | None:
+    listeners: tuple[Listener, ...] | None = info.data.get("listeners")
+    name = info.data.get("controller_listener_names")
+    if not listeners or name is None:
+        return None
+    return _named(listeners, name)
+
+
 class NodeConfig(BaseModel):
     """Everything a node needs to start. Build it with ``load_config`` (or directly in code)."""
 
@@ -61,18 +114,22 @@ class NodeConfig(BaseModel):
     node_id: int = Field(ge=0)
     cluster_id: Annotated[str, AfterValidator(_cluster_id)]
     log_dir: Path
-    # One listener serves the peer RPCs, the client API and the admin API.
-    listen_host: str = Field(min_length=1)
-    listen_port: int = Field(ge=1, le=65535)
-    listen_tls: bool = False  # an SSL:// listener: TLS for peers, clients and admin
+    # Declared before listeners: parsing a listener's name reads it.
+    listener_security_protocol_map: str = Field("", validate_default=True)
+    # The controller listener serves the peer RPCs only, the others the client and admin APIs,
+    # probes and metrics; a single listener without controller.listener.names serves them all.
+    listeners: tuple[Listener, ...] = Field(min_length=1)
+    controller_listener_names: str = Field("", validate_default=True)
     voters: tuple[VoterEndpoint, ...] = Field(min_length=1)
+    # Where each voter serves clients: a node that is not the leader redirects clients there.
+    client_endpoints: tuple[VoterEndpoint, ...] | None = Field(None, validate_default=True)
     quorum: QuorumConfig = Field(default_factory=QuorumConfig)
     segment_bytes: int = Field(DEFAULT_SEGMENT_BYTES, ge=1)
     format_if_empty: bool = False
     # About 20 MB of 100-byte records: Kafka snapshots every 20 MiB of metadata log by default.
     snapshot_interval_records: int = Field(200_000, ge=0)
     snapshot_retained_log_records: int = Field(0, ge=0)
-    # Security (docs/security.md). Declared after listen_tls: their checks read it.
+    # Security (docs/security.md). Declared after listeners: their checks read them.
     ssl_certificate_location: Path | None = Field(None, validate_default=True)
     ssl_key_location: Path | None = Field(None, validate_default=True)
     ssl_ca_location: Path | None = Field(None, validate_default=True)
@@ -81,16 +138,104 @@ class NodeConfig(BaseModel):
     auth_certificate_roles: str = Field("", validate_default=True)
     auth_peer_principal_template: Annotated[
         str, AfterValidator(validate_peer_principal_template)] = DEFAULT_PEER_PRINCIPAL_TEMPLATE
+    # Declared after auth_token_file: a token file makes it required on a PLAINTEXT controller.
+    controller_listener_secret_file: Path | None = Field(None, validate_default=True)
     security_reload_interval_ms: int = Field(10_000, ge=100)
     # Hostile clients.
     http_read_timeout_ms: int = Field(30_000, ge=100)
     http_max_long_polls: int = Field(1024, ge=1)
     max_connections: int = Field(1000, ge=1)
 
+    @field_validator("listener_security_protocol_map")
+    @classmethod
+    def _protocol_map(cls, value: str) -> str:
+        parse_protocol_map(value)
+        return value
+
+    @field_validator("listeners", mode="before")
+    @classmethod
+    def _parse_listeners(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        protocols = parse_protocol_map(info.data.get("listener_security_protocol_map", ""))
+        return parse_listeners(value, protocols)
+
+    @field_validator("listeners")
+    @classmethod
+    def _distinct_listeners(cls, value: tuple[Listener, ...]) -> tuple[Listener, ...]:
+        names = [listener.name for listener in value]
+        ports = [listener.port for listener in value]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"listener name {name} appears twice")
+        for port in ports:
+            if ports.count(port) > 1:
+                raise ValueError(f"port {port} appears twice (each listener needs its own)")
+        return value
+
+    @field_validator("controller_listener_names")
+    @classmethod
+    def _controller_listener(cls, value: str, info: ValidationInfo) -> str:
+        listeners: tuple[Listener, ...] | None = info.data.get("listeners")
+        names = [name.strip().upper() for name in value.split(",") if name.strip()]
+        if listeners is None:
+            return value  # listeners is bad: reported on its own
+        if not names:
+            if len(listeners) > 1:
+                raise ValueError("required with more than one listener: name the one that "
+                                 "serves the peers (the others serve clients), e.g. CONTROLLER")
+            return ""
+        if len(names) > 1:
+            raise ValueError(f"{value!r}: name one listener (Kafka would use only the first; "
+                             "this node refuses the others rather than ignore them)")
+        known = [listener.name for listener in listeners]
+        if names[0] not in known:
+            raise ValueError(f"{names[0]} is not among the listeners ({', '.join(known)})")
+        if len(listeners) == 1:
+            raise ValueError(f"{names[0]} is the only listener, so the client and admin APIs "
+                             "would be served nowhere: add a client listener, or leave "
+                             "controller.listener.names unset to serve everything on one")
+        clients = [listener for listener in listeners if listener.name != names[0]]
+        if len({listener.tls for listener in clients}) > 1:
+            raise ValueError("the client listeners mix PLAINTEXT and SSL; use one protocol "
+                             "for all of them")
+        return names[0]
+
     @field_validator("voters", mode="before")
     @classmethod
     def _parse_voters(cls, value: object) -> object:
         return parse_quorum_voters(value) if isinstance(value, str) else value
+
+    @field_validator("client_endpoints", mode="before")
+    @classmethod
+    def _parse_client_endpoints(cls, value: object) -> object:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                return parse_quorum_voters(value)
+            except ValueError as error:
+                raise ValueError(str(error).removeprefix("controller.quorum.voters: ")
+                                 .removeprefix("controller.quorum.voters ")) from None
+        return value
+
+    @field_validator("client_endpoints")
+    @classmethod
+    def _client_endpoints(cls, value: tuple[VoterEndpoint, ...] | None,
+                          info: ValidationInfo) -> tuple[VoterEndpoint, ...] | None:
+        voters: tuple[VoterEndpoint, ...] | None = info.data.get("voters")
+        separate = bool(info.data.get("controller_listener_names"))
+        if value is None:
+            if separate:
+                raise ValueError("required with a separate controller listener: each voter's "
+                                 "client listener, id@host:port,... (where clients are "
+                                 "redirected to the leader)")
+            return None
+        if voters is not None:
+            missing = sorted({v.id for v in voters} - {e.id for e in value})
+            if missing:
+                raise ValueError(f"no client endpoint for voter {missing[0]}")
+        return value
 
     @field_validator("log_dir", mode="before")
     @classmethod
@@ -109,11 +254,11 @@ class NodeConfig(BaseModel):
     @field_validator("ssl_certificate_location", "ssl_key_location", "ssl_ca_location")
     @classmethod
     def _tls_files_with_tls_listener(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        tls = info.data.get("listen_tls", False)
+        tls = _any_tls(info)
         if tls and value is None:
-            raise ValueError("required with an SSL:// listener (a PEM file)")
+            raise ValueError("required with an SSL listener (a PEM file)")
         if not tls and value is not None:
-            raise ValueError("only used with an SSL:// listener: set listeners=SSL://host:port "
+            raise ValueError("only used with an SSL listener: set listeners=SSL://host:port "
                              "(a PLAINTEXT listener would silently ignore it)")
         return value
 
@@ -121,24 +266,68 @@ class NodeConfig(BaseModel):
     @classmethod
     def _certificate_roles(cls, value: str, info: ValidationInfo) -> str:
         grants = parse_principal_grants(value)
-        tls = info.data.get("listen_tls", False)
+        tls = _any_tls(info)
         if grants and not tls:
-            raise ValueError("certificate principals need an SSL:// listener")
+            raise ValueError("certificate principals need an SSL listener")
+        return value
+
+    @field_validator("controller_listener_secret_file", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("controller_listener_secret_file")
+    @classmethod
+    def _peer_secret(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        controller = _controller_of(info)
+        if controller is None:
+            return value  # listeners or controller.listener.names is bad: reported on its own
+        if controller.tls and value is not None:
+            raise ValueError(f"only used with a PLAINTEXT controller listener ({controller} is "
+                             "SSL: peers prove who they are with their certificates)")
+        if not controller.tls and value is None and info.data.get("auth_token_file"):
+            raise ValueError(f"required with auth.token.file on the PLAINTEXT controller "
+                             f"listener {controller}: otherwise anyone who can reach it could "
+                             "speak as a peer without a token")
         return value
 
     @property
-    def url_scheme(self) -> str:
-        return "https" if self.listen_tls else "http"
+    def controller_listener(self) -> Listener:
+        """The listener that serves the peer RPCs (the only one, when it serves everything)."""
+        return _named(self.listeners, self.controller_listener_names)
 
     @property
-    def listener(self) -> str:
-        """The ``listeners`` value, in Kafka's form."""
-        scheme = "SSL" if self.listen_tls else "PLAINTEXT"
-        return f"{scheme}://{format_address(self.listen_host, self.listen_port)}"
+    def combined_listener(self) -> bool:
+        """One listener serves peers, clients and admin (no controller.listener.names)."""
+        return not self.controller_listener_names
+
+    @property
+    def client_listeners(self) -> tuple[Listener, ...]:
+        """The listeners that serve the client and admin APIs, probes and metrics."""
+        if self.combined_listener:
+            return self.listeners
+        name = self.controller_listener_names
+        return tuple(listener for listener in self.listeners if listener.name != name)
+
+    @property
+    def url_scheme(self) -> str:
+        """The scheme of the client listeners (they all have the same protocol)."""
+        return self.client_listeners[0].scheme
 
     @property
     def client_url(self) -> str:
-        return f"{self.url_scheme}://{format_address(self.listen_host, self.listen_port)}"
+        """Where this node serves clients (its first client listener)."""
+        return self.client_listeners[0].url
+
+    @property
+    def any_tls(self) -> bool:
+        return any(listener.tls for listener in self.listeners)
+
+    @property
+    def voter_client_endpoints(self) -> tuple[VoterEndpoint, ...]:
+        """Where each voter serves clients: controller.quorum.client.endpoints, or with one
+        listener for everything the voters' own addresses."""
+        return self.client_endpoints if self.client_endpoints is not None else self.voters
 
     def to_properties(self) -> str:
         """The Kafka-style properties file that ``load_config`` reads back into this config,
@@ -188,11 +377,23 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "meta.properties."),
     ConfigKey("log.dir", ("log_dir",),
               "The log directory, formatted by `quorum-node format` (or format.if.empty)."),
-    ConfigKey("listeners", ("listen_host", "listen_port", "listen_tls"),
-              "Where to listen for peers, clients and admin: host:port, PLAINTEXT://host:port, "
-              "SSL://host:port (TLS, and mutual TLS between nodes) or [::1]:port."),
+    ConfigKey("listeners", ("listeners",),
+              "Where to listen: NAME://host:port,... (PLAINTEXT and SSL name their protocol, "
+              "others are mapped by listener.security.protocol.map; [::1] for IPv6; a bare "
+              "host:port is PLAINTEXT). One of them serves the peers: controller.listener.names."),
+    ConfigKey("listener.security.protocol.map", ("listener_security_protocol_map",),
+              "The protocol of each listener name other than PLAINTEXT and SSL: "
+              "NAME:PROTOCOL,... (PLAINTEXT or SSL), e.g. CONTROLLER:SSL,CLIENT:SSL."),
+    ConfigKey("controller.listener.names", ("controller_listener_names",),
+              "The listener that serves the peer RPCs, and only those (one name); the others "
+              "serve the client and admin APIs, probes and metrics. Unset: the only listener "
+              "serves everything (a warning)."),
     ConfigKey("controller.quorum.voters", ("voters",),
-              "The voters, id@host:port,... (each voter's listener)."),
+              "The voters, id@host:port,... (each voter's controller listener)."),
+    ConfigKey("controller.quorum.client.endpoints", ("client_endpoints",),
+              "Each voter's client listener, id@host:port,..., where a node that is not the "
+              "leader redirects clients; required with a controller listener of its own "
+              "(unset: the voters' addresses)."),
     ConfigKey(_QUORUM_TIMING + "election.timeout.ms", ("quorum.election_timeout_ms",),
               "Election timeout; each timer is drawn from [T, 2T).", shared=True),
     ConfigKey(_QUORUM_TIMING + "fetch.timeout.ms", ("quorum.fetch_timeout_ms",),
@@ -235,6 +436,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("auth.token.file", ("auth_token_file",),
               "Bearer tokens, one per line: TOKEN PRINCIPAL ROLES (read, write, admin). "
               "Setting it requires a credential for the client and admin APIs."),
+    ConfigKey("controller.listener.secret.file", ("controller_listener_secret_file",),
+              "A file holding the quorum's shared secret (one line, 16+ printable characters): "
+              "on a PLAINTEXT controller listener every peer RPC must carry it (header "
+              "X-Quorum-Peer-Secret), and the node sends it to its peers. Required there with "
+              "auth.token.file. Reloaded when it changes."),
     ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
               "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
               "(globs; roles read, write, admin), e.g. quorum-operator:admin;app-*:read. Peers "
@@ -377,44 +583,55 @@ def config_from_settings(settings: Mapping[str, Setting]) -> NodeConfig:
         if key is None:
             raise ConfigError(f"unknown key {name!r} (from {source})")
         value = raw.strip()  # no key's value can begin or end with whitespace
-        if name == "listeners":
-            try:
-                tls, host, port = parse_listener(value)
-            except ValueError as exc:
-                raise ConfigError(f"listeners (from {source}): {exc}") from None
-            parts: dict[str, str] = {"listen_host": host, "listen_port": port,
-                                     "listen_tls": "true" if tls else "false"}
-        else:
-            parts = {key.fields[0]: value}
-        for field, part in parts.items():
-            parent, _, leaf = field.rpartition(".")
-            (data.setdefault(parent, {}) if parent else data)[leaf] = part
+        parent, _, leaf = key.fields[0].rpartition(".")
+        (data.setdefault(parent, {}) if parent else data)[leaf] = value
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, settings)) from None
 
 
-def split_listener(value: str) -> tuple[str, str]:
-    """Split ``host:port``, ``PLAINTEXT://host:port``, ``SSL://host:port`` or ``[::1]:port``
-    into host and port text (the port is validated as part of NodeConfig)."""
-    _, host, port = parse_listener(value)
-    return host, port
+def parse_protocol_map(value: str) -> dict[str, bool]:
+    """``listener.security.protocol.map``: listener name -> whether it is SSL. PLAINTEXT and
+    SSL map to themselves unless mapped otherwise."""
+    protocols = {"PLAINTEXT": False, "SSL": True}
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        name, colon, protocol = (part.strip() for part in entry.partition(":"))
+        name = name.upper()
+        if not colon or not _LISTENER_NAME.fullmatch(name):
+            raise ValueError(f"{entry!r} is not of the form NAME:PROTOCOL (NAME in capitals)")
+        if protocol.upper() not in PROTOCOLS:
+            raise ValueError(f"{entry!r}: protocol {protocol!r} is not supported (PLAINTEXT or "
+                             "SSL; no SASL)")
+        protocols[name] = protocol.upper() == "SSL"
+    return protocols
 
 
-def parse_listener(value: str) -> tuple[bool, str, str]:
-    """As ``split_listener``, with whether the listener is TLS (``SSL://``) first."""
-    address = value
-    tls = False
-    scheme, separator, rest = value.partition("://")
-    if separator:
-        if scheme.upper() not in ("PLAINTEXT", "SSL"):
-            raise ValueError(f"{value!r}: only PLAINTEXT and SSL listeners are supported "
-                             "(no SASL)")
-        tls = scheme.upper() == "SSL"
-        address = rest
-    if "," in address:
-        raise ValueError(f"{value!r}: expected one listener (it serves peers, clients and admin)")
+def parse_listeners(value: str, protocols: Mapping[str, bool]) -> tuple[Listener, ...]:
+    """``listeners``: ``NAME://host:port,...``; a bare ``host:port`` is PLAINTEXT."""
+    entries = [entry.strip() for entry in value.split(",")]
+    if not any(entries):
+        raise ValueError("expected NAME://host:port,...")
+    return tuple(parse_listener(entry, protocols) for entry in entries)
+
+
+def parse_listener(value: str, protocols: Mapping[str, bool] | None = None) -> Listener:
+    """One listener, ``NAME://host:port``, ``host:port`` or ``[::1]:port``."""
+    protocols = protocols if protocols is not None else parse_protocol_map("")
+    name, separator, address = value.partition("://")
+    if not separator:
+        name, address = "PLAINTEXT", value
+    name = name.upper()  # as Kafka normalises listener names
+    if not _LISTENER_NAME.fullmatch(name):
+        raise ValueError(f"{value!r}: a listener name is in capitals, letters, digits and _ "
+                         "(e.g. CONTROLLER://host:port)")
+    if name not in protocols and name.startswith("SASL"):
+        raise ValueError(f"{value!r}: only PLAINTEXT and SSL listeners are supported (no SASL)")
+    if name not in protocols:
+        raise ValueError(f"{value!r}: listener {name} has no protocol: map it in "
+                         f"listener.security.protocol.map (e.g. {name}:SSL)")
     host, colon, port = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]  # an IPv6 literal
@@ -422,10 +639,14 @@ def parse_listener(value: str) -> tuple[bool, str, str]:
         raise ValueError(f"{value!r}: put an IPv6 address in brackets, as in [::1]:9093")
     if not colon or not host or any(c.isspace() or c in "/[]" for c in host):
         raise ValueError(
-            f"{value!r} is not of the form host:port, PLAINTEXT://host:port, SSL://host:port or "
-            "[::1]:port (0.0.0.0 listens on every interface)"
+            f"{value!r} is not of the form NAME://host:port, host:port or [::1]:port "
+            "(0.0.0.0 listens on every interface)"
         )
-    return tls, host, port
+    if not port.isdigit():
+        raise ValueError(f"{value!r}: port: expected an integer, got {port!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: port: must be from 1 to 65535, got {port!r}")
+    return Listener(name=name, host=host, port=int(port), tls=protocols[name])
 
 
 def format_address(host: str, port: int) -> str:
@@ -509,9 +730,11 @@ def _escape(value: str) -> str:
 
 def _render(key: ConfigKey, config: NodeConfig) -> str:
     if key.name == "listeners":
-        return config.listener
+        return ",".join(str(listener) for listener in config.listeners)
     if key.name == "controller.quorum.voters":
         return ",".join(str(voter) for voter in config.voters)
+    if key.name == "controller.quorum.client.endpoints":
+        return ",".join(str(e) for e in config.client_endpoints or ())
     value: Any = config
     for part in key.fields[0].split("."):
         value = getattr(value, part)

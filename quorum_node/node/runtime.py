@@ -63,7 +63,7 @@ from quorum_node.storage.meta_properties import format_log_dir
 from quorum_node.storage.segment_log import SegmentLog
 
 if TYPE_CHECKING:
-    from quorum_node.node.config import NodeConfig
+    from quorum_node.node.config import Listener, NodeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -170,13 +170,19 @@ class QuorumNode:
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next
             raise
+        # Where each voter serves clients: a non-leader redirects clients to the leader's.
+        self.client_endpoints = {
+            endpoint.id: (endpoint.host, endpoint.port)
+            for endpoint in config.voter_client_endpoints}
         idle_timeout_s = config.http_read_timeout_ms / 1000
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
-                                 tls=self.security.tls, on_peer_lost=self._peer_lost,
+                                 tls=self.security.peer_tls,
+                                 peer_secret=self.security.current_peer_secret,
+                                 on_peer_lost=self._peer_lost,
                                  max_response_bytes=max_response_bytes(config.quorum),
                                  idle_timeout_s=idle_timeout_s)
         self._peer_server = PeerServer(self.handle_peer_request,
-                                       authorizer=self.security.authorizer,
+                                       authorizer=self.security.peer_authorizer,
                                        idle_timeout_s=idle_timeout_s)
         self._sites: list[BoundedSite] = []
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
@@ -202,7 +208,7 @@ class QuorumNode:
         self._waits_interrupted = False
         # Peers whose last request failed, or whose stream ended, since the shutdown began.
         self._unreachable: set[int] = set()
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
         self._stopped = asyncio.Event()
         self._closing = False  # set once shutdown stops driving the core
         self.failure: BaseException | None = None
@@ -215,28 +221,22 @@ class QuorumNode:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, app: web.Application | None = None) -> None:
-        """Serve the peer RPCs (and whatever else ``app`` routes) and start the timers."""
+        """Serve the peer RPCs on the controller listener, ``app`` (the client and admin APIs,
+        probes, metrics) on the client listeners, and start the timers. With one listener for
+        everything, ``app`` gets the peer routes too."""
+        config = self.config
         app = app if app is not None else web.Application()
-        app.add_routes(self._peer_server.routes())
-        # Refusals happen before any handler runs: a refused request changes nothing.
-        app.middlewares.append(self.security.authorizer.middleware())
-        app[READ_TIMEOUT_KEY] = self.config.http_read_timeout_ms / 1000
-        # In-flight requests get a second to finish at shutdown (a long poll ends within
-        # fetch_max_wait_ms anyway), not aiohttp's default minute. The keep-alive timeout also
-        # runs from the start of a connection: one that never completes a request head (a
-        # slow-loris client) is closed after it.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=1.0,
-                                     keepalive_timeout=self.config.http_read_timeout_ms / 1000)
-        await self._runner.setup()
-        tls = self.security.tls
-        self._sites.append(await start_site(
-            self._runner, self.config.listen_host, self.config.listen_port,
-            tls.listening if tls else None,
-            handshake_timeout_s=self.config.http_read_timeout_ms / 1000,
-            max_connections=self.config.max_connections))
-        if tls is not None:
-            tls.on_reload.append(self._close_connections)
+        controller = config.controller_listener
+        if config.combined_listener:
+            app.add_routes(self._peer_server.routes())
+            await self._serve(app, (controller,), serves_peers=True)
+        else:
+            peer_app = web.Application()
+            peer_app.add_routes(self._peer_server.routes())
+            await self._serve(peer_app, (controller,), serves_peers=True)
+            await self._serve(app, config.client_listeners, serves_peers=False)
+        if self.security.tls is not None:
+            self.security.tls.on_reload.append(self._close_connections)
         self._loop = asyncio.get_running_loop()
         for outbound in self._unsent:
             self._deliver(outbound)
@@ -244,8 +244,32 @@ class QuorumNode:
         self._schedule_timer()
         self._spawn(self._flush_loop())
         self._spawn(self.security.reload_forever())
-        logger.info("node %d listening on %s", self.config.node_id, self.config.listener)
-        self.security.warn_if_open(self.config.listener)
+        logger.info("node %d listening for peers on %s and clients on %s", config.node_id,
+                    controller, ", ".join(str(listener) for listener in config.client_listeners))
+        self.security.warn_if_open()
+
+    async def _serve(self, app: web.Application, listeners: Sequence[Listener], *,
+                     serves_peers: bool) -> None:
+        """Serve ``app`` on ``listeners`` (all of one protocol), with its own runner."""
+        # Refusals happen before any handler runs: a refused request changes nothing.
+        app.middlewares.extend(self.security.middlewares(listeners[0],
+                                                         serves_peers=serves_peers))
+        app[READ_TIMEOUT_KEY] = self.config.http_read_timeout_ms / 1000
+        # In-flight requests get a second to finish at shutdown (a long poll ends within
+        # fetch_max_wait_ms anyway), not aiohttp's default minute. The keep-alive timeout also
+        # runs from the start of a connection: one that never completes a request head (a
+        # slow-loris client) is closed after it.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                               keepalive_timeout=self.config.http_read_timeout_ms / 1000)
+        await runner.setup()
+        self._runners.append(runner)
+        tls = self.security.tls
+        for listener in listeners:
+            self._sites.append(await start_site(
+                runner, listener.host, listener.port,
+                tls.listening if tls and listener.tls else None,
+                handshake_timeout_s=self.config.http_read_timeout_ms / 1000,
+                max_connections=self.config.max_connections))
 
     def _close_connections(self) -> None:
         """The TLS files changed: close every connection made under the old ones, both ways,
@@ -279,8 +303,8 @@ class QuorumNode:
         for correlation_id in list(self._inbound):
             self._answer_inbound(correlation_id, None)
         await self._peer_server.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for runner in self._runners:
+            await runner.cleanup()
         await self._peers.close()
         if self.failure is None:
             self.log_dir.log.flush()
@@ -656,8 +680,9 @@ class QuorumNode:
         return [batch for batch in batches if batch.base_offset < high_watermark]
 
     def leader_endpoint(self) -> tuple[str, int] | None:
+        """Where the leader serves clients (None while no leader is known)."""
         leader = self.core.leader_id
-        return self.endpoints.get(leader) if leader is not None else None
+        return self.client_endpoints.get(leader) if leader is not None else None
 
 
 def _timed_flush(log: SegmentLog) -> tuple[int, float]:

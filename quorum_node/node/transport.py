@@ -63,6 +63,7 @@ from quorum_node.raft.messages import (
     check_received_epochs,
 )
 from quorum_node.security.authorization import Authorizer, Refused
+from quorum_node.security.peer_secret import PEER_SECRET_HEADER
 from quorum_node.security.tls import ReloadingTls
 
 CONTENT_TYPE: Final = "application/x-quorum-rpc"
@@ -165,6 +166,7 @@ class PeerClient:
 
     def __init__(self, endpoints: Mapping[int, tuple[str, int]], timeout_ms: int, *,
                  tls: ReloadingTls | None = None,
+                 peer_secret: Callable[[], str | None] | None = None,
                  on_peer_lost: Callable[[int], None] | None = None,
                  max_response_bytes: int = max_response_bytes(QuorumConfig()),
                  idle_timeout_s: float | None = None) -> None:
@@ -173,6 +175,9 @@ class PeerClient:
         self._max_response_bytes = max_response_bytes
         # A stream silent for this long (no answer to a ping sent halfway) is closed.
         self._heartbeat_s = idle_timeout_s / 2 if idle_timeout_s is not None else None
+        # The quorum's shared secret, sent with each stream's handshake on PLAINTEXT; read at
+        # each connection, so that a reloaded secret is used from then on.
+        self._peer_secret = peer_secret
         # Told the node id whenever an open stream to a peer ends (the peer closed it, or it
         # broke): the peer may be gone even though no call of ours is waiting to find out.
         self._on_peer_lost = on_peer_lost
@@ -236,13 +241,15 @@ class PeerClient:
         host, port = endpoint
         scheme = "https" if self._tls is not None else "http"
         url = f"{scheme}://{_url_host(host)}:{port}{STREAM_PATH}"
+        secret = self._peer_secret() if self._peer_secret is not None else None
+        headers = {PEER_SECRET_HEADER: secret} if secret is not None else None
         try:
             # The handshake is bounded by the request timeout, like any RPC. The client context
             # is taken at each connection, so a reloaded certificate is used from then on.
             socket = await asyncio.wait_for(
                 self._session.ws_connect(
                     url, max_msg_size=self._max_response_bytes + 1, compress=0,
-                    heartbeat=self._heartbeat_s,
+                    heartbeat=self._heartbeat_s, headers=headers,
                     ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:

@@ -1,35 +1,48 @@
-"""A node's security, built from its configuration: the reloading TLS contexts (None on a
-PLAINTEXT listener), the authorizer, and the task that reloads certificates and tokens."""
+"""A node's security, built from its configuration: the reloading TLS contexts (None without an
+SSL listener), the authorizers, the peer secret of a PLAINTEXT controller listener, and the task
+that reloads certificates, tokens and the secret."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+from aiohttp import web
 
 from quorum_node.security.authorization import Authorizer
 from quorum_node.security.file_watch import Reloading
 from quorum_node.security.peer_identity import PeerPrincipals
+from quorum_node.security.peer_secret import (
+    PeerSecretError,
+    load_peer_secret,
+    peer_secret_middleware,
+)
 from quorum_node.security.roles import parse_principal_grants
 from quorum_node.security.tls import ReloadingTls, TlsFiles, TlsFilesError
 from quorum_node.security.tokens import TokenFileError, TokenTable
 
 if TYPE_CHECKING:
-    from quorum_node.node.config import NodeConfig
+    from quorum_node.node.config import Listener, NodeConfig
 
 logger = logging.getLogger(__name__)
 
+Middleware = Callable[..., Awaitable[web.StreamResponse]]
+
 
 class SecuritySetupError(ValueError):
-    """A certificate, key, CA or token file cannot be loaded at start-up; one line."""
+    """A certificate, key, CA, token or secret file cannot be loaded at start-up; one line."""
 
 
 class NodeSecurity:
     def __init__(self, config: NodeConfig) -> None:
         self.tls: ReloadingTls | None = None
         self.tokens: Reloading[TokenTable] | None = None
+        self.peer_secret: Reloading[str] | None = None
         self.reload_interval_s = config.security_reload_interval_ms / 1000
-        if config.listen_tls:
+        self._config = config
+        if config.any_tls:
             assert config.ssl_certificate_location is not None
             assert config.ssl_key_location is not None
             assert config.ssl_ca_location is not None
@@ -47,25 +60,83 @@ class NodeSecurity:
                                         "token file")
             except TokenFileError as error:
                 raise SecuritySetupError(f"auth.token.file: {error}") from None
+        secret_file = config.controller_listener_secret_file
+        if secret_file is not None:
+            try:
+                self.peer_secret = Reloading([secret_file], lambda: load_peer_secret(secret_file),
+                                             "controller listener secret")
+            except PeerSecretError as error:
+                raise SecuritySetupError(f"controller.listener.secret.file: {error}") from None
         tokens = self.tokens
-        self.authorizer = Authorizer(
-            tls=self.tls is not None,
-            grants=parse_principal_grants(config.auth_certificate_roles),
-            tokens=(lambda: tokens.current) if tokens is not None else None,
-            peers=PeerPrincipals(config.auth_peer_principal_template))
+        grants = parse_principal_grants(config.auth_certificate_roles)
+        token_table = (lambda: tokens.current) if tokens is not None else None
+        peers = PeerPrincipals(config.auth_peer_principal_template)
+        # By protocol: whether a listener can see client certificates decides what it asks for.
+        self._authorizers = {
+            tls: Authorizer(tls=tls, grants=grants, tokens=token_table, peers=peers)
+            for tls in (False, True)
+        }
 
-    def warn_if_open(self, listener: str) -> None:
-        if self.tls is None and self.tokens is None:
-            logger.warning("%s is PLAINTEXT without auth.token.file: anyone who can reach it can "
-                           "read, write and change the voters (fine for a local quorum only; "
-                           "see docs/security.md)", listener)
-        elif self.tls is None:
-            logger.warning("%s is PLAINTEXT: bearer tokens and data cross the network in the "
-                           "clear, and peers are not authenticated", listener)
+    @property
+    def authorizer(self) -> Authorizer:
+        """The authorizer of the client listeners."""
+        return self._authorizers[self._config.client_listeners[0].tls]
+
+    @property
+    def peer_authorizer(self) -> Authorizer:
+        """The authorizer of the controller listener: over SSL it tells which node a peer is."""
+        return self._authorizers[self._config.controller_listener.tls]
+
+    @property
+    def peer_tls(self) -> ReloadingTls | None:
+        """The TLS contexts towards the peers: None on a PLAINTEXT controller listener."""
+        return self.tls if self._config.controller_listener.tls else None
+
+    def current_peer_secret(self) -> str | None:
+        """What this node sends its peers in X-Quorum-Peer-Secret (None: nothing)."""
+        return self.peer_secret.current if self.peer_secret is not None else None
+
+    def middlewares(self, listener: Listener, *, serves_peers: bool) -> list[Middleware]:
+        """What refuses requests on ``listener`` before any handler runs: the peer secret (on a
+        PLAINTEXT listener serving peers, when configured), then the authorizer."""
+        chain: list[Middleware] = []
+        secret = self.peer_secret
+        if serves_peers and not listener.tls and secret is not None:
+            chain.append(peer_secret_middleware(lambda: secret.current))
+        chain.append(self._authorizers[listener.tls].middleware())
+        return chain
+
+    def warn_if_open(self) -> None:
+        """Warn, once at start, about each way the configuration leaves the node open."""
+        config = self._config
+        controller = config.controller_listener
+        if config.combined_listener:
+            logger.warning("one listener, %s, serves peers, clients and admin: a client that "
+                           "reaches it also reaches the peer RPCs; set controller.listener.names "
+                           "to give the peers a listener of their own", controller)
+        if not controller.tls and self.peer_secret is None:
+            logger.warning("peer RPCs on the PLAINTEXT listener %s are open: anyone who can reach "
+                           "it can vote, claim leadership and fetch every record (set "
+                           "controller.listener.secret.file, or use SSL; see docs/security.md)",
+                           controller)
+        elif not controller.tls:
+            logger.warning("peer RPCs on the PLAINTEXT listener %s are authenticated by the "
+                           "shared secret only: anyone who can see the traffic learns it and "
+                           "every record (SSL on any network that is not trusted)", controller)
+        for listener in config.client_listeners:
+            if listener.tls:
+                continue
+            if self.tokens is None:
+                logger.warning("%s is PLAINTEXT without auth.token.file: anyone who can reach it "
+                               "can read, write and change the voters (fine for a local quorum "
+                               "only; see docs/security.md)", listener)
+            else:
+                logger.warning("%s is PLAINTEXT: bearer tokens and data cross the network in "
+                               "the clear", listener)
 
     async def reload_forever(self) -> None:
         """Check the files every reload interval (a Kubernetes Secret is rotated in place)."""
-        reloading = [r for r in (self.tls, self.tokens) if r is not None]
+        reloading = [r for r in (self.tls, self.tokens, self.peer_secret) if r is not None]
         while reloading:
             await asyncio.sleep(self.reload_interval_s)
             for item in reloading:

@@ -1,10 +1,12 @@
-"""A quorum of real node processes on loopback, with a fault proxy in front of each node's peer
-port, for the multi-process tests.
+"""A quorum of real node processes on loopback, with a fault proxy in front of each node's
+controller listener, for the multi-process tests.
 
-Every node listens on its own port; the other nodes reach it through a ``FaultProxy`` (so the
-voter list names proxy ports), which can cut the node off (a silent partition: connections are
-accepted but nothing is forwarded, like a blackholed route). Clients talk to the nodes directly.
-Only processes this module started are ever signalled.
+Every node has a client listener and a controller listener (peers only) of its own; the other
+nodes reach its controller listener through a ``FaultProxy`` (so the voter list names proxy
+ports), which can cut the node off (a silent partition: connections are accepted but nothing is
+forwarded, like a blackholed route). Clients talk to the nodes' client listeners directly. On
+PLAINTEXT the peers share a secret (``PEER_SECRET_FILE`` in the cluster's directory). Only
+processes this module started are ever signalled.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
+
+PEER_SECRET_FILE = "peer-secret"
+PEER_SECRET_HEADER = "X-Quorum-Peer-Secret"
 
 # Timings that keep the multi-process tests quick.
 FAST = {
@@ -124,7 +129,8 @@ class FaultProxy:
 @dataclass
 class NodeProcess:
     node_id: int
-    port: int
+    port: int  # the client listener
+    peer_port: int  # the controller listener (the proxy forwards to it)
     proxy: FaultProxy
     config_path: Path
     log_path: Path
@@ -134,6 +140,10 @@ class NodeProcess:
     @property
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
 
 @dataclass
@@ -147,27 +157,47 @@ class ProcessCluster:
                node_settings: Callable[[int], Mapping[str, object]] | None = None,
                tls: bool = False, **settings: int) -> ProcessCluster:
         """``settings`` apply to every node (``_`` for ``.`` in key names); ``node_settings(i)``
-        adds node i's own keys (e.g. its certificate), by their real names; ``tls`` makes the
-        listeners SSL://."""
+        adds node i's own keys (e.g. its certificate), by their real names; ``tls`` makes both
+        listeners SSL (else the peers share a secret)."""
         cluster = cls(directory)
         ports = {i: free_port() for i in range(1, size + 1)}
-        proxies = {i: FaultProxy(port) for i, port in ports.items()}
+        peer_ports = {i: free_port() for i in range(1, size + 1)}
+        proxies = {i: FaultProxy(port) for i, port in peer_ports.items()}
         voters = ",".join(f"{i}@127.0.0.1:{proxies[i].port}" for i in ports)
+        clients = ",".join(f"{i}@127.0.0.1:{port}" for i, port in ports.items())
+        protocol = "SSL" if tls else "PLAINTEXT"
+        security: dict[str, object] = {}
+        if not tls:
+            cluster.secret_path.write_text(f"{cluster.cluster_id}-peer-secret\n")
+            security["controller.listener.secret.file"] = cluster.secret_path
         for i, port in ports.items():
             log_dir = directory / f"node-{i}"
             format_log_dir(log_dir, cluster.cluster_id, i)
             lines = {
                 "node.id": i, "cluster.id": cluster.cluster_id, "log.dir": log_dir,
-                "listeners": f"{'SSL://' if tls else ''}127.0.0.1:{port}",
+                "listeners": f"CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{peer_ports[i]}",
+                "listener.security.protocol.map": f"CLIENT:{protocol},CONTROLLER:{protocol}",
+                "controller.listener.names": "CONTROLLER",
                 "controller.quorum.voters": voters,
+                "controller.quorum.client.endpoints": clients,
+                **security,
                 **{key.replace("_", "."): value for key, value in settings.items()},
                 **(node_settings(i) if node_settings is not None else {}),
             }
             config = directory / f"node-{i}.properties"
             config.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
-            cluster.nodes[i] = NodeProcess(i, port, proxies[i], config, directory / f"node-{i}.log",
+            cluster.nodes[i] = NodeProcess(i, port, peer_ports[i], proxies[i], config,
+                                           directory / f"node-{i}.log",
                                            scheme="https" if tls else "http")
         return cluster
+
+    @property
+    def secret_path(self) -> Path:
+        return self.directory / PEER_SECRET_FILE
+
+    @property
+    def peer_secret(self) -> str:
+        return self.secret_path.read_text().strip()
 
     def start(self, node_id: int) -> None:
         node = self.nodes[node_id]

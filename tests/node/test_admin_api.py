@@ -121,7 +121,7 @@ async def running_cluster(tmp_path: Path, size: int = 3, start: Iterable[int] | 
             format_log_dir(log_dir, cluster_id, node_id)
             node = QuorumNode(NodeConfig(
                 node_id=node_id, cluster_id=cluster_id, log_dir=log_dir,
-                listen_host="127.0.0.1", listen_port=ports[node_id], voters=voters, quorum=FAST,
+                listeners=f"127.0.0.1:{ports[node_id]}", voters=voters, quorum=FAST,
             ))
             metrics_for(node)  # before the first election, so that it is measured
             app = build_app(node)

@@ -63,11 +63,11 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.node.config.listen_port}"
+        return self.node.config.client_url
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.node.config.listen_port}"
+        return self.node.config.client_listeners[0].address
 
 
 class Cluster:
@@ -81,12 +81,21 @@ class Cluster:
         self._thread.start()
         if configs is None:
             cluster_id = random_cluster_id()
+            # Each node serves clients and its peers on listeners of their own: a non-leader
+            # redirects clients to the leader's client listener.
             ports = {i: free_port() for i in range(1, size + 1)}
+            peer_ports = {i: free_port() for i in range(1, size + 1)}
             voters = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port)
-                           for i, port in ports.items())
+                           for i, port in peer_ports.items())
+            clients = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port)
+                            for i, port in ports.items())
             configs = [
                 NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
-                           listen_host="127.0.0.1", listen_port=port, voters=voters, quorum=FAST)
+                           listeners=f"CLIENT://127.0.0.1:{port},"
+                                     f"CONTROLLER://127.0.0.1:{peer_ports[i]}",
+                           listener_security_protocol_map="CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                           controller_listener_names="CONTROLLER", voters=voters,
+                           client_endpoints=clients, quorum=FAST)
                 for i, port in ports.items()
             ]
             for config in configs:

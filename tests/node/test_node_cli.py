@@ -224,8 +224,13 @@ def test_prepare_local_cluster_on_first_use(tmp_path: Path) -> None:
         assert config == node.config
         assert (config.node_id, config.cluster_id, config.log_dir) == (i, cluster_id,
                                                                        data / f"node-{i}")
-        assert (config.listen_host, config.listen_port) == ("127.0.0.1", 19090 + i)
-        assert [str(v) for v in config.voters] == [f"{j}@127.0.0.1:{19090 + j}" for j in (1, 2, 3)]
+        # Clients on base-port + i - 1, peers on the ports after the client ports.
+        assert config.client_url == f"http://127.0.0.1:{19090 + i}"
+        assert str(config.controller_listener) == f"CONTROLLER://127.0.0.1:{19093 + i}"
+        assert [str(v) for v in config.voters] == [f"{j}@127.0.0.1:{19093 + j}" for j in (1, 2, 3)]
+        assert [str(v) for v in config.voter_client_endpoints] == [
+            f"{j}@127.0.0.1:{19090 + j}" for j in (1, 2, 3)]
+        assert config.controller_listener_secret_file == data / "peer-secret"
         meta = read_meta_properties(data / f"node-{i}" / "meta.properties")
         assert (meta.cluster_id, meta.node_id) == (cluster_id, i)
 
@@ -237,7 +242,7 @@ def test_prepare_local_cluster_reuses_ids_and_applies_settings(tmp_path: Path) -
     again = prepare_local_cluster(tmp_path, 3, base_port=29091, host="::1", settings=settings)
     assert [read_meta_properties(n.config.log_dir / "meta.properties") for n in again] == meta
     assert again[0].config.cluster_id == first[0].config.cluster_id
-    assert again[2].config.listener == "PLAINTEXT://[::1]:29093"
+    assert again[2].config.client_url == "http://[::1]:29093"
     assert load_config(again[1].config_path, {}, {}).quorum.election_timeout_ms == 500
 
 
@@ -382,7 +387,8 @@ def run_node(config):
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    server = ThreadingHTTPServer((config.listen_host, config.listen_port), _Health)
+    listener = config.client_listeners[0]
+    server = ThreadingHTTPServer((listener.host, listener.port), _Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     while not stop.wait(0.05):
         pass
@@ -422,7 +428,7 @@ class LocalProcess:
                  **env: str) -> None:
         self.data = tmp_path / "data"
         self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
-        self.base_port = free_port_range(nodes)
+        self.base_port = free_port_range(2 * nodes)  # client ports, then controller ports
         environ = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
         if fake:
             (tmp_path / "fake").mkdir(exist_ok=True)
@@ -451,17 +457,19 @@ class LocalProcess:
         """The node lines `local` prints, once it has printed them all."""
         deadline = time.monotonic() + 30
         while True:
-            found = re.findall(r"^node (\d+): http://127\.0\.0\.1:(\d+)  \(pid (\d+), log (.+)\)$",
+            found = re.findall(r"^node (\d+): http://127\.0\.0\.1:(\d+)  \(peers on "
+                               r"127\.0\.0\.1:(\d+); pid (\d+), log (.+)\)$",
                                self.out(), re.MULTILINE)
             if len(found) == nodes:
                 break
             assert self.process.poll() is None, self.diagnostics()
             assert time.monotonic() < deadline, self.diagnostics()
             time.sleep(0.05)
-        for node_id, port, _, log in found:
+        for node_id, port, peer_port, _, log in found:
             assert int(port) == self.base_port + int(node_id) - 1
+            assert int(peer_port) == self.base_port + nodes + int(node_id) - 1
             assert log == str(self.data.resolve() / f"node-{node_id}.log")
-        return {int(node_id): int(pid) for node_id, _, pid, _ in found}
+        return {int(node_id): int(pid) for node_id, _, _, pid, _ in found}
 
     def wait_healthy(self, nodes: int) -> None:
         deadline = time.monotonic() + 60
@@ -551,7 +559,8 @@ def test_nodes_stop_when_local_itself_is_killed(
 
 
 def test_local_writes_nothing_when_a_config_is_bad(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^listeners \(from quorum-node local\): 'a b:9091'"):
+    with pytest.raises(ConfigError,
+                       match=r"^listeners \(from quorum-node local\): 'CLIENT://a b:9091'"):
         prepare_local_cluster(tmp_path / "data", 3, host="a b")
     assert not (tmp_path / "data").exists()
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from quorum_node.node.config import (
     CONFIG_KEYS,
     KEYS_BY_NAME,
     ConfigError,
+    Listener,
     NodeConfig,
     keys_markdown_table,
     load_config,
@@ -45,7 +47,7 @@ def test_a_full_config_from_flags() -> None:
     config = load_config(None, REQUIRED, {})
     assert config == NodeConfig(
         node_id=1, cluster_id="MkU3OEVBNTcwNTJENDM2Qk", log_dir=Path("/var/lib/quorum/node-1"),
-        listen_host="127.0.0.1", listen_port=9091,
+        listeners=(Listener(name="PLAINTEXT", host="127.0.0.1", port=9091),),
         voters=tuple(VoterEndpoint(id=i, host="127.0.0.1", port=9090 + i) for i in (1, 2, 3)),
     )
     assert config.quorum == QuorumConfig()  # Kafka's defaults
@@ -82,7 +84,7 @@ def test_required_keys_can_come_from_a_mix_of_sources(tmp_path: Path) -> None:
         path, {"log.dir": "/d", "node.id": "4"},
         {"QUORUM_LISTENERS": "h:1", "QUORUM_CONTROLLER_QUORUM_VOTERS": "4@h:1"},
     )
-    assert (config.node_id, config.cluster_id, config.listen_host) == (4, "abc", "h")
+    assert (config.node_id, config.cluster_id, config.listeners[0].host) == (4, "abc", "h")
 
 
 @pytest.mark.parametrize("missing", [key.name for key in CONFIG_KEYS if key.required])
@@ -181,19 +183,20 @@ def test_missing_config_file(tmp_path: Path) -> None:
 )
 def test_listener_forms(listener: str, host: str, port: int) -> None:
     config = load_config(None, {**REQUIRED, "listeners": listener}, {})
-    assert (config.listen_host, config.listen_port) == (host, port)
+    assert config.listeners == (Listener(name="PLAINTEXT", host=host, port=port),)
+    assert config.combined_listener and config.controller_listener == config.client_listeners[0]
 
 
 @pytest.mark.parametrize(
     ("listener", "problem"),
     [
         ("SASL_SSL://h:9093", "only PLAINTEXT and SSL listeners are supported"),
-        ("h", "is not of the form host:port"),
-        (":9093", "is not of the form host:port"),
+        ("h", "is not of the form NAME://host:port, host:port"),
+        (":9093", "is not of the form NAME://host:port, host:port"),
         ("::1:9093", "put an IPv6 address in brackets"),
-        ("h:1,h:2", "expected one listener"),
-        ("h:99999", "port: must be at most 65535, got '99999'"),
-        ("h:0", "port: must be at least 1, got '0'"),
+        ("h:1,h:2", "listener name PLAINTEXT appears twice"),
+        ("h:99999", "port: must be from 1 to 65535, got '99999'"),
+        ("h:0", "port: must be from 1 to 65535, got '0'"),
         ("h:http", "port: expected an integer, got 'http'"),
     ],
 )
@@ -250,8 +253,12 @@ def test_properties_syntax() -> None:
 )
 def test_properties_round_trip(tmp_path: Path, log_dir: str, host: str) -> None:
     config = NodeConfig(
-        node_id=3, cluster_id="abc-_XYZ", log_dir=Path(log_dir), listen_host=host,
-        listen_port=9093,
+        node_id=3, cluster_id="abc-_XYZ", log_dir=Path(log_dir),
+        listeners=f"CLIENT://{'[::1]' if ':' in host else host}:9092,CONTROLLER://a:9093",
+        listener_security_protocol_map="CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        controller_listener_names="CONTROLLER", controller_listener_secret_file="/s/secret",
+        client_endpoints=(VoterEndpoint(id=1, host="a", port=1),
+                          VoterEndpoint(id=3, host=host, port=9092)),
         voters=(VoterEndpoint(id=1, host="a", port=1), VoterEndpoint(id=3, host=host, port=9093)),
         quorum=QuorumConfig(election_timeout_ms=500, fetch_timeout_ms=1000,
                             election_backoff_max_ms=700, request_timeout_ms=1500,
@@ -312,3 +319,97 @@ def test_keys_markdown_table() -> None:
 def test_readme_lists_every_key() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert keys_markdown_table().strip() in readme, "README's key table is out of date"
+
+
+SPLIT = {
+    **REQUIRED,
+    "listeners": "CLIENT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093",
+    "listener.security.protocol.map": "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "controller.listener.names": "CONTROLLER",
+    "controller.quorum.voters": "1@n1:9093,2@n2:9093",
+    "controller.quorum.client.endpoints": "1@n1:9092,2@n2:9092",
+}
+
+
+def test_a_controller_listener_of_its_own() -> None:
+    config = load_config(None, SPLIT, {})
+    assert not config.combined_listener
+    assert config.controller_listener == Listener(name="CONTROLLER", host="0.0.0.0", port=9093)
+    assert config.client_listeners == (Listener(name="CLIENT", host="0.0.0.0", port=9092),)
+    assert config.client_url == "http://0.0.0.0:9092"
+    assert [str(e) for e in config.voter_client_endpoints] == ["1@n1:9092", "2@n2:9092"]
+    # Names are normalised to capitals, as Kafka does; PLAINTEXT and SSL need no mapping.
+    mixed = load_config(None, {**SPLIT, "listeners": "plaintext://h:1,controller://h:2",
+                               "listener.security.protocol.map": "Controller:plaintext",
+                               "controller.listener.names": "controller"}, {})
+    assert [str(listener) for listener in mixed.listeners] == [
+        "PLAINTEXT://h:1", "CONTROLLER://h:2"]
+    assert mixed.controller_listener.name == "CONTROLLER"
+
+
+def test_one_listener_serves_everything_and_clients_are_sent_to_the_voters() -> None:
+    config = load_config(None, REQUIRED, {})
+    assert config.combined_listener and config.client_listeners == config.listeners
+    assert config.voter_client_endpoints == config.voters
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "problem"),
+    [
+        ({"listeners": "CLIENT://h:1,CLIENT://h:2"}, "listeners",
+         "listener name CLIENT appears twice"),
+        ({"listeners": "CLIENT://h:1,CONTROLLER://g:1"}, "listeners", "port 1 appears twice"),
+        ({"listeners": "CLIENT://h:1,OTHER://h:2"}, "listeners",
+         "listener OTHER has no protocol: map it in listener.security.protocol.map"),
+        ({"listeners": "CLIENT://h:1,SASL_SSL://h:2"}, "listeners", "no SASL"),
+        ({"listeners": "client-1://h:1"}, "listeners", "a listener name is in capitals"),
+        ({"listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT"},
+         "listener.security.protocol.map", "is not supported (PLAINTEXT or SSL; no SASL)"),
+        ({"listener.security.protocol.map": "CLIENT"}, "listener.security.protocol.map",
+         "is not of the form NAME:PROTOCOL"),
+        ({"controller.listener.names": "PEERS"}, "controller.listener.names",
+         "PEERS is not among the listeners (CLIENT, CONTROLLER)"),
+        ({"controller.listener.names": "CONTROLLER,CLIENT"}, "controller.listener.names",
+         "name one listener"),
+        ({"controller.listener.names": ""}, "controller.listener.names",
+         "required with more than one listener"),
+        ({"listeners": "CONTROLLER://h:1"}, "controller.listener.names",
+         "is the only listener, so the client and admin APIs would be served nowhere"),
+        ({"listeners": "CLIENT://h:1,PLAINTEXT://h:3,CONTROLLER://h:2",
+          "listener.security.protocol.map": "CLIENT:SSL,CONTROLLER:PLAINTEXT"},
+         "controller.listener.names", "the client listeners mix PLAINTEXT and SSL"),
+        ({"controller.quorum.client.endpoints": ""}, "controller.quorum.client.endpoints",
+         "required with a separate controller listener"),
+        ({"controller.quorum.client.endpoints": "1@n1:9092"}, "controller.quorum.client.endpoints",
+         "no client endpoint for voter 2"),
+        ({"controller.quorum.client.endpoints": "1@n1"}, "controller.quorum.client.endpoints",
+         "'1@n1' is not of the form id@host:port"),
+    ],
+)
+def test_bad_listener_settings(change: dict[str, str], key: str, problem: str) -> None:
+    message = error_of(flags={**SPLIT, **change})
+    assert message.startswith(f"{key} (from "), message
+    assert problem in message, message
+
+
+def test_peer_secret_rules(tmp_path: Path) -> None:
+    tokens = str(tmp_path / "tokens")
+    # A token file on a PLAINTEXT controller listener: peer RPCs must not stay open.
+    for settings in (SPLIT, REQUIRED):
+        message = error_of(flags={**settings, "auth.token.file": tokens})
+        assert message.startswith("controller.listener.secret.file (from default): required "
+                                  "with auth.token.file on the PLAINTEXT controller listener")
+    config = load_config(None, {**SPLIT, "auth.token.file": tokens,
+                                "controller.listener.secret.file": "/s/secret"}, {})
+    assert config.controller_listener_secret_file == Path("/s/secret")
+    # Over SSL the certificates identify the peers: a secret would be silently unused. (Checked
+    # on its own: what an SSL listener needs besides is another key's business.)
+    with pytest.raises(ValidationError) as caught:
+        NodeConfig(node_id=1, cluster_id="abc", log_dir=Path("/d"),
+                   listeners="CLIENT://h:1,CONTROLLER://h:2",
+                   listener_security_protocol_map="CLIENT:PLAINTEXT,CONTROLLER:SSL",
+                   controller_listener_names="CONTROLLER", voters="1@h:2",
+                   client_endpoints="1@h:1", controller_listener_secret_file="/s/secret")
+    assert any(error["loc"] == ("controller_listener_secret_file",)
+               and "only used with a PLAINTEXT controller listener" in error["msg"]
+               for error in caught.value.errors())

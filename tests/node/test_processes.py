@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_cluster import FAST, ProcessCluster, http_json
+from proc_cluster import FAST, PEER_SECRET_HEADER, ProcessCluster, http_json
 
 from quorum_node.node.transport import decode_frame, encode_frame
 from quorum_node.raft.messages import FetchRequest, FetchResponse
@@ -181,8 +181,9 @@ def test_wrong_cluster_id_is_refused(cluster: ProcessCluster) -> None:
     leader = cluster.wait_for_leader()
     request = FetchRequest(cluster_id="b3RoZXJDbHVzdGVySWRYWA", replica_id=9, max_wait_ms=0,
                            current_leader_epoch=0, fetch_offset=0, last_fetch_epoch=0)
-    raw = urllib.request.Request(f"{cluster.nodes[leader].url}/raft/v1/Fetch",
-                                 data=encode_frame(request), method="POST")
+    raw = urllib.request.Request(f"{cluster.nodes[leader].peer_url}/raft/v1/Fetch",
+                                 data=encode_frame(request), method="POST",
+                                 headers={PEER_SECRET_HEADER: cluster.peer_secret})
     with urllib.request.urlopen(raw, timeout=5) as reply:
         response = decode_frame(FetchResponse, reply.read())
     assert response.error_code is Errors.INCONSISTENT_CLUSTER_ID

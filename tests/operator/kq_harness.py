@@ -454,13 +454,14 @@ class Kubelet:
         if mounts is None:
             return  # a Secret is missing: ContainerCreating, retried
         ip = self.ip(meta["name"])
-        port = int(container["ports"][0]["containerPort"])
+        port = int(container["ports"][0]["containerPort"])  # the client port
         volume = self.claim_dir(claim["metadata"]["uid"])
         volume.mkdir(parents=True, exist_ok=True)
         paths = {DATA_MOUNT: volume, **{path: m.directory for path, m in mounts.items()}}
         env = {k: self._localize(v, paths) for k, v in env.items()}
-        tls = env.get("QUORUM_LISTENERS", "").startswith("SSL://")
-        env["QUORUM_LISTENERS"] = f"{'SSL://' if tls else ''}{ip}:{port}"
+        # Every listener on the pod's own IP, with the ports and names the operator gave it.
+        env["QUORUM_LISTENERS"] = env.get("QUORUM_LISTENERS", "").replace("0.0.0.0", ip)
+        tls = ":SSL" in env.get("QUORUM_LISTENER_SECURITY_PROTOCOL_MAP", "")
         if tls:
             env["QUORUM_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM"] = ""  # no DNS (module doc)
         probe = (container.get("readinessProbe") or {}).get("httpGet") or {}

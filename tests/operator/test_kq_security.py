@@ -372,7 +372,13 @@ def test_the_node_accepts_the_secured_configuration() -> None:
     env = r.node_environment(OWNER, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
     env["QUORUM_NODE_ID"] = "2"
     config = load_config(None, {}, env)
-    assert config.listen_tls and config.listen_port == 9093
+    # SSL on both listeners: clients on 9093, the peers on a controller listener of their own.
+    assert [str(listener) for listener in config.listeners] == [
+        "CLIENT://0.0.0.0:9093", "CONTROLLER://0.0.0.0:9094"]
+    assert all(listener.tls for listener in config.listeners)
+    assert config.controller_listener.name == "CONTROLLER"
+    assert [v.port for v in config.voters] == [9094] * 3
+    assert [e.port for e in config.voter_client_endpoints] == [9093] * 3
     assert str(config.ssl_certificate_location) == "/etc/quorum/tls/tls.crt"
     assert str(config.ssl_key_location) == "/etc/quorum/tls/tls.key"
     assert str(config.ssl_ca_location) == "/etc/quorum/tls/ca.crt"
@@ -384,7 +390,8 @@ def test_the_node_accepts_the_secured_configuration() -> None:
 def test_security_off_is_plain_and_mounts_nothing() -> None:
     spec = parse_spec({"security": {"tls": {"enabled": False}}})
     env = r.node_environment(OWNER, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
-    assert env["QUORUM_LISTENERS"] == "0.0.0.0:9093"
+    assert env["QUORUM_LISTENERS"] == "CLIENT://0.0.0.0:9093,CONTROLLER://0.0.0.0:9094"
+    assert env["QUORUM_LISTENER_SECURITY_PROTOCOL_MAP"] == "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     assert not any(k.startswith(("QUORUM_SSL_", "QUORUM_AUTH_")) for k in env)
     pod = r.pod(OWNER, spec, 1, r.config_hash(spec, env))
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["data"]
@@ -404,7 +411,10 @@ def test_network_policy_lets_in_the_quorum_the_operator_and_its_clients_only() -
     assert policy["metadata"]["ownerReferences"] == [OWNER.reference()]
     assert policy["spec"]["podSelector"] == {"matchLabels": r.labels("kq")}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    [rule] = policy["spec"]["ingress"]
+    rule, peers = policy["spec"]["ingress"]
+    # The controller port (the peer RPCs) from the quorum's own pods only.
+    assert peers == {"from": [{"podSelector": {"matchLabels": r.labels("kq")}}],
+                     "ports": [{"protocol": "TCP", "port": 9094}]}
     assert rule["ports"] == [{"protocol": "TCP", "port": 9200}]
     assert rule["from"] == [
         {"podSelector": {"matchLabels": r.labels("kq")}},
@@ -563,7 +573,8 @@ async def test_secured_quorum_refuses_strangers_and_renews_in_place(cluster: Clu
         r.labels(NAME)
     configs = await cluster.configs()
     assert len(configs) == 3
-    assert all(c["QUORUM_LISTENERS"].startswith("SSL://") for c in configs.values())
+    assert all(c["QUORUM_LISTENER_SECURITY_PROTOCOL_MAP"] == "CLIENT:SSL,CONTROLLER:SSL"
+               for c in configs.values())
 
     ca_secret = await cluster.secret("kq-ca")
     operator = await cluster.secret("kq-operator")

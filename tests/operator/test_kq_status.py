@@ -181,8 +181,12 @@ def test_the_node_accepts_the_configuration_the_operator_writes() -> None:
         env[item["name"]] = item["value"]
     config = load_config(None, {}, env)
     assert config.node_id == 2
+    # The peers on the controller port, clients redirected to the client port.
     assert [(v.id, v.host, v.port) for v in config.voters] == [
+        (i, f"kq-{i}.kq-nodes.prod.svc", 9094) for i in (1, 2, 3)]
+    assert [(e.id, e.host, e.port) for e in config.voter_client_endpoints] == [
         (i, f"kq-{i}.kq-nodes.prod.svc", 9093) for i in (1, 2, 3)]
+    assert config.controller_listener.port == 9094 and config.client_listeners[0].port == 9093
     assert str(config.log_dir) == "/var/lib/quorum/data" and config.format_if_empty
     assert config.quorum.fetch_timeout_ms == 3000 and config.snapshot_interval_records == 100
 
@@ -193,6 +197,7 @@ def test_config_hash_follows_what_needs_a_restart() -> None:
     assert r.config_hash(spec, env) == r.config_hash(Spec(), {"A": "1"})
     assert r.config_hash(spec, {"A": "2"}) != r.config_hash(spec, env)
     assert r.config_hash(replace(spec, image="other:1"), env) != r.config_hash(spec, env)
+    assert r.config_hash(replace(spec, controller_port=9500), env) != r.config_hash(spec, env)
     assert r.config_hash(replace(spec, paused=True), env) == r.config_hash(spec, env)
 
 

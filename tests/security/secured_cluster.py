@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from certs import CertificateAuthority
 
 from quorum_node.node.app import build_app
-from quorum_node.node.config import NodeConfig
+from quorum_node.node.config import Listener, NodeConfig
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.security.client_credentials import ClientCredentials
@@ -74,10 +74,22 @@ class Pki:
         return ClientCredentials(self.tokens[token] if token else None, self.ca_path, cert, key)
 
 
+def split_listeners(client_port: int, peer_port: int, *, tls: bool) -> dict[str, Any]:
+    """NodeConfig fields for a client listener and a controller listener of its own."""
+    return {"listeners": (Listener(name="CLIENT", host="127.0.0.1", port=client_port, tls=tls),
+                          Listener(name="CONTROLLER", host="127.0.0.1", port=peer_port, tls=tls)),
+            "controller_listener_names": "CONTROLLER"}
+
+
 def secured_configs(directory: Path, pki: Pki, size: int, **overrides: Any) -> list[NodeConfig]:
+    """SSL on a client listener and a controller listener of its own on every node."""
     cluster_id = random_cluster_id()
     ports = {i: free_port() for i in range(1, size + 1)}
-    voters = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port) for i, port in ports.items())
+    peer_ports = {i: free_port() for i in range(1, size + 1)}
+    voters = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port)
+                   for i, port in peer_ports.items())
+    clients = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port)
+                    for i, port in ports.items())
     configs = []
     for i, port in ports.items():
         cert, key = pki.certificates[f"quorum-node-{i}"]
@@ -86,22 +98,23 @@ def secured_configs(directory: Path, pki: Pki, size: int, **overrides: Any) -> l
             "ssl_ca_location": pki.ca_path, "auth_token_file": pki.token_file,
             "auth_certificate_roles": ROLES, "security_reload_interval_ms": 200, **overrides}
         config = NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
-                            listen_host="127.0.0.1", listen_port=port, listen_tls=True,
-                            voters=voters, quorum=FAST, **settings)
+                            **split_listeners(port, peer_ports[i], tls=True),
+                            voters=voters, client_endpoints=clients, quorum=FAST, **settings)
         format_log_dir(config.log_dir, cluster_id, i)
         configs.append(config)
     return configs
 
 
 def plain_configs(directory: Path, size: int, **overrides: Any) -> list[NodeConfig]:
-    """A quorum without security (slower timers: fuzzing loads the CPUs)."""
+    """A quorum without security, one PLAINTEXT listener serving everything on each node (the
+    combined listener), with slower timers: fuzzing loads the CPUs."""
     cluster_id = random_cluster_id()
     ports = {i: free_port() for i in range(1, size + 1)}
     voters = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port) for i, port in ports.items())
     timing = FAST.model_copy(update={"election_timeout_ms": 1000, "fetch_timeout_ms": 2000,
                                      "request_timeout_ms": 1000})
     configs = [NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
-                          listen_host="127.0.0.1", listen_port=port, voters=voters,
+                          listeners=f"127.0.0.1:{port}", voters=voters,
                           quorum=timing, **overrides)
                for i, port in ports.items()]
     for config in configs:
@@ -130,7 +143,12 @@ class InProcessCluster:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
 
     def address(self, node_id: int) -> str:
-        return f"127.0.0.1:{self.nodes[node_id].config.listen_port}"
+        """The node's client listener."""
+        return self.nodes[node_id].config.client_listeners[0].address
+
+    def peer_address(self, node_id: int) -> str:
+        """The node's controller listener."""
+        return self.nodes[node_id].config.controller_listener.address
 
     @property
     def bootstrap(self) -> str:

@@ -40,8 +40,9 @@ def error_of(flags: dict[str, str]) -> str:
 
 def test_tls_listener(tmp_path: Path) -> None:
     config = load_config(None, {**REQUIRED, **tls_settings(tmp_path)}, {})
-    assert config.listen_tls and config.client_url == "https://127.0.0.1:9091"
-    assert config.listener == "SSL://127.0.0.1:9091"
+    assert config.client_url == "https://127.0.0.1:9091"
+    assert str(config.controller_listener) == "SSL://127.0.0.1:9091"
+    assert config.controller_listener.tls and config.combined_listener
     # The properties file it writes reads back as the same configuration.
     path = tmp_path / "node.properties"
     path.write_text(config.to_properties())
@@ -51,8 +52,9 @@ def test_tls_listener(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        ({"ssl.key.location": ""}, "ssl.key.location (from default): required with an SSL://"),
-        ({"listeners": "127.0.0.1:9091"}, "only used with an SSL:// listener"),
+        ({"ssl.key.location": ""}, "ssl.key.location (from default): required with an SSL "
+                                   "listener"),
+        ({"listeners": "127.0.0.1:9091"}, "only used with an SSL listener"),
         ({"auth.certificate.roles": "x:root"}, "unknown role 'root'"),
         ({"auth.certificate.roles": "justaname"}, "is not PATTERN:ROLE"),
         ({"ssl.endpoint.identification.algorithm": "dns"}, "ssl.endpoint.identification"),
@@ -98,7 +100,7 @@ def test_peer_principals_name_one_node_each() -> None:
 
 
 def test_plaintext_refuses_certificate_roles() -> None:
-    assert "need an SSL:// listener" in error_of({"listeners": "127.0.0.1:9091",
+    assert "need an SSL listener" in error_of({"listeners": "127.0.0.1:9091",
                                                   "auth.certificate.roles": "a:read"})
 
 
@@ -110,9 +112,11 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^ssl: certificate .* with key .*"):
         QuorumNode(config)
     (tmp_path / "tokens").write_text("short alice admin\n")
+    (tmp_path / "secret").write_text("a-secret-of-the-quorum\n")
     plain = load_config(None, {**REQUIRED, "listeners": "127.0.0.1:9091",
                                "log.dir": str(tmp_path / "log"),
-                               "auth.token.file": str(tmp_path / "tokens")}, {})
+                               "auth.token.file": str(tmp_path / "tokens"),
+                               "controller.listener.secret.file": str(tmp_path / "secret")}, {})
     with pytest.raises(ConfigError, match=r"^auth.token.file: .*tokens, line 1: the token"):
         QuorumNode(plain)
 

@@ -43,7 +43,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCluster]
 
 
 def address(cluster: InProcessCluster) -> tuple[str, int]:
-    return "127.0.0.1", cluster.nodes[1].config.listen_port
+    return "127.0.0.1", cluster.nodes[1].config.controller_listener.port
 
 
 def call(cluster: InProcessCluster, method: str, path: str, body: bytes | None = None,

@@ -46,10 +46,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InPr
 
 
 def request(cluster: InProcessCluster, node_id: int, method: str, path: str, *,
-            credentials: ClientCredentials, body: Any = None) -> tuple[int, dict[str, Any],
-                                                                         dict[str, str]]:
-    """One HTTPS request to one node (no redirect followed): status, JSON body, headers."""
-    host, port = cluster.address(node_id).split(":")
+            credentials: ClientCredentials, body: Any = None, peer: bool = False
+            ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """One HTTPS request to one node's client listener (``peer``: its controller listener), no
+    redirect followed: status, JSON body, headers."""
+    address = cluster.peer_address(node_id) if peer else cluster.address(node_id)
+    host, port = address.split(":")
     connection = http.client.HTTPSConnection(host, int(port), timeout=10,
                                              context=credentials.ssl_context())
     data = None if body is None else json.dumps(body).encode()
@@ -201,12 +203,16 @@ def test_open_routes_need_no_credential(cluster: InProcessCluster, pki: Pki) -> 
 def test_every_route_has_a_role(cluster: InProcessCluster) -> None:
     """Every route a node serves is in the role table or is a Raft RPC: a new route cannot be
     left open by omission (and one missing from the table needs admin)."""
-    runner = cluster.nodes[1]._runner
-    assert runner is not None
-    for route in runner.app.router.routes():
+    # One application per kind of listener: the controller listener's has the Raft RPCs only,
+    # the client listener's none of them.
+    peer_app, client_app = (runner.app for runner in cluster.nodes[1]._runners)
+    peer_patterns = {route.resource.canonical for route in peer_app.router.routes()
+                     if route.resource is not None}
+    assert peer_patterns and all(p.startswith(RAFT_PREFIX) for p in peer_patterns)
+    for route in client_app.router.routes():
         pattern = route.resource.canonical if route.resource is not None else ""
         method = "GET" if route.method == "HEAD" else route.method
-        assert (method, pattern) in ROUTE_ROLES or pattern.startswith(RAFT_PREFIX), pattern
+        assert (method, pattern) in ROUTE_ROLES, pattern
     assert required_role("PATCH", "/v1/new") is Role.ADMIN
 
 
@@ -267,7 +273,7 @@ def _client_context(pki: Pki, certificate: str | None) -> ssl.SSLContext:
 
 def test_peer_without_a_valid_certificate_is_refused(cluster: InProcessCluster,
                                                      pki: Pki) -> None:
-    url = f"https://{cluster.address(1)}/raft/v1/stream"
+    url = f"https://{cluster.peer_address(1)}/raft/v1/stream"
     run = cluster.run
     assert run(_open_stream(url, _client_context(pki, "quorum-node-2"))) == 101  # the control
     assert run(_open_stream(url, _client_context(pki, None))) == 401  # no certificate
@@ -277,10 +283,10 @@ def test_peer_without_a_valid_certificate_is_refused(cluster: InProcessCluster,
         run(_open_stream(url, _client_context(pki, "foreign")))
     # Nor does plain HTTP reach the TLS listener.
     with pytest.raises((aiohttp.ClientError, OSError)):
-        run(_open_stream(f"http://{cluster.address(1)}/raft/v1/stream", False))
+        run(_open_stream(f"http://{cluster.peer_address(1)}/raft/v1/stream", False))
     # A token never makes a peer, whatever its role.
     status, answer, _ = request(cluster, 1, "POST", "/raft/v1/Fetch",
-                                credentials=pki.credentials(token="admin"))
+                                credentials=pki.credentials(token="admin"), peer=True)
     assert (status, answer["code"]) == (403, "FORBIDDEN")
 
 
