@@ -50,11 +50,14 @@ def test_a_second_run_on_a_directory_in_use_is_refused_until_the_first_is_killed
     cluster = ProcessCluster.create(tmp_path, 1, **FAST)
     node = cluster.nodes[1]
     log_dir = tmp_path / "node-1"
-    # The same directory on another port, so that only the lock can refuse it.
+    # The same directory on other ports, so that only the lock can refuse it.
     second_port = free_port()
     second_config = tmp_path / "second.properties"
-    second_config.write_text(node.config_path.read_text().replace(
-        f"listeners=127.0.0.1:{node.port}", f"listeners=127.0.0.1:{second_port}"))
+    original = node.config_path.read_text()
+    assert f"127.0.0.1:{node.port}," in original and f"127.0.0.1:{node.peer_port}\n" in original
+    second_config.write_text(original.replace(
+        f"127.0.0.1:{node.port},", f"127.0.0.1:{second_port},").replace(
+        f"127.0.0.1:{node.peer_port}\n", f"127.0.0.1:{free_port()}\n"))
     second: subprocess.Popen[bytes] | None = None
     try:
         cluster.start(1)
