@@ -84,7 +84,12 @@ def context_of(pki: Pki, certificate: str) -> ssl.SSLContext:
 
 
 def port_of(cluster: InProcessCluster, node_id: int) -> int:
-    return cluster.nodes[node_id].config.listen_port
+    """The node's controller listener: where peers (and forgers) speak."""
+    return cluster.nodes[node_id].config.controller_listener.port
+
+
+def client_port_of(cluster: InProcessCluster, node_id: int) -> int:
+    return cluster.nodes[node_id].config.client_listeners[0].port
 
 
 def post(port: int, context: ssl.SSLContext, path: str, body: bytes = b"",
@@ -200,7 +205,7 @@ def test_a_certificate_with_two_common_names_is_refused(cluster: InProcessCluste
     assert state(cluster) == before
     # As a client, too: quorum-operator (an administrator) and app-reader in one certificate.
     client = context_of(pki, "two-clients")
-    status, body = post(port_of(cluster, 1), client, "/v1/kv/k/cas",
+    status, body = post(client_port_of(cluster, 1), client, "/v1/kv/k/cas",
                         b'{"expected": null, "value": "x"}',
                         {"Content-Type": "application/json"})
     assert status == 401 and b"2 subject common names" in body, body
@@ -211,7 +216,7 @@ def test_tokens_in_the_query_string_are_not_logged(cluster: InProcessCluster, pk
     caplog.set_level(logging.INFO, logger="quorum_node.audit")
     secret = "do-not-log-0123456789abcdef"
     context = pki.credentials().ssl_context()
-    connection = http.client.HTTPSConnection("127.0.0.1", port_of(cluster, 1), timeout=10,
+    connection = http.client.HTTPSConnection("127.0.0.1", client_port_of(cluster, 1), timeout=10,
                                              context=context)
     connection.request("GET", f"/v1/quorum?access_token={secret}&x=1&client_secret={secret}"
                               f"&PASSWORD={secret}&api_token={secret}")
@@ -328,7 +333,7 @@ def test_connections_beyond_the_cap_are_closed_at_once(single: InProcessCluster,
     context = pki.credentials().ssl_context()
 
     def connect() -> ssl.SSLSocket:
-        raw = socket.create_connection(("127.0.0.1", port_of(single, 1)), timeout=10)
+        raw = socket.create_connection(("127.0.0.1", client_port_of(single, 1)), timeout=10)
         return context.wrap_socket(raw, server_hostname="127.0.0.1")
 
     held = [connect() for _ in range(4)]
@@ -362,7 +367,8 @@ def test_a_ca_reload_closes_the_connections_made_under_the_old_one(
     port = port_of(single, 1)
     peer = open_raw_stream(port, context_of(pki, "quorum-node-2"))
     client = pki.credentials().ssl_context().wrap_socket(
-        socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+        socket.create_connection(("127.0.0.1", client_port_of(single, 1)), timeout=10),
+        server_hostname="127.0.0.1")
     client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a keep-alive connection
     assert client.recv(12) == b"HTTP/1.1 200"
     # The bundle now trusts another CA only.
@@ -481,14 +487,14 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
         context = context_of(pki, "quorum-node-2")
         while True:
             try:
-                open_raw_stream(node.port, context).close()
+                open_raw_stream(node.peer_port, context).close()
                 break
             except (OSError, AssertionError):
                 assert time.monotonic() < deadline, cluster.logs()
                 time.sleep(0.2)
         time.sleep(0.5)
         before = rss_bytes(node.process.pid)
-        streams = [open_raw_stream(node.port, context) for _ in range(6)]
+        streams = [open_raw_stream(node.peer_port, context) for _ in range(6)]
         sent = []
         for stream in streams:
             stream.sendall(binary_frame_head(60 * 1024 * 1024))
@@ -506,12 +512,12 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
         assert after - before < 32 * 2**20
         assert node.process.poll() is None
         # The process's own event loop (uvloop) bounds the TLS handshake and the connections too.
-        silent = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        silent = socket.create_connection(("127.0.0.1", node.peer_port), timeout=10)
         elapsed = seconds_until_closed(silent, 10)
         silent.close()
         assert elapsed is not None and 2.5 < elapsed < 6, elapsed
-        held = [open_raw_stream(node.port, context) for _ in range(8)]
-        extra = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        held = [open_raw_stream(node.peer_port, context) for _ in range(8)]
+        extra = socket.create_connection(("127.0.0.1", node.peer_port), timeout=10)
         extra_tls = context.wrap_socket(extra, server_hostname="127.0.0.1")
         assert seconds_until_closed(extra_tls, 3) is not None
         for connection in [*held, extra_tls]:
