@@ -1,0 +1,324 @@
+"""A linearizability checker for histories of a key-value store (put, get, compare-and-set,
+delete), and a thread-safe recorder for such histories.
+
+The search is Wing and Gong's, with Lowe's memoization, as Knossos and Porcupine implement it
+(Porcupine's ``checkSingle``): the history becomes a doubly linked list of call and return
+entries in time order; the search linearizes the first call whose operation the model accepts in
+the current state (lifting its call and return out of the list), and backtracks when it reaches a
+return entry, i.e. an operation that completed before anything left could have taken effect. A
+cache of (set of linearized operations, model state) prunes configurations already explored.
+The history is partitioned by key first (P-compositionality: a history is linearizable iff each
+key's is), so each key is checked on its own.
+
+Outcomes follow Knossos and Porcupine: an ``ok`` operation took effect once between its call and
+its return; a ``failed`` one definitely did not take effect (it is left out); an ``unknown`` one
+(a timeout, a lost connection) may have taken effect at any time after its call, or never: it
+returns at +infinity, and its result is not known. A read with an unknown outcome constrains
+nothing and is left out too.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+Value = str | None  # None: the key is absent
+
+
+class Kind(enum.Enum):
+    PUT = "put"
+    GET = "get"
+    CAS = "cas"
+    DELETE = "delete"
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    FAILED = "failed"  # definitely not applied
+    UNKNOWN = "unknown"  # may or may not have been applied
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One client operation on one key.
+
+    ``value``: a put's value, or a cas's new value (None: the cas deletes). ``expected``: a
+    cas's expected value (None: absent). ``result``: what an ok operation answered (a get's
+    value or None, a cas's ``applied``, a delete's ``deleted``; None for a put). ``completed``
+    is None unless the outcome is ok or failed."""
+
+    kind: Kind
+    key: str
+    invoked: float
+    completed: float | None
+    outcome: Outcome
+    value: Value = None
+    expected: Value = None
+    result: Value | bool = None
+    client: int = 0
+
+    def describe(self) -> str:
+        if self.kind is Kind.PUT:
+            call = f"put({self.key!r}, {self.value!r})"
+        elif self.kind is Kind.GET:
+            call = f"get({self.key!r})"
+        elif self.kind is Kind.CAS:
+            call = f"cas({self.key!r}, {self.expected!r} -> {self.value!r})"
+        else:
+            call = f"delete({self.key!r})"
+        if self.outcome is Outcome.OK:
+            answer = "" if self.kind is Kind.PUT else f" -> {self.result!r}"
+        else:
+            answer = f" ({self.outcome.value})"
+        until = "inf" if self.completed is None else f"{self.completed:.4f}"
+        return f"client {self.client}: {call}{answer} [{self.invoked:.4f}, {until}]"
+
+
+def step(state: Value, op: Operation) -> tuple[bool, Value]:
+    """The register model: whether ``op`` with its result can take effect in ``state``, and the
+    state after it. An unknown operation is always accepted and has its effect."""
+    known = op.outcome is Outcome.OK
+    if op.kind is Kind.PUT:
+        return True, op.value
+    if op.kind is Kind.GET:
+        return (not known or op.result == state), state
+    if op.kind is Kind.CAS:
+        matches = state == op.expected
+        after = op.value if matches else state
+        return (not known or op.result is matches), after
+    return (not known or op.result is (state is not None)), None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """Where the search got furthest on a key before no linearization extended."""
+
+    key: str
+    operations: int  # of the key, checked ones
+    linearized: int  # how many were linearized at the deepest point
+    recent: tuple[Operation, ...]  # the last few linearized there, in order
+    state: Value  # the model's state after them
+    blocking: Operation  # it completed before any remaining operation could be linearized
+    candidates: tuple[tuple[Operation, str], ...]  # called before it returned, and why not
+
+    def explain(self) -> str:
+        lines = [f"key {self.key!r}: no linearization extends past {self.linearized} of "
+                 f"{self.operations} operations",
+                 f"  the last linearized ({len(self.recent)}), leaving the state at "
+                 f"{self.state!r}:"]
+        lines += [f"    {op.describe()}" for op in self.recent] or ["    (none)"]
+        lines.append(f"  must come next, as it completed before any other could take effect:\n"
+                     f"    {self.blocking.describe()}")
+        lines.append("  but none of the operations called before it returned can go first:")
+        lines += [f"    {op.describe()}: {why}" for op, why in self.candidates]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    key: str
+    operations: int
+    linearizable: bool
+    violation: Violation | None
+    explored: int  # configurations cached
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    keys: tuple[KeyResult, ...]
+    seconds: float
+
+    @property
+    def linearizable(self) -> bool:
+        return all(result.linearizable for result in self.keys)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [result.violation for result in self.keys if result.violation is not None]
+
+    def explain(self) -> str:
+        if self.linearizable:
+            return (f"linearizable: {sum(r.operations for r in self.keys)} operations on "
+                    f"{len(self.keys)} keys checked in {self.seconds:.3f} s")
+        return "\n".join(violation.explain() for violation in self.violations)
+
+
+def check(history: Iterable[Operation], initial: Mapping[str, Value] | None = None,
+          recent: int = 4) -> CheckResult:
+    """Check a history, key by key. ``initial``: each key's value before the history (absent
+    unless given). ``recent``: how many linearized operations a violation shows."""
+    started = time.perf_counter()
+    by_key: dict[str, list[Operation]] = {}
+    for op in history:
+        by_key.setdefault(op.key, []).append(op)
+    results = tuple(
+        check_key(key, ops, (initial or {}).get(key), recent) for key, ops in sorted(by_key.items())
+    )
+    return CheckResult(results, time.perf_counter() - started)
+
+
+def checked_operations(ops: Iterable[Operation]) -> list[Operation]:
+    """The operations that constrain a linearization: not the failed ones (they never took
+    effect), nor reads whose outcome is unknown (they changed nothing and told nothing)."""
+    return [op for op in ops if op.outcome is Outcome.OK
+            or (op.outcome is Outcome.UNKNOWN and op.kind is not Kind.GET)]
+
+
+def check_key(key: str, history: Sequence[Operation], initial: Value = None,
+              recent: int = 4) -> KeyResult:
+    """Porcupine's ``checkSingle`` for one key's history."""
+    return _KeySearch(key, checked_operations(history)).run(initial, recent)
+
+
+class _KeySearch:
+    """The entries of one key's history as a doubly linked list (arrays of indices), and the
+    search over it."""
+
+    def __init__(self, key: str, ops: list[Operation]) -> None:
+        for op in ops:
+            if op.outcome is Outcome.OK and (op.completed is None or op.completed < op.invoked):
+                raise ValueError(f"an ok operation needs invoked <= completed: {op.describe()}")
+        self.key = key
+        self.ops = ops
+        # Entries 1..2n in time order (0 is the list's head): calls sort before returns at the
+        # same instant (the permissive reading: they were concurrent); unknown operations
+        # return last.
+        infinity = float("inf")
+        timeline = sorted(
+            [(op.invoked, 0, index) for index, op in enumerate(ops)]
+            + [(infinity if op.completed is None or op.outcome is Outcome.UNKNOWN
+                else op.completed, 1, index) for index, op in enumerate(ops)])
+        size = len(timeline) + 1
+        self.op_of = [-1] * size  # the operation an entry belongs to
+        self.is_call = [False] * size
+        self.match = [-1] * size  # a call's return entry
+        call_entry = [0] * len(ops)
+        for position, (_, kind, index) in enumerate(timeline, start=1):
+            self.op_of[position] = index
+            if kind == 0:
+                self.is_call[position] = True
+                call_entry[index] = position
+            else:
+                self.match[call_entry[index]] = position
+        self.following = [i + 1 for i in range(size)]
+        self.following[-1] = -1
+        self.preceding = [i - 1 for i in range(size)]
+
+    def lift(self, entry: int) -> None:
+        """Take a call and its return out of the list."""
+        following, preceding = self.following, self.preceding
+        after = following[entry]
+        preceding[after] = preceding[entry]  # a call is always followed by its return
+        following[preceding[entry]] = after
+        ret = self.match[entry]
+        following[preceding[ret]] = following[ret]
+        if following[ret] != -1:
+            preceding[following[ret]] = preceding[ret]
+
+    def unlift(self, entry: int) -> None:
+        """Put back what the last ``lift`` took out (their own links still point at their
+        old neighbours)."""
+        following, preceding = self.following, self.preceding
+        ret = self.match[entry]
+        following[preceding[ret]] = ret
+        if following[ret] != -1:
+            preceding[following[ret]] = ret
+        following[preceding[entry]] = entry
+        preceding[following[entry]] = entry
+
+    def run(self, initial: Value, recent: int) -> KeyResult:
+        ops, op_of, is_call, following = self.ops, self.op_of, self.is_call, self.following
+        finite = sum(1 for op in ops if op.outcome is Outcome.OK)
+        cache: set[tuple[int, Value]] = set()
+        calls: list[tuple[int, Value]] = []  # (call entry, state before it): the linearization
+        linearized = 0  # bitset of linearized operations
+        linearized_finite = 0
+        state = initial
+        deepest = -1
+        violation: Violation | None = None
+        entry = following[0]
+        while entry != -1 and linearized_finite < finite:
+            index = op_of[entry]
+            if is_call[entry]:
+                accepted, after = step(state, ops[index])
+                if accepted:
+                    configuration = (linearized | (1 << index), after)
+                    if configuration not in cache:
+                        cache.add(configuration)
+                        calls.append((entry, state))
+                        state = after
+                        linearized = configuration[0]
+                        if ops[index].outcome is Outcome.OK:
+                            linearized_finite += 1
+                        self.lift(entry)
+                        entry = following[0]
+                        continue
+                entry = following[entry]
+                continue
+            # A return entry: its operation must be linearized before anything after it, and
+            # cannot be.
+            if len(calls) > deepest:
+                deepest = len(calls)
+                violation = self.violation(calls, state, entry, recent)
+            if not calls:
+                break
+            entry, state = calls.pop()
+            index = op_of[entry]
+            linearized &= ~(1 << index)
+            if ops[index].outcome is Outcome.OK:
+                linearized_finite -= 1
+            self.unlift(entry)
+            entry = following[entry]
+        # Done once every ok operation is linearized: the unknown ones left take effect after
+        # all of them, which is the same as never.
+        ok = linearized_finite == finite
+        return KeyResult(self.key, len(ops), ok, None if ok else violation, len(cache))
+
+    def violation(self, calls: Sequence[tuple[int, Value]], state: Value, blocking_entry: int,
+                  recent: int) -> Violation:
+        candidates: list[tuple[Operation, str]] = []
+        entry = self.following[0]
+        while entry != blocking_entry:
+            if self.is_call[entry]:
+                op = self.ops[self.op_of[entry]]
+                accepted, after = step(state, op)
+                why = (f"leads nowhere (explored), state would be {after!r}" if accepted else
+                       f"impossible in state {state!r}")
+                candidates.append((op, why))
+            entry = self.following[entry]
+        return Violation(
+            key=self.key, operations=len(self.ops), linearized=len(calls),
+            recent=tuple(self.ops[self.op_of[e]] for e, _ in calls[-recent:]) if recent else (),
+            state=state, blocking=self.ops[self.op_of[blocking_entry]],
+            candidates=tuple(candidates))
+
+
+@dataclass
+class Recorder:
+    """Records a history from many client threads, with monotonic times."""
+
+    operations: list[Operation] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, op: Operation) -> None:
+        with self._lock:
+            self.operations.append(op)
+
+    def snapshot(self) -> list[Operation]:
+        with self._lock:
+            return list(self.operations)
+
+
+def finished(kind: Kind, key: str, invoked: float, outcome: Outcome, *, client: int = 0,
+             value: Value = None, expected: Value = None, result: Value | bool = None,
+             completed: float | None = None) -> Operation:
+    """An operation that ends now (``completed`` defaults to the monotonic clock's now; an
+    unknown outcome has no completion)."""
+    if outcome is Outcome.UNKNOWN:
+        end: float | None = None
+    else:
+        end = time.monotonic() if completed is None else completed
+    return Operation(kind, key, invoked, end, outcome, value, expected, result, client)
