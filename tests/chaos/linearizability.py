@@ -126,6 +126,9 @@ class KeyResult:
     linearizable: bool
     violation: Violation | None
     explored: int  # configurations cached
+    # The search gave up (its budget spent) before it could decide; ``violation`` is then the
+    # one found without the unknown writes nobody observed.
+    undecided: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,19 +148,33 @@ class CheckResult:
         if self.linearizable:
             return (f"linearizable: {sum(r.operations for r in self.keys)} operations on "
                     f"{len(self.keys)} keys checked in {self.seconds:.3f} s")
-        return "\n".join(violation.explain() for violation in self.violations)
+        lines = []
+        for result in self.keys:
+            if result.undecided:
+                lines.append(f"key {result.key!r}: undecided after {result.explored} "
+                             f"configurations" + ("; without the unknown writes nobody "
+                                                  "observed:" if result.violation else ""))
+            if result.violation is not None:
+                lines.append(result.violation.explain())
+        return "\n".join(lines)
+
+
+DEFAULT_BUDGET = 2_000_000  # configurations per key: some 30 s of search
 
 
 def check(history: Iterable[Operation], initial: Mapping[str, Value] | None = None,
-          recent: int = 4) -> CheckResult:
+          recent: int = 4, budget: int = DEFAULT_BUDGET) -> CheckResult:
     """Check a history, key by key. ``initial``: each key's value before the history (absent
-    unless given). ``recent``: how many linearized operations a violation shows."""
+    unless given). ``recent``: how many linearized operations a violation shows. ``budget``:
+    the configurations a key's search may explore before it gives up, undecided (which does
+    not count as linearizable)."""
     started = time.perf_counter()
     by_key: dict[str, list[Operation]] = {}
     for op in history:
         by_key.setdefault(op.key, []).append(op)
     results = tuple(
-        check_key(key, ops, (initial or {}).get(key), recent) for key, ops in sorted(by_key.items())
+        check_key(key, ops, (initial or {}).get(key), recent, budget)
+        for key, ops in sorted(by_key.items())
     )
     return CheckResult(results, time.perf_counter() - started)
 
@@ -170,7 +187,7 @@ def checked_operations(ops: Iterable[Operation]) -> list[Operation]:
 
 
 def check_key(key: str, history: Sequence[Operation], initial: Value = None,
-              recent: int = 4) -> KeyResult:
+              recent: int = 4, budget: int = DEFAULT_BUDGET) -> KeyResult:
     """Porcupine's ``checkSingle`` for one key's history.
 
     Unknown operations make the search costly (each may take effect anywhere after its call,
@@ -178,18 +195,22 @@ def check_key(key: str, history: Sequence[Operation], initial: Value = None,
     wrote. So the history is first checked without those: if that is linearizable, so is the
     whole (the ones left out take effect after everything else, i.e. never). Only if it is not
     does the whole history decide (leaving one out can make a failed cas or a delete's answer
-    unexplainable that it would have explained)."""
+    unexplainable that it would have explained); that search can be long, hence the budget."""
     ops = checked_operations(history)
     observed = {op.result for op in ops if op.kind is Kind.GET and op.outcome is Outcome.OK}
     observed |= {op.expected for op in ops
                  if op.kind is Kind.CAS and op.outcome is Outcome.OK and op.result is True}
     traced = [op for op in ops if op.outcome is Outcome.OK or op.kind is Kind.DELETE
               or op.value in observed]
-    if len(traced) < len(ops):
-        first = _KeySearch(key, traced).run(initial, recent)
-        if first.linearizable:
-            return KeyResult(key, len(ops), True, None, first.explored)
-    return _KeySearch(key, ops).run(initial, recent)
+    if len(traced) == len(ops):
+        return _KeySearch(key, ops).run(initial, recent, budget)
+    first = _KeySearch(key, traced).run(initial, recent, budget)
+    if first.linearizable:
+        return KeyResult(key, len(ops), True, None, first.explored)
+    whole = _KeySearch(key, ops).run(initial, recent, budget)
+    if whole.undecided:
+        return KeyResult(key, len(ops), False, first.violation, whole.explored, undecided=True)
+    return whole
 
 
 class _KeySearch:
@@ -248,7 +269,7 @@ class _KeySearch:
         following[preceding[entry]] = entry
         preceding[following[entry]] = entry
 
-    def run(self, initial: Value, recent: int) -> KeyResult:
+    def run(self, initial: Value, recent: int, budget: int) -> KeyResult:
         ops, op_of, is_call, following = self.ops, self.op_of, self.is_call, self.following
         finite = sum(1 for op in ops if op.outcome is Outcome.OK)
         cache: set[tuple[int, Value]] = set()
@@ -266,6 +287,9 @@ class _KeySearch:
                 if accepted:
                     configuration = (linearized | (1 << index), after)
                     if configuration not in cache:
+                        if len(cache) >= budget:
+                            return KeyResult(self.key, len(ops), False, violation, len(cache),
+                                             undecided=True)
                         cache.add(configuration)
                         calls.append((entry, state))
                         state = after

@@ -14,7 +14,7 @@ once more (linearizable), every node's copy must converge to those values, and t
 goes through the linearizability checker (``linearizability.py``); with the final reads in it,
 an acknowledged write that was lost is a violation too.
 
-The default run is one round of the seven faults (about 40 s). Environment (not ``QUORUM_*``:
+The default run is one round of the seven faults (about 20 s). Environment (not ``QUORUM_*``:
 the nodes inherit the environment and take those as configuration keys):
 
 - ``CHAOS_SECONDS=600``: rounds of faults until that many seconds have passed (the keys
@@ -185,13 +185,16 @@ def test_checker_catches_stale_reads_of_a_partitioned_follower(
         key = f"probe-{variant}"
         reads: list[tuple[int, Operation]] = []
         for i, target in enumerate(targets):
-            writer.put(key, f"{variant}-{i}")
+            attempt = 0
+            while writer.put(key, f"{variant}-{i}-{attempt}").outcome is not Outcome.OK:
+                attempt += 1  # the leader changed (on a busy machine): write it again
+                assert attempt < 20, tally.report()
+                writer.node_id = processes.wait_for_leader(among=set(roles) - {follower})
             reader.node_id = target
             op = reader.get(key, stale=variant == "stale")
             reads.append((reader.node_id, op))
         served_by_follower[variant] = sum(node == follower and op.outcome is Outcome.OK
                                           for node, op in reads)
-        assert tally.outcomes["put", "ok"] == 20, tally.report()
         results[variant] = check(recorder.snapshot())
     print(f"\nreads the cut-off follower answered itself: {served_by_follower}\n"
           f"{results['stale'].explain()}")
