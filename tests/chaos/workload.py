@@ -59,7 +59,10 @@ class Network:
             voter_id, _, address = voter.partition("@")
             host, _, port = address.rpartition(":")
             target = int(voter_id)
-            if target != source and int(port) == self._cluster.nodes[target].proxy.port:
+            if target != source:
+                # Else a partition would silently be one-way only.
+                assert int(port) == self._cluster.nodes[target].proxy.port, (
+                    f"node {source} reaches voter {voter} other than through its proxy")
                 port = str(self.links[source, target].port)
             routed.append(f"{voter_id}@{host}:{port}")
         return ",".join(routed)
@@ -67,7 +70,7 @@ class Network:
     def node_listening_on(self, port: int) -> int | None:
         """The node a port leads to: its own, its proxy's, or a link's to it."""
         for node_id, node in self._cluster.nodes.items():
-            if port in (node.port, node.proxy.port):
+            if port in (node.port, node.proxy.port, urllib.parse.urlsplit(node.url).port):
                 return node_id
         for (_, target), link in self.links.items():
             if link.port == port:
