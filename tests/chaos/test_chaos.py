@@ -2,17 +2,17 @@
 whose history must be linearizable.
 
 Five clients put, read (linearizable GET), compare-and-set and delete values on four keys, each
-operation recorded with its call and completion times (monotonic) and its outcome: ok, failed
-(503 NO_LEADER, APPEND_LOST, NODE_FAILED, SHUTTING_DOWN: definitely not applied) or unknown (504
+operation recorded with its call and completion times (monotonic) and its outcome: ok, failed (503
+NO_LEADER, APPEND_LOST, NODE_FAILED, SHUTTING_DOWN, or 408: definitely not applied) or unknown (504
 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit at any time, or never). Redirects are
 followed to the node they name. Meanwhile a nemesis injects, one at a time and in a seeded order,
-each of: kill -9 of the leader and of a follower (then a restart), SIGSTOP/SIGCONT of the leader
-and of a follower, a two-way partition of the leader and of a follower, and a disk replacement
-(kill -9, wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the new
-directory and RemoveVoter of the old one). At the end everything is healed, every key is read
-once more (linearizable), every node's copy must converge to those values, and the whole history
-goes through the linearizability checker (``linearizability.py``); with the final reads in it,
-an acknowledged write that was lost is a violation too.
+each of: kill -9 of the leader and of a follower (then a restart), SIGSTOP/SIGCONT of the leader and
+of a follower, a two-way partition of the leader and of a follower, and a disk replacement (kill -9,
+wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the new directory and
+RemoveVoter of the old one). At the end everything is healed, every key is read once more
+(linearizable), every node's copy must converge to those values, and the whole history goes through
+the linearizability checker (``linearizability.py``); with the final reads in it, an acknowledged
+write that was lost is a violation too.
 
 The default run is one round of the seven faults (about 20 s). Environment (not ``QUORUM_*``:
 the nodes inherit the environment and take those as configuration keys):

@@ -182,7 +182,7 @@ class Tally:
         lines = [f"  {kind:<7}" + "  ".join(
             f"{outcome} {self.outcomes[kind, outcome]:>5}" for outcome in
             ("ok", "failed", "unknown")) for kind in kinds]
-        lines.append("  errors: " + (", ".join(f"{code} {count}" for code, count in
+        lines.append("  answers other than 200: " + (", ".join(f"{code} {count}" for code, count in
                                               self.codes.most_common()) or "none"))
         return "\n".join(lines)
 
@@ -241,8 +241,9 @@ class KvSession:
                 result = bool(reply.body["deleted"])
             op = self._finish(kind, key, invoked, Outcome.OK, value=value, expected=expected,
                               result=result)
-        elif reply.code in NOT_APPLIED_CODES or reply.status == 307:
-            # A redirect is a refusal too: the write was not taken (more hops than followed).
+        elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408):
+            # A redirect is a refusal too (more hops than followed), and so is a body the node
+            # gave up reading (408: a paused node may find its read timer expired on waking).
             op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected)
         else:
             # 504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit, now or later.
@@ -262,7 +263,7 @@ class KvSession:
 
     def _check_expected(self, reply: Reply, op: Operation) -> None:
         """A request the API refuses as malformed is a bug of the test, not a fault."""
-        if reply.status is not None and 400 <= reply.status < 500:
+        if reply.status is not None and 400 <= reply.status < 500 and reply.status != 408:
             self.tally.unexpected.append(f"{op.describe()}: {reply.status} {reply.body}")
 
 
