@@ -127,7 +127,7 @@ class KeyResult:
     violation: Violation | None
     explored: int  # configurations cached
     # The search gave up (its budget spent) before it could decide; ``violation`` is then the
-    # one found without the unknown writes nobody observed.
+    # one found without the unknown writes nobody observed, if that pass ran.
     undecided: bool = False
 
 
@@ -287,8 +287,8 @@ class _KeySearch:
                 if accepted:
                     configuration = (linearized | (1 << index), after)
                     if configuration not in cache:
-                        if len(cache) >= budget:
-                            return KeyResult(self.key, len(ops), False, violation, len(cache),
+                        if len(cache) >= budget:  # the deepest point so far proves nothing
+                            return KeyResult(self.key, len(ops), False, None, len(cache),
                                              undecided=True)
                         cache.add(configuration)
                         calls.append((entry, state))
