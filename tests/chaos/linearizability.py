@@ -159,7 +159,7 @@ class CheckResult:
         return "\n".join(lines)
 
 
-DEFAULT_BUDGET = 2_000_000  # configurations per key: some 30 s of search
+DEFAULT_BUDGET = 2_000_000  # configurations per key: a minute or two of search
 
 
 def check(history: Iterable[Operation], initial: Mapping[str, Value] | None = None,
@@ -223,21 +223,24 @@ class _KeySearch:
                 raise ValueError(f"an ok operation needs invoked <= completed: {op.describe()}")
         self.key = key
         self.ops = ops
-        # Entries 1..2n in time order (0 is the list's head): calls sort before returns at the
-        # same instant (the permissive reading: they were concurrent); unknown operations
-        # return last.
-        infinity = float("inf")
+        # The ok operations' entries 1..2n in time order (0 is the list's head): calls sort
+        # before returns at the same instant (the permissive reading: they were concurrent).
+        # The unknown operations never return: they stay out of the list, by call time.
         timeline = sorted(
-            [(op.invoked, 0, index) for index, op in enumerate(ops)]
-            + [(infinity if op.completed is None or op.outcome is Outcome.UNKNOWN
-                else op.completed, 1, index) for index, op in enumerate(ops)])
+            [(op.invoked, 0, index) for index, op in enumerate(ops) if op.outcome is Outcome.OK]
+            + [(op.completed, 1, index) for index, op in enumerate(ops)
+               if op.outcome is Outcome.OK and op.completed is not None])
+        self.unknown = sorted((i for i, op in enumerate(ops) if op.outcome is not Outcome.OK),
+                              key=lambda i: ops[i].invoked)
+        self.entry_time = [0.0] * (len(timeline) + 1)
         size = len(timeline) + 1
         self.op_of = [-1] * size  # the operation an entry belongs to
         self.is_call = [False] * size
         self.match = [-1] * size  # a call's return entry
         call_entry = [0] * len(ops)
-        for position, (_, kind, index) in enumerate(timeline, start=1):
+        for position, (instant, kind, index) in enumerate(timeline, start=1):
             self.op_of[position] = index
+            self.entry_time[position] = instant
             if kind == 0:
                 self.is_call[position] = True
                 call_entry[index] = position
@@ -246,6 +249,7 @@ class _KeySearch:
         self.following = [i + 1 for i in range(size)]
         self.following[-1] = -1
         self.preceding = [i - 1 for i in range(size)]
+        self.deepest: Violation | None = None  # where the search got furthest, so far
 
     def lift(self, entry: int) -> None:
         """Take a call and its return out of the list."""
@@ -270,57 +274,116 @@ class _KeySearch:
         preceding[following[entry]] = entry
 
     def run(self, initial: Value, recent: int, budget: int) -> KeyResult:
+        """The search. Unlike Porcupine, it tries the candidates of each step in two rounds:
+        the ok operations called so far (in the list), then the unknown ones called so far
+        (those are only needed when nothing else fits, as an unknown write seldom took effect
+        where nobody saw a sign of it). The same candidates are tried either way: only the
+        order differs."""
         ops, op_of, is_call, following = self.ops, self.op_of, self.is_call, self.following
-        finite = sum(1 for op in ops if op.outcome is Outcome.OK)
+        unknown, entry_time = self.unknown, self.entry_time
+        unknown_used = [False] * len(ops)
+        finite = len(ops) - len(unknown)
         cache: set[tuple[int, Value]] = set()
-        calls: list[tuple[int, Value]] = []  # (call entry, state before it): the linearization
+        # The linearization: (a call entry, or -1 - a position in ``unknown``; the state before
+        # it; whether it is an unknown operation).
+        calls: list[tuple[int, Value, bool]] = []
         linearized = 0  # bitset of linearized operations
         linearized_finite = 0
         state = initial
         deepest = -1
         violation: Violation | None = None
         entry = following[0]
-        while entry != -1 and linearized_finite < finite:
-            index = op_of[entry]
-            if is_call[entry]:
+        horizon = -1  # in the unknown round: the first return entry left
+        position = 0  # in the unknown round: the next unknown operation to try
+        while linearized_finite < finite:
+            if horizon == -1 and is_call[entry]:
+                index = op_of[entry]
                 accepted, after = step(state, ops[index])
-                if accepted:
-                    configuration = (linearized | (1 << index), after)
-                    if configuration not in cache:
-                        if len(cache) >= budget:  # the deepest point so far proves nothing
-                            return KeyResult(self.key, len(ops), False, None, len(cache),
-                                             undecided=True)
-                        cache.add(configuration)
-                        calls.append((entry, state))
-                        state = after
-                        linearized = configuration[0]
-                        if ops[index].outcome is Outcome.OK:
-                            linearized_finite += 1
-                        self.lift(entry)
-                        entry = following[0]
-                        continue
+                configuration = (linearized | (1 << index), after)
+                if accepted and configuration not in cache:
+                    if len(cache) >= budget:  # the deepest point so far proves nothing
+                        return KeyResult(self.key, len(ops), False, None, len(cache),
+                                         undecided=True)
+                    cache.add(configuration)
+                    calls.append((entry, state, False))
+                    state, linearized = after, configuration[0]
+                    linearized_finite += 1
+                    self.lift(entry)
+                    entry = following[0]
+                    continue
                 entry = following[entry]
                 continue
-            # A return entry: its operation must be linearized before anything after it, and
-            # cannot be.
-            if len(calls) > deepest:
-                deepest = len(calls)
-                violation = self.violation(calls, state, entry, recent)
-            if not calls:
+            if horizon == -1:
+                # A return entry: its operation must be linearized before anything after it.
+                # Try the unknown operations called before it first.
+                horizon, position = entry, 0
+            while position < len(unknown) and \
+                    ops[unknown[position]].invoked <= entry_time[horizon]:
+                index = unknown[position]
+                position += 1
+                if unknown_used[index]:
+                    continue
+                accepted, after = step(state, ops[index])
+                configuration = (linearized | (1 << index), after)
+                if configuration in cache or self._dominated(ops[index], state, after, calls):
+                    continue
+                if len(cache) >= budget:
+                    return KeyResult(self.key, len(ops), False, None, len(cache),
+                                     undecided=True)
+                cache.add(configuration)
+                calls.append((-1 - (position - 1), state, True))
+                unknown_used[index] = True
+                state, linearized = after, configuration[0]
+                entry, horizon = following[0], -1
                 break
-            entry, state = calls.pop()
-            index = op_of[entry]
-            linearized &= ~(1 << index)
-            if ops[index].outcome is Outcome.OK:
-                linearized_finite -= 1
-            self.unlift(entry)
-            entry = following[entry]
+            else:
+                # Nothing fits: back up.
+                if len(calls) > deepest:
+                    deepest = len(calls)
+                    violation = self.violation(calls, state, horizon, recent)
+                    self.deepest = violation
+                if not calls:
+                    break
+                popped, state, was_unknown = calls.pop()
+                if was_unknown:
+                    index = unknown[-1 - popped]
+                    unknown_used[index] = False
+                    linearized &= ~(1 << index)
+                    # The same point as when it was tried: go on with the next unknown one.
+                    position = -1 - popped + 1
+                    horizon = self._horizon()
+                else:
+                    index = op_of[popped]
+                    linearized &= ~(1 << index)
+                    linearized_finite -= 1
+                    self.unlift(popped)
+                    entry, horizon = following[popped], -1
         # Done once every ok operation is linearized: the unknown ones left take effect after
         # all of them, which is the same as never.
         ok = linearized_finite == finite
         return KeyResult(self.key, len(ops), ok, None if ok else violation, len(cache))
 
-    def violation(self, calls: Sequence[tuple[int, Value]], state: Value, blocking_entry: int,
+    def _horizon(self) -> int:
+        """The first return entry left in the list."""
+        entry = self.following[0]
+        while self.is_call[entry]:
+            entry = self.following[entry]
+        return entry
+
+    @staticmethod
+    def _dominated(op: Operation, state: Value, after: Value,
+                   calls: Sequence[tuple[int, Value, bool]]) -> bool:
+        """Whether linearizing unknown ``op`` here leads to a configuration that another one
+        reached anyway dominates (the same linearized ok operations and state, with fewer
+        unknown ones spent, which leaves more choices): ``op`` changes nothing, or it overwrites
+        the state blindly right after another unknown operation (the one without that other,
+        tried from the same point, dominates it)."""
+        if after == state:
+            return True
+        return bool(calls) and calls[-1][2] and op.kind in (Kind.PUT, Kind.DELETE)
+
+    def violation(self, calls: Sequence[tuple[int, Value, bool]], state: Value,
+                  blocking_entry: int,
                   recent: int) -> Violation:
         candidates: list[tuple[Operation, str]] = []
         entry = self.following[0]
@@ -334,7 +397,8 @@ class _KeySearch:
             entry = self.following[entry]
         return Violation(
             key=self.key, operations=len(self.ops), linearized=len(calls),
-            recent=tuple(self.ops[self.op_of[e]] for e, _ in calls[-recent:]) if recent else (),
+            recent=tuple(self.ops[self.unknown[-1 - e] if was_unknown else self.op_of[e]]
+                         for e, _, was_unknown in calls[-recent:]) if recent else (),
             state=state, blocking=self.ops[self.op_of[blocking_entry]],
             candidates=tuple(candidates))
 
