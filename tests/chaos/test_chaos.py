@@ -1,0 +1,222 @@
+"""Chaos: a 3-node quorum of real processes under a schedule of faults, with concurrent clients
+whose history must be linearizable.
+
+Five clients put, read (linearizable GET), compare-and-set and delete values on four keys, each
+operation recorded with its call and completion times (monotonic) and its outcome: ok, failed (503
+NO_LEADER, APPEND_LOST, NODE_FAILED, SHUTTING_DOWN, or 408: definitely not applied) or unknown (504
+TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit at any time, or never). Redirects are
+followed to the node they name. Meanwhile a nemesis injects, one at a time and in a seeded order,
+each of: kill -9 of the leader and of a follower (then a restart), SIGSTOP/SIGCONT of the leader and
+of a follower, a two-way partition of the leader and of a follower, and a disk replacement (kill -9,
+wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the new directory and
+RemoveVoter of the old one). At the end everything is healed, every key is read once more
+(linearizable), every node's copy must converge to those values, and the whole history goes through
+the linearizability checker (``linearizability.py``); with the final reads in it, an acknowledged
+write that was lost is a violation too.
+
+The default run is one round of the seven faults (about 20 s). Environment (not ``QUORUM_*``:
+the nodes inherit the environment and take those as configuration keys):
+
+- ``CHAOS_SECONDS=600``: rounds of faults until that many seconds have passed (the keys
+  change every minute, so that each key's history stays short enough to check quickly).
+- ``CHAOS_HISTORY=path``: write the history there, as JSON lines
+  (``linearizability.load_history`` reads it back, to check it again).
+- ``CHAOS_SEED=N``: the fault schedule and the clients' choices of that seed (printed by
+  every run; the timing of the processes still varies).
+
+Run with ``-s`` to see the summary: operations by type and outcome, error codes, the faults and
+their durations, the checker's time.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from linearizability import Kind, Operation, Outcome, Recorder, check, dump_history
+from proc_cluster import FAST, ProcessCluster
+from workload import (
+    FAULT_KINDS,
+    Client,
+    KvSession,
+    Nemesis,
+    Network,
+    Tally,
+    Worker,
+    heal_everything,
+    kv_path,
+)
+
+CHAOS_SECONDS = float(os.environ.get("CHAOS_SECONDS", "0"))  # 0: one round of faults
+KEYS = 4
+KEY_PERIOD_S = 60.0
+CLIENTS = 5
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ProcessCluster, Network]]:
+    started = ProcessCluster.create(tmp_path, 3, None, False, **FAST)
+    network = Network(started)
+    try:
+        started.start_all()
+        yield started, network
+    finally:
+        started.stop_all()
+        network.close()
+
+
+def wait_writable(processes: ProcessCluster, client: Client, timeout_s: float = 30) -> int:
+    """Wait until a write commits; the leader. The first leader of a quorum configured by node
+    ids takes writes only once it has heard from every voter (it writes their directory ids
+    first, KIP-856): a voter cut off before that would hold every write up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader = processes.wait_for_leader(timeout_s=timeout_s)
+        reply, _ = client.request(leader, "PUT", kv_path("warm-up"), b"-", "text/plain")
+        if reply.status == 200:
+            return leader
+        assert time.monotonic() < deadline, f"no write committed: {reply}\n{processes.logs()}"
+        time.sleep(0.1)
+
+
+def chaos_seed() -> int:
+    configured = os.environ.get("CHAOS_SEED")
+    return int(configured) if configured else random.randrange(2**31)
+
+
+@pytest.mark.timeout(CHAOS_SECONDS + 300)
+def test_history_under_faults_is_linearizable(
+        cluster: tuple[ProcessCluster, Network]) -> None:
+    processes, network = cluster
+    seed = chaos_seed()
+    print(f"\nchaos seed {seed} (CHAOS_SEED={seed} repeats the schedule)")
+    began = time.monotonic()
+    recorder, tally, client = Recorder(), Tally(), Client(processes, network)
+    wait_writable(processes, client)
+    nodes = list(processes.nodes)
+
+    def keys() -> list[str]:
+        generation = int((time.monotonic() - began) // KEY_PERIOD_S)
+        return [f"k{i}-g{generation}" for i in range(KEYS)]
+
+    stop = threading.Event()
+    workers = [Worker(KvSession(client, recorder, tally, number, nodes[number % len(nodes)]),
+                      nodes, keys, seed + number, stop) for number in range(CLIENTS)]
+    nemesis = Nemesis(processes, network, seed, CHAOS_SECONDS)
+    for thread in [*workers, nemesis]:
+        thread.start()
+    nemesis.join(CHAOS_SECONDS + 240)
+    stop.set()
+    for worker in workers:
+        worker.join(10)
+    faulted = time.monotonic() - began
+    assert not nemesis.is_alive(), f"the nemesis is stuck (seed {seed})\n{nemesis.report()}"
+    assert nemesis.error is None, f"seed {seed}: {nemesis.error!r}\n{processes.logs()}"
+
+    heal_everything(processes, network)
+    leader = processes.wait_for_leader(timeout_s=30)
+    final = final_values(KvSession(client, recorder, tally, CLIENTS, leader),
+                         sorted({op.key for op in recorder.snapshot()}))
+    converged = time.monotonic()
+    wait_converged(client, nodes, final)
+    converged = time.monotonic() - converged
+
+    history = recorder.snapshot()
+    if os.environ.get("CHAOS_HISTORY"):
+        dump_history(history, Path(os.environ["CHAOS_HISTORY"]))
+    result = check(history)
+    ok = sum(op.outcome is Outcome.OK for op in history)
+    print(f"{len(history)} operations on {len(final)} keys, {ok} ok; {len(nemesis.faults)} "
+          f"faults in {faulted:.1f} s; replicas converged in {converged:.1f} s; checker "
+          f"{result.seconds:.3f} s ({sum(r.explored for r in result.keys)} configurations); "
+          f"{time.monotonic() - began:.1f} s in all\n{tally.report()}\nfaults:\n"
+          f"{nemesis.report()}")
+    assert not tally.unexpected, tally.unexpected[:5]
+    assert {fault.name for fault in nemesis.faults} == set(FAULT_KINDS)
+    for kind in (Kind.PUT, Kind.GET, Kind.CAS):
+        assert tally.outcomes[kind.value, "ok"] >= 10, f"too few {kind.value}s went through"
+    assert result.linearizable, f"seed {seed}:\n{result.explain()}"
+
+
+def final_values(session: KvSession, keys: list[str]) -> dict[str, str | None]:
+    """A linearizable read of every key, retried until it answers (each try is recorded)."""
+    values: dict[str, str | None] = {}
+    for key in keys:
+        deadline = time.monotonic() + 30
+        while True:
+            op = session.get(key)
+            if op.outcome is Outcome.OK:
+                values[key] = op.result if isinstance(op.result, str) else None
+                break
+            assert time.monotonic() < deadline, f"no final read of {key!r}"
+            time.sleep(0.1)
+    return values
+
+
+def wait_converged(client: Client, nodes: list[int], final: dict[str, str | None],
+                   timeout_s: float = 30) -> None:
+    """Every node's own copy (a stale read) ends up holding the final values."""
+    deadline = time.monotonic() + timeout_s
+    differing: list[str] = []
+    while time.monotonic() < deadline:
+        differing = []
+        for node_id in nodes:
+            # Not part of the history: stale reads are not linearizable.
+            session = KvSession(client, Recorder(), Tally(), -1, node_id)
+            for key, value in final.items():
+                op = session.get(key, stale=True)
+                if op.outcome is not Outcome.OK or op.result != value or session.node_id != node_id:
+                    differing.append(f"node {node_id} {key!r}: {op.describe()}, final {value!r}")
+        if not differing:
+            return
+        time.sleep(0.2)
+    raise AssertionError("replicas did not converge:\n" + "\n".join(differing[:10]))
+
+
+def test_checker_catches_stale_reads_of_a_partitioned_follower(
+        cluster: tuple[ProcessCluster, Network]) -> None:
+    """The same client sequence twice against a quorum with one follower cut off both ways:
+    write, then read from a random node. Linearizable reads pass the checker; reads with
+    ``?stale=true`` (the read barrier skipped, as a build without it would serve them) return
+    the cut-off follower's old copy, and the checker must say so."""
+    processes, network = cluster
+    client = Client(processes, network)
+    leader = wait_writable(processes, client)
+    follower = min(n for n in processes.nodes if n != leader)
+    network.isolate(follower)
+    roles = [leader, follower, *(n for n in processes.nodes if n not in (leader, follower))]
+    rng = random.Random(3)  # the same choices of node in both variants, whatever the ids
+    targets = [rng.choice(roles) for _ in range(20)]
+    results = {}
+    served_by_follower = {}
+    for variant in ("linearizable", "stale"):
+        recorder, tally = Recorder(), Tally()
+        writer = KvSession(client, recorder, tally, 0, leader)
+        reader = KvSession(client, recorder, tally, 1, leader)
+        key = f"probe-{variant}"
+        reads: list[tuple[int, Operation]] = []
+        for i, target in enumerate(targets):
+            attempt = 0
+            while writer.put(key, f"{variant}-{i}-{attempt}").outcome is not Outcome.OK:
+                attempt += 1  # the leader changed (on a busy machine): write it again
+                assert attempt < 20, tally.report()
+                writer.node_id = processes.wait_for_leader(among=set(roles) - {follower})
+            reader.node_id = target
+            op = reader.get(key, stale=variant == "stale")
+            reads.append((reader.node_id, op))
+        served_by_follower[variant] = sum(node == follower and op.outcome is Outcome.OK
+                                          for node, op in reads)
+        results[variant] = check(recorder.snapshot())
+    print(f"\nreads the cut-off follower answered itself: {served_by_follower}\n"
+          f"{results['stale'].explain()}")
+    assert results["linearizable"].linearizable, results["linearizable"].explain()
+    assert served_by_follower == {"linearizable": 0, "stale": targets.count(follower)}
+    assert targets.count(follower) >= 3
+    [violation] = results["stale"].violations
+    assert violation.key == "probe-stale"
+    assert violation.blocking.kind is Kind.GET and violation.blocking.result != violation.state
