@@ -583,6 +583,13 @@ class QuorumNode:
         except TimeoutError:
             raise CommitUnknownError(
                 f"offsets {first}-{last} not committed within {timeout_s:g} s") from None
+        except NotLeaderError:
+            # The node stopped on a failure after proposing: the records may be on other
+            # replicas and commit there, so the outcome is unknown, not "not the leader" (a
+            # client told that would retry, and could apply the write twice).
+            raise CommitUnknownError(
+                f"offsets {first}-{last} proposed, then the node stopped; they may still "
+                f"commit") from None
         finally:
             self._appends_waiting -= 1
         if not self._committed_in_epoch(last, epoch):
