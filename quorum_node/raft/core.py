@@ -798,6 +798,22 @@ class RaftCore:
 
     def _initial_state(self, stored: ElectionState, now_ms: int) -> _State:
         log_epoch = self.log.last_fetched_epoch()
+        if not epoch_in_bounds(log_epoch):
+            # Only a leader that broke the rule can have put it there (this node refuses such
+            # batches): no election could follow, and nothing sensible can be made of it here.
+            raise RaftInvariantError(
+                f"node {self.node_id}: the log's last epoch {log_epoch} is not below "
+                f"{MAX_EPOCH}: it holds batches no correct leader wrote; replace the log "
+                f"directory as a lost disk")
+        if stored.leader_id == self.node_id and log_epoch < stored.epoch:
+            # A leader appends its LeaderChange at once; only a crash before its flush, or a
+            # log that lost its tail, leaves the epoch it led without a record of it. In the
+            # second case records this node acknowledged may be gone (see docs/design.md).
+            logger.warning(
+                "node %d: quorum-state says this node led epoch %d, but the log (ending at %d, "
+                "epoch %d) holds nothing of it: if the log lost its last segment, records it "
+                "acknowledged are missing", self.node_id, stored.epoch, self.log.end_offset,
+                log_epoch)
         if stored.epoch < log_epoch:
             logger.warning(
                 "quorum-state epoch %d is behind the log's last epoch %d; starting unattached",

@@ -21,7 +21,7 @@ from quorum_node.raft.messages import (
 )
 from quorum_node.raft.records import encode_batch
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import MAX_EPOCH, Errors, ReplicaKey
+from quorum_node.raft.types import MAX_EPOCH, Errors, RaftInvariantError, ReplicaKey
 from quorum_node.raft.voters import voters_record
 
 if TYPE_CHECKING:
@@ -304,3 +304,24 @@ def test_observer_table_is_capped_and_expires(make_ctx: MakeCtx) -> None:
                                          directory_id=uuid.UUID(int=5)))
     observers = ctx.core.describe_quorum(ctx.now_ms).observers
     assert [row.key for row in observers] == [ReplicaKey(1, uuid.UUID(int=5))]
+
+
+# --- start-up ------------------------------------------------------------------------------
+
+
+def test_a_log_at_the_epoch_bound_is_refused_at_start(make_ctx: MakeCtx) -> None:
+    """Batches at MAX_EPOCH (once accepted from a fake leader) left nodes unable to elect after
+    every restart: the start now stops with a message saying what to do."""
+    with pytest.raises(RaftInvariantError, match="replace the log directory"):
+        make_ctx(1, [1, 2, 3], log_epochs=[(1, 2), (MAX_EPOCH, 1)])
+
+
+def test_a_led_epoch_missing_from_the_log_is_reported(
+    make_ctx: MakeCtx, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """quorum-state says this node led epoch 5, but the log's last batch is of epoch 3: its
+    LeaderChange (and maybe what followed) is gone, as when the last segment is deleted."""
+    ctx = make_ctx(1, [1, 2, 3], log_epochs=[(1, 2), (3, 2)],
+                   election_state=ElectionState(5, 1, None))
+    assert "led epoch 5, but the log (ending at 4, epoch 3) holds nothing" in caplog.text
+    assert ctx.core.state is RaftState.RESIGNED
