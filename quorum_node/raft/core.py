@@ -1253,8 +1253,6 @@ class RaftCore:
         if request.replica_epoch < self.epoch:
             return self._vote_response(Errors.FENCED_LEADER_EPOCH)
         candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
-        log_compared = (request.last_offset_epoch, request.last_offset) >= (
-            self.log.last_fetched_epoch(), self.log.end_offset)
         if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
             # Checked before the epoch is adopted: a non-member's vote must not move it.
             self._warn_limited(now_ms, "vote-non-voter",
@@ -1267,7 +1265,8 @@ class RaftCore:
             self._become_unattached(now_ms, request.replica_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return self._vote_response(Errors.INVALID_VOTER_KEY)
-        up_to_date = log_compared
+        up_to_date = (request.last_offset_epoch, request.last_offset) >= (
+            self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
         state = self._state
         if granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective) \
@@ -1371,14 +1370,14 @@ class RaftCore:
         if request.leader_id < 0 or request.leader_id == self.node_id \
                 or not epoch_in_bounds(request.leader_epoch):
             return self._bqe_response(Errors.INVALID_REQUEST)
+        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
+            return self._bqe_response(Errors.INVALID_REQUEST)
         if not self._is_voter_id(request.leader_id):
             self._warn_limited(now_ms, "bqe-non-voter",
                                "node %d: refused BeginQuorumEpoch naming %d, not a voter, leader "
                                "of epoch %d", self.node_id, request.leader_id,
                                request.leader_epoch)
             return self._bqe_response(Errors.INCONSISTENT_VOTER_SET)
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return self._bqe_response(Errors.INVALID_REQUEST)
         self._log_moved_by(request.leader_id, "BeginQuorumEpoch", request.leader_epoch,
                            request.leader_id)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
@@ -1477,9 +1476,6 @@ class RaftCore:
                 or request.last_fetch_epoch > request.current_leader_epoch
                 or request.replica_id < 0 or request.max_bytes <= 0):
             return self._fetch_error(Errors.INVALID_REQUEST)
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_error(Errors.INCONSISTENT_VOTER_SET)
         if request.current_leader_epoch < self.epoch:
             return self._fetch_error(Errors.FENCED_LEADER_EPOCH)
         if request.current_leader_epoch > self.epoch:
@@ -1487,6 +1483,11 @@ class RaftCore:
         state = self._state
         if not isinstance(state, _Leader):
             return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
+        # At the leader, before it records anything of the fetcher (the errors above change
+        # nothing, and tell any replica where the leader is).
+        if request.replica_id not in self._fetcher_ids:
+            self._refuse_fetcher(now_ms, request.replica_id)
+            return self._fetch_error(Errors.INCONSISTENT_VOTER_SET)
 
         replica = ReplicaKey(request.replica_id, request.replica_directory_id)
         snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
@@ -1791,9 +1792,6 @@ class RaftCore:
             return self._fetch_snapshot_error(Errors.INCONSISTENT_CLUSTER_ID)
         if request.position < 0 or request.replica_id < 0 or request.max_bytes <= 0:
             return self._fetch_snapshot_error(Errors.INVALID_REQUEST)
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_snapshot_error(Errors.INCONSISTENT_VOTER_SET)
         if request.current_leader_epoch < self.epoch:
             return self._fetch_snapshot_error(Errors.FENCED_LEADER_EPOCH)
         if request.current_leader_epoch > self.epoch:
@@ -1801,6 +1799,9 @@ class RaftCore:
         state = self._state
         if not isinstance(state, _Leader):
             return self._fetch_snapshot_error(Errors.NOT_LEADER_OR_FOLLOWER)
+        if request.replica_id not in self._fetcher_ids:
+            self._refuse_fetcher(now_ms, request.replica_id)
+            return self._fetch_snapshot_error(Errors.INCONSISTENT_VOTER_SET)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
         size = self.snapshots.size(snapshot_id)
         if size is None:
