@@ -1558,6 +1558,16 @@ class RaftCore:
     def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
         """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
         voter_key = next((k for k in state.voters if k.matches(replica)), None)
+        if voter_key is not None and voter_key.directory_id is None \
+                and replica.directory_id is not None:
+            # A voter known by id only (before the bootstrap VotersRecord names directories):
+            # the directory it first fetched under in this epoch is its own. Another one under
+            # its id is another replica (a replaced disk, or a forged fetch) and must not
+            # become the voter's directory in the bootstrap VotersRecord.
+            known = self.local_key.directory_id if voter_key.id == self.node_id \
+                else state.voters[voter_key].directory_id
+            if known is not None and known != replica.directory_id:
+                voter_key = None
         if voter_key is None:
             progress = state.observers.get(replica)
             if progress is None:

@@ -325,3 +325,23 @@ def test_a_led_epoch_missing_from_the_log_is_reported(
                    election_state=ElectionState(5, 1, None))
     assert "led epoch 5, but the log (ending at 4, epoch 3) holds nothing" in caplog.text
     assert ctx.core.state is RaftState.RESIGNED
+
+
+def test_a_forged_directory_does_not_become_a_voters(make_ctx: MakeCtx) -> None:
+    """Voters configured by id only: the leader learns their directories from their fetches
+    and writes them down (the bootstrap VotersRecord). A fetch under a voter's id with another
+    directory, after the voter's own, is an observer's: once, a flood of such fetches had the
+    leader write a made-up directory as a voter's, and that voter was a voter no more."""
+    own = {1: uuid.UUID(int=1), 2: uuid.UUID(int=2), 3: uuid.UUID(int=3)}
+    forged = uuid.UUID(int=666)
+    ctx = make_ctx(1, [1, 2, 3], local_directory_id=own[1])
+    epoch = ctx.become_leader()
+    ctx.deliver_one(2, ctx.fetch_request(2, epoch, 0, 0, max_wait_ms=0, directory_id=own[2]))
+    ctx.deliver_one(2, ctx.fetch_request(2, epoch, 0, 0, max_wait_ms=0, directory_id=forged))
+    ctx.deliver_one(1, ctx.fetch_request(1, epoch, 0, 0, max_wait_ms=0, directory_id=forged))
+    ctx.deliver_one(3, ctx.fetch_request(3, epoch, 0, 0, max_wait_ms=0, directory_id=own[3]))
+    ctx.flush()
+    assert ctx.core.bootstrapped
+    assert ctx.core.voters == tuple(ReplicaKey(i, own[i]) for i in (1, 2, 3))
+    observers = ctx.core.describe_quorum(ctx.now_ms).observers
+    assert {row.key for row in observers} == {ReplicaKey(1, forged), ReplicaKey(2, forged)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import WSMsgType, web
-from proc_cluster import FAST, ProcessCluster, http_json
+from proc_cluster import FAST, ProcessCluster
 
 from quorum_node.node.kv import KV_RECORD_KEY, Put, encode_op
 from quorum_node.node.transport import (
@@ -231,21 +231,27 @@ def _rss_kib(pid: int) -> int:
 def test_observer_flood_is_bounded(cluster: ProcessCluster) -> None:
     """Fetches with made-up replicas once grew the leader's observer table (and /v1/quorum)
     without bound. Unconfigured ids are refused; configured ids under 3,000 new directories
-    leave at most 64 observers."""
-    leader = cluster.wait_for_leader()
-    url = cluster.nodes[leader].url
-    epoch = epoch_of(cluster, leader)
-    process = cluster.nodes[leader].process
-    assert process is not None
-    rss_before = _rss_kib(process.pid)
-    started = time.monotonic()
-    for i in range(3000):
-        forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=1 + i % 3,
-                                replica_directory_id=uuid.UUID(int=10_000 + i), max_wait_ms=0,
-                                current_leader_epoch=epoch, fetch_offset=0, last_fetch_epoch=0,
-                                max_bytes=1))
-    elapsed = time.monotonic() - started
-    described = http_json("GET", f"{url}/v1/quorum", follow=False)
+    leave at most 64 observers. (On a busy machine the flood can cost the leader its
+    followers' fetches and so its leadership: then it is run again on the new leader.)"""
+    for _ in range(3):
+        leader = cluster.wait_for_leader()
+        url = cluster.nodes[leader].url
+        epoch = epoch_of(cluster, leader)
+        process = cluster.nodes[leader].process
+        assert process is not None
+        rss_before = _rss_kib(process.pid)
+        started = time.monotonic()
+        for i in range(3000):
+            forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=1 + i % 3,
+                                    replica_directory_id=uuid.UUID(int=10_000 + i),
+                                    max_wait_ms=0, current_leader_epoch=epoch,
+                                    fetch_offset=0, last_fetch_epoch=0, max_bytes=1))
+        elapsed = time.monotonic() - started
+        described = cluster.quorum(leader)
+        if described is not None and described["leader_epoch"] == epoch:
+            break
+    else:
+        raise AssertionError(f"the leader kept changing\n{cluster.logs()}")
     size = len(json.dumps(described))
     rss_after = _rss_kib(process.pid)
     print(f"3000 fetches in {elapsed:.1f} s; observers {len(described['observers'])}, "
