@@ -35,6 +35,12 @@ KV_RECORD_KEY = b"\x00kv"
 MAX_KEY_BYTES = 1024  # UTF-8 bytes of a key
 MAX_VALUE_BYTES = 1024 * 1024  # UTF-8 bytes of a value
 DEFAULT_OUTCOME_LIMIT = 100_000
+# Bounds on a KV record's JSON before it is parsed. An operation is one flat object, so any
+# nesting is foreign; without the depth bound a deeply nested document exhausts the parser's
+# recursion on every replica (and again at every replay). The size bound is what the largest
+# valid cas can take: a key and two values, each character escaped at worst as \uXXXX.
+MAX_OP_DEPTH = 32
+MAX_OP_BYTES = 6 * (MAX_KEY_BYTES + 2 * MAX_VALUE_BYTES) + 256
 
 
 class KvOpError(ValueError):
@@ -128,9 +134,13 @@ def decode_op(record: Record) -> KvOp | None:
     Raises KvOpError for a KV record whose payload is not a valid operation."""
     if record.key != KV_RECORD_KEY:
         return None
+    if len(record.value) > MAX_OP_BYTES:
+        raise KvOpError(f"an operation of {len(record.value)} bytes exceeds {MAX_OP_BYTES} bytes")
+    if _nesting_exceeds(record.value, MAX_OP_DEPTH):
+        raise KvOpError(f"JSON nested deeper than {MAX_OP_DEPTH} levels")
     try:
         document = json.loads(record.value.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, an over-long integer
         raise KvOpError(f"not a JSON document: {error}") from None
     if not isinstance(document, dict):
         raise KvOpError("not a JSON object")
@@ -150,6 +160,32 @@ def decode_op(record: Record) -> KvOp | None:
         raise KvOpError(f"unknown op {kind!r}")
     check_op(op)
     return op
+
+
+def _nesting_exceeds(payload: bytes, limit: int) -> bool:
+    """Whether the JSON text nests arrays and objects deeper than ``limit`` (brackets inside
+    strings do not count). Linear, and free for a payload with few brackets at all."""
+    if payload.count(b"[") + payload.count(b"{") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for byte in payload:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
 
 
 def _string(document: dict[str, Any], name: str) -> str:

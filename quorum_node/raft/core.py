@@ -55,6 +55,7 @@ from quorum_node.raft.snapshots import (
 )
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import (
+    MAX_EPOCH,
     ControlRecordType,
     Errors,
     LeaderNotReadyError,
@@ -62,6 +63,7 @@ from quorum_node.raft.types import (
     RaftInvariantError,
     ReplicaKey,
     VoterChangeError,
+    epoch_in_bounds,
 )
 from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
 
@@ -114,8 +116,18 @@ class ReadBarrier:
     fetch_sequence: int
 
 
-# Observers that stopped fetching this long ago drop out of DescribeQuorum (Kafka: 5 minutes).
+# Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
 OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
+# At most this many observers are tracked. A new one beyond it evicts the one that fetched
+# least recently (never the subject of a pending AddVoter): a live observer fetches every
+# fetch.max.wait, so it is back in the table at its next fetch, whereas refusing newcomers
+# would lock a legitimate replacement replica out for a whole session timeout after any burst
+# of fetches with made-up keys. In this product observers are the replacements of lost disks
+# (one or two at a time), so a few dozen is plenty.
+MAX_OBSERVERS = 64
+# A warning that a peer can provoke on every request or fetch is logged at most this often
+# (per kind of warning).
+WARNING_INTERVAL_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,10 +286,15 @@ class RaftCore:
         random: random.Random,
         now_ms: int,
         snapshots: SnapshotStore | None = None,
+        observer_ids: Iterable[int] = (),
     ) -> None:
         """``voters`` are the statically configured voters (``controller.quorum.voters``, known
         by id): in force until the first leader writes them, with their directory ids, as a
-        VotersRecord; from then on the voter set is the one the log (or snapshot) defines."""
+        VotersRecord; from then on the voter set is the one the log (or snapshot) defines.
+
+        Only replicas with a configured voter id may fetch (in this product observers are the
+        replacement directories of configured ids, KIP-856), plus ``observer_ids``: replicas
+        that replicate the log but never vote (Kafka's brokers; the node has none)."""
         self.node_id = node_id
         self.local_key = ReplicaKey(node_id, directory_id)
         # Without a directory id the quorum is static (Kafka's kraft.version 0): no VotersRecord
@@ -289,6 +306,8 @@ class RaftCore:
             else MemorySnapshotStore()
         self._history = VoterSetHistory(tuple(voters))
         self._static_ids = frozenset(key.id for key in self._history.static_voters)
+        self._fetcher_ids = self._static_ids | frozenset(observer_ids)
+        self._warned_at: dict[str, int] = {}
         self._load_voter_history()
         self._set_voters(self._history.latest())
         self._voter_change: _VoterChange | None = None
@@ -358,6 +377,7 @@ class RaftCore:
                 f"controller.quorum.voters {sorted(self._static_ids)}"
             )
         self.voters = voters
+        self._voter_ids = frozenset(key.id for key in voters)
         self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
         # The voters messages go to. A voter under another directory of this node's own id is
         # this node's lost disk (KIP-856, before RemoveVoter): it counts in majorities, but
@@ -778,6 +798,22 @@ class RaftCore:
 
     def _initial_state(self, stored: ElectionState, now_ms: int) -> _State:
         log_epoch = self.log.last_fetched_epoch()
+        if not epoch_in_bounds(log_epoch):
+            # Only a leader that broke the rule can have put it there (this node refuses such
+            # batches): no election could follow, and nothing sensible can be made of it here.
+            raise RaftInvariantError(
+                f"node {self.node_id}: the log's last epoch {log_epoch} is not below "
+                f"{MAX_EPOCH}: it holds batches no correct leader wrote; replace the log "
+                f"directory as a lost disk")
+        if stored.leader_id == self.node_id and log_epoch < stored.epoch:
+            # A leader appends its LeaderChange at once; only a crash before its flush, or a
+            # log that lost its tail, leaves the epoch it led without a record of it. In the
+            # second case records this node acknowledged may be gone (see docs/design.md).
+            logger.warning(
+                "node %d: quorum-state says this node led epoch %d, but the log (ending at %d, "
+                "epoch %d) holds nothing of it: if the log lost its last segment, records it "
+                "acknowledged are missing", self.node_id, stored.epoch, self.log.end_offset,
+                log_epoch)
         if stored.epoch < log_epoch:
             logger.warning(
                 "quorum-state epoch %d is behind the log's last epoch %d; starting unattached",
@@ -911,7 +947,7 @@ class RaftCore:
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
     def _poll_prospective(self, now_ms: int, state: _Prospective) -> None:
-        if state.election.is_granted:
+        if state.election.is_granted and not self._epoch_exhausted(now_ms, state.epoch):
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
@@ -922,6 +958,16 @@ class RaftCore:
             if state.ask_again_ms == NEVER and state.election.has_rejections:
                 state.ask_again_ms = now_ms + self.config.election_timeout_ms // 4
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
+
+    def _epoch_exhausted(self, now_ms: int, epoch: int) -> bool:
+        """Whether ``epoch`` has no successor within MAX_EPOCH: this replica cannot start
+        another epoch (only a peer that jumped the quorum to the bound leads here)."""
+        if epoch_in_bounds(epoch + 1):
+            return False
+        self._warn_limited(now_ms, "epoch-exhausted",
+                           "node %d: epoch %d is the last below %d: no election can follow it",
+                           self.node_id, epoch, MAX_EPOCH)
+        return True
 
     def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
@@ -957,7 +1003,9 @@ class RaftCore:
 
     def _poll_resigned(self, now_ms: int, state: _Resigned) -> None:
         expired = now_ms >= state.election_deadline_ms or self._is_only_voter
-        if expired and not self._shutting_down:
+        if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
+            state.election_deadline_ms = self._election_deadline(now_ms)
+        elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
             self._transition(_Unattached(state.epoch + 1, None, None,
                                          self._unattached_deadline(now_ms)))
@@ -1091,9 +1139,13 @@ class RaftCore:
             return
         known = self.leader_id
         if known is not None and known != leader_id:
-            raise RaftInvariantError(
-                f"node {self.node_id}: two leaders for epoch {epoch}: {known} and {leader_id}"
-            )
+            # No correct peer names another leader for an epoch whose leader we know: a broken
+            # or forged message. Dropped; if our leader is the one that is gone, the fetch
+            # timeout ends the epoch.
+            self._warn_limited(now_ms, "other-leader",
+                               "node %d: ignored a peer naming %d leader of epoch %d, whose "
+                               "leader is %d", self.node_id, leader_id, epoch, known)
+            return
         if leader_id == self.node_id:
             return
         # Follow a leader newly learned for this epoch. A Prospective that already knew it keeps
@@ -1103,15 +1155,16 @@ class RaftCore:
         ):
             self._become_follower(now_ms, epoch, leader_id)
 
-    def _claims_other_leader(self, leader_id: int, epoch: int) -> bool:
+    def _claims_other_leader(self, now_ms: int, leader_id: int, epoch: int) -> bool:
         """A request naming another leader for an epoch whose leader we know: no correct peer
         sends it. Refused (INVALID_REQUEST, nothing changed) rather than raised as the invariant
         failure it would be in a response, so that one bad or forged message cannot stop us."""
         known = self.leader_id
         if epoch != self.epoch or known is None or known == leader_id:
             return False
-        logger.warning("node %d: refused a request naming %d leader of epoch %d, whose leader "
-                       "is %d", self.node_id, leader_id, epoch, known)
+        self._warn_limited(now_ms, "other-leader",
+                           "node %d: refused a request naming %d leader of epoch %d, whose "
+                           "leader is %d", self.node_id, leader_id, epoch, known)
         return True
 
     def _unattached_deadline(self, now_ms: int) -> int:
@@ -1195,15 +1248,23 @@ class RaftCore:
             else request.last_offset_epoch < request.replica_epoch
         )
         if (request.last_offset < 0 or request.last_offset_epoch < 0 or request.replica_id < 0
-                or not last_epoch_ok):
+                or not last_epoch_ok or not epoch_in_bounds(request.replica_epoch)):
             return self._vote_response(Errors.INVALID_REQUEST)
         if request.replica_epoch < self.epoch:
             return self._vote_response(Errors.FENCED_LEADER_EPOCH)
+        candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
+        if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
+            # Checked before the epoch is adopted: a non-member's vote must not move it.
+            self._warn_limited(now_ms, "vote-non-voter",
+                               "node %d: refused a %s from %s, not a voter (epoch %d)",
+                               self.node_id, "pre-vote" if request.pre_vote else "vote",
+                               candidate, request.replica_epoch)
+            return self._vote_response(Errors.INCONSISTENT_VOTER_SET)
         if request.replica_epoch > self.epoch:
+            self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
             self._become_unattached(now_ms, request.replica_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return self._vote_response(Errors.INVALID_VOTER_KEY)
-        candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
         up_to_date = (request.last_offset_epoch, request.last_offset) >= (
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
@@ -1218,6 +1279,38 @@ class RaftCore:
             else:
                 self._transition(_Unattached(state.epoch, state.leader_id, candidate, deadline))
         return self._vote_response(Errors.NONE, granted)
+
+    def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
+        """Whether a candidate may be a voter: a member of our voter set, or a configured id
+        whose log is strictly newer than ours and may hold a VotersRecord we have not
+        replicated yet (refusing it could leave the quorum with no electable replica: it may
+        be the only one up to date). A log no newer than ours, by log matching, holds no voter
+        set we lack."""
+        if any(voter.matches(key) for voter in self.voters):
+            return True
+        newer = (last_epoch, last_offset) > (self.log.last_fetched_epoch(), self.log.end_offset)
+        return key.id in self._static_ids and newer
+
+    def _is_voter_id(self, node_id: int) -> bool:
+        """A leader named by id (BeginQuorumEpoch, EndQuorumEpoch and responses carry no
+        directory id): an id of the current voter set."""
+        return node_id in self._voter_ids
+
+    def _log_moved_by(self, source: int, rpc: str, epoch: int, leader_id: int | None) -> None:
+        """A peer's message is about to change this node's epoch or leader: say who and how."""
+        if epoch == self.epoch and leader_id == self.leader_id:
+            return
+        logger.info("node %d: %s from %d: epoch %d -> %d, leader %s -> %s", self.node_id, rpc,
+                    source, self.epoch, epoch, self.leader_id, leader_id)
+
+    def _warn_limited(self, now_ms: int, kind: str, message: str, *args: object) -> None:
+        """A warning a peer could provoke on every message: at most one per kind per
+        WARNING_INTERVAL_MS (the core has no clock of its own; the driver's time serves)."""
+        last = self._warned_at.get(kind)
+        if last is not None and now_ms - last < WARNING_INTERVAL_MS:
+            return
+        self._warned_at[kind] = now_ms
+        logger.warning(message, *args)
 
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         """Kafka's grant matrix (KIP-595 + KIP-996 as shipped)."""
@@ -1241,11 +1334,12 @@ class RaftCore:
 
     def _handle_vote_response(self, now_ms: int, source: int, response: VoteResponse) -> None:
         state = self._state
-        if response.error_code == Errors.UNSUPPORTED_VERSION and isinstance(state, _Prospective):
+        if (response.error_code == Errors.UNSUPPORTED_VERSION and isinstance(state, _Prospective)
+                and not self._epoch_exhausted(now_ms, state.epoch)):
             # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
             return
-        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
             return
         state = self._state
@@ -1274,8 +1368,18 @@ class RaftCore:
         if request.leader_epoch < self.epoch:
             return self._bqe_response(Errors.FENCED_LEADER_EPOCH)
         if request.leader_id < 0 or request.leader_id == self.node_id \
-                or self._claims_other_leader(request.leader_id, request.leader_epoch):
+                or not epoch_in_bounds(request.leader_epoch):
             return self._bqe_response(Errors.INVALID_REQUEST)
+        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
+            return self._bqe_response(Errors.INVALID_REQUEST)
+        if not self._is_voter_id(request.leader_id):
+            self._warn_limited(now_ms, "bqe-non-voter",
+                               "node %d: refused BeginQuorumEpoch naming %d, not a voter, leader "
+                               "of epoch %d", self.node_id, request.leader_id,
+                               request.leader_epoch)
+            return self._bqe_response(Errors.INCONSISTENT_VOTER_SET)
+        self._log_moved_by(request.leader_id, "BeginQuorumEpoch", request.leader_epoch,
+                           request.leader_id)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return self._bqe_response(Errors.INVALID_VOTER_KEY)
@@ -1284,7 +1388,7 @@ class RaftCore:
     def _handle_begin_quorum_epoch_response(
         self, now_ms: int, source: int, response: BeginQuorumEpochResponse
     ) -> None:
-        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
             return
         state = self._state
@@ -1305,13 +1409,30 @@ class RaftCore:
         if request.leader_epoch < self.epoch:
             return self._eqe_response(Errors.FENCED_LEADER_EPOCH)
         if request.leader_id < 0 or request.leader_id == self.node_id \
-                or self._claims_other_leader(request.leader_id, request.leader_epoch):
+                or not epoch_in_bounds(request.leader_epoch):
             return self._eqe_response(Errors.INVALID_REQUEST)
+        if not self._is_voter_id(request.leader_id):
+            self._warn_limited(now_ms, "eqe-non-voter",
+                               "node %d: refused EndQuorumEpoch from %d, not a voter (epoch %d)",
+                               self.node_id, request.leader_id, request.leader_epoch)
+            return self._eqe_response(Errors.INCONSISTENT_VOTER_SET)
+        if request.leader_epoch > self.epoch:
+            # KIP-595: an EndQuorumEpoch for an epoch not known here is rejected. Adopting the
+            # epoch (and at once campaigning past it, Kafka's way) would let one message from
+            # any voter id start an election in a quorum with a healthy leader.
+            return self._eqe_response(Errors.UNKNOWN_LEADER_EPOCH)
+        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
+            return self._eqe_response(Errors.INVALID_REQUEST)
+        # Our epoch, whose leader we did not know (Kafka: follow it, then elect a successor).
+        self._log_moved_by(request.leader_id, "EndQuorumEpoch", request.leader_epoch,
+                           request.leader_id)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return self._eqe_response(Errors.INVALID_VOTER_KEY)
         state = self._state
         if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
+            logger.info("node %d: EndQuorumEpoch from %d: leader of epoch %d resigned",
+                        self.node_id, request.leader_id, request.leader_epoch)
             successors = [info.key() for info in request.preferred_successors]
             backoff = self._end_epoch_backoff_ms(successors)
             state.fetch_deadline_ms = now_ms + backoff
@@ -1333,7 +1454,7 @@ class RaftCore:
     def _handle_end_quorum_epoch_response(
         self, now_ms: int, source: int, response: EndQuorumEpochResponse
     ) -> None:
-        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
             return
         state = self._state
@@ -1362,6 +1483,11 @@ class RaftCore:
         state = self._state
         if not isinstance(state, _Leader):
             return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
+        # At the leader, before it records anything of the fetcher (the errors above change
+        # nothing, and tell any replica where the leader is).
+        if request.replica_id not in self._fetcher_ids:
+            self._refuse_fetcher(now_ms, request.replica_id)
+            return self._fetch_error(Errors.INCONSISTENT_VOTER_SET)
 
         replica = ReplicaKey(request.replica_id, request.replica_directory_id)
         snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
@@ -1392,6 +1518,11 @@ class RaftCore:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
         state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
         return None
+
+    def _refuse_fetcher(self, now_ms: int, replica_id: int) -> None:
+        self._warn_limited(now_ms, "unknown-fetcher",
+                           "node %d: refused a fetch from replica %d: not an id of "
+                           "controller.quorum.voters", self.node_id, replica_id)
 
     def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
         """KIP-630: the snapshot to send instead of records when the log the follower needs is
@@ -1427,8 +1558,21 @@ class RaftCore:
     def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
         """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
         voter_key = next((k for k in state.voters if k.matches(replica)), None)
+        if voter_key is not None and voter_key.directory_id is None \
+                and replica.directory_id is not None:
+            # A voter known by id only (before the bootstrap VotersRecord names directories):
+            # the directory it first fetched under in this epoch is its own. Another one under
+            # its id is another replica (a replaced disk, or a forged fetch) and must not
+            # become the voter's directory in the bootstrap VotersRecord.
+            known = self.local_key.directory_id if voter_key.id == self.node_id \
+                else state.voters[voter_key].directory_id
+            if known is not None and known != replica.directory_id:
+                voter_key = None
         if voter_key is None:
-            return state.observers.setdefault(replica, _ReplicaProgress())
+            progress = state.observers.get(replica)
+            if progress is None:
+                progress = state.observers[replica] = self._new_observer(now_ms, state)
+            return progress
         progress = state.voters[voter_key]
         progress.acknowledged = True
         if not voter_key.matches(self.local_key):
@@ -1439,6 +1583,22 @@ class RaftCore:
                 state.fetched_voters.clear()
                 state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
         return progress
+
+    def _new_observer(self, now_ms: int, state: _Leader) -> _ReplicaProgress:
+        """Room for one more observer: the expired go, then (at MAX_OBSERVERS) the stalest."""
+        observers = state.observers
+        if observers:
+            for key in [k for k, p in observers.items()
+                        if p.last_fetch_ms is None
+                        or now_ms - p.last_fetch_ms >= OBSERVER_SESSION_TIMEOUT_MS]:
+                del observers[key]
+        change = self._voter_change
+        protected = change.key if change is not None and change.kind == "add" else None
+        while len(observers) >= MAX_OBSERVERS:
+            stalest = min((k for k in observers if k != protected),
+                          key=lambda k: observers[k].last_fetch_ms or 0)
+            del observers[stalest]
+        return _ReplicaProgress()
 
     def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
         progress = self._note_contact(now_ms, state, replica)
@@ -1513,38 +1673,111 @@ class RaftCore:
     # --- Fetch, follower side ----------------------------------------------------------------
 
     def _handle_fetch_response(self, now_ms: int, source: int, response: FetchResponse) -> None:
-        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
             return
         state = self._state
         if (response.error_code != Errors.NONE or not isinstance(state, _Follower)
                 or state.leader_id != source or response.leader_epoch != state.epoch):
             return
+        # Everything is validated before anything changes: a response that is wrong in any part
+        # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
+        # leader that keeps answering nonsense is in the end replaced by an election.
+        problem = self._fetch_response_problem(response)
+        batches: list[RecordBatch] = []
+        if problem is None and response.records and response.snapshot_id is None \
+                and response.diverging_epoch is None:
+            batches, problem = self._validated_batches(response)
+        if problem is None and response.diverging_epoch is not None:
+            point = self._diverging_point(response.diverging_epoch)
+            if self._high_watermark is not None and point < self._high_watermark:
+                problem = (f"it asks to truncate to {point}, below the high watermark "
+                           f"{self._high_watermark}: committed data would be lost")
+        if problem is not None:
+            self._drop_response(now_ms, source, problem)
+            return
         if response.snapshot_id is not None:
             self._begin_download(state, SnapshotId(response.snapshot_id.end_offset,
                                                    response.snapshot_id.epoch))
         elif response.diverging_epoch is not None:
-            self._truncate_diverging(response.diverging_epoch)
-        elif response.records:
-            try:
-                batches = decode_batches(response.records)
-            except ValueError as error:
-                logger.warning("node %d: corrupt records from leader %d: %s",
-                               self.node_id, source, error)
-                return
-            if batches and batches[0].base_offset != self.log.end_offset:
-                logger.warning("node %d: fetched batch at %d but log ends at %d; ignored",
-                               self.node_id, batches[0].base_offset, self.log.end_offset)
-                return
+            self._truncate_to(self._diverging_point(response.diverging_epoch))
+        elif batches:
             self.log.append_as_follower(batches)
             self._on_log_appended(batches)
             self._effects.flush = True
         # Not when answered with a snapshot: the local log was not validated against the
         # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
         if response.high_watermark is not None and response.snapshot_id is None:
-            self._advance_local_high_watermark(min(response.high_watermark, self.log.end_offset))
+            high_watermark = min(response.high_watermark, self.log.end_offset)
+            if self._high_watermark is None or high_watermark >= self._high_watermark:
+                self._advance_local_high_watermark(high_watermark)
         state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
         state.has_fetched_from_leader = True
+
+    def _fetch_response_problem(self, response: FetchResponse) -> str | None:
+        """What makes a leader's answer unusable as a whole, if anything (its records apart)."""
+        epoch = response.leader_epoch
+        hwm = response.high_watermark
+        if hwm is not None and self._high_watermark is not None and hwm < self._high_watermark:
+            # A leader's high watermark covers every committed offset (Raft), so ours is never
+            # ahead of it: the answer is broken or forged.
+            return f"its high watermark {hwm} is below ours {self._high_watermark}"
+        if hwm is not None and hwm < 0:
+            return f"negative high watermark {hwm}"
+        snapshot = response.snapshot_id
+        if snapshot is not None:
+            if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
+                return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
+            if self._high_watermark is not None and snapshot.end_offset < self._high_watermark:
+                return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "
+                        f"high watermark {self._high_watermark}")
+        diverging = response.diverging_epoch
+        if diverging is not None and (diverging.end_offset < 0
+                                      or not 0 <= diverging.epoch <= epoch):
+            return f"invalid diverging epoch ({diverging.epoch}, {diverging.end_offset})"
+        return None
+
+    def _validated_batches(self, response: FetchResponse) -> tuple[list[RecordBatch], str | None]:
+        """The fetched batches, or why they cannot be appended: each must pass its CRC, start
+        where the previous one (the log, for the first) ends, and carry an epoch no older than
+        the one before it and no newer than the leader's."""
+        try:
+            batches = decode_batches(response.records)
+        except ValueError as error:
+            return [], f"corrupt records: {error}"
+        expected_offset = self.log.end_offset
+        previous_epoch = self.log.last_fetched_epoch()
+        for batch in batches:
+            if batch.base_offset != expected_offset:
+                return [], (f"a batch at offset {batch.base_offset} where {expected_offset} "
+                            f"was due")
+            if not previous_epoch <= batch.epoch <= response.leader_epoch:
+                return [], (f"a batch of epoch {batch.epoch} at offset {batch.base_offset} "
+                            f"(after epoch {previous_epoch}, leader epoch "
+                            f"{response.leader_epoch})")
+            if not batch.records:
+                return [], f"an empty batch at offset {batch.base_offset}"
+            if batch.is_control:
+                problem = self._voter_records_problem(batch)
+                if problem is not None:
+                    return [], problem
+            expected_offset = batch.next_offset
+            previous_epoch = batch.epoch
+        return batches, None
+
+    def _voter_records_problem(self, batch: RecordBatch) -> str | None:
+        """Why a fetched control batch's voter records cannot be adopted, if they cannot: once
+        in the log they define the voters, at once and at every start."""
+        try:
+            sets = voter_sets_in(batch)
+        except ValueError as error:
+            return f"an unreadable voter record at offset {batch.base_offset}: {error}"
+        for offset, voters in sets:
+            unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
+            if not voters or unknown:
+                return (f"a voter record at offset {offset} names voters {unknown or 'none'} "
+                        f"outside controller.quorum.voters")
+        return None
 
     def _begin_download(self, state: _Follower, snapshot_id: SnapshotId) -> None:
         if state.download is not None:
@@ -1576,6 +1809,9 @@ class RaftCore:
         state = self._state
         if not isinstance(state, _Leader):
             return self._fetch_snapshot_error(Errors.NOT_LEADER_OR_FOLLOWER)
+        if request.replica_id not in self._fetcher_ids:
+            self._refuse_fetcher(now_ms, request.replica_id)
+            return self._fetch_snapshot_error(Errors.INCONSISTENT_VOTER_SET)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
         size = self.snapshots.size(snapshot_id)
         if size is None:
@@ -1594,7 +1830,7 @@ class RaftCore:
     def _handle_fetch_snapshot_response(
         self, now_ms: int, source: int, response: FetchSnapshotResponse
     ) -> None:
-        if self._handle_common_response(now_ms, response.error_code, response.leader_id,
+        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
             return
         state = self._state
@@ -1648,17 +1884,19 @@ class RaftCore:
         self.snapshots.delete_before(snapshot_id)
         self._effects.snapshot_loaded = snapshot_id
 
-    def _truncate_diverging(self, diverging: EpochEndOffset) -> None:
+    def _diverging_point(self, diverging: EpochEndOffset) -> int:
+        """Where the log is truncated to for a leader's diverging epoch (Kafka's rule)."""
         if diverging.epoch == 0:
-            point = min(diverging.end_offset, self.log.end_offset)
-        else:
-            local = self.log.end_offset_for_epoch(diverging.epoch)
-            point = min(local.offset, diverging.end_offset) if local.epoch == diverging.epoch \
-                else local.offset
+            return min(diverging.end_offset, self.log.end_offset)
+        local = self.log.end_offset_for_epoch(diverging.epoch)
+        return min(local.offset, diverging.end_offset) if local.epoch == diverging.epoch \
+            else local.offset
+
+    def _truncate_to(self, point: int) -> None:
         if self._high_watermark is not None and point < self._high_watermark:
             raise RaftInvariantError(
-                f"node {self.node_id}: leader asked to truncate to {point}, below the high "
-                f"watermark {self._high_watermark}: committed data would be lost"
+                f"node {self.node_id}: truncating to {point}, below the high watermark "
+                f"{self._high_watermark}: committed data would be lost"
             )
         self.log.truncate_to(point)
         self._flushed_offset = min(self._flushed_offset, self.log.end_offset)
@@ -1676,19 +1914,43 @@ class RaftCore:
 
     # --- responses in general ----------------------------------------------------------------
 
+    def _drop_response(self, now_ms: int, source: int, why: str) -> None:
+        """A response that cannot be used: logged (rate-limited, it may repeat every fetch)
+        and backed off from, as from an error. A follower that gets nothing usable from its
+        leader reaches its fetch timeout and elects another."""
+        self._warn_limited(now_ms, f"dropped-{source}",
+                           "node %d: dropped a response from node %d: %s", self.node_id, source,
+                           why)
+        self._requests.back_off(source, now_ms)
+
     def _handle_common_response(
-        self, now_ms: int, error: Errors, leader_id: int | None, epoch: int
+        self, now_ms: int, source: int, error: Errors, leader_id: int | None, epoch: int
     ) -> bool:
         """Epoch and leader discovery shared by every response. True if the response is fully
         handled (dropped as stale, or turned into a transition)."""
         if epoch < self.epoch or error == Errors.UNKNOWN_LEADER_EPOCH:
             return True
+        if not epoch_in_bounds(epoch):
+            self._drop_response(now_ms, source, f"epoch {epoch} is not below {MAX_EPOCH}")
+            return True
+        if leader_id is not None and leader_id >= 0 and not self._is_voter_id(leader_id):
+            # A leader we could never follow (a stale voter set, or a broken peer): as if the
+            # response named none. The epoch still counts: it fences ours.
+            self._warn_limited(now_ms, "leader-non-voter",
+                               "node %d: node %d names %d, not a voter, leader of epoch %d",
+                               self.node_id, source, leader_id, epoch)
+            leader_id = None
         if epoch > self.epoch or error in (Errors.FENCED_LEADER_EPOCH,
                                            Errors.NOT_LEADER_OR_FOLLOWER):
+            if epoch > self.epoch:
+                self._log_moved_by(source, "a response", epoch, leader_id)
             self._maybe_transition(now_ms, leader_id, epoch)
             return True
         if error == Errors.INVALID_REQUEST:
-            raise RaftInvariantError(f"node {self.node_id}: a peer found our request invalid")
+            # Kafka treats this as our bug and stops; but the peer may be the broken one, and
+            # stopping would let one bad peer stop every node that talks to it. Back off.
+            self._drop_response(now_ms, source, "it found our request invalid")
+            return True
         if leader_id is not None and self.leader_id is None:
             self._maybe_transition(now_ms, leader_id, epoch)
             return error != Errors.NONE

@@ -16,17 +16,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_pascal
 
-from quorum_node.raft.types import Errors, ReplicaKey
+from quorum_node.raft.types import MAX_EPOCH, Errors, ReplicaKey, epoch_in_bounds
 
 NodeId = Annotated[int, Field(ge=0)]
 # Kafka's wire types bound every number.
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Epoch = Int32
-# An epoch grows by one per election, so a received one above 2^30 can only come from a broken
-# or hostile peer: refused when decoded (``check_received_epochs``), it can never push this node
-# to an epoch whose successors no longer fit an int32.
-MAX_RECEIVED_EPOCH = 2**30
 
 
 class Message(BaseModel):
@@ -161,16 +157,19 @@ class FetchSnapshotResponse(Message):
 
 
 def check_received_epochs(message: Message) -> None:
-    """Raise ValueError if a received message carries an epoch above MAX_RECEIVED_EPOCH."""
+    """Raise ValueError if a received message carries an epoch out of bounds (``MAX_EPOCH``:
+    no successor would fit an int32). The core checks the epochs it acts on too; this refuses a
+    frame before it reaches the core."""
     for name, nested in _epoch_fields(type(message)):
         value = getattr(message, name)
         if value is None:
             continue
         if nested:
             value = value.epoch
-        if value > MAX_RECEIVED_EPOCH:
+        if not epoch_in_bounds(value):
             shown = f"{name}.epoch" if nested else name
-            raise ValueError(f"{shown} {value} is above {MAX_RECEIVED_EPOCH}: no quorum gets there")
+            raise ValueError(f"{shown} {value} is not below {MAX_EPOCH}: no successor would fit "
+                             f"an int32")
 
 
 @functools.cache

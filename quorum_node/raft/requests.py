@@ -51,6 +51,11 @@ class RequestManager:
             self._backoff_until[source] = now_ms + self._retry_backoff_ms
         return True
 
+    def back_off(self, destination: int, now_ms: int) -> None:
+        """Wait ``retry_backoff_ms`` before the next request to ``destination`` (its last
+        response was unusable)."""
+        self._backoff_until[destination] = now_ms + self._retry_backoff_ms
+
     def expire(self, now_ms: int) -> list[int]:
         """Forget requests past their deadline (the destination is ready again); return them."""
         expired = [dest for dest, req in self._in_flight.items() if req.deadline_ms <= now_ms]

@@ -30,6 +30,18 @@ class ReplicaKey:
         return f"{self.id}" if self.directory_id is None else f"{self.id}:{self.directory_id}"
 
 
+# Epochs are Kafka int32s. An epoch is accepted (from a peer, the quorum-state file or a record
+# batch) only if its successor still fits: ``epoch < MAX_EPOCH``. A replica at MAX_EPOCH - 1 can
+# no longer campaign, so the bound is reached only by a peer that jumps there (a forged or broken
+# message): the rule keeps such a message from wedging the quorum at an epoch no vote can follow.
+MAX_EPOCH = 2**31 - 1
+
+
+def epoch_in_bounds(epoch: int) -> bool:
+    """Whether an epoch may be adopted: its successor is still an int32 (see MAX_EPOCH)."""
+    return epoch < MAX_EPOCH
+
+
 class Errors(enum.IntEnum):
     """Kafka's error codes as the quorum protocol uses them (KIP-595, KIP-856, KRaft)."""
 

@@ -51,6 +51,8 @@ class Cluster:
                 directory_id=directory_id,
                 cluster_id=CLUSTER_ID,
                 voters=self.static_voters,
+                # Replicas outside the voters (Kafka's brokers): allowed to fetch.
+                observer_ids=self.observer_ids,
                 config=config,
                 core_factory=core_factory,
                 host=self,

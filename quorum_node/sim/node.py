@@ -61,6 +61,7 @@ class CoreFactory(Protocol):
         random: random.Random,
         now_ms: int,
         snapshots: SnapshotStore | None = None,
+        observer_ids: Iterable[int] = (),
     ) -> RaftCore: ...
 
 
@@ -88,6 +89,7 @@ class SimNode:
         directory_id: uuid.UUID,
         cluster_id: str,
         voters: Sequence[ReplicaKey],
+        observer_ids: Sequence[int],
         config: QuorumConfig,
         core_factory: CoreFactory,
         host: NodeHost,
@@ -95,6 +97,7 @@ class SimNode:
         rng: random.Random,
     ) -> None:
         self.node_id = node_id
+        self._observer_ids = observer_ids
         self.directory_id = directory_id
         self._cluster_id = cluster_id
         self._voters = voters
@@ -151,6 +154,7 @@ class SimNode:
                 random=random.Random(self._rng.getrandbits(64)),
                 now_ms=self._loop.now_ms,
                 snapshots=self.snapshots,
+                observer_ids=self._observer_ids,
             )
         except Exception as error:  # any core failure is a finding, not a crash
             self._monitor.core_failed(self.node_id, error)

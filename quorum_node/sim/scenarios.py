@@ -300,6 +300,15 @@ def snapshot_catch_up(sim: Simulation) -> None:
     _then_at_leader(sim, sim.rng.randint(1500, 4000), take_down)
 
 
+def forged_messages(sim: Simulation) -> None:
+    """Forged Votes, BeginQuorumEpochs, EndQuorumEpochs, Fetches and FetchSnapshots from ids
+    outside the cluster, with random epochs up to the bound, throughout; the leader is killed
+    on the way. Nothing forged may move a node: the quorum elects, commits and recovers as if
+    there were no forger."""
+    sim.forger.start()
+    _leader_failure(graceful=sim.rng.random() < 0.5)(sim)
+
+
 def random_faults(sim: Simulation) -> None:
     """Kills, graceful shutdowns, restarts, partitions, message loss and duplication, lost disks
     and voter changes (valid or not) at random for a while, mostly keeping a majority of voters
@@ -359,6 +368,7 @@ def random_faults(sim: Simulation) -> None:
         (cluster.kill_all, 0.2),
         (lose_disk, 1.0),
         (sim.operator.random_request, 2.0),
+        (sim.forger.start, 0.3),
     ]
     faults_end = rng.randint(10_000, 20_000)
     at_ms = rng.randint(500, 2000)
@@ -444,6 +454,13 @@ SCENARIOS: dict[str, Scenario] = {
             voters=(3, 5),
             observers=(0, 1),
             script=snapshot_catch_up,
+        ),
+        Scenario(
+            "forged_messages",
+            "messages forged by non-members (any epoch up to the bound) while the leader fails",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=forged_messages,
         ),
         Scenario(
             "random_faults",

@@ -18,6 +18,7 @@ from quorum_node.sim.admin import Operator
 from quorum_node.sim.cluster import Cluster
 from quorum_node.sim.compaction import Compaction
 from quorum_node.sim.events import EventLoop
+from quorum_node.sim.forgery import Forger
 from quorum_node.sim.invariants import INVARIANTS, InvariantChecker
 from quorum_node.sim.node import CoreFactory
 from quorum_node.sim.violation import Violation
@@ -82,6 +83,7 @@ class Simulation:
         )
         self.operator = Operator(self.cluster, rng)
         self.compaction = Compaction(self.cluster, rng)
+        self.forger = Forger(self.cluster, rng)
         self.workload = Workload(
             self.cluster,
             rng,

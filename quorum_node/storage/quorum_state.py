@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quorum_node.raft.state import ElectionState
-from quorum_node.raft.types import ReplicaKey
+from quorum_node.raft.types import MAX_EPOCH, ReplicaKey
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.errors import QuorumStateError
 from quorum_node.storage.fsutil import StepHook, atomic_write
@@ -34,7 +34,9 @@ class _QuorumStateData(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     leader_id: _Id = Field(alias="leaderId")
-    leader_epoch: int = Field(alias="leaderEpoch", ge=0)
+    # The bound every epoch this node adopts keeps (see MAX_EPOCH): a file beyond it was not
+    # written by this node's core, and starting from it would wedge the node at that epoch.
+    leader_epoch: int = Field(alias="leaderEpoch", ge=0, lt=MAX_EPOCH)
     voted_id: _Id = Field(alias="votedId")
     voted_directory_id: str | None = Field(alias="votedDirectoryId")
     data_version: int

@@ -749,3 +749,24 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     module = subprocess.run([sys.executable, "-m", "quorum_node.cli.client", "--help"],
                             capture_output=True, text=True, timeout=30, check=False)
     assert module.returncode == 0 and "quorum-client" in module.stdout
+
+
+def test_a_stopped_kv_applier_fails_the_probes(tmp_path: Path) -> None:
+    """If the KV applier stops (not for a bad op, which is skipped, but say the log cannot be
+    read), the node can no longer serve KV: /healthz and /readyz answer 503 with the reason."""
+    cluster = Cluster(tmp_path, 1)
+    try:
+        member = cluster.leader()
+        assert call(member.url, "GET", "/healthz").status == 200
+
+        async def fail() -> None:
+            member.api._applier_failed(OSError("the log cannot be read"))
+
+        cluster.run(fail())
+        for probe in ("/healthz", "/readyz"):
+            reply = call(member.url, "GET", probe)
+            assert reply.status == 503, probe
+            text = reply.body.decode() if isinstance(reply.body, bytes) else str(reply.body)
+            assert "KV state machine stopped: the log cannot be read" in text, text
+    finally:
+        cluster.stop()

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from quorum_node.node.kv import (
     KV_RECORD_KEY,
     MAX_KEY_BYTES,
+    MAX_OP_BYTES,
     MAX_VALUE_BYTES,
     Cas,
     Delete,
@@ -130,6 +131,34 @@ def test_non_json_kv_record_is_skipped() -> None:
     store.apply_batch(batch(0, Record(b"\xff not json", key=KV_RECORD_KEY)))
     assert store.next_offset == 1
     assert len(store) == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"op":"put","key":"k","value":' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+         "nested deeper"),
+        (b"[" * 50_000, "nested deeper"),  # never closed
+        (b'{"op":"put","key":"k","value":"' + b"[" * 50_000 + b'"}', None),  # in a string
+        (b'{"op":"put","key":"k","value":' + b"9" * 5000 + b"}", "not a JSON document"),
+        (b'{"op":"put","key":"k","value":"' + b"v" * (MAX_OP_BYTES + 1) + b'"}', "exceeds"),
+    ],
+)
+def test_hostile_kv_records_are_refused_before_parsing(payload: bytes,
+                                                       reason: str | None) -> None:
+    """A record no API writes (nested 50,000 deep, an integer of 5,000 digits, over the size
+    bound) is skipped, the next one applied: the applier goes on, identically everywhere. A
+    bracket inside a string is no nesting."""
+    record = Record(value=payload, key=KV_RECORD_KEY)
+    store = KvStore()
+    store.apply_batch(batch(0, record, encode_op(Put("after", "1"))))
+    assert store.next_offset == 2
+    if reason is None:
+        assert store.get("k") == "[" * 50_000
+    else:
+        with pytest.raises(KvOpError, match=reason):
+            decode_op(record)
+        assert store.items() == [("after", "1")]
 
 
 def test_already_applied_records_are_not_applied_twice() -> None:

@@ -104,6 +104,7 @@ class RaftTestContext:
         local_directory_id: uuid.UUID | None = None,
         now_ms: int = 0,
         rng: random.Random | None = None,
+        observer_ids: Sequence[int] = (),
         **config: Any,
     ) -> RaftTestContext:
         dirs = directory_ids or {}
@@ -126,6 +127,7 @@ class RaftTestContext:
             config=quorum_config,
             random=rng if rng is not None else ZeroRandom(0),
             now_ms=now_ms,
+            observer_ids=observer_ids,
         )
         ctx = cls(local_id, keys, log, quorum_config, core, now_ms, election_state)
         ctx.collect()

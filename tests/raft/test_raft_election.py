@@ -260,14 +260,14 @@ def test_pre_vote_with_last_epoch_equal_to_its_epoch_is_valid(make_ctx: MakeCtx)
     assert response.vote_granted is True
 
 
-def test_leader_accept_vote_from_observer(make_ctx: MakeCtx) -> None:
-    """Item 9: the leader answers a non-voter's vote without error (rejected), and fences an
-    older one."""
+def test_leader_refuses_vote_from_observer(make_ctx: MakeCtx) -> None:
+    """Item 9, stricter than Kafka (which answers NONE, not granted): a non-voter's vote is
+    refused as INCONSISTENT_VOTER_SET (see test_raft_membership.py), and an older one fenced."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(4, None, None))
     epoch = ctx.become_leader()
     assert epoch == 5
     response = _vote(ctx, 10, ctx.vote_request(10, epoch, 0, 0))
-    assert response.error_code is Errors.NONE
+    assert response.error_code is Errors.INCONSISTENT_VOTER_SET
     assert response.vote_granted is False
     assert response.leader_id == 1
     response = _vote(ctx, 10, ctx.vote_request(10, epoch - 1, 0, 0))

@@ -25,7 +25,7 @@ def _fetch(ctx: RaftTestContext, source: int, request: FetchRequest) -> FetchRes
 
 
 def _leader_with_hwm(make_ctx: MakeCtx) -> RaftTestContext:
-    ctx = make_ctx(1, [1, 2, 3])
+    ctx = make_ctx(1, [1, 2, 3], observer_ids=[7])
     ctx.become_leader()
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1))

@@ -20,7 +20,7 @@ from quorum_node.raft.messages import (
 )
 from quorum_node.raft.records import decode_batches
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import Errors, RaftInvariantError
+from quorum_node.raft.types import Errors
 
 if TYPE_CHECKING:
     from context import RaftTestContext
@@ -106,18 +106,21 @@ def test_follower_log_reconciliation(
 
 
 def test_follower_refuses_to_truncate_below_high_watermark(make_ctx: MakeCtx) -> None:
-    """Section 3.3: a DivergingEpoch below the follower's high watermark is fatal (it would drop
-    committed data)."""
+    """Section 3.3: a DivergingEpoch below the follower's high watermark would drop committed
+    data. Kafka stops; here the answer is dropped and backed off from (the leader may be the
+    broken one), and the follower's fetch timer is not reset by it."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(1, 2), (2, 2)],
                    election_state=ElectionState(4, 2, None))
     fetch = ctx.take_request(FetchRequest, 2)
     ctx.deliver_response(fetch, ctx.fetch_response(2, 4, high_watermark=4))
     assert ctx.core.high_watermark == 4
     fetch = ctx.take_request(FetchRequest, 2)
-    with pytest.raises(RaftInvariantError):
-        ctx.core.handle_response(ctx.now_ms, 2, fetch.correlation_id,
-                                 ctx.fetch_response(2, 4, diverging=(1, 2)))
+    ctx.deliver_response(fetch, ctx.fetch_response(2, 4, diverging=(1, 2)))
     assert ctx.log.end_offset == 4
+    assert ctx.core.high_watermark == 4
+    assert ctx.pending_requests(FetchRequest) == []  # backing off
+    ctx.advance(ctx.config.retry_backoff_ms)
+    assert len(ctx.pending_requests(FetchRequest)) == 1
 
 
 def test_leader_immediately_sends_diverging_epoch(make_ctx: MakeCtx) -> None:
@@ -509,7 +512,7 @@ def test_leader_counts_only_its_flushed_offset(make_ctx: MakeCtx) -> None:
 
 def test_observer_fetches_do_not_count_for_high_watermark(make_ctx: MakeCtx) -> None:
     """Section 3.4: observer LEOs never count."""
-    ctx = _leader(make_ctx)
+    ctx = _leader(make_ctx, observer_ids=[7])
     response = _fetch(ctx, 7, ctx.fetch_request(7, 1, 1, 1, max_wait_ms=0))
     assert response.error_code is Errors.NONE
     assert ctx.core.high_watermark is None
@@ -565,7 +568,7 @@ def test_fetch_epoch_fencing_at_leader(make_ctx: MakeCtx) -> None:
 def test_fetch_at_non_leader_is_not_leader_or_follower(make_ctx: MakeCtx) -> None:
     """Section 3.2: a fetch of the current epoch at a follower names the leader (this is how
     observers find it)."""
-    ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(4, 3, None))
+    ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(4, 3, None), observer_ids=[5])
     response = _fetch(ctx, 5, ctx.fetch_request(5, 4, 0, 0))
     assert response.error_code is Errors.NOT_LEADER_OR_FOLLOWER
     assert (response.leader_id, response.leader_epoch) == (3, 4)

@@ -66,7 +66,8 @@ def test_inconsistent_cluster_id_on_every_request_type(
         ("pre-vote", Errors.NONE, 3),
         ("fetch", Errors.UNKNOWN_LEADER_EPOCH, 2),  # leader-only: a newer epoch is unknown here
         ("begin-quorum-epoch", Errors.NONE, 3),
-        ("end-quorum-epoch", Errors.NONE, 3),
+        # KIP-595: an EndQuorumEpoch of an epoch not known here is refused (after the cluster id)
+        ("end-quorum-epoch", Errors.UNKNOWN_LEADER_EPOCH, 2),
     ],
 )
 def test_null_cluster_id_is_accepted(

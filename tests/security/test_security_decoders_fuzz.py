@@ -256,12 +256,13 @@ def test_token_files_and_certificate_roles(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("ReplicaEpoch", 2**30 + 1), ("ReplicaEpoch", 2**31), ("LastOffset", 2**63),
+    [("ReplicaEpoch", 2**31 - 1), ("ReplicaEpoch", 2**31), ("LastOffset", 2**63),
      ("ReplicaId", -(2**31) - 1)],
 )
 def test_numbers_beyond_the_wire_types_are_refused(field: str, value: int) -> None:
-    """Epochs no quorum reaches, and numbers wider than Kafka's int32/int64, never reach the
-    core (which would adopt such an epoch and later overflow a batch header)."""
+    """Epochs without a successor in an int32 (MAX_EPOCH), and numbers wider than Kafka's
+    int32/int64, never reach the core (which would adopt such an epoch and later overflow a
+    batch header)."""
     header = {"ClusterId": "c", "VoterId": 1, "ReplicaEpoch": 1, "ReplicaId": 2,
               "LastOffsetEpoch": 0, "LastOffset": 0, field: value}
     body = json.dumps(header).encode()

@@ -207,8 +207,8 @@ def test_deeply_nested_json_is_refused_for_its_depth(node: InProcessCluster, pat
                               "VoterId": 1}, "INVALID_REQUEST"),  # another leader, same epoch
         ("Vote", {"ClusterId": None, "VoterId": 1,
                   "VoterDirectoryId": "00000000-0000-0000-0000-00000000abcd",
-                  "ReplicaEpoch": 1, "ReplicaId": 2, "LastOffsetEpoch": 0, "LastOffset": 0},
-         "INVALID_VOTER_KEY"),  # an unknown voter uuid
+                  "ReplicaEpoch": 1, "ReplicaId": 1, "LastOffsetEpoch": 0, "LastOffset": 0},
+         "INVALID_VOTER_KEY"),  # an unknown voter uuid (from a voter: others are refused first)
     ],
 )
 def test_malformed_peer_requests_get_their_error(

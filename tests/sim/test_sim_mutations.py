@@ -162,6 +162,7 @@ def corrupts_replicated_data(
     random: random.Random,
     now_ms: int,
     snapshots: SnapshotStore | None = None,
+    observer_ids: Iterable[int] = (),
 ) -> RaftCore:
     """Node 1 stores a different value than the leader sent in every batch it replicates."""
     if node_id == 1:
@@ -183,6 +184,7 @@ def corrupts_replicated_data(
         random=random,
         now_ms=now_ms,
         snapshots=snapshots,
+        observer_ids=observer_ids,
     )
 
 

@@ -17,6 +17,7 @@ from quorum_node.sim.invariants import (
 )
 from quorum_node.sim.node import CoreFactory
 from quorum_node.sim.runner import first_violation
+from quorum_node.sim.simulation import CORE_ERROR, LIVENESS
 
 
 class NeverReportsDivergence(RaftCore):
@@ -35,6 +36,18 @@ class IgnoresLogComparison(RaftCore):
         return super()._can_grant_vote(candidate, True, pre_vote)
 
 
+class TrustsNonMembers(RaftCore):
+    """Takes any replica for a possible voter or leader (Kafka's leniency, which once let one
+    forged Vote move a quorum to an epoch no election could follow): forged messages from
+    outside the cluster then move epochs and leaders."""
+
+    def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
+        return True
+
+    def _is_voter_id(self, node_id: int) -> bool:
+        return True
+
+
 def _caught(factory: CoreFactory, checks: set[str], scenario: str, seeds: range) -> str:
     violation = first_violation(seeds, scenario, factory, checks)
     if violation is None:
@@ -47,6 +60,7 @@ def _caught(factory: CoreFactory, checks: set[str], scenario: str, seeds: range)
     [
         (NeverReportsDivergence, {CONSISTENT_COMMITTED_DATA, NO_COMMITTED_LOSS}, "random_faults"),
         (IgnoresLogComparison, {NO_COMMITTED_LOSS, CONSISTENT_COMMITTED_DATA}, "random_faults"),
+        (TrustsNonMembers, {LIVENESS, CORE_ERROR}, "forged_messages"),
     ],
 )
 def test_protocol_mutation_is_caught(

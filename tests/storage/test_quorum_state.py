@@ -89,6 +89,8 @@ GOOD = {"data_version": 1, "leaderEpoch": 3, "leaderId": -1, "votedId": 2,
          "votedId: Field required"),
         (json.dumps({**GOOD, "extra": 1}).encode(), "extra: Extra inputs"),
         (json.dumps({**GOOD, "leaderEpoch": -1}).encode(), "leaderEpoch: Input should be greater"),
+        # MAX_EPOCH: no epoch could follow it (a node restarting from it would be wedged)
+        (json.dumps({**GOOD, "leaderEpoch": 2**31 - 1}).encode(), "leaderEpoch: Input should"),
         (json.dumps({**GOOD, "leaderId": "1"}).encode(), "leaderId: Input should be a valid int"),
         (json.dumps({**GOOD, "votedId": -2}).encode(), "votedId: Input should be greater"),
         (json.dumps({**GOOD, "votedDirectoryId": "zzz"}).encode(), "votedDirectoryId"),

@@ -1,0 +1,421 @@
+"""What an insider, a buggy peer or a fake leader can send to a quorum of real processes: each
+of these once wedged the quorum, stopped nodes (at every start, too) or misled them. Peer RPCs
+are forged as POSTs to ``/raft/v1/<Rpc>`` through ``forge``, where credentials for a secured
+controller listener would be added; a fake leader serves a stopped voter's port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import WSMsgType, web
+from proc_cluster import FAST, ProcessCluster
+
+from quorum_node.node.kv import KV_RECORD_KEY, Put, encode_op
+from quorum_node.node.transport import (
+    CONTENT_TYPE,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    STREAM_PATH,
+    decode_frame,
+    encode_frame,
+)
+from quorum_node.raft.messages import (
+    BeginQuorumEpochRequest,
+    BeginQuorumEpochResponse,
+    EndQuorumEpochRequest,
+    EndQuorumEpochResponse,
+    FetchRequest,
+    FetchResponse,
+    Message,
+    RaftRequest,
+    RaftResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from quorum_node.raft.records import Record, encode_batch
+from quorum_node.raft.types import MAX_EPOCH, Errors
+
+RPC_NAMES = {cls: name for name, cls in REQUEST_TYPES.items()}
+
+
+def forge(node_url: str, message: RaftRequest,
+          headers: dict[str, str] | None = None) -> RaftResponse:
+    """POST one peer RPC to a node, as any peer could; the node's answer."""
+    request = urllib.request.Request(
+        f"{node_url}/raft/v1/{RPC_NAMES[type(message)]}", data=encode_frame(message),
+        method="POST", headers={"Content-Type": CONTENT_TYPE, **(headers or {})})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        answer = decode_frame(RESPONSE_TYPES[type(message)], reply.read())
+    assert isinstance(answer, VoteResponse | BeginQuorumEpochResponse | EndQuorumEpochResponse
+                      | FetchResponse)
+    return answer
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
+    cluster = ProcessCluster.create(tmp_path, 3, **FAST)
+    cluster.start_all()
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+def epoch_of(cluster: ProcessCluster, leader: int) -> int:
+    described = cluster.quorum(leader)
+    assert described is not None
+    return int(described["leader_epoch"])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:  # not listening (yet)
+        return 0, str(error)
+
+
+def put(cluster: ProcessCluster, key: str, value: str, timeout_s: float = 15) -> None:
+    """Write through whichever node leads, retrying while there is none."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leader = cluster.wait_for_leader(timeout_s=timeout_s)
+        request = urllib.request.Request(f"{cluster.nodes[leader].url}/v1/kv/{key}",
+                                         data=value.encode(), method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def assert_all_running(cluster: ProcessCluster, ids: set[int] | None = None) -> None:
+    for node_id in ids or set(cluster.nodes):
+        process = cluster.nodes[node_id].process
+        assert process is not None and process.poll() is None, \
+            f"node {node_id} exited\n{cluster.logs()}"
+        status, text = get(f"{cluster.nodes[node_id].url}/healthz")
+        assert status == 200, (node_id, text)
+
+
+def wait_for(what: str, condition: Callable[[], bool], cluster: ProcessCluster,
+             timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} in {timeout_s} s\n{cluster.logs()}")
+        time.sleep(0.05)
+
+
+# --- forged requests -------------------------------------------------------------------------
+
+
+def test_a_non_voters_vote_at_epoch_2_30_wedges_nothing(cluster: ProcessCluster) -> None:
+    """One Vote from id 7 at epoch 2^30 once moved all three nodes there, where no later vote
+    was accepted: no leader ever again. It is refused, and the quorum still elects and
+    commits (the leader is stopped to force an election)."""
+    leader = cluster.wait_for_leader()
+    epoch = epoch_of(cluster, leader)
+    answer = forge(cluster.nodes[leader].url, VoteRequest(
+        cluster_id=cluster.cluster_id, voter_id=leader, replica_epoch=2**30, replica_id=7,
+        last_offset_epoch=2**30 - 1, last_offset=10**6))
+    time.sleep(0.2)
+    assert epoch_of(cluster, leader) == epoch
+    assert answer.error_code is Errors.INCONSISTENT_VOTER_SET
+    cluster.kill(leader)
+    others = set(cluster.nodes) - {leader}
+    successor = cluster.wait_for_leader(among=others)
+    assert epoch_of(cluster, successor) < 2**30
+    put(cluster, "after-wedge", "1")
+    cluster.start(leader)
+    assert_all_running(cluster, others)
+
+
+def test_conflicting_leaders_for_one_epoch_stop_no_node(cluster: ProcessCluster) -> None:
+    """Three BeginQuorumEpoch, one per node, each naming another voter leader of the same new
+    epoch: the nodes once stopped (and, the leaders saved, at every start). Each follows its
+    'leader', hears of another, ignores it, and an election ends it; after restarting them
+    all the quorum still commits."""
+    leader = cluster.wait_for_leader()
+    epoch = epoch_of(cluster, leader) + 5
+    ids = sorted(cluster.nodes)
+    for node_id in ids:
+        named = ids[(ids.index(node_id) + 1) % len(ids)]
+        forge(cluster.nodes[node_id].url, BeginQuorumEpochRequest(
+            cluster_id=cluster.cluster_id, leader_id=named, leader_epoch=epoch,
+            voter_id=node_id))
+    put(cluster, "after-conflict", "1")
+    assert_all_running(cluster)
+    cluster.stop_all()
+    for node in cluster.nodes.values():
+        node.proxy = type(node.proxy)(node.port)
+    _repoint_voters(cluster)
+    cluster.start_all()
+    put(cluster, "after-restart", "1")
+    assert_all_running(cluster)
+
+
+def _repoint_voters(cluster: ProcessCluster) -> None:
+    """After stop_all closed the proxies, new ones listen on new ports: name those."""
+    voters = ",".join(f"{i}@127.0.0.1:{n.proxy.port}" for i, n in cluster.nodes.items())
+    for node in cluster.nodes.values():
+        lines = node.config_path.read_text().splitlines()
+        lines = [f"controller.quorum.voters={voters}"
+                 if line.startswith("controller.quorum.voters=") else line for line in lines]
+        node.config_path.write_text("\n".join(lines) + "\n")
+
+
+def test_begin_quorum_epoch_naming_leader_99_is_refused(cluster: ProcessCluster) -> None:
+    """BeginQuorumEpoch naming a leader that does not exist, three times a second, once let 1
+    write in 40 through and made /readyz say 'following 99'."""
+    cluster.wait_for_leader()
+    stop = time.monotonic() + 2
+    answers = []
+    writes = 0
+    while time.monotonic() < stop:
+        for node_id, node in cluster.nodes.items():
+            answers.append(forge(node.url, BeginQuorumEpochRequest(
+                cluster_id=cluster.cluster_id, leader_id=99,
+                leader_epoch=epoch_of(cluster, cluster.wait_for_leader()) + 1,
+                voter_id=node_id)).error_code)
+            _, text = get(f"{node.url}/readyz")
+            assert "99" not in text, (node_id, text)
+        put(cluster, f"k{writes}", "v", timeout_s=2)
+        writes += 1
+        time.sleep(0.3)
+    assert set(answers) == {Errors.INCONSISTENT_VOTER_SET}
+    assert writes >= 4
+
+
+def test_end_quorum_epoch_from_a_non_leader_is_ignored(cluster: ProcessCluster) -> None:
+    """A forged EndQuorumEpoch from a follower (not the leader of the epoch) asking another
+    follower to succeed it: refused, and no election follows."""
+    leader = cluster.wait_for_leader()
+    epoch = epoch_of(cluster, leader)
+    sender, target = sorted(set(cluster.nodes) - {leader})
+    time.sleep(0.3)  # let every follower hear of the leader
+    same_epoch = forge(cluster.nodes[target].url, EndQuorumEpochRequest(
+        cluster_id=cluster.cluster_id, leader_id=sender, leader_epoch=epoch, voter_id=target,
+        preferred_successors=()))
+    newer_epoch = forge(cluster.nodes[target].url, EndQuorumEpochRequest(
+        cluster_id=cluster.cluster_id, leader_id=sender, leader_epoch=epoch + 1,
+        voter_id=target))
+    time.sleep(1.5)  # more than an election timeout
+    assert cluster.wait_for_leader() == leader
+    assert epoch_of(cluster, leader) == epoch
+    assert same_epoch.error_code is Errors.INVALID_REQUEST
+    assert newer_epoch.error_code is Errors.UNKNOWN_LEADER_EPOCH
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_observer_flood_is_bounded(cluster: ProcessCluster) -> None:
+    """Fetches with made-up replicas once grew the leader's observer table (and /v1/quorum)
+    without bound. Unconfigured ids are refused; configured ids under 3,000 new directories
+    leave at most 64 observers. (On a busy machine the flood can cost the leader its
+    followers' fetches and so its leadership: then it is run again on the new leader.)"""
+    for _ in range(3):
+        leader = cluster.wait_for_leader()
+        url = cluster.nodes[leader].url
+        epoch = epoch_of(cluster, leader)
+        process = cluster.nodes[leader].process
+        assert process is not None
+        rss_before = _rss_kib(process.pid)
+        started = time.monotonic()
+        for i in range(3000):
+            forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=1 + i % 3,
+                                    replica_directory_id=uuid.UUID(int=10_000 + i),
+                                    max_wait_ms=0, current_leader_epoch=epoch,
+                                    fetch_offset=0, last_fetch_epoch=0, max_bytes=1))
+        elapsed = time.monotonic() - started
+        described = cluster.quorum(leader)
+        if described is not None and described["leader_epoch"] == epoch:
+            break
+    else:
+        raise AssertionError(f"the leader kept changing\n{cluster.logs()}")
+    size = len(json.dumps(described))
+    rss_after = _rss_kib(process.pid)
+    print(f"3000 fetches in {elapsed:.1f} s; observers {len(described['observers'])}, "
+          f"/v1/quorum {size} bytes, leader RSS {rss_before} -> {rss_after} KiB")
+    assert len(described["observers"]) <= 64
+    assert size < 64 * 1024
+    assert rss_after - rss_before < 20 * 1024
+    answer = forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=7,
+                                     max_wait_ms=0, current_leader_epoch=epoch, fetch_offset=0,
+                                     last_fetch_epoch=0))
+    assert answer.error_code is Errors.INCONSISTENT_VOTER_SET
+    assert_all_running(cluster)
+
+
+# --- a fake leader ---------------------------------------------------------------------------
+
+_TAG = struct.Struct(">IB")  # the stream's request/response tag (see transport.py)
+_REQUEST_CLASSES = tuple(REQUEST_TYPES.values())
+
+
+class FakeLeader:
+    """Serves a stopped voter's port and claims to lead ``epoch``: its first answer to each
+    follower's Fetch is ``records_for(fetch)`` (with a high watermark at their end), then it
+    answers every Fetch with an error, so that the followers time out and elect."""
+
+    def __init__(self, port: int, node_id: int, epoch: int,
+                 records_for: Callable[[FetchRequest], tuple[bytes, int]]) -> None:
+        self.node_id, self.epoch, self._records_for = node_id, epoch, records_for
+        self.served: set[int] = set()
+        self._streams: set[web.WebSocketResponse] = set()
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(port, started), daemon=True)
+        self._thread.start()
+        assert started.wait(5)
+
+    def _run(self, port: int, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_get(STREAM_PATH, self._stream)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
+        self._loop.run_until_complete(site.start())
+        started.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            assert self._runner is not None
+            for stream in list(self._streams):
+                await stream.close()
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _stream(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._streams.add(ws)
+        async for message in ws:
+            if message.type != WSMsgType.BINARY:
+                continue
+            correlation, index = _TAG.unpack_from(message.data)
+            cls = _REQUEST_CLASSES[index]
+            rpc = decode_frame(cls, message.data[_TAG.size:])
+            answer = self._answer(rpc)  # type: ignore[arg-type]
+            await ws.send_bytes(_TAG.pack(correlation, 0) + encode_frame(answer))
+        self._streams.discard(ws)
+        return ws
+
+    def _answer(self, rpc: RaftRequest) -> Message:
+        lead = {"leader_id": self.node_id, "leader_epoch": self.epoch}
+        if isinstance(rpc, FetchRequest):
+            if rpc.replica_id in self.served or rpc.current_leader_epoch != self.epoch:
+                return FetchResponse(error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
+            self.served.add(rpc.replica_id)
+            records, high_watermark = self._records_for(rpc)
+            return FetchResponse(high_watermark=high_watermark, records=records, **lead)
+        if isinstance(rpc, VoteRequest):
+            return VoteResponse(**lead)
+        if isinstance(rpc, BeginQuorumEpochRequest):
+            return BeginQuorumEpochResponse(error_code=Errors.FENCED_LEADER_EPOCH, **lead)
+        return RESPONSE_TYPES[type(rpc)](error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
+
+
+def _values(count: int) -> list[Record]:
+    return [Record(value=f"fake-{i}".encode()) for i in range(count)]
+
+
+def _gap(fetch: FetchRequest, epoch: int) -> tuple[bytes, int]:
+    offset = fetch.fetch_offset
+    return (encode_batch(offset, epoch, _values(1), 0)
+            + encode_batch(offset + 5, epoch, _values(1), 0), offset)
+
+
+def _backward_epoch(fetch: FetchRequest, epoch: int) -> tuple[bytes, int]:
+    return encode_batch(fetch.fetch_offset, 0, _values(2), 0), fetch.fetch_offset
+
+
+def _epoch_at_the_bound(fetch: FetchRequest, epoch: int) -> tuple[bytes, int]:
+    return encode_batch(fetch.fetch_offset, MAX_EPOCH, _values(2), 0), fetch.fetch_offset
+
+
+def _nested_kv_op(fetch: FetchRequest, epoch: int) -> tuple[bytes, int]:
+    nested = (b'{"op":"put","key":"deep","value":' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    records = [Record(value=nested, key=KV_RECORD_KEY), encode_op(Put("after-deep", "1"))]
+    return encode_batch(fetch.fetch_offset, epoch, records, 0), fetch.fetch_offset + 2
+
+
+@pytest.mark.parametrize("records_for", [_gap, _backward_epoch, _epoch_at_the_bound,
+                                         _nested_kv_op])
+def test_a_fake_leader_stops_no_node(
+    cluster: ProcessCluster, records_for: Callable[[FetchRequest, int], tuple[bytes, int]],
+) -> None:
+    """A process on a stopped voter's port announces itself leader of a new epoch and answers
+    each follower's first Fetch with CRC-valid batches: with an offset gap, an epoch going
+    backwards, an epoch at the int32 bound, or a committed KV op nested 50,000 deep. Each
+    stopped both real nodes (or wedged them, or stopped their KV applier, after restart too).
+    Now the bad batches are refused whole, the followers elect a new leader, the nested op is
+    skipped alike everywhere; once the fake is gone and the voter back, all three agree."""
+    leader = cluster.wait_for_leader()
+    victim = max(set(cluster.nodes) - {leader})
+    real = sorted(set(cluster.nodes) - {victim})
+    epoch = epoch_of(cluster, leader) + 3
+    put(cluster, "before", "1")
+    cluster.kill(victim)
+    fake = FakeLeader(cluster.nodes[victim].port, victim, epoch,
+                      lambda fetch: records_for(fetch, epoch))
+    try:
+        for node_id in real:
+            answer = forge(cluster.nodes[node_id].url, BeginQuorumEpochRequest(
+                cluster_id=cluster.cluster_id, leader_id=victim, leader_epoch=epoch,
+                voter_id=node_id))
+            assert answer.error_code is Errors.NONE
+        wait_for("fetch from the fake leader", lambda: fake.served == set(real), cluster)
+        new_leader = cluster.wait_for_leader(among=set(real))
+        assert epoch_of(cluster, new_leader) > epoch
+        put(cluster, "during", "1")
+        assert_all_running(cluster, set(real))
+    finally:
+        fake.close()
+    cluster.start(victim)
+    put(cluster, "after", "1")
+
+    def converged() -> bool:
+        return all(get(f"{node.url}/v1/kv/after?stale=true")[0] == 200
+                   for node in cluster.nodes.values())
+
+    wait_for("every replica applying the last write", converged, cluster)
+    assert_all_running(cluster)
+    if records_for is _nested_kv_op:
+        for node in cluster.nodes.values():
+            status, text = get(f"{node.url}/v1/kv/after-deep?stale=true")
+            assert status == 200 and json.loads(text)["value"] == "1", (node.node_id, text)
+            assert get(f"{node.url}/v1/kv/deep?stale=true")[0] == 404
+    # Restarted, every node comes back as it was (nothing bad was persisted).
+    cluster.stop_all()
+    for node in cluster.nodes.values():
+        node.proxy = type(node.proxy)(node.port)
+    _repoint_voters(cluster)
+    cluster.start_all()
+    put(cluster, "after-restart", "1")
+    assert_all_running(cluster)
