@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import WSMsgType, web
-from proc_cluster import FAST, ProcessCluster
+from proc_cluster import FAST, PEER_SECRET_HEADER, NodeProcess, ProcessCluster
 
 from quorum_node.node.kv import KV_RECORD_KEY, Put, encode_op
 from quorum_node.node.transport import (
@@ -48,12 +48,13 @@ from quorum_node.raft.types import MAX_EPOCH, Errors
 RPC_NAMES = {cls: name for name, cls in REQUEST_TYPES.items()}
 
 
-def forge(node_url: str, message: RaftRequest,
-          headers: dict[str, str] | None = None) -> RaftResponse:
-    """POST one peer RPC to a node, as any peer could; the node's answer."""
+def forge(cluster: ProcessCluster, node: NodeProcess, message: RaftRequest) -> RaftResponse:
+    """POST one peer RPC to a node's controller listener, as an insider holding the quorum's
+    peer secret could; the node's answer."""
     request = urllib.request.Request(
-        f"{node_url}/raft/v1/{RPC_NAMES[type(message)]}", data=encode_frame(message),
-        method="POST", headers={"Content-Type": CONTENT_TYPE, **(headers or {})})
+        f"{node.peer_url}/raft/v1/{RPC_NAMES[type(message)]}", data=encode_frame(message),
+        method="POST", headers={"Content-Type": CONTENT_TYPE,
+                                PEER_SECRET_HEADER: cluster.peer_secret})
     with urllib.request.urlopen(request, timeout=5) as reply:
         answer = decode_frame(RESPONSE_TYPES[type(message)], reply.read())
     assert isinstance(answer, VoteResponse | BeginQuorumEpochResponse | EndQuorumEpochResponse
@@ -130,7 +131,7 @@ def test_a_non_voters_vote_at_epoch_2_30_wedges_nothing(cluster: ProcessCluster)
     commits (the leader is stopped to force an election)."""
     leader = cluster.wait_for_leader()
     epoch = epoch_of(cluster, leader)
-    answer = forge(cluster.nodes[leader].url, VoteRequest(
+    answer = forge(cluster, cluster.nodes[leader], VoteRequest(
         cluster_id=cluster.cluster_id, voter_id=leader, replica_epoch=2**30, replica_id=7,
         last_offset_epoch=2**30 - 1, last_offset=10**6))
     time.sleep(0.2)
@@ -155,14 +156,14 @@ def test_conflicting_leaders_for_one_epoch_stop_no_node(cluster: ProcessCluster)
     ids = sorted(cluster.nodes)
     for node_id in ids:
         named = ids[(ids.index(node_id) + 1) % len(ids)]
-        forge(cluster.nodes[node_id].url, BeginQuorumEpochRequest(
+        forge(cluster, cluster.nodes[node_id], BeginQuorumEpochRequest(
             cluster_id=cluster.cluster_id, leader_id=named, leader_epoch=epoch,
             voter_id=node_id))
     put(cluster, "after-conflict", "1")
     assert_all_running(cluster)
     cluster.stop_all()
     for node in cluster.nodes.values():
-        node.proxy = type(node.proxy)(node.port)
+        node.proxy = type(node.proxy)(node.peer_port)
     _repoint_voters(cluster)
     cluster.start_all()
     put(cluster, "after-restart", "1")
@@ -188,7 +189,7 @@ def test_begin_quorum_epoch_naming_leader_99_is_refused(cluster: ProcessCluster)
     writes = 0
     while time.monotonic() < stop:
         for node_id, node in cluster.nodes.items():
-            answers.append(forge(node.url, BeginQuorumEpochRequest(
+            answers.append(forge(cluster, node, BeginQuorumEpochRequest(
                 cluster_id=cluster.cluster_id, leader_id=99,
                 leader_epoch=epoch_of(cluster, cluster.wait_for_leader()) + 1,
                 voter_id=node_id)).error_code)
@@ -208,10 +209,10 @@ def test_end_quorum_epoch_from_a_non_leader_is_ignored(cluster: ProcessCluster) 
     epoch = epoch_of(cluster, leader)
     sender, target = sorted(set(cluster.nodes) - {leader})
     time.sleep(0.3)  # let every follower hear of the leader
-    same_epoch = forge(cluster.nodes[target].url, EndQuorumEpochRequest(
+    same_epoch = forge(cluster, cluster.nodes[target], EndQuorumEpochRequest(
         cluster_id=cluster.cluster_id, leader_id=sender, leader_epoch=epoch, voter_id=target,
         preferred_successors=()))
-    newer_epoch = forge(cluster.nodes[target].url, EndQuorumEpochRequest(
+    newer_epoch = forge(cluster, cluster.nodes[target], EndQuorumEpochRequest(
         cluster_id=cluster.cluster_id, leader_id=sender, leader_epoch=epoch + 1,
         voter_id=target))
     time.sleep(1.5)  # more than an election timeout
@@ -235,14 +236,14 @@ def test_observer_flood_is_bounded(cluster: ProcessCluster) -> None:
     followers' fetches and so its leadership: then it is run again on the new leader.)"""
     for _ in range(3):
         leader = cluster.wait_for_leader()
-        url = cluster.nodes[leader].url
+        target = cluster.nodes[leader]
         epoch = epoch_of(cluster, leader)
         process = cluster.nodes[leader].process
         assert process is not None
         rss_before = _rss_kib(process.pid)
         started = time.monotonic()
         for i in range(3000):
-            forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=1 + i % 3,
+            forge(cluster, target, FetchRequest(cluster_id=cluster.cluster_id, replica_id=1 + i % 3,
                                     replica_directory_id=uuid.UUID(int=10_000 + i),
                                     max_wait_ms=0, current_leader_epoch=epoch,
                                     fetch_offset=0, last_fetch_epoch=0, max_bytes=1))
@@ -259,7 +260,7 @@ def test_observer_flood_is_bounded(cluster: ProcessCluster) -> None:
     assert len(described["observers"]) <= 64
     assert size < 64 * 1024
     assert rss_after - rss_before < 20 * 1024
-    answer = forge(url, FetchRequest(cluster_id=cluster.cluster_id, replica_id=7,
+    answer = forge(cluster, target, FetchRequest(cluster_id=cluster.cluster_id, replica_id=7,
                                      max_wait_ms=0, current_leader_epoch=epoch, fetch_offset=0,
                                      last_fetch_epoch=0))
     assert answer.error_code is Errors.INCONSISTENT_VOTER_SET
@@ -382,11 +383,11 @@ def test_a_fake_leader_stops_no_node(
     epoch = epoch_of(cluster, leader) + 3
     put(cluster, "before", "1")
     cluster.kill(victim)
-    fake = FakeLeader(cluster.nodes[victim].port, victim, epoch,
+    fake = FakeLeader(cluster.nodes[victim].peer_port, victim, epoch,
                       lambda fetch: records_for(fetch, epoch))
     try:
         for node_id in real:
-            answer = forge(cluster.nodes[node_id].url, BeginQuorumEpochRequest(
+            answer = forge(cluster, cluster.nodes[node_id], BeginQuorumEpochRequest(
                 cluster_id=cluster.cluster_id, leader_id=victim, leader_epoch=epoch,
                 voter_id=node_id))
             assert answer.error_code is Errors.NONE
@@ -414,7 +415,7 @@ def test_a_fake_leader_stops_no_node(
     # Restarted, every node comes back as it was (nothing bad was persisted).
     cluster.stop_all()
     for node in cluster.nodes.values():
-        node.proxy = type(node.proxy)(node.port)
+        node.proxy = type(node.proxy)(node.peer_port)
     _repoint_voters(cluster)
     cluster.start_all()
     put(cluster, "after-restart", "1")
