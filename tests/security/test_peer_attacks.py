@@ -161,13 +161,18 @@ def test_conflicting_leaders_for_one_epoch_stop_no_node(cluster: ProcessCluster)
             voter_id=node_id))
     put(cluster, "after-conflict", "1")
     assert_all_running(cluster)
+    _restart_all(cluster)
+    put(cluster, "after-restart", "1")
+    assert_all_running(cluster)
+
+
+def _restart_all(cluster: ProcessCluster) -> None:
+    """Stop every node and start them again (on new proxies: stop_all closed the old ones)."""
     cluster.stop_all()
     for node in cluster.nodes.values():
         node.proxy = type(node.proxy)(node.peer_port)
     _repoint_voters(cluster)
     cluster.start_all()
-    put(cluster, "after-restart", "1")
-    assert_all_running(cluster)
 
 
 def _repoint_voters(cluster: ProcessCluster) -> None:
@@ -413,10 +418,6 @@ def test_a_fake_leader_stops_no_node(
             assert status == 200 and json.loads(text)["value"] == "1", (node.node_id, text)
             assert get(f"{node.url}/v1/kv/deep?stale=true")[0] == 404
     # Restarted, every node comes back as it was (nothing bad was persisted).
-    cluster.stop_all()
-    for node in cluster.nodes.values():
-        node.proxy = type(node.proxy)(node.peer_port)
-    _repoint_voters(cluster)
-    cluster.start_all()
+    _restart_all(cluster)
     put(cluster, "after-restart", "1")
     assert_all_running(cluster)
