@@ -242,7 +242,9 @@ async def test_tls_switched_off_and_on_without_a_manual_restart(cluster: Cluster
             configs = await cluster.configs()
             body = await cluster.get()
             return len(configs) == 3 and all(
-                c["QUORUM_LISTENERS"].startswith("SSL://") == enabled
+                (c["QUORUM_LISTENER_SECURITY_PROTOCOL_MAP"]
+                 == ("CLIENT:SSL,CONTROLLER:SSL" if enabled
+                     else "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT"))
                 for c in configs.values()) and condition(body, "Ready") == "True" and \
                 condition(body, "Secured") == ("True" if enabled else "False")
 
