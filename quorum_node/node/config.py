@@ -87,10 +87,13 @@ class Listener(BaseModel):
         return f"{self.name}://{self.address}"
 
 
-def _named(listeners: tuple[Listener, ...], name: str) -> Listener:
-    if not name:
-        return listeners[0]
-    return next(listener for listener in listeners if listener.name == name)
+def _controllers(listeners: tuple[Listener, ...], names: str) -> tuple[Listener, ...]:
+    """The controller listeners in the order ``names`` gives them (the first one alone when
+    ``names`` is empty: it serves everything)."""
+    if not names:
+        return listeners[:1]
+    by_name = {listener.name: listener for listener in listeners}
+    return tuple(by_name[name] for name in names.split(","))
 
 
 def _any_tls(info: ValidationInfo) -> bool:
@@ -98,12 +101,12 @@ def _any_tls(info: ValidationInfo) -> bool:
     return any(listener.tls for listener in listeners)
 
 
-def _controller_of(info: ValidationInfo) -> Listener | None:
+def _controllers_of(info: ValidationInfo) -> tuple[Listener, ...] | None:
     listeners: tuple[Listener, ...] | None = info.data.get("listeners")
-    name = info.data.get("controller_listener_names")
-    if not listeners or name is None:
+    names = info.data.get("controller_listener_names")
+    if not listeners or names is None:
         return None
-    return _named(listeners, name)
+    return _controllers(listeners, names)
 
 
 class NodeConfig(BaseModel):
@@ -185,21 +188,24 @@ class NodeConfig(BaseModel):
                 raise ValueError("required with more than one listener: name the one that "
                                  "serves the peers (the others serve clients), e.g. CONTROLLER")
             return ""
-        if len(names) > 1:
-            raise ValueError(f"{value!r}: name one listener (Kafka would use only the first; "
-                             "this node refuses the others rather than ignore them)")
+        if len(names) > 2:
+            raise ValueError(f"{value!r}: name one listener, or two while the peers move from "
+                             "one to the other (the first is the one this node connects to)")
+        if len(names) == 2 and names[0] == names[1]:
+            raise ValueError(f"{names[0]} is named twice")
         known = [listener.name for listener in listeners]
-        if names[0] not in known:
-            raise ValueError(f"{names[0]} is not among the listeners ({', '.join(known)})")
-        if len(listeners) == 1:
-            raise ValueError(f"{names[0]} is the only listener, so the client and admin APIs "
-                             "would be served nowhere: add a client listener, or leave "
-                             "controller.listener.names unset to serve everything on one")
-        clients = [listener for listener in listeners if listener.name != names[0]]
+        for name in names:
+            if name not in known:
+                raise ValueError(f"{name} is not among the listeners ({', '.join(known)})")
+        clients = [listener for listener in listeners if listener.name not in names]
+        if not clients:
+            raise ValueError(f"{' and '.join(names)} would serve the peers only, so the client "
+                             "and admin APIs would be served nowhere: add a client listener, or "
+                             "leave controller.listener.names unset to serve everything on one")
         if len({listener.tls for listener in clients}) > 1:
             raise ValueError("the client listeners mix PLAINTEXT and SSL; use one protocol "
                              "for all of them")
-        return names[0]
+        return ",".join(names)
 
     @field_validator("voters", mode="before")
     @classmethod
@@ -279,22 +285,32 @@ class NodeConfig(BaseModel):
     @field_validator("controller_listener_secret_file")
     @classmethod
     def _peer_secret(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        controller = _controller_of(info)
-        if controller is None:
+        controllers = _controllers_of(info)
+        if controllers is None:
             return value  # listeners or controller.listener.names is bad: reported on its own
-        if controller.tls and value is not None:
-            raise ValueError(f"only used with a PLAINTEXT controller listener ({controller} is "
-                             "SSL: peers prove who they are with their certificates)")
-        if not controller.tls and value is None and info.data.get("auth_token_file"):
+        plaintext = [listener for listener in controllers if not listener.tls]
+        if not plaintext and value is not None:
+            raise ValueError(f"only used with a PLAINTEXT controller listener ({controllers[0]} "
+                             "is SSL: peers prove who they are with their certificates)")
+        if plaintext and value is None and info.data.get("auth_token_file"):
+            controller = plaintext[0]
             raise ValueError(f"required with auth.token.file on the PLAINTEXT controller "
                              f"listener {controller}: otherwise anyone who can reach it could "
                              "speak as a peer without a token")
         return value
 
     @property
+    def controller_listeners(self) -> tuple[Listener, ...]:
+        """The listeners that serve the peer RPCs: one, or two while the peers move from one
+        protocol (or port) to another (the only listener, when it serves everything)."""
+        return _controllers(self.listeners, self.controller_listener_names)
+
+    @property
     def controller_listener(self) -> Listener:
-        """The listener that serves the peer RPCs (the only one, when it serves everything)."""
-        return _named(self.listeners, self.controller_listener_names)
+        """The controller listener this node connects to its peers on, as Kafka uses the first
+        of controller.listener.names: controller.quorum.voters names the voters' ports of it,
+        and this node speaks its protocol to them."""
+        return self.controller_listeners[0]
 
     @property
     def combined_listener(self) -> bool:
@@ -306,8 +322,8 @@ class NodeConfig(BaseModel):
         """The listeners that serve the client and admin APIs, probes and metrics."""
         if self.combined_listener:
             return self.listeners
-        name = self.controller_listener_names
-        return tuple(listener for listener in self.listeners if listener.name != name)
+        controllers = self.controller_listeners
+        return tuple(listener for listener in self.listeners if listener not in controllers)
 
     @property
     def url_scheme(self) -> str:
@@ -385,11 +401,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "The protocol of each listener name other than PLAINTEXT and SSL: "
               "NAME:PROTOCOL,... (PLAINTEXT or SSL), e.g. CONTROLLER:SSL,CLIENT:SSL."),
     ConfigKey("controller.listener.names", ("controller_listener_names",),
-              "The listener that serves the peer RPCs, and only those (one name); the others "
-              "serve the client and admin APIs, probes and metrics. Unset: the only listener "
-              "serves everything (a warning)."),
+              "The listener that serves the peer RPCs, and only those; the others serve the "
+              "client and admin APIs, probes and metrics. Two names (A,B) while the peers move "
+              "to another protocol or port: both serve the peers, and this node connects to "
+              "its peers on the first one's protocol. Unset: the only listener serves "
+              "everything (a warning)."),
     ConfigKey("controller.quorum.voters", ("voters",),
-              "The voters, id@host:port,... (each voter's controller listener)."),
+              "The voters, id@host:port,... (each voter's port of the first controller "
+              "listener: this node speaks that listener's protocol to them)."),
     ConfigKey("controller.quorum.client.endpoints", ("client_endpoints",),
               "Each voter's client listener, id@host:port,..., where a node that is not the "
               "leader redirects clients; required with a controller listener of its own "

@@ -181,9 +181,13 @@ class QuorumNode:
                                  on_peer_lost=self._peer_lost,
                                  max_response_bytes=max_response_bytes(config.quorum),
                                  idle_timeout_s=idle_timeout_s)
-        self._peer_server = PeerServer(self.handle_peer_request,
-                                       authorizer=self.security.peer_authorizer,
-                                       idle_timeout_s=idle_timeout_s)
+        # One per controller listener: each checks peers by its own protocol (certificates on
+        # an SSL one, the secret on a PLAINTEXT one).
+        self._peer_servers = [
+            PeerServer(self.handle_peer_request,
+                       authorizer=self.security.peer_authorizer(listener),
+                       idle_timeout_s=idle_timeout_s)
+            for listener in config.controller_listeners]
         self._sites: list[BoundedSite] = []
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
         # safety-net timer of each.
@@ -221,19 +225,20 @@ class QuorumNode:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, app: web.Application | None = None) -> None:
-        """Serve the peer RPCs on the controller listener, ``app`` (the client and admin APIs,
+        """Serve the peer RPCs on the controller listener(s), ``app`` (the client and admin APIs,
         probes, metrics) on the client listeners, and start the timers. With one listener for
         everything, ``app`` gets the peer routes too."""
         config = self.config
         app = app if app is not None else web.Application()
-        controller = config.controller_listener
+        controllers = config.controller_listeners
         if config.combined_listener:
-            app.add_routes(self._peer_server.routes())
-            await self._serve(app, (controller,), serves_peers=True)
+            app.add_routes(self._peer_servers[0].routes())
+            await self._serve(app, controllers, serves_peers=True)
         else:
-            peer_app = web.Application()
-            peer_app.add_routes(self._peer_server.routes())
-            await self._serve(peer_app, (controller,), serves_peers=True)
+            for controller, peer_server in zip(controllers, self._peer_servers, strict=True):
+                peer_app = web.Application()
+                peer_app.add_routes(peer_server.routes())
+                await self._serve(peer_app, (controller,), serves_peers=True)
             await self._serve(app, config.client_listeners, serves_peers=False)
         if self.security.tls is not None:
             self.security.tls.on_reload.append(self._close_connections)
@@ -245,7 +250,8 @@ class QuorumNode:
         self._spawn(self._flush_loop())
         self._spawn(self.security.reload_forever())
         logger.info("node %d listening for peers on %s and clients on %s", config.node_id,
-                    controller, ", ".join(str(listener) for listener in config.client_listeners))
+                    ", ".join(str(listener) for listener in controllers),
+                    ", ".join(str(listener) for listener in config.client_listeners))
         self.security.warn_if_open()
 
     async def _serve(self, app: web.Application, listeners: Sequence[Listener], *,
@@ -302,7 +308,8 @@ class QuorumNode:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for correlation_id in list(self._inbound):
             self._answer_inbound(correlation_id, None)
-        await self._peer_server.close()
+        for peer_server in self._peer_servers:
+            await peer_server.close()
         for runner in self._runners:
             await runner.cleanup()
         await self._peers.close()

@@ -82,19 +82,22 @@ class NodeSecurity:
         """The authorizer of the client listeners."""
         return self._authorizers[self._config.client_listeners[0].tls]
 
-    @property
-    def peer_authorizer(self) -> Authorizer:
-        """The authorizer of the controller listener: over SSL it tells which node a peer is."""
-        return self._authorizers[self._config.controller_listener.tls]
+    def peer_authorizer(self, listener: Listener) -> Authorizer:
+        """The authorizer of a controller listener: over SSL it tells which node a peer is."""
+        return self._authorizers[listener.tls]
 
     @property
     def peer_tls(self) -> ReloadingTls | None:
-        """The TLS contexts towards the peers: None on a PLAINTEXT controller listener."""
+        """The TLS contexts towards the peers: None when this node connects to them on a
+        PLAINTEXT controller listener."""
         return self.tls if self._config.controller_listener.tls else None
 
     def current_peer_secret(self) -> str | None:
-        """What this node sends its peers in X-Quorum-Peer-Secret (None: nothing)."""
-        return self.peer_secret.current if self.peer_secret is not None else None
+        """What this node sends its peers in X-Quorum-Peer-Secret (None: nothing). Only over
+        PLAINTEXT: a peer's SSL listener identifies this node by its certificate."""
+        if self.peer_secret is None or self._config.controller_listener.tls:
+            return None
+        return self.peer_secret.current
 
     def middlewares(self, listener: Listener, *, serves_peers: bool) -> list[Middleware]:
         """What refuses requests on ``listener`` before any handler runs: the peer secret (on a
@@ -109,20 +112,12 @@ class NodeSecurity:
     def warn_if_open(self) -> None:
         """Warn, once at start, about each way the configuration leaves the node open."""
         config = self._config
-        controller = config.controller_listener
         if config.combined_listener:
             logger.warning("one listener, %s, serves peers, clients and admin: a client that "
                            "reaches it also reaches the peer RPCs; set controller.listener.names "
-                           "to give the peers a listener of their own", controller)
-        if not controller.tls and self.peer_secret is None:
-            logger.warning("peer RPCs on the PLAINTEXT listener %s are open: anyone who can reach "
-                           "it can vote, claim leadership and fetch every record (set "
-                           "controller.listener.secret.file, or use SSL; see docs/security.md)",
-                           controller)
-        elif not controller.tls:
-            logger.warning("peer RPCs on the PLAINTEXT listener %s are authenticated by the "
-                           "shared secret only: anyone who can see the traffic learns it and "
-                           "every record (SSL on any network that is not trusted)", controller)
+                           "to give the peers a listener of their own", config.controller_listener)
+        for controller in config.controller_listeners:
+            self._warn_if_open_to_peers(controller)
         for listener in config.client_listeners:
             if listener.tls:
                 continue
@@ -133,6 +128,17 @@ class NodeSecurity:
             else:
                 logger.warning("%s is PLAINTEXT: bearer tokens and data cross the network in "
                                "the clear", listener)
+
+    def _warn_if_open_to_peers(self, controller: Listener) -> None:
+        if not controller.tls and self.peer_secret is None:
+            logger.warning("peer RPCs on the PLAINTEXT listener %s are open: anyone who can reach "
+                           "it can vote, claim leadership and fetch every record (set "
+                           "controller.listener.secret.file, or use SSL; see docs/security.md)",
+                           controller)
+        elif not controller.tls:
+            logger.warning("peer RPCs on the PLAINTEXT listener %s are authenticated by the "
+                           "shared secret only: anyone who can see the traffic learns it and "
+                           "every record (SSL on any network that is not trusted)", controller)
 
     async def reload_forever(self) -> None:
         """Check the files every reload interval (a Kubernetes Secret is rotated in place)."""

@@ -370,11 +370,19 @@ def test_one_listener_serves_everything_and_clients_are_sent_to_the_voters() -> 
         ({"controller.listener.names": "PEERS"}, "controller.listener.names",
          "PEERS is not among the listeners (CLIENT, CONTROLLER)"),
         ({"controller.listener.names": "CONTROLLER,CLIENT"}, "controller.listener.names",
-         "name one listener"),
+         "would serve the peers only, so the client and admin APIs would be served nowhere"),
+        ({"listeners": "CLIENT://h:1,CONTROLLER://h:2,PLAINTEXT://h:3,SSL://h:4",
+          "controller.listener.names": "CONTROLLER,PLAINTEXT,SSL"}, "controller.listener.names",
+         "name one listener, or two while the peers move from one to the other"),
+        ({"controller.listener.names": "CONTROLLER,controller"}, "controller.listener.names",
+         "CONTROLLER is named twice"),
+        ({"controller.listener.names": "CONTROLLER,PEERS"}, "controller.listener.names",
+         "PEERS is not among the listeners (CLIENT, CONTROLLER)"),
         ({"controller.listener.names": ""}, "controller.listener.names",
          "required with more than one listener"),
         ({"listeners": "CONTROLLER://h:1"}, "controller.listener.names",
-         "is the only listener, so the client and admin APIs would be served nowhere"),
+         "CONTROLLER would serve the peers only, so the client and admin APIs would be served "
+         "nowhere"),
         ({"listeners": "CLIENT://h:1,PLAINTEXT://h:3,CONTROLLER://h:2",
           "listener.security.protocol.map": "CLIENT:SSL,CONTROLLER:PLAINTEXT"},
          "controller.listener.names", "the client listeners mix PLAINTEXT and SSL"),
@@ -413,3 +421,51 @@ def test_peer_secret_rules(tmp_path: Path) -> None:
     assert any(error["loc"] == ("controller_listener_secret_file",)
                and "only used with a PLAINTEXT controller listener" in error["msg"]
                for error in caught.value.errors())
+
+
+# A migration of the controller listener: the old one and the new one serve the peers at once.
+MIGRATING = {
+    **SPLIT,
+    "listeners": "CLIENT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093,CONTROLLER_SSL://0.0.0.0:9094",
+    "listener.security.protocol.map": "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT,CONTROLLER_SSL:SSL",
+    "controller.listener.names": "CONTROLLER,CONTROLLER_SSL",
+    "ssl.certificate.location": "/s/cert.pem", "ssl.key.location": "/s/key.pem",
+    "ssl.ca.location": "/s/ca.pem",
+}
+
+
+def test_two_controller_listeners_serve_the_peers_and_the_first_connects_to_them() -> None:
+    config = load_config(None, MIGRATING, {})
+    assert config.controller_listener_names == "CONTROLLER,CONTROLLER_SSL"
+    assert [str(listener) for listener in config.controller_listeners] == [
+        "CONTROLLER://0.0.0.0:9093", "CONTROLLER_SSL://0.0.0.0:9094"]
+    # The first is where the voters' ports are, and the protocol this node speaks to them.
+    assert config.controller_listener.name == "CONTROLLER" and not config.controller_listener.tls
+    assert [str(listener) for listener in config.client_listeners] == ["CLIENT://0.0.0.0:9092"]
+    swapped = load_config(None, {**MIGRATING,
+                                 "controller.listener.names": "controller_ssl, controller"}, {})
+    assert swapped.controller_listener_names == "CONTROLLER_SSL,CONTROLLER"
+    assert swapped.controller_listener.tls
+    # Written out and read back as it was.
+    assert "controller.listener.names=CONTROLLER_SSL,CONTROLLER" in swapped.to_properties()
+
+
+def test_the_peer_secret_while_a_plaintext_controller_listener_is_one_of_two(
+        tmp_path: Path) -> None:
+    tokens = str(tmp_path / "tokens")
+    # The PLAINTEXT one still needs the secret with a token file, first or second.
+    for names in ("CONTROLLER,CONTROLLER_SSL", "CONTROLLER_SSL,CONTROLLER"):
+        message = error_of(flags={**MIGRATING, "controller.listener.names": names,
+                                  "auth.token.file": tokens})
+        assert message.startswith("controller.listener.secret.file (from default): required with "
+                                  "auth.token.file on the PLAINTEXT controller listener "
+                                  "CONTROLLER://0.0.0.0:9093"), message
+        config = load_config(None, {**MIGRATING, "controller.listener.names": names,
+                                    "auth.token.file": tokens,
+                                    "controller.listener.secret.file": "/s/secret"}, {})
+        assert config.controller_listener_secret_file == Path("/s/secret")
+    # Two SSL controller listeners: nothing would use a secret.
+    message = error_of(flags={
+        **MIGRATING, "controller.listener.secret.file": "/s/secret",
+        "listener.security.protocol.map": "CLIENT:PLAINTEXT,CONTROLLER:SSL,CONTROLLER_SSL:SSL"})
+    assert "only used with a PLAINTEXT controller listener" in message, message
