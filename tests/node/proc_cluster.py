@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,10 +43,27 @@ FAST = {
 }
 
 
+# Below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default): a
+# port picked with bind(("", 0)) comes from that range, and between the pick and a node's own
+# bind any outgoing connection (a peer stream, a client) may be given it as its source port.
+_PORTS_BELOW_EPHEMERAL = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, never handed out before in this process."""
+    for _ in range(1000):
+        port = random.choice(_PORTS_BELOW_EPHEMERAL)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port found below the ephemeral range")
 
 
 class FaultProxy:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from certs import CertificateAuthority
+from proc_cluster import free_port
 
 from quorum_node.node.app import build_app
 from quorum_node.node.config import Listener, NodeConfig
@@ -30,12 +30,6 @@ ROLES = "quorum-operator:admin;app-writer:write;app-reader:read"
 # Client certificate common names; "stranger" has a certificate of the CA but no role.
 CLIENT_NAMES = ("quorum-operator", "app-writer", "app-reader", "stranger")
 TOKEN_ROLES = {"admin": "admin", "writer": "write", "reader": "read"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
