@@ -40,17 +40,13 @@ from quorum_node.node.transport import (
     PeerServer,
     PeerUnavailable,
     Reply,
+    claimed_node_id,
     max_response_bytes,
 )
 from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
 from quorum_node.raft.messages import (
-    BeginQuorumEpochRequest,
-    EndQuorumEpochRequest,
-    FetchRequest,
-    FetchSnapshotRequest,
     RaftRequest,
     RaftResponse,
-    VoteRequest,
 )
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.state import RaftState
@@ -469,7 +465,7 @@ class QuorumNode:
         correlation_id = self._next_inbound_id
         answered: list[RaftResponse | None] = []
         self._inbound[correlation_id] = answered.append
-        self._call("handle_request", _now_ms(), _sender_of(request), correlation_id, request)
+        self._call("handle_request", _now_ms(), claimed_node_id(request), correlation_id, request)
         if not answered and self.failure is None:  # parked
             self._inbound[correlation_id] = reply
             # A parked Fetch is answered within fetch_max_wait_ms; the bound is a safety net.
@@ -704,14 +700,6 @@ def _timed_flush(log: SegmentLog) -> tuple[int, float]:
     started = time.perf_counter()
     flushed = log.flush()
     return flushed, time.perf_counter() - started
-
-
-def _sender_of(request: RaftRequest) -> int:
-    if isinstance(request, FetchRequest | FetchSnapshotRequest | VoteRequest):
-        return request.replica_id
-    if isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
-        return request.leader_id
-    raise TypeError(type(request))
 
 
 async def serve(config: NodeConfig) -> int:

@@ -112,6 +112,7 @@ def claimed_node_id(request: Message) -> int:
         return request.leader_id
     raise TypeError(type(request))
 
+
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
@@ -453,7 +454,7 @@ class PeerServer:
 
     def _refuse_claim(self, http_request: web.Request, peer_node_id: int | None,
                       request: Message) -> Refused | None:
-        if peer_node_id is None or self._authorizer is None:
+        if self._authorizer is None:
             return None
         return self._authorizer.check_peer_claim(http_request, peer_node_id,
                                                  claimed_node_id(request))

@@ -1688,6 +1688,7 @@ class RaftCore:
         if problem is None and response.records and response.snapshot_id is None \
                 and response.diverging_epoch is None:
             batches, problem = self._validated_batches(response)
+        point: int | None = None
         if problem is None and response.diverging_epoch is not None:
             point = self._diverging_point(response.diverging_epoch)
             if self._high_watermark is not None and point < self._high_watermark:
@@ -1699,8 +1700,8 @@ class RaftCore:
         if response.snapshot_id is not None:
             self._begin_download(state, SnapshotId(response.snapshot_id.end_offset,
                                                    response.snapshot_id.epoch))
-        elif response.diverging_epoch is not None:
-            self._truncate_to(self._diverging_point(response.diverging_epoch))
+        elif point is not None:
+            self._truncate_to(point)
         elif batches:
             self.log.append_as_follower(batches)
             self._on_log_appended(batches)
