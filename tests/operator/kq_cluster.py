@@ -206,9 +206,13 @@ class Cluster:
             await self.kube.delete(path("Pod", NAMESPACE, f"{NAME}-{node_id}"))
 
     async def configs(self) -> dict[str, dict[str, str]]:
-        """Each pod's configuration: the data of the ConfigMap its container reads."""
+        """Each running pod's configuration: the data of the ConfigMap its container reads. A
+        terminating pod is left out: the operator may already have deleted the ConfigMap of its
+        revision (its container read it when it started)."""
         found = {}
         for pod in await self.kube.list(path("Pod", NAMESPACE), r.labels(NAME)):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
             name = pod["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
             config = await self.kube.get(path("ConfigMap", NAMESPACE, name))
             assert config is not None, f"pod {pod['metadata']['name']}: no ConfigMap {name}"
