@@ -52,10 +52,12 @@ class Keeper:
     # The operator's TLS contexts, by a digest of the credentials they hold.
     _contexts: dict[bytes, ssl.SSLContext] = field(default_factory=dict)
 
-    async def client_tls(self, owner: r.Owner, spec: Spec) -> ssl.SSLContext | None:
+    async def client_tls(self, owner: r.Owner, spec: Spec, *, wanted: bool = False
+                         ) -> ssl.SSLContext | None:
         """The operator's context towards the quorum's nodes (its client certificate and the
-        CA bundle); None while its Secret is missing or incomplete, or with TLS off."""
-        if not spec.security.tls:
+        CA bundle); None while its Secret is missing or incomplete, or with TLS off (unless
+        ``wanted``: a TLS switch runs, some nodes still speak it)."""
+        if not spec.security.tls and not wanted:
             return None
         data = await self._read(owner, r.operator_secret_name(owner.name),
                                 owned=spec.security.issuer is None) or {}

@@ -32,6 +32,36 @@ class PodView:
         return self.phase == "Running" and not self.terminating and self.ip is not None
 
 
+# The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
+# 1 serve the new protocol on a second controller listener too, 2 connect to the peers on it,
+# 3 the first controller listener and the client listener take the new protocol, 4 connect on
+# the first controller listener again; then the steady configuration drops the second one.
+TLS_SWITCH_STAGES = 4
+
+
+@dataclass(frozen=True)
+class TlsSwitch:
+    """A TLS switch in progress (status.tlsSwitch): the protocol the quorum moves to (``enabled``:
+    SSL) and the stage the pods are rolled to."""
+
+    enabled: bool
+    stage: int
+
+    def to_status(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "stage": self.stage}
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> TlsSwitch | None:
+        raw = status.get("tlsSwitch")
+        if not isinstance(raw, Mapping):
+            return None
+        enabled, stage = raw.get("enabled"), raw.get("stage")
+        if not isinstance(enabled, bool) or not isinstance(stage, int) or \
+                not 1 <= stage <= TLS_SWITCH_STAGES:
+            return None
+        return cls(enabled, stage)
+
+
 @dataclass(frozen=True)
 class ClaimView:
     name: str
@@ -156,6 +186,9 @@ class Observed:
     security_problem: str | None = None
     # Why claims cannot grow to spec.storage.size (condition VolumeResizeBlocked).
     resize_problem: str | None = None
+    # The TLS switch whose stage the pods are rolled to (config_hash is that stage's); None:
+    # the steady configuration of spec.security.tls.
+    tls_switch: TlsSwitch | None = None
 
 
 # --- Kubernetes objects ------------------------------------------------------------------------

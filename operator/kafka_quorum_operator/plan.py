@@ -30,11 +30,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from kafka_quorum_operator.observe import (
+    TLS_SWITCH_STAGES,
     MemberRecord,
     Observed,
     PendingChange,
     QuorumView,
     ReplicaRow,
+    TlsSwitch,
     foreign_claims,
 )
 
@@ -43,7 +45,6 @@ VoterKey = tuple[int, str | None]
 ADD_VOTER = "AddVoter"
 REMOVE_VOTER = "RemoveVoter"
 REMEDIATION = "Remediation"
-TLS_SWITCH = "TLSSwitch"
 SCALE_UP = "ScaleUp"
 SCALE_DOWN = "ScaleDown"
 
@@ -219,6 +220,42 @@ def next_to_add(observed: Observed, assessment: Assessment) -> int | None:
     if len(voter_ids) >= observed.spec.replicas:
         return None
     return next((i for i in range(1, observed.spec.replicas + 1) if i not in voter_ids), None)
+
+
+def tls_switch_started(observed: Observed, recorded: TlsSwitch | None) -> TlsSwitch | None:
+    """The TLS switch to roll to: the one recorded, or a new one (stage 1) once a pod serves
+    another protocol than spec.security.tls asks for (read from its readiness probe). A switch
+    runs to its end even if the spec flips back meanwhile (``tls_switch_after`` then starts the
+    way back): every stage is only safe next to its neighbours."""
+    if recorded is not None:
+        return recorded
+    wanted = observed.spec.security.tls
+    if any(pod.tls is not None and pod.tls != wanted and not pod.terminating
+           for pod in observed.pods.values()):
+        return TlsSwitch(enabled=wanted, stage=1)
+    return None
+
+
+def tls_switch_after(observed: Observed) -> TlsSwitch | None:
+    """The switch after this pass: the next stage once every member's pod runs this stage's
+    configuration (``observed.config_hash``) and is ready, and a leader answers; after the last
+    stage, None (the steady configuration), or the way back if the spec flipped meanwhile."""
+    switch = observed.tls_switch
+    if switch is None:
+        return None
+    assessment = assess(observed)
+    wanted = wanted_ids(observed, assessment)
+    pods = observed.pods
+    done = assessment.leader_id is not None and wanted <= set(pods) and all(
+        pod.config_hash == observed.config_hash and pod.ready and not pod.terminating
+        for pod in pods.values())
+    if not done:
+        return switch
+    if switch.stage < TLS_SWITCH_STAGES:
+        return TlsSwitch(switch.enabled, switch.stage + 1)
+    if switch.enabled != observed.spec.security.tls:
+        return TlsSwitch(observed.spec.security.tls, 1)
+    return None
 
 
 def plan(observed: Observed) -> Plan:
@@ -398,17 +435,6 @@ class _Planner:
             return None
         if any(pod.terminating for pod in observed.pods.values()):
             return self._plan((), self.pending, "rolling update: waiting for a pod to stop")
-        switching = [p for p in outdated if p.tls is not None and
-                     p.tls != observed.spec.security.tls]
-        if switching:
-            # Nodes on either side of a TLS switch cannot talk to each other: a one-at-a-time
-            # roll would stop after its first pod (no quorum for the rest). The pods still on
-            # the old side restart together: a short outage, nothing lost. (The operator, on
-            # the new side already, cannot reach the leader: this goes before that check.)
-            return self._plan([Action("DeletePod", p.node_id, TLS_SWITCH)
-                               for p in sorted(switching, key=lambda p: p.node_id)], None,
-                              f"switching TLS {'on' if observed.spec.security.tls else 'off'}: "
-                              f"restarting {', '.join(p.name for p in switching)} together")
         if not a.bootstrapped:
             # Nothing is committed yet: restart in any order.
             pod = min(outdated, key=lambda p: p.node_id)

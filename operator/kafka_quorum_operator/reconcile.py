@@ -32,10 +32,12 @@ from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
+    TLS_SWITCH_STAGES,
     NodeView,
     Observed,
     PendingChange,
     QuorumView,
+    TlsSwitch,
     claim_view,
     foreign_claims,
     members_from_status,
@@ -50,6 +52,8 @@ from kafka_quorum_operator.plan import (
     assess,
     configured_voter_ids,
     plan,
+    tls_switch_after,
+    tls_switch_started,
 )
 from kafka_quorum_operator.spec import parse_spec
 from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
@@ -120,8 +124,10 @@ class Reconciler:
             cluster_id = await self._generate_cluster_id(owner)
 
         assert self.keeper is not None
+        recorded = TlsSwitch.from_status(status)
         try:
-            tls = await self.keeper.client_tls(owner, spec)
+            # Also with TLS off while a switch runs, or pods still speak it.
+            tls = await self.keeper.client_tls(owner, spec, wanted=recorded is not None)
             not_owned = None
         except SecretNotOwned as error:
             tls, not_owned = None, str(error)
@@ -130,8 +136,16 @@ class Reconciler:
             observed = replace(observed, security_problem=not_owned)
         assessment = assess(observed)
         voter_ids = configured_voter_ids(observed, assessment)
-        environment = r.node_environment(owner, spec, cluster_id, voter_ids)
-        observed = replace(observed, config_hash=r.config_hash(spec, environment))
+
+        def at(switch: TlsSwitch | None) -> tuple[Observed, dict[str, str]]:
+            environment = r.node_environment(owner, spec, cluster_id, voter_ids, switch)
+            return replace(observed, tls_switch=switch,
+                           config_hash=r.config_hash(spec, environment)), environment
+
+        observed, environment = at(tls_switch_started(observed, recorded))
+        following = tls_switch_after(observed)
+        if following != observed.tls_switch:
+            observed, environment = at(following)
         decided = plan(observed)
         a = decided.assessment
         changing = not spec.paused and not a.quorum_lost
@@ -185,6 +199,10 @@ class Reconciler:
 
         patch = status_patch(observed, decided, status, r.selector(owner.name))
         patch["pendingChange"] = pending.to_status() if pending is not None else None
+        switch = observed.tls_switch
+        patch["tlsSwitch"] = switch.to_status() if switch is not None else None
+        if switch != recorded:
+            await self.event(owner, "TLSSwitch", _switch_message(recorded, switch))
         if last_remediation is not None:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
@@ -207,14 +225,19 @@ class Reconciler:
         claims = {v.node_id: v for v in map(claim_view, claims_raw) if v is not None}
         addresses = {i: f"{p.ip}:{spec.port}" for i, p in pods.items() if p.running}
         problem = None
-        if spec.security.tls and tls is None:
+        # Each node in the protocol its pod serves (its readiness probe's scheme): during a TLS
+        # switch they differ.
+        on_tls = {i: pods[i].tls if pods[i].tls is not None else spec.security.tls
+                  for i in addresses}
+        if any(on_tls.values()) and tls is None:
             # Not even tried without TLS: the node would refuse, or worse, not be ours.
             problem = f"the operator has no client certificate for the quorum yet (Secret " \
                       f"{r.operator_secret_name(owner.name)})"
-        else:
-            for i, address in addresses.items():
-                self.nodes.route(address, Route(r.node_host(owner.name, owner.namespace, i),
-                                                tls))
+        for i, address in addresses.items():
+            if on_tls[i] and tls is None:
+                continue
+            self.nodes.route(address, Route(r.node_host(owner.name, owner.namespace, i),
+                                            tls if on_tls[i] else None))
         self.nodes.forget(memory.addresses - set(addresses.values()))
         memory.addresses = set(addresses.values())
         views = await asyncio.gather(*(self.nodes.metrics(a) for a in addresses.values()))
@@ -348,7 +371,8 @@ class Reconciler:
                                  f"volume claim {r.claim_name(owner.name, node_id)} created")
         elif kind == "CreatePod":
             if await self._create(path("Pod", ns),
-                                  r.pod(owner, spec, node_id, observed.config_hash)):
+                                  r.pod(owner, spec, node_id, observed.config_hash,
+                                        observed.tls_switch)):
                 await self.event(owner, "PodCreated",
                                  f"pod {r.pod_name(owner.name, node_id)} created")
         elif kind == "DeletePod":
@@ -463,3 +487,14 @@ class Reconciler:
             await self.kube.create(path("Event", owner.namespace), body)
         except KubeError as error:  # an Event is worth a log line, never a failed pass
             logger.warning("could not post event %s: %s", reason, error)
+
+
+def _switch_message(before: TlsSwitch | None, after: TlsSwitch | None) -> str:
+    """The Event of a TLS switch's step (docs/operator.md, TLS switch)."""
+    if after is None:
+        assert before is not None
+        return f"TLS switched {'on' if before.enabled else 'off'} on every node; rolling to " \
+               "the steady configuration (the migration listener dropped)"
+    direction = "on" if after.enabled else "off"
+    return f"switching TLS {direction}: rolling every pod to stage {after.stage} of " \
+           f"{TLS_SWITCH_STAGES}, one at a time"

@@ -27,6 +27,7 @@ from kafka_quorum_operator import (
     LABEL_NODE_ID,
     MANAGER,
 )
+from kafka_quorum_operator.observe import TlsSwitch
 from kafka_quorum_operator.plan import majority
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Spec
 from quorum_node.node.config import KEYS_BY_NAME
@@ -52,6 +53,64 @@ LABEL_CLIENT = f"{GROUP}/client"
 # those, on spec.controllerPort, reachable from the quorum's own pods only.
 CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"
+# The second controller listener of a TLS switch, on ``migration_port``: the new protocol is
+# served there while the first one still speaks the old (docs/operator.md, TLS switch).
+MIGRATION_LISTENER = "CONTROLLER_MIGRATION"
+
+
+def migration_port(spec: Spec) -> int:
+    """The second controller listener's port during a TLS switch: the one after
+    spec.controllerPort (or the next, if that is spec.port)."""
+    port = spec.controller_port + 1
+    return port + 1 if port == spec.port else port
+
+
+@dataclass(frozen=True)
+class ControllerListener:
+    name: str
+    tls: bool
+    port: int
+
+    @property
+    def protocol(self) -> str:
+        return "SSL" if self.tls else "PLAINTEXT"
+
+
+@dataclass(frozen=True)
+class PodListeners:
+    """What one revision of the pods serves: the client listener's protocol, and the controller
+    listeners in controller.listener.names order (the first is the one nodes connect on, the
+    voters name its port)."""
+
+    client_tls: bool
+    controllers: tuple[ControllerListener, ...]
+
+    @property
+    def any_tls(self) -> bool:
+        return self.client_tls or any(c.tls for c in self.controllers)
+
+    @property
+    def plaintext_controller(self) -> bool:
+        return any(not c.tls for c in self.controllers)
+
+
+def pod_listeners(spec: Spec, switch: TlsSwitch | None) -> PodListeners:
+    """The listeners of the steady configuration, or of a TLS switch's stage. Each stage differs
+    from the one before in what a node may roll to while its peers run the other: 1 adds the new
+    protocol on the migration port (peers still connect on the old); 2 connects there (every
+    peer serves it since 1); 3 turns the first controller listener and the client listener to
+    the new protocol (no peer connects to the first one during 3); 4 connects on the first one
+    again (every peer serves the new protocol there since 3); the steady configuration then
+    drops the migration listener (no peer connects to it since 4)."""
+    port = spec.controller_port
+    if switch is None:
+        tls = spec.security.tls
+        return PodListeners(tls, (ControllerListener(CONTROLLER_LISTENER, tls, port),))
+    new, old, stage = switch.enabled, not switch.enabled, switch.stage
+    first = ControllerListener(CONTROLLER_LISTENER, old if stage <= 2 else new, port)
+    migration = ControllerListener(MIGRATION_LISTENER, new, migration_port(spec))
+    controllers = (migration, first) if stage in (2, 3) else (first, migration)
+    return PodListeners(client_tls=old if stage <= 2 else new, controllers=controllers)
 
 
 @dataclass(frozen=True)
@@ -148,37 +207,45 @@ def env_var(key: str) -> str:
     return KEYS_BY_NAME[key].env_var
 
 
-def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Sequence[int]
-                     ) -> dict[str, str]:
-    """The configuration every node shares, as the node's QUORUM_* environment variables."""
+def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Sequence[int],
+                     switch: TlsSwitch | None = None) -> dict[str, str]:
+    """The configuration every node shares, as the node's QUORUM_* environment variables (of
+    a TLS switch's stage, when one runs)."""
     hosts = {i: node_host(owner.name, owner.namespace, i) for i in voter_ids}
-    protocol = "SSL" if spec.security.tls else "PLAINTEXT"
+    listeners = pod_listeners(spec, switch)
+    client_protocol = "SSL" if listeners.client_tls else "PLAINTEXT"
+    connect = listeners.controllers[0]
     data = {
         env_var("cluster.id"): cluster_id,
-        # The peers reach each other's controller listener; clients are redirected to the
-        # leader's client listener.
+        # The peers reach each other's (first) controller listener; clients are redirected to
+        # the leader's client listener.
         env_var("controller.quorum.voters"): ",".join(
-            f"{i}@{host}:{spec.controller_port}" for i, host in hosts.items()),
+            f"{i}@{host}:{connect.port}" for i, host in hosts.items()),
         env_var("controller.quorum.client.endpoints"): ",".join(
             f"{i}@{host}:{spec.port}" for i, host in hosts.items()),
         env_var("log.dir"): LOG_DIR,
         # A new, empty volume is formatted with a new directory id and joins as an observer;
         # the operator then makes it a voter (KIP-856). The first bootstrap is the same.
         env_var("format.if.empty"): "true",
-        env_var("listeners"): f"{CLIENT_LISTENER}://0.0.0.0:{spec.port},"
-                              f"{CONTROLLER_LISTENER}://0.0.0.0:{spec.controller_port}",
-        env_var("listener.security.protocol.map"): f"{CLIENT_LISTENER}:{protocol},"
-                                                   f"{CONTROLLER_LISTENER}:{protocol}",
-        env_var("controller.listener.names"): CONTROLLER_LISTENER,
+        env_var("listeners"): ",".join(
+            [f"{CLIENT_LISTENER}://0.0.0.0:{spec.port}",
+             *(f"{c.name}://0.0.0.0:{c.port}" for c in listeners.controllers)]),
+        env_var("listener.security.protocol.map"): ",".join(
+            [f"{CLIENT_LISTENER}:{client_protocol}",
+             *(f"{c.name}:{c.protocol}" for c in listeners.controllers)]),
+        env_var("controller.listener.names"): ",".join(c.name for c in listeners.controllers),
     }
-    if spec.security.tls:
+    if listeners.any_tls:
         data.update({
             env_var("ssl.certificate.location"): f"{TLS_MOUNT}/tls.crt",
             env_var("ssl.key.location"): f"{TLS_MOUNT}/tls.key",
             env_var("ssl.ca.location"): f"{TLS_MOUNT}/ca.crt",
             env_var("auth.certificate.roles"): CERTIFICATE_ROLES,
-            env_var("auth.token.file"): f"{AUTH_MOUNT}/{TOKENS_KEY}",
         })
+    if listeners.any_tls and not listeners.plaintext_controller:
+        # With a PLAINTEXT controller listener (some stages of a switch) a token file needs the
+        # peer secret, which the operator does not make: clients use certificates meanwhile.
+        data[env_var("auth.token.file")] = f"{AUTH_MOUNT}/{TOKENS_KEY}"
     for key, value in sorted(spec.node_config.items()):
         data[env_var(key)] = str(value)
     return data
@@ -264,22 +331,27 @@ def claim(owner: Owner, spec: Spec, node_id: int, cluster_id: str) -> dict[str, 
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
 
 
-def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, Any]:
+def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str,
+        switch: TlsSwitch | None = None) -> dict[str, Any]:
     template = spec.template
     meta = _meta(owner, pod_name(owner.name, node_id),
                  annotations={**template.annotations, ANNOTATION_CONFIG_HASH: hash_value})
     meta["labels"] = {**template.labels, **meta["labels"], LABEL_NODE_ID: str(node_id)}
     probe_port = spec.port
-    tls = spec.security.tls
-    # The kubelet does not verify the node's certificate; the probes need no credential.
-    scheme = "HTTPS" if tls else "HTTP"
+    listeners = pod_listeners(spec, switch)
+    tls = listeners.any_tls
+    # The kubelet does not verify the node's certificate; the probes need no credential. The
+    # operator reads the scheme to tell which protocol the pod's client listener speaks.
+    scheme = "HTTPS" if listeners.client_tls else "HTTP"
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
         "command": ["quorum-node", "run"],
         "envFrom": [{"configMapRef": {"name": config_map_name(owner.name, hash_value)}}],
         "env": [{"name": env_var("node.id"), "value": str(node_id)}],
         "ports": [{"name": "client", "containerPort": spec.port},
-                  {"name": "controller", "containerPort": spec.controller_port}],
+                  *({"name": "controller" if c.name == CONTROLLER_LISTENER else "migration",
+                     "containerPort": c.port}
+                    for c in sorted(listeners.controllers, key=lambda c: c.port))],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port,
                                        "scheme": scheme},
                            "periodSeconds": 2, "failureThreshold": 3},
@@ -363,7 +435,10 @@ def network_policy(owner: Owner, spec: Spec, operator: OperatorPods) -> dict[str
                                   "ports": [{"protocol": "TCP", "port": spec.port}]},
                                  {"from": [own_pods],
                                   "ports": [{"protocol": "TCP",
-                                             "port": spec.controller_port}]}]}}
+                                             "port": spec.controller_port},
+                                            # A TLS switch's second controller listener.
+                                            {"protocol": "TCP",
+                                             "port": migration_port(spec)}]}]}}
 
 
 def certificate(owner: Owner, spec: Spec, secret_name: str, common_name: str,

@@ -6,15 +6,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from kafka_quorum_operator.observe import Observed
+from kafka_quorum_operator.observe import Observed, TlsSwitch
 from kafka_quorum_operator.plan import (
-    TLS_SWITCH,
     Action,
     assess,
     configured_voter_ids,
     is_caught_up,
     majority,
     plan,
+    tls_switch_after,
+    tls_switch_started,
     trusts,
 )
 from kafka_quorum_operator.spec import Remediation, Security
@@ -318,19 +319,64 @@ def test_roll_followers_first_leader_last() -> None:
     assert only(outdated(healthy(), 1)) == Action("DeletePod", 1, "RollingUpdate")
 
 
-def test_a_tls_switch_restarts_the_old_side_together() -> None:
-    """Nodes on either side of a TLS switch cannot talk (the operator, already on the new side,
-    reaches no leader either): the pods of the old side are deleted together."""
-    switched = with_spec(healthy(), security=Security(tls=False))
-    on_tls = {i: replace(p, config_hash="old", tls=True) for i, p in switched.pods.items()}
-    no_leader = replace(switched, pods=on_tls, nodes={}, quorum=None)
-    decided = plan(no_leader)
-    assert decided.actions == tuple(Action("DeletePod", i, TLS_SWITCH) for i in (1, 2, 3))
-    # Pods already on the new side are not restarted again; an ordinary roll stays one by one.
-    half = replace(no_leader, pods={**on_tls, 1: replace(on_tls[1], tls=False)})
-    assert plan(half).actions == (Action("DeletePod", 2, TLS_SWITCH),
-                                  Action("DeletePod", 3, TLS_SWITCH))
-    assert only(outdated(healthy(), 1, 2, 3)) == Action("DeletePod", 2, "RollingUpdate")
+def on_tls(observed: Observed, tls: bool, *ids: int) -> Observed:
+    """Pods ``ids`` serve clients with (``tls``) or without TLS (their probes' scheme)."""
+    return replace(observed, pods={i: replace(p, tls=tls) if i in ids else p
+                                   for i, p in observed.pods.items()})
+
+
+def test_a_tls_switch_starts_when_a_pod_serves_the_other_protocol() -> None:
+    off = with_spec(healthy(), security=Security(tls=False))
+    assert tls_switch_started(on_tls(off, True, 1, 2, 3), None) == TlsSwitch(False, 1)
+    assert tls_switch_started(on_tls(off, False, 1, 2, 3), None) is None
+    assert tls_switch_started(off, None) is None  # the probes' scheme unknown: nothing to do
+    # A recorded switch goes on, whatever the spec says now (it may have flipped back).
+    assert tls_switch_started(on_tls(off, True, 1, 2, 3), TlsSwitch(True, 3)) == \
+        TlsSwitch(True, 3)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({}, TlsSwitch(False, 3)),  # every pod on the stage, ready, a leader: the next stage
+    ({"pods": {1: pod(1, config_hash="old")}}, TlsSwitch(False, 2)),  # one pod to roll yet
+    ({"pods": {2: pod(2, ready=False)}}, TlsSwitch(False, 2)),  # one pod not ready
+    ({"pods": {3: pod(3, terminating=True)}}, TlsSwitch(False, 2)),
+    ({"drop_pod": 3}, TlsSwitch(False, 2)),  # a member's pod missing
+    ({"leaderless": True}, TlsSwitch(False, 2)),  # no leader answers
+])
+def test_a_tls_switch_moves_to_the_next_stage_once_every_pod_runs_this_one(
+        change: dict[str, object], expected: TlsSwitch) -> None:
+    observed = replace(with_spec(healthy(), security=Security(tls=False)),
+                       tls_switch=TlsSwitch(False, 2))
+    pods = dict(observed.pods)
+    pods.update(change.get("pods", {}))  # type: ignore[call-overload]
+    if "drop_pod" in change:
+        del pods[change["drop_pod"]]  # type: ignore[arg-type]
+    observed = replace(observed, pods=pods)
+    if change.get("leaderless"):
+        observed = replace(observed, nodes={}, quorum=None)
+    assert tls_switch_after(observed) == expected
+
+
+def test_a_tls_switch_ends_in_the_steady_configuration_or_turns_back() -> None:
+    on = replace(healthy(), tls_switch=TlsSwitch(True, 4))
+    assert tls_switch_after(on) is None
+    # The spec flipped back during the switch: the way back starts from its last stage.
+    flipped = with_spec(on, security=Security(tls=False))
+    assert tls_switch_after(flipped) == TlsSwitch(False, 1)
+    assert tls_switch_after(healthy()) is None
+
+
+def test_a_tls_switch_rolls_one_pod_at_a_time_followers_first() -> None:
+    """Each stage is an ordinary roll: nodes of neighbouring stages can talk, so the quorum check
+    holds and no pods restart together (they did before: a short outage)."""
+    switching = replace(with_spec(healthy(), security=Security(tls=False)),
+                        tls_switch=TlsSwitch(False, 1))
+    stage = on_tls(outdated(switching, 1, 2, 3), True, 1, 2, 3)
+    assert only(stage) == Action("DeletePod", 2, "RollingUpdate")
+    assert only(on_tls(outdated(switching, 1, 3), True, 1, 3)) == \
+        Action("DeletePod", 3, "RollingUpdate")
+    # Without a leader (the operator cannot reach one), nothing is restarted.
+    assert plan(replace(stage, nodes={}, quorum=None)).actions == ()
 
 
 def test_roll_unready_pods_first() -> None:

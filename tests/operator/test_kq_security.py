@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import http.client
+import itertools
 import socket
 import ssl
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.keeper import Keeper, SecretNotOwned
 from kafka_quorum_operator.kube import KubeError, path
 from kafka_quorum_operator.nodes import NodeClient, Route, client_context
+from kafka_quorum_operator.observe import TLS_SWITCH_STAGES, TlsSwitch
 from kafka_quorum_operator.plan import plan
 from kafka_quorum_operator.reconcile import CR_API
 from kafka_quorum_operator.spec import SpecError, parse_spec
@@ -401,6 +403,51 @@ def test_security_off_is_plain_and_mounts_nothing() -> None:
     assert r.config_hash(spec, env) != r.config_hash(parse_spec({}), secured)
 
 
+def _stages(to_tls: bool) -> list[TlsSwitch | None]:
+    """A TLS switch's configurations in order: the steady one it starts from, its stages, the
+    steady one it ends in (None: steady)."""
+    return [None, *(TlsSwitch(to_tls, stage) for stage in range(1, TLS_SWITCH_STAGES + 1)), None]
+
+
+def _node_config(spec: Any, switch: TlsSwitch | None, node_id: int) -> Any:
+    env = r.node_environment(OWNER, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3), switch)
+    env["QUORUM_NODE_ID"] = str(node_id)
+    return load_config(None, {}, env)
+
+
+@pytest.mark.parametrize("to_tls", [True, False])
+def test_every_stage_of_a_tls_switch_can_talk_to_its_neighbours(to_tls: bool) -> None:
+    """A one-at-a-time roll from one stage to the next leaves nodes of both stages: each must
+    connect to every peer on a listener the peer serves, in the protocol the peer serves there
+    (the node accepts each stage's configuration). Pod and probe follow the client listener."""
+    specs = [parse_spec({"security": {"tls": {"enabled": not to_tls}}}),
+             *[parse_spec({"security": {"tls": {"enabled": to_tls}}})] * 5]
+    configs = [_node_config(spec, switch, 1) for spec, switch in zip(
+        specs, _stages(to_tls), strict=True)]
+    assert [c.controller_listener.tls for c in configs] == [
+        not to_tls, not to_tls, to_tls, to_tls, to_tls, to_tls]
+    assert [c.client_listeners[0].tls for c in configs] == [
+        not to_tls, not to_tls, not to_tls, to_tls, to_tls, to_tls]
+    for before, after in itertools.pairwise(configs):
+        for node, peer in ((before, after), (after, before)):
+            served = {(listener.port, listener.tls) for listener in peer.controller_listeners}
+            connects = {(voter.port, node.controller_listener.tls) for voter in node.voters}
+            assert connects <= served, (node.controller_listener_names,
+                                        peer.controller_listener_names)
+    for spec, switch, config in zip(specs, _stages(to_tls), configs, strict=True):
+        pod = r.pod(OWNER, spec, 1, "hash", switch)
+        container = pod["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"]["scheme"] == (
+            "HTTPS" if config.client_listeners[0].tls else "HTTP")
+        assert sorted(p["containerPort"] for p in container["ports"]) == sorted(
+            listener.port for listener in config.listeners)
+        assert ("tls" in [v["name"] for v in pod["spec"]["volumes"]]) == config.any_tls
+        # Tokens while no PLAINTEXT controller listener would need the peer secret.
+        assert (config.auth_token_file is not None) == (
+            config.any_tls and all(c.tls for c in config.controller_listeners))
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
 def test_network_policy_lets_in_the_quorum_the_operator_and_its_clients_only() -> None:
     spec = parse_spec({"port": 9200, "security": {"networkPolicy": {"allowFrom": [
         {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}}})
@@ -412,9 +459,11 @@ def test_network_policy_lets_in_the_quorum_the_operator_and_its_clients_only() -
     assert policy["spec"]["podSelector"] == {"matchLabels": r.labels("kq")}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     rule, peers = policy["spec"]["ingress"]
-    # The controller port (the peer RPCs) from the quorum's own pods only.
+    # The controller port (the peer RPCs), and a TLS switch's second one, from the quorum's own
+    # pods only.
     assert peers == {"from": [{"podSelector": {"matchLabels": r.labels("kq")}}],
-                     "ports": [{"protocol": "TCP", "port": 9094}]}
+                     "ports": [{"protocol": "TCP", "port": 9094},
+                               {"protocol": "TCP", "port": 9095}]}
     assert rule["ports"] == [{"protocol": "TCP", "port": 9200}]
     assert rule["from"] == [
         {"podSelector": {"matchLabels": r.labels("kq")}},
