@@ -52,7 +52,7 @@ async def test_list_filters_by_label_on_the_server_and_paginates(
     monkeypatch.setattr(kube, "PAGE_SIZE", 3)
     found = await client.list(path("ConfigMap", NAMESPACE), {"app": "kq"})
     assert sorted(i["metadata"]["name"] for i in found) == [f"ours-{i}" for i in range(7)]
-    lists = [r for r in emulator._requests if r.action == kmock.action.LIST]
+    lists = [r for r in emulator.seen if r.action == kmock.action.LIST]
     assert [r.params.get("limit") for r in lists] == ["3", "3", "3"]
     assert all(r.params.get("labelSelector") == "app=kq" for r in lists)
     assert [len(i) for i in [await client.list(path("ConfigMap", NAMESPACE),

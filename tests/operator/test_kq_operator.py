@@ -155,7 +155,7 @@ async def test_pods_and_claims_are_watched_by_label_on_the_server(cluster: Clust
     await cluster.kube.create(path("Pod", NAMESPACE), foreign)
 
     def watches() -> list[dict[str, str]]:
-        return [dict(r.params) for r in cluster.emulator._requests
+        return [dict(r.params) for r in cluster.emulator.seen
                 if r.resource is not None and r.resource.plural in
                 ("pods", "persistentvolumeclaims") and r.params.get("watch") == "true"]
 
