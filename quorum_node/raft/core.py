@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
 from quorum_node.raft.log import RaftLog
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -48,7 +49,6 @@ from quorum_node.raft.records import Record, RecordBatch, control_record, decode
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
-    MemorySnapshotStore,
     PartialSnapshot,
     SnapshotId,
     SnapshotStore,

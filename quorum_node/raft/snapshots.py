@@ -1,4 +1,4 @@
-"""Snapshots as the Raft core sees them (KIP-630), and an in-memory store.
+"""Snapshots as the Raft core sees them (KIP-630).
 
 A snapshot holds the state of the replicated state machine as of a committed offset, so that the
 log below it can be deleted and a replica far behind can catch up by copying it. Its id is
@@ -10,6 +10,8 @@ the latest snapshot to answer FetchSnapshot, writes the byte ranges it downloads
 ``PartialSnapshot``, and asks a snapshot for the voter set it carries. The contents are framed and
 checked by ``quorum_node.raft.snapshot_format``; the store does not interpret them beyond that.
 Creating a snapshot is the state machine's business (the node's key-value store), not the core's.
+The stores: ``quorum_node.storage.snapshot_store`` (files) and
+``quorum_node.raft.memory_snapshots`` (memory: tests and the simulator).
 """
 
 from __future__ import annotations
@@ -82,83 +84,3 @@ class SnapshotStore(Protocol):
     def delete_before(self, snapshot_id: SnapshotId) -> None:
         """Remove every snapshot older than ``snapshot_id``."""
         ...
-
-
-class MemorySnapshotStore:
-    """A snapshot store in memory (tests and the simulator). A frozen or saved snapshot is durable:
-    ``crash`` loses only downloads in progress; ``wipe`` loses everything."""
-
-    def __init__(self) -> None:
-        self._snapshots: dict[SnapshotId, bytes] = {}
-        self._generation = 0  # bumped by a crash: downloads begun before it are lost
-
-    def latest(self) -> SnapshotId | None:
-        return max(self._snapshots) if self._snapshots else None
-
-    def size(self, snapshot_id: SnapshotId) -> int | None:
-        data = self._snapshots.get(snapshot_id)
-        return None if data is None else len(data)
-
-    def read(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> bytes:
-        data = self._snapshots[snapshot_id]
-        if not 0 <= position < len(data):
-            raise ValueError(f"position {position} outside snapshot {snapshot_id}")
-        return data[position : position + max_bytes]
-
-    def voters(self, snapshot_id: SnapshotId) -> tuple[ReplicaKey, ...] | None:
-        from quorum_node.raft.snapshot_format import read_snapshot_header  # noqa: PLC0415
-
-        return read_snapshot_header(self._snapshots[snapshot_id]).voters
-
-    def begin_download(self, snapshot_id: SnapshotId) -> PartialSnapshot:
-        return _MemoryPartial(self, snapshot_id)
-
-    def save(self, snapshot_id: SnapshotId, contents: bytes) -> None:
-        from quorum_node.raft.snapshot_format import read_snapshot  # noqa: PLC0415
-
-        read_snapshot(contents)  # refuse to store what could not be read back
-        self._snapshots[snapshot_id] = contents
-
-    def delete_before(self, snapshot_id: SnapshotId) -> None:
-        for old in [s for s in self._snapshots if s < snapshot_id]:
-            del self._snapshots[old]
-
-    def crash(self) -> None:
-        """Lose the downloads in progress; frozen and saved snapshots are durable."""
-        self._generation += 1
-
-    def wipe(self) -> None:
-        self._snapshots.clear()
-        self._generation += 1
-
-
-class _MemoryPartial:
-    def __init__(self, store: MemorySnapshotStore, snapshot_id: SnapshotId) -> None:
-        self._store = store
-        self._id = snapshot_id
-        self._data = bytearray()
-        self._generation = store._generation
-
-    @property
-    def snapshot_id(self) -> SnapshotId:
-        return self._id
-
-    @property
-    def written(self) -> int:
-        return len(self._data)
-
-    def append(self, data: bytes) -> None:
-        self._check_alive()
-        self._data += data
-
-    def freeze(self) -> None:
-        self._check_alive()
-        data, self._data = bytes(self._data), bytearray()
-        self._store.save(self._id, data)  # a corrupt download is dropped all the same
-
-    def abort(self) -> None:
-        self._data.clear()
-
-    def _check_alive(self) -> None:
-        if self._generation != self._store._generation:
-            raise ValueError(f"the download of snapshot {self._id} was lost in a crash")

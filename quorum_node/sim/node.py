@@ -23,9 +23,10 @@ from quorum_node.raft.core import (
     VoterChangeOutcome,
 )
 from quorum_node.raft.log import MemoryLog, RaftLog
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.records import Record
-from quorum_node.raft.snapshots import MemorySnapshotStore, SnapshotId, SnapshotStore
+from quorum_node.raft.snapshots import SnapshotId, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.sim.events import EventLoop

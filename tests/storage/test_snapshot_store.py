@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshot_format import check_snapshot, encode_snapshot, read_snapshot
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
-    MemorySnapshotStore,
     SnapshotId,
     SnapshotStore,
 )
