@@ -22,6 +22,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
@@ -528,18 +529,24 @@ class RaftCore:
         self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
     ) -> None:
         self._now_ms = max(self._now_ms, now_ms)
-        if isinstance(request, FetchRequest):
-            response = self._handle_fetch(now_ms, source, correlation_id, request)
-            if response is not None:
-                self._respond(source, correlation_id, response)
-        elif isinstance(request, VoteRequest):
-            self._respond(source, correlation_id, self._handle_vote(now_ms, request))
-        elif isinstance(request, BeginQuorumEpochRequest):
-            self._respond(source, correlation_id, self._handle_begin_quorum_epoch(now_ms, request))
-        elif isinstance(request, FetchSnapshotRequest):
-            self._respond(source, correlation_id, self._handle_fetch_snapshot(now_ms, request))
-        else:
-            self._respond(source, correlation_id, self._handle_end_quorum_epoch(now_ms, request))
+        match request:
+            case FetchRequest():
+                response = self._handle_fetch(now_ms, source, correlation_id, request)
+                if response is not None:  # else parked: answered when data arrives
+                    self._respond(source, correlation_id, response)
+            case VoteRequest():
+                self._respond(source, correlation_id, self._handle_vote(now_ms, request))
+            case BeginQuorumEpochRequest():
+                self._respond(source, correlation_id,
+                              self._handle_begin_quorum_epoch(now_ms, request))
+            case EndQuorumEpochRequest():
+                self._respond(source, correlation_id,
+                              self._handle_end_quorum_epoch(now_ms, request))
+            case FetchSnapshotRequest():
+                self._respond(source, correlation_id,
+                              self._handle_fetch_snapshot(now_ms, request))
+            case _:  # a new message type must get its handler: mypy checks this, so does this
+                assert_never(request)
         self._drive(now_ms)
 
     def handle_response(
@@ -549,16 +556,19 @@ class RaftCore:
         ok = response.error_code == Errors.NONE
         if not self._requests.on_response(source, correlation_id, now_ms, ok):
             return  # not the request in flight in this state: stale or duplicated
-        if isinstance(response, FetchResponse):
-            self._handle_fetch_response(now_ms, source, response)
-        elif isinstance(response, VoteResponse):
-            self._handle_vote_response(now_ms, source, response)
-        elif isinstance(response, BeginQuorumEpochResponse):
-            self._handle_begin_quorum_epoch_response(now_ms, source, response)
-        elif isinstance(response, FetchSnapshotResponse):
-            self._handle_fetch_snapshot_response(now_ms, source, response)
-        else:
-            self._handle_end_quorum_epoch_response(now_ms, source, response)
+        match response:
+            case FetchResponse():
+                self._handle_fetch_response(now_ms, source, response)
+            case VoteResponse():
+                self._handle_vote_response(now_ms, source, response)
+            case BeginQuorumEpochResponse():
+                self._handle_begin_quorum_epoch_response(now_ms, source, response)
+            case EndQuorumEpochResponse():
+                self._handle_end_quorum_epoch_response(now_ms, source, response)
+            case FetchSnapshotResponse():
+                self._handle_fetch_snapshot_response(now_ms, source, response)
+            case _:
+                assert_never(response)
         self._drive(now_ms)
 
     def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int) -> None:

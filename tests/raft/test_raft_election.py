@@ -769,3 +769,11 @@ def test_prospective_asks_again_a_voter_that_rejected_its_pre_vote(make_ctx: Mak
     assert again.message.pre_vote
     ctx.deliver_response(again, ctx.vote_response(True, ctx.core.epoch))
     assert ctx.core.state is RaftState.CANDIDATE
+
+
+def test_a_message_of_no_known_type_fails_loudly(make_ctx: MakeCtx) -> None:
+    """Dispatch is exhaustive: a message no handler is written for is an error, never handed to
+    the handler of another type (the transport decodes only the known types)."""
+    ctx = make_ctx(1, [1, 2, 3])
+    with pytest.raises(AssertionError):
+        ctx.core.handle_request(ctx.now_ms, 2, 1, object())  # type: ignore[arg-type]
