@@ -1,10 +1,11 @@
 """The node runtime: one asyncio process driving a RaftCore over real storage and HTTP.
 
-It keeps the core's contract (``quorum_node/raft/core.py``): after every call into the core it
-takes the effects, writes the election state durably *before* sending anything, sends requests
-and answers inbound ones (a parked Fetch is answered whenever the core releases it), and hands
-flush requests to one flusher task, so that any number of appends waiting together share one
-fsync (group commit). A loop timer polls the core at its next deadline.
+The core is driven by ``quorum_node.raft.driver.CoreDriver`` (the driver the simulator runs too),
+which keeps the core's contract; this node is its host: it writes the election state durably
+(before anything of the step is sent), sends requests and answers inbound ones (a parked Fetch
+is answered whenever the core releases it), hands flush requests to one flusher task, so that
+any number of appends waiting together share one fsync (group commit), and keeps one loop timer
+at the time the driver asks for.
 
 The core is only ever called from the event loop's thread; a slow fsync, or one while other
 appends wait, runs in a worker thread (the segment log allows that).
@@ -43,13 +44,15 @@ from quorum_node.node.transport import (
     claimed_node_id,
     max_response_bytes,
 )
-from quorum_node.raft.core import OutboundRequest, RaftCore, VoterChangeOutcome
+from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore, VoterChangeOutcome
+from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
 )
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
-from quorum_node.raft.state import RaftState
+from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
@@ -166,6 +169,7 @@ class QuorumNode:
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next
             raise
+        self.driver = CoreDriver(self.core, self)
         # Where each voter serves clients: a non-leader redirects clients to the leader's.
         self.client_endpoints = {
             endpoint.id: (endpoint.host, endpoint.port)
@@ -194,7 +198,7 @@ class QuorumNode:
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self._unsent: list[OutboundRequest] = []  # requests of steps taken before start()
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_deadline_ms: int | None = None
+        self._timer_wanted_ms: int | None = None  # a time the driver asked for before start()
         self._flush_wanted = asyncio.Event()
         # Callers waiting for a condition of the core, checked after every step, and whether
         # shutting the server down cuts the wait short.
@@ -210,13 +214,13 @@ class QuorumNode:
         self._unreachable: set[int] = set()
         self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
         self._stopped = asyncio.Event()
-        self._closing = False  # set once shutdown stops driving the core
         self.failure: BaseException | None = None
         # Observers of the node (metrics): called after every step, and with each append's
         # commit latency in seconds.
         self.step_hooks: list[Callable[[], None]] = []
         self.commit_hooks: list[Callable[[float], None]] = []
-        self._after_step()  # the core may have changed state (and asked to persist) at start-up
+        # The core may have changed state (and asked to persist) at start-up.
+        self.driver.after_step()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -240,9 +244,10 @@ class QuorumNode:
             self.security.tls.on_reload.append(self._close_connections)
         self._loop = asyncio.get_running_loop()
         for outbound in self._unsent:
-            self._deliver(outbound)
+            self.send(outbound)
         self._unsent.clear()
-        self._schedule_timer()
+        if self._timer_wanted_ms is not None:
+            self.set_timer(self._timer_wanted_ms)
         self._spawn(self._flush_loop())
         self._spawn(self.security.reload_forever())
         logger.info("node %d listening for peers on %s and clients on %s", config.node_id,
@@ -288,14 +293,13 @@ class QuorumNode:
             return
         if self.failure is None:
             self._unreachable.clear()  # from here on: who the resignation cannot reach
-            self.core.begin_shutdown(_now_ms())
-            self._after_step()
+            self.driver.step(lambda core: core.begin_shutdown(_now_ms()))
             with contextlib.suppress(TimeoutError, NotLeaderError):
                 await self._wait_for(self._no_successor_to_wait_for, timeout_s,
                                      interruptible=False)
         # From here on nothing drives the core: every call into it runs its timers, so a peer's
         # request would otherwise keep a stopping node campaigning.
-        self._closing = True
+        self.driver.stop()
         self._stopped.set()
         if self._timer is not None:
             self._timer.cancel()
@@ -332,28 +336,54 @@ class QuorumNode:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    # --- driving the core --------------------------------------------------------------------
+    # --- the driver's host (quorum_node.raft.driver.DriverHost) ---------------------------
 
-    def _after_step(self) -> None:
-        """Carry out what the core asked for, in the order its contract requires."""
-        effects = self.core.take_effects()
-        if effects.persist is not None:
-            # Synchronous on purpose: nothing of this step may leave before it is durable.
-            self.log_dir.quorum_state.write(effects.persist)
-        for message in effects.messages:
-            if isinstance(message, OutboundRequest):
-                self._deliver(message)
-            elif self._inbound:
-                self._answer_inbound(message.correlation_id, message.message)
-        if effects.flush:
-            self._flush_wanted.set()
-        self._schedule_timer()
+    def now_ms(self) -> int:
+        return _now_ms()
+
+    def persist(self, state: ElectionState) -> None:
+        self.log_dir.quorum_state.write(state)
+
+    def answer(self, response: OutboundResponse) -> None:
+        if self._inbound:
+            self._answer_inbound(response.correlation_id, response.message)
+
+    def flush(self) -> None:
+        self._flush_wanted.set()
+
+    def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
+        # The key-value applier sees that its store is behind the latest snapshot and loads it.
+        logger.info("node %d: the log was replaced by snapshot %s from the leader",
+                    self.config.node_id, snapshot_id)
+
+    def stepped(self) -> None:
         if self._commit_waiters:
             self._wake_commit_waiters()
         if self._waiters:
             self._wake_waiters()
         for hook in self.step_hooks:
             hook()
+
+    def set_timer(self, at_ms: int) -> None:
+        loop = self._loop
+        if loop is None:  # before start(): set then
+            self._timer_wanted_ms = at_ms
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_later(max(0, at_ms - _now_ms()) / 1000, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.driver.poll()
+
+    def core_failed(self, error: Exception) -> None:
+        logger.error("node %d: the core failed", self.config.node_id, exc_info=error)
+        self._fail(error)
+
+    def core_spinning(self, polls: int) -> None:
+        logger.error("node %d: the core asked to be polled again at once %d times in a row",
+                     self.config.node_id, polls)
 
     def _wake_commit_waiters(self) -> None:
         high_watermark = self.core.high_watermark
@@ -382,47 +412,10 @@ class QuorumNode:
             except Exception as error:  # the waiter's own error, raised to it
                 future.set_exception(error)
 
-    def _schedule_timer(self) -> None:
-        """Keep one loop timer at the core's next deadline."""
-        loop = self._loop
-        if loop is None or self._closing:
-            return
-        deadline_ms = self.core.next_deadline_ms()
-        if self._timer is not None:
-            if deadline_ms == self._timer_deadline_ms:
-                return
-            self._timer.cancel()
-        self._timer_deadline_ms = deadline_ms
-        self._timer = loop.call_later(max(0, deadline_ms - _now_ms()) / 1000, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = self._timer_deadline_ms = None
-        now_ms = _now_ms()
-        if self.core.next_deadline_ms() > now_ms:
-            self._schedule_timer()  # fired early (the wall clock stepped back)
-            return
-        self._call("poll", now_ms)
-        if self._timer is not None and self.core.next_deadline_ms() <= _now_ms():
-            # Polling settles the deadline into the future; should it not, do not spin.
-            self._timer.cancel()
-            assert self._loop is not None
-            self._timer = self._loop.call_later(0.001, self._on_timer)
-
-    def _call(self, step: str, *args: object) -> None:
-        """Call into the core; an invariant failure stops this node (it must not go on)."""
-        if self.failure is not None or self._closing:
-            return
-        try:
-            getattr(self.core, step)(*args)
-        except Exception as error:  # an invariant failure, or a bug: never carry on past it
-            logger.exception("node %d: the core failed in %s", self.config.node_id, step)
-            self._fail(error)
-            return
-        self._after_step()
-
     def _fail(self, error: BaseException) -> None:
         logger.critical("node %d stopping: %s", self.config.node_id, error)
         self.failure = error
+        self.driver.stop()  # nothing drives the core past a failure (a failed fsync too)
         self._stopped.set()
         for future, _ in self._all_waiters():
             if not future.done():
@@ -433,7 +426,7 @@ class QuorumNode:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _deliver(self, outbound: OutboundRequest) -> None:
+    def send(self, outbound: OutboundRequest) -> None:
         if self._loop is None:  # a step before start(): sent once the node runs
             self._unsent.append(outbound)
             return
@@ -443,10 +436,10 @@ class QuorumNode:
             if isinstance(answer, PeerUnavailable):
                 logger.debug("%s", answer)
                 self._peer_lost(destination)
-                self._call("handle_request_failure", _now_ms(), destination, correlation_id)
+                self.driver.handle_request_failure(destination, correlation_id)
             else:
                 self._unreachable.discard(destination)
-                self._call("handle_response", _now_ms(), destination, correlation_id, answer)
+                self.driver.handle_response(destination, correlation_id, answer)
 
         self._peers.start_call(destination, outbound.message, answered)
 
@@ -459,13 +452,13 @@ class QuorumNode:
         """The core's answer to a peer's request: at once when it has one (most do), else None
         and the answer through ``reply`` (a parked Fetch). Raises HTTPServiceUnavailable on a
         stopping node."""
-        if self.failure is not None or self._closing:
+        if not self.driver.driving:
             raise web.HTTPServiceUnavailable(text="node stopping\n")
         self._next_inbound_id += 1
         correlation_id = self._next_inbound_id
         answered: list[RaftResponse | None] = []
         self._inbound[correlation_id] = answered.append
-        self._call("handle_request", _now_ms(), claimed_node_id(request), correlation_id, request)
+        self.driver.handle_request(claimed_node_id(request), correlation_id, request)
         if not answered and self.failure is None:  # parked
             self._inbound[correlation_id] = reply
             # A parked Fetch is answered within fetch_max_wait_ms; the bound is a safety net.
@@ -490,7 +483,7 @@ class QuorumNode:
     async def _flush_loop(self) -> None:
         log = self.log_dir.log
         fsync_s = 0.0  # moving average of the recent flushes
-        while not self._closing:
+        while self.driver.driving:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
@@ -509,7 +502,7 @@ class QuorumNode:
             # The fsync's own time, not the hop to a thread and back: that would keep a fast
             # disk that once had a slow flush in the thread for good.
             fsync_s = 0.8 * fsync_s + 0.2 * took_s
-            self._call("handle_flushed", _now_ms(), flushed)
+            self.driver.handle_flushed(flushed)
 
     def interrupt_waits(self) -> None:
         """Cut every wait for the core short, now and from now on, with WaitInterrupted: the
@@ -577,9 +570,8 @@ class QuorumNode:
                 await self._wait_for(
                     lambda: self.core.accepts_writes or self.core.state is not RaftState.LEADER,
                     timeout_s)
-        first, last = self.core.propose(_now_ms(), records)
+        first, last = self.driver.request(lambda core: core.propose(_now_ms(), records))
         epoch = self.core.epoch
-        self._after_step()
         self._appends_waiting += 1
         try:
             await self._wait_committed(last, timeout_s)
@@ -622,8 +614,8 @@ class QuorumNode:
         # The core gets a little less time: its own timeout says what the change waited for,
         # and answering first it leaves no outcome behind.
         timeout_ms = int(timeout_s * 1000)
-        ticket = start(_now_ms(), key, max(1, timeout_ms - min(500, timeout_ms // 10)))
-        self._after_step()
+        ticket = self.driver.request(
+            lambda _: start(_now_ms(), key, max(1, timeout_ms - min(500, timeout_ms // 10))))
         outcome: VoterChangeOutcome | None = None
 
         def done() -> bool:
@@ -661,8 +653,7 @@ class QuorumNode:
         Raises NotLeaderError on a non-leader, TimeoutError if it cannot be confirmed in time."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            barrier = self.core.begin_read(_now_ms())
-            self._after_step()
+            barrier = self.driver.request(lambda core: core.begin_read(_now_ms()))
             remaining = deadline - asyncio.get_running_loop().time()
             if barrier is not None:
                 await self._wait_for(functools.partial(self.core.read_confirmed, barrier),

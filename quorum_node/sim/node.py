@@ -1,6 +1,7 @@
 """One simulated replica: a RaftCore, its disk (a MemoryLog, a snapshot store and the persisted
 election state), the state machine it applies committed records to, and the driver duties the core
-leaves to its host: persisting, sending, flushing, polling, loading downloaded snapshots.
+leaves to its host. The core is driven by ``quorum_node.raft.driver.CoreDriver``, the driver the
+node runtime runs; this node is its host over the simulated disk, network and clock.
 
 The disk outlives the process. A hard kill throws away whatever was not flushed (and snapshot
 downloads in progress); a restart builds a fresh core and state machine from what is on the disk,
@@ -22,13 +23,14 @@ from quorum_node.raft.core import (
     RaftCore,
     VoterChangeOutcome,
 )
+from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.raft.types import NotLeaderError, ReplicaKey
 from quorum_node.sim.events import EventLoop
 from quorum_node.sim.state_machine import StateMachine
 
@@ -36,8 +38,6 @@ MIN_FLUSH_MS = 1
 MAX_FLUSH_MS = 5
 # How often a node in graceful shutdown checks whether a successor has taken over.
 SHUTDOWN_CHECK_MS = 5
-# Consecutive polls after which a core whose next deadline is never in the future is reported.
-SPINNING_POLLS = 100
 
 T = TypeVar("T")
 
@@ -117,14 +117,13 @@ class SimNode:
         self.lost_disks: dict[uuid.UUID, tuple[MemoryLog, MemorySnapshotStore]] = {}
         # The process: None while the node is down.
         self.core: RaftCore | None = None
+        self._driver: CoreDriver | None = None
         self.state_machine = StateMachine()
         self.snapshots_loaded = 0  # downloaded from a leader, over the node's life
         # Bumped on every start and stop, so events addressed to an earlier process are dropped.
         self.incarnation = 0
         self._flushing = False
         self._poll_token = 0
-        self._poll_at: int | None = None
-        self._spinning_polls = 0
         self._shutdown_deadline_ms: int | None = None
         # Set by anything that may change the node; the invariant checker clears it.
         self.touched = True
@@ -132,6 +131,11 @@ class SimNode:
     @property
     def alive(self) -> bool:
         return self.core is not None
+
+    @property
+    def driver(self) -> CoreDriver | None:
+        """What drives the running process's core (None while the node is down)."""
+        return self._driver
 
     @property
     def shutting_down(self) -> bool:
@@ -160,7 +164,8 @@ class SimNode:
         except Exception as error:  # any core failure is a finding, not a crash
             self._monitor.core_failed(self.node_id, error)
             return
-        self._after_step(polled=False)
+        self._driver = CoreDriver(self.core, self)
+        self._driver.after_step()
 
     def kill(self) -> None:
         """Hard kill: the process vanishes and the un-flushed part of the log with it."""
@@ -192,7 +197,9 @@ class SimNode:
             return
         epoch = core.epoch
         self._shutdown_deadline_ms = self._loop.now_ms + timeout_ms
-        self._call(lambda c: c.begin_shutdown(self._loop.now_ms))
+        assert self._driver is not None
+        self.touched = True
+        self._driver.step(lambda c: c.begin_shutdown(self._loop.now_ms))
         incarnation = self.incarnation
 
         def check() -> bool:
@@ -219,21 +226,26 @@ class SimNode:
         self.incarnation += 1
         self._flushing = False
         self._poll_token += 1
-        self._poll_at = None
-        self._spinning_polls = 0
         self._shutdown_deadline_ms = None
+        if self._driver is not None:
+            self._driver.stop()
+            self._driver = None
 
     # -- inputs -------------------------------------------------------------------------------
     def handle_request(self, source: int, correlation_id: int, request: RaftRequest) -> None:
-        self._call(lambda c: c.handle_request(self._loop.now_ms, source, correlation_id, request))
+        if self._driver is not None:
+            self.touched = True
+            self._driver.handle_request(source, correlation_id, request)
 
     def handle_response(self, source: int, correlation_id: int, response: RaftResponse) -> None:
-        self._call(lambda c: c.handle_response(self._loop.now_ms, source, correlation_id, response))
+        if self._driver is not None:
+            self.touched = True
+            self._driver.handle_response(source, correlation_id, response)
 
     def handle_request_failure(self, destination: int, correlation_id: int) -> None:
-        self._call(
-            lambda c: c.handle_request_failure(self._loop.now_ms, destination, correlation_id)
-        )
+        if self._driver is not None:
+            self.touched = True
+            self._driver.handle_request_failure(destination, correlation_id)
 
     def propose(self, records: Sequence[Record]) -> tuple[int, int] | None:
         """Offer records to the core; None if it is not the leader (or failed)."""
@@ -264,19 +276,16 @@ class SimNode:
     def _request(self, request: Callable[[RaftCore], T]) -> T | None:
         """Call the core for a client or an administrator: what it answers, None if the node is
         down or the core failed. The refusals a caller must expect are raised to it."""
-        answers: list[T] = []
-        refusals: list[NotLeaderError | VoterChangeError] = []
-
-        def call(core: RaftCore) -> None:
-            try:
-                answers.append(request(core))
-            except (NotLeaderError, VoterChangeError) as refusal:
-                refusals.append(refusal)
-
-        self._call(call)
-        if refusals:
-            raise refusals[0]
-        return answers[0] if answers else None
+        driver = self._driver
+        if driver is None or not driver.driving:
+            return None
+        self.touched = True
+        try:
+            return driver.request(request)
+        except NotLeaderError:
+            if driver.failed:
+                return None
+            raise
 
     # -- the state machine's duties -----------------------------------------------------------
     def take_snapshot(self) -> SnapshotId | None:
@@ -306,85 +315,67 @@ class SimNode:
         self.touched = True
         self.log.delete_before(offset)
 
-    # -- driver duties ------------------------------------------------------------------------
-    def _call(self, step: Callable[[RaftCore], None], *, polled: bool = False) -> None:
-        core = self.core
-        if core is None:
-            return
-        self.touched = True
-        try:
-            step(core)
-        except Exception as error:  # reported as a CoreError violation
-            self._monitor.core_failed(self.node_id, error)
-            return
-        self._after_step(polled=polled)
+    # -- the driver's host (quorum_node.raft.driver.DriverHost) --------------------------------
+    def now_ms(self) -> int:
+        return self._loop.now_ms
 
-    def _after_step(self, *, polled: bool) -> None:
-        core = self.core
-        assert core is not None
-        try:
-            effects = core.take_effects()
-            deadline = core.next_deadline_ms()
-            if effects.snapshot_loaded is not None:
-                # The core replaced the log by a snapshot from the leader: the state machine
-                # starts over from it (a snapshot the store cannot give back is a finding).
-                self.snapshots_loaded += 1
-                self.state_machine.load(self.snapshots, effects.snapshot_loaded)
-        except Exception as error:
-            self._monitor.core_failed(self.node_id, error)
-            return
-        # The contract: the election state is durable before any message of the step leaves.
-        if effects.persist is not None:
-            self.persisted = effects.persist
-        high_watermark = core.high_watermark
-        if high_watermark is not None and high_watermark > self.state_machine.applied:
-            self.state_machine.apply(self.log, high_watermark)
-        for message in effects.messages:
-            self._host.send(self, message)
-        if effects.flush and not self._flushing:
-            self._start_flush()
-        self._schedule_poll(deadline, polled=polled)
+    def persist(self, state: ElectionState) -> None:
+        self.persisted = state
 
-    def _start_flush(self) -> None:
-        # Group commit: requests that arrive while this flush runs are covered by it, because the
-        # flush makes durable everything appended by the time it completes.
+    def send(self, request: OutboundRequest) -> None:
+        self._host.send(self, request)
+
+    def answer(self, response: OutboundResponse) -> None:
+        self._host.send(self, response)
+
+    def flush(self) -> None:
+        # Group commit: appends made while this flush runs are covered by it, because the flush
+        # makes durable everything appended by the time it completes.
+        if self._flushing:
+            return
         self._flushing = True
         incarnation = self.incarnation
 
         def complete() -> bool:
-            if self.incarnation != incarnation or self.core is None:
+            driver = self._driver
+            if self.incarnation != incarnation or driver is None:
                 return False
             self._flushing = False
-            offset = self.log.flush()
-            self._call(lambda c: c.handle_flushed(self._loop.now_ms, offset))
+            self.touched = True
+            driver.handle_flushed(self.log.flush())
             return True
 
         self._loop.after(self._rng.randint(MIN_FLUSH_MS, MAX_FLUSH_MS), complete)
 
-    def _schedule_poll(self, deadline_ms: int, *, polled: bool) -> None:
-        now = self._loop.now_ms
-        if polled:
-            # Right after a poll every timer up to now has run, so a deadline that is not in the
-            # future asks the driver to spin. Insist on time passing, and report a core that
-            # keeps asking.
-            if deadline_ms <= now:
-                self._spinning_polls += 1
-                if self._spinning_polls == SPINNING_POLLS:
-                    self._monitor.core_spinning(self.node_id, self._spinning_polls)
-            else:
-                self._spinning_polls = 0
-        at = max(deadline_ms, now + 1 if polled else now)
-        if self._poll_at is not None and self._poll_at <= at:
-            return  # an earlier poll is already due; it will reschedule
+    def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
+        # The core replaced the log by a snapshot from the leader: the state machine starts
+        # over from it (a snapshot the store cannot give back fails the node: a finding).
+        self.snapshots_loaded += 1
+        self.state_machine.load(self.snapshots, snapshot_id)
+
+    def stepped(self) -> None:
+        core = self.core
+        assert core is not None
+        high_watermark = core.high_watermark
+        if high_watermark is not None and high_watermark > self.state_machine.applied:
+            self.state_machine.apply(self.log, high_watermark)
+
+    def set_timer(self, at_ms: int) -> None:
         self._poll_token += 1
         token = self._poll_token
-        self._poll_at = at
 
         def poll() -> bool:
-            if token != self._poll_token or self.core is None:
+            driver = self._driver
+            if token != self._poll_token or driver is None:
                 return False
-            self._poll_at = None
-            self._call(lambda c: c.poll(self._loop.now_ms), polled=True)
+            self.touched = True
+            driver.poll()
             return True
 
-        self._loop.at(at, poll)
+        self._loop.at(at_ms, poll)
+
+    def core_failed(self, error: Exception) -> None:
+        self._monitor.core_failed(self.node_id, error)
+
+    def core_spinning(self, polls: int) -> None:
+        self._monitor.core_spinning(self.node_id, polls)
