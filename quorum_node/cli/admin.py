@@ -9,10 +9,12 @@
     quorum-admin remove-voter --id 5 --uuid DIRECTORY_ID --decommission   # scale down
 
 The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
-While no leader is known (an election), the servers are retried until ``--timeout-ms`` (default
-5000 for describe, 30000 for a voter change, which waits for the new voter set to commit).
-Errors are one line on stderr. Exit codes: 0 done, 1 failed (the quorum could not be described,
-or the voter change was refused or not done in time), 2 bad usage.
+While no leader is known (an election), the servers are retried until ``--timeout SECONDS``
+(default 5 for describe, 30 for a voter change, which waits for the new voter set to commit);
+when none of them accepts a connection, it fails at once. The options follow the conventions of
+every ``quorum-*`` tool (``quorum_node.cli.common``). Errors are one line on stderr. Exit codes:
+0 done, 1 failed (the quorum could not be described, or the voter change was refused or not
+done in time), 2 bad usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -20,30 +22,40 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import ssl
 import sys
 import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from quorum_node.cli.credentials import add_credential_options, credentials_from_args
+from quorum_node.cli.common import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    CliParser,
+    add_connection_options,
+    add_standard_options,
+    bootstrap_from,
+    emit_json,
+    parse_args,
+    run_command,
+    timeout_from,
+)
+from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import QuorumClient, QuorumClientError, Voter
 from quorum_node.security.client_credentials import ClientCredentials
+from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 
 PROG = "quorum-admin"
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-ENV_BOOTSTRAP = "QUORUM_BOOTSTRAP_SERVER"
-# What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
-# without flags on a fresh machine.
-DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+ENV_BOOTSTRAP = BOOTSTRAP_ENV
 QUORUM_PATH = "/v1/quorum"
 MAX_REDIRECTS = 5
-DESCRIBE_TIMEOUT_MS = 5000
+DESCRIBE_TIMEOUT_S = 5.0
 # A voter change waits for the new voter to catch up and for the change to commit.
-VOTER_CHANGE_TIMEOUT_MS = 30_000
+VOTER_CHANGE_TIMEOUT_S = 30.0
 RETRY_BACKOFF_S = 0.1
 _LABEL_WIDTH = 24  # Kafka pads "ClusterId:" and the other labels to 24 columns
 
@@ -56,28 +68,17 @@ class _NoLeader(AdminError):
     """A server answered that no leader is known: worth retrying once an election is over."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line instead of argparse's usage block; --help has the usage.
-        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see {PROG} --help)\n")
-
-
-def _build_parser() -> _Parser:
-    parser = _Parser(
+def _build_parser() -> CliParser:
+    parser = CliParser(
         prog=PROG,
-        description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum).",
+        description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum) and "
+        "change its voters.",
+        epilog=f"The default servers are ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. Exit codes: "
+        "0 done, 1 failed (the quorum could not be described, or the voter change was refused "
+        "or not done in time), 2 bad usage, 130 interrupted.",
     )
-    parser.add_argument(
-        "--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
-        default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP), metavar="HOST:PORT[,...]",
-        help=f"nodes to ask, tried in order (default ${ENV_BOOTSTRAP} or {DEFAULT_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--timeout-ms", type=int, default=None,
-        help=f"give up after this long, including waiting out an election (default "
-             f"{DESCRIBE_TIMEOUT_MS}; {VOTER_CHANGE_TIMEOUT_MS} for a voter change)",
-    )
-    add_credential_options(parser)
+    add_standard_options(parser)
+    add_connection_options(parser, top=True, default_timeout_s=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     describe = _add_command(commands, "describe", "describe the quorum",
                             "Describe the quorum, as its leader sees it.")
@@ -86,8 +87,6 @@ def _build_parser() -> _Parser:
                       help="leader, epoch, high watermark, lag and the voters and observers")
     what.add_argument("--replication", action="store_true",
                       help="one row per replica: offsets, lag and fetch times")
-    describe.add_argument("--json", action="store_true",
-                          help="print the leader's answer (GET /v1/quorum) as JSON")
     describe.add_argument("--human-readable", action="store_true",
                           help="with --replication: timestamps as 'N ms ago'")
     for name, text in (("add-voter", "make an observer a voter (AddVoter)"),
@@ -108,33 +107,32 @@ def _build_parser() -> _Parser:
     return parser
 
 
-def _add_command(commands: argparse._SubParsersAction[_Parser], name: str, text: str,
-                 description: str) -> _Parser:
+def _add_command(commands: argparse._SubParsersAction[CliParser], name: str, text: str,
+                 description: str) -> CliParser:
     command = commands.add_parser(name, help=text, description=description)
-    # Also accepted after the command, where people tend to put it.
-    command.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
-                         default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    add_credential_options(command, top=False)
+    # Also accepted after the command, where people tend to put them.
+    add_connection_options(command, top=False, default_timeout_s=None)
     return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    return run_command(PROG, lambda: _run(args), json_errors=args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
+    bootstrap = bootstrap_from(args)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed
-        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    if args.timeout_ms is not None and args.timeout_ms <= 0:
-        return _fail(f"--timeout-ms must be positive, got {args.timeout_ms}", EXIT_USAGE)
-    try:
-        servers = parse_bootstrap(args.bootstrap)
-        access = Access.of(credentials_from_args(args), args.bootstrap)
+        servers = parse_bootstrap(bootstrap)
     except ValueError as error:
-        return _fail(str(error), EXIT_USAGE)
+        raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
+    access = Access.of(credentials_from_args(args), bootstrap)
     if args.command == "describe":
-        return _describe(args, servers, (args.timeout_ms or DESCRIBE_TIMEOUT_MS) / 1000, access)
-    return _change_voters(args, servers, (args.timeout_ms or VOTER_CHANGE_TIMEOUT_MS) / 1000,
-                          access)
+        return _describe(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
+    return _change_voters(args, servers, timeout_from(args, VOTER_CHANGE_TIMEOUT_S), access)
 
 
 class Access:
@@ -166,45 +164,46 @@ PLAIN = Access(ClientCredentials(), "http")
 def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float,
               access: Access) -> int:
     if args.human_readable and not args.replication:
-        return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
+        raise CliError("--human-readable is only valid with --replication", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
     try:
         quorum = fetch_quorum(servers, timeout_s, access)
-        if args.json:
-            text = json.dumps(quorum, indent=2)
-        elif args.status:
-            text = format_status(quorum)
-        else:
-            text = format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000)
     except AdminError as error:
-        return _fail(str(error), EXIT_FAILED)
-    print(text)
+        raise CliError(str(error), EXIT_FAILED, api_code="UNAVAILABLE") from None
+    if args.json:
+        emit_json(quorum)
+    elif args.status:
+        print(format_status(quorum))
+    else:
+        print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
     return 0
 
 
 def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
                    timeout_s: float, access: Access) -> int:
-    # Imported here: the storage package is slow to import, and describe does not need it.
-    from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string  # noqa: PLC0415
-
     if args.voter_id < 0:
-        return _fail(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE)
+        raise CliError(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
     try:
         directory_id = to_kafka_string(parse_uuid(args.uuid))
     except ValueError as error:
-        return _fail(f"--uuid: {error}", EXIT_USAGE)
+        raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
     try:
         with QuorumClient([_url(host, port, access.scheme) for host, port in servers],
-                          timeout_s, credentials=access.credentials) as client:
+                          timeout_s, credentials=access.credentials, fail_fast=True) as client:
             if adding:
                 voters = client.add_voter(args.voter_id, directory_id)
             else:
                 voters = client.remove_voter(args.voter_id, directory_id,
                                              decommission=args.decommission)
     except QuorumClientError as error:
-        return _fail(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
-                     EXIT_FAILED)
+        raise CliError(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
+                       EXIT_FAILED, api_code=error.code, body=error.body) from None
+    if args.json:
+        emit_json(client.last_answer)
+        return 0
     print(f"{'Added' if adding else 'Removed'} {voter}")
     print(f"{'CurrentVoters:':<{_LABEL_WIDTH}}[{', '.join(map(_voter_entry, voters))}]")
     return 0
@@ -212,11 +211,6 @@ def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
 
 def _voter_entry(voter: Voter) -> str:
     return json.dumps({"id": voter.id, "directoryId": voter.directory_id})
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return code
 
 
 # --- talking to the nodes --------------------------------------------------------------------

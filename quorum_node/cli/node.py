@@ -2,8 +2,9 @@
 damaged log.
 
 Errors are one line on stderr. Exit codes: 0 done, 1 a node failed while running (repair-log:
-damage reported and left as it is), 2 refused (bad usage, bad configuration, or a log directory
-that cannot be used as it is, or is in use by another process).
+damage reported and left as it is), 2 refused (bad usage, bad configuration, a port in use, or a
+log directory that cannot be used as it is, or is in use by another process), 130 interrupted.
+The options follow the conventions of every ``quorum-*`` tool (``quorum_node.cli.common``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, NoReturn
+from typing import IO
 
+from quorum_node.cli.common import CliParser, add_standard_options, parse_args, run_command
 from quorum_node.cli.export import add_export_command
 from quorum_node.node.config import (
     CONFIG_KEYS,
@@ -40,6 +42,7 @@ from quorum_node.node.config import (
     read_properties,
     settings_from_environ,
 )
+from quorum_node.raft.types import RaftInvariantError
 from quorum_node.security.peer_secret import PeerSecretError, load_peer_secret
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.dir_lock import (
@@ -81,24 +84,17 @@ class LocalClusterError(Exception):
     """``quorum-node local`` cannot use the data directory or ports it was given."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line instead of argparse's usage block; --help has the usage.
-        self.exit(EXIT_REFUSED, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed
-        return exit_.code if isinstance(exit_.code, int) else EXIT_REFUSED
-    command: Callable[[argparse.Namespace], int] = args.command
-    return command(args)
+    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    command: Callable[[argparse.Namespace], int] = parsed.command
+    return run_command(PROG, lambda: command(parsed))
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="A KRaft-style Raft quorum node.")
+def _build_parser() -> CliParser:
+    parser = CliParser(prog=PROG, description="A KRaft-style Raft quorum node.")
+    add_standard_options(parser)
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     fmt = commands.add_parser(
@@ -106,9 +102,12 @@ def _build_parser() -> _Parser:
         description="Write meta.properties into a log directory, with a new directory id, and "
         "print that id.",
     )
-    fmt.add_argument("--log-dir", type=Path, required=True, help="the log directory")
-    fmt.add_argument("--node-id", type=int, required=True, help="the node id it belongs to")
-    fmt.add_argument("--cluster-id", required=True, help="the cluster id (random-cluster-id)")
+    fmt.add_argument("--config", "-c", type=Path, metavar="FILE",
+                     help="a node's properties file: log.dir, node.id and cluster.id are read "
+                     "from it unless given as flags (Kafka's format -c)")
+    fmt.add_argument("--log-dir", help="the log directory")
+    fmt.add_argument("--node-id", type=int, help="the node id it belongs to")
+    fmt.add_argument("--cluster-id", help="the cluster id (random-cluster-id)")
     fmt.add_argument(
         "--ignore-formatted", action="store_true",
         help="accept a directory already formatted for this cluster and node (left unchanged)",
@@ -203,9 +202,60 @@ def _error(prog: str, message: object) -> None:
 # -- format, random-cluster-id, run ----------------------------------------------------------------
 
 
+MAX_NODE_ID = 2**31 - 1  # Kafka's node.id is an int32
+_CLUSTER_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{22}")  # 16 bytes in base64url
+
+
+def check_format_arguments(log_dir: str, node_id: int, cluster_id: str) -> None:
+    """What Kafka's ``kafka-storage format`` checks, in one-line ValueErrors, before anything is
+    written: a cluster id is a uuid in Kafka's 22-character form, a node id an int32 >= 0, a log
+    directory a named path that is a directory or does not exist yet."""
+    # Kafka decodes it leniently (its documented example, MkU3OEVBNTcwNTJENDM2Qk, has stray
+    # low bits in its last character), so only the shape is checked.
+    if not _CLUSTER_ID_SHAPE.fullmatch(cluster_id):
+        raise ValueError(f"--cluster-id {cluster_id!r} is not a cluster id: expected a uuid in "
+                         f"Kafka's 22-character base64url form ({PROG} random-cluster-id)")
+    if not 0 <= node_id <= MAX_NODE_ID:
+        raise ValueError(f"--node-id {node_id} is out of range: expected 0 to {MAX_NODE_ID}")
+    if not log_dir.strip():
+        raise ValueError("--log-dir is empty: name the log directory")
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--log-dir {log_dir}: exists and is not a directory")
+
+
 def _cmd_format(args: argparse.Namespace) -> int:
     prog = f"{PROG} format"
-    log_dir: Path = args.log_dir
+    if args.config is not None:
+        try:
+            settings = read_properties(args.config)
+        except ConfigError as exc:
+            _error(prog, exc)
+            return EXIT_REFUSED
+        # Kafka's `format -c server.properties`: the flags win over the file.
+        for name, key in (("log_dir", "log.dir"), ("node_id", "node.id"),
+                          ("cluster_id", "cluster.id")):
+            if getattr(args, name) is None and key in settings:
+                setattr(args, name, settings[key].value)
+    missing = [flag for flag, name in (("--log-dir", "log_dir"), ("--node-id", "node_id"),
+                                       ("--cluster-id", "cluster_id"))
+               if getattr(args, name) is None]
+    if missing:
+        _error(prog, f"missing {', '.join(missing)} (flags, or log.dir, node.id and cluster.id "
+                     "in --config)")
+        return EXIT_REFUSED
+    if isinstance(args.node_id, str):  # from the file
+        try:
+            args.node_id = int(args.node_id)
+        except ValueError:
+            _error(prog, f"node.id {args.node_id!r} in {args.config} is not an integer")
+            return EXIT_REFUSED
+    try:
+        check_format_arguments(str(args.log_dir), args.node_id, args.cluster_id)
+    except ValueError as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    log_dir = Path(args.log_dir)
     already = (log_dir / META_PROPERTIES).exists()
     if already and not args.ignore_formatted:
         _error(prog, f"{log_dir / META_PROPERTIES} already exists; refusing to overwrite it "
@@ -249,6 +299,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return run_node(config)
     except (StorageError, ConfigError) as exc:
         _error(prog, exc)
+        return EXIT_REFUSED
+    except RaftInvariantError as exc:  # the configuration contradicts the log
+        _error(prog, f"refusing to start: {exc}")
+        return EXIT_REFUSED
+    except OSError as exc:  # a listener's port in use, an address not of this machine
+        _error(prog, f"cannot start: {exc}")
         return EXIT_REFUSED
 
 

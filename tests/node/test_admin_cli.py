@@ -164,7 +164,7 @@ async def test_without_a_leader_it_waits_then_gives_up(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     async with running_cluster(tmp_path, start=[1]) as cluster:  # one voter of three
         code, out, err = await run(capsys, "--bootstrap-server", address(cluster, 1),
-                                   "--timeout-ms", "400", "describe", "--replication")
+                                   "--timeout", "0.4", "describe", "--replication")
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
     assert err.startswith(f"quorum-admin: error: cannot describe the quorum: "
@@ -190,8 +190,9 @@ async def test_without_a_leader_it_waits_then_gives_up(
     (["add-voter", "--id", "-1", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
      "--id must be a node id (>= 0), got -1"),
     (["add-voter", "--id", "3", "--uuid", "nope"], "--uuid: 'nope' is neither"),
-    (["--timeout-ms", "0", "add-voter", "--id", "3", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
-     "--timeout-ms must be positive, got 0"),
+    (["--timeout", "0", "add-voter", "--id", "3", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "argument --timeout: must be a positive number, got '0'"),
+    (["-b", "h:99999", "describe", "--status"], "--bootstrap-server: 'h:99999' is not HOST:PORT"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

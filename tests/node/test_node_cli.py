@@ -91,9 +91,13 @@ def test_ignore_formatted_still_refuses_another_nodes_directory(
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (["--node-id", "-1", "--cluster-id", CLUSTER_ID], "invalid node id -1"),
-        (["--node-id", "1", "--cluster-id", "no spaces"], "invalid cluster id 'no spaces'"),
+        (["--node-id", "-1", "--cluster-id", CLUSTER_ID], "--node-id -1 is out of range"),
+        (["--node-id", "99999999999999999999", "--cluster-id", CLUSTER_ID],
+         "--node-id 99999999999999999999 is out of range: expected 0 to 2147483647"),
+        (["--node-id", "1", "--cluster-id", "no spaces"], "--cluster-id 'no spaces' is not a"),
+        (["--node-id", "1", "--cluster-id", "hello"], "--cluster-id 'hello' is not a cluster id"),
         (["--node-id", "x", "--cluster-id", CLUSTER_ID], "argument --node-id: invalid int value"),
+        (["--node-id", "1"], "missing --cluster-id"),
     ],
 )
 def test_format_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -101,6 +105,32 @@ def test_format_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["format", "--log-dir", str(tmp_path / "d"), *args]) == 2
     assert problem in one_line(capsys.readouterr().err)
     assert not (tmp_path / "d").exists()
+
+
+def test_format_refuses_an_empty_or_non_directory_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["format", "--log-dir", "", "--node-id", "1", "--cluster-id", CLUSTER_ID]) == 2
+    assert "--log-dir is empty" in one_line(capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []  # the current directory was not formatted
+    (tmp_path / "afile").write_text("x")
+    assert main(["format", "--log-dir", "afile", "--node-id", "1", "--cluster-id",
+                 CLUSTER_ID]) == 2
+    assert "--log-dir afile: exists and is not a directory" in one_line(
+        capsys.readouterr().err)
+
+
+def test_format_with_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "server.properties"
+    config.write_text(f"node.id=4\ncluster.id={CLUSTER_ID}\nlog.dir={tmp_path / 'n4'}\n")
+    assert main(["format", "-c", str(config)]) == 0
+    capsys.readouterr()
+    meta = read_meta_properties(tmp_path / "n4" / "meta.properties")
+    assert (meta.node_id, meta.cluster_id) == (4, CLUSTER_ID)
+    # Flags win over the file.
+    assert main(["format", "-c", str(config), "--log-dir", str(tmp_path / "n5")]) == 0
+    assert read_meta_properties(tmp_path / "n5" / "meta.properties").node_id == 4
 
 
 def test_random_cluster_id(capsys: pytest.CaptureFixture[str]) -> None:

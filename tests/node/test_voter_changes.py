@@ -353,10 +353,13 @@ async def test_cli_refusals_are_one_line_and_exit_1(
                    f"{code}: {message}\n")
 
 
-async def test_cli_with_no_node_reachable_gives_up(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_cli_with_no_node_reachable_gives_up_at_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
     code, out, err = await run(capsys, "--bootstrap-server", f"127.0.0.1:{free_port()}",
-                               "--timeout-ms", "300", "remove-voter", "--id", "3", "--uuid", OLD)
+                               "remove-voter", "--id", "3", "--uuid", OLD)
+    assert time.monotonic() - started < 2  # not the 30 s a voter change may wait
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
     assert err.startswith(f"quorum-admin: error: cannot remove voter 3 with directory id {OLD}: "
-                          f"UNAVAILABLE: no node served the request within ")
+                          f"UNAVAILABLE: no node reachable: ")
