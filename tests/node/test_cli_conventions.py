@@ -244,3 +244,19 @@ def test_help_runs_without_extras_installed(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0 and result.stdout.startswith("usage: quorum-audit")
+
+
+EXTRA_MODULES = ("pyspark", "pyarrow", "numpy", "matplotlib", "kopf", "kubernetes", "cryptography")
+
+
+def test_a_local_quorum_needs_no_extra(tmp_path: Path) -> None:
+    """What `pip install -e .` brings is enough for the node, the CLIs and the client: none of
+    them imports a module of an extra."""
+    for module in EXTRA_MODULES:
+        (tmp_path / f"{module}.py").write_text(f"raise ImportError('{module}: an extra')\n")
+    code = ("import quorum_node.cli.node, quorum_node.cli.client, quorum_node.cli.admin, "
+            "quorum_node.node.runtime, quorum_node.node.app, quorum_node.client, quorum_audit.cli")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
