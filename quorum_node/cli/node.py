@@ -28,6 +28,16 @@ from typing import IO
 
 from quorum_node.cli.common import CliParser, add_standard_options, parse_args, run_command
 from quorum_node.cli.export import add_export_command
+from quorum_node.cli.local_control import (
+    ControlAnswer,
+    ControlError,
+    ControlRequest,
+    LeaderWatch,
+    answer,
+    fetch_status,
+    pending_requests,
+    send_request,
+)
 from quorum_node.node.config import (
     CONFIG_KEYS,
     ENV_PREFIX,
@@ -72,6 +82,7 @@ DEFAULT_DATA_DIR = Path("quorum-data")
 DEFAULT_BASE_PORT = 9091
 DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
+STATUS_POLL_S = 0.5  # how often `local` asks its nodes who leads
 CLUSTER_ID_FILE = "cluster.id"
 PEER_SECRET_FILE = "peer-secret"
 CLIENT_LISTENER = "CLIENT"
@@ -153,7 +164,8 @@ def _build_parser() -> CliParser:
     local = commands.add_parser(
         "local", help="run a whole quorum on this machine",
         description="Start a quorum of N nodes on loopback, formatting their directories on first "
-        "use, and stop them all on Ctrl-C. Node i serves clients on base-port + i - 1 and its "
+        "use, and stop them all on Ctrl-C; a node that dies is reported and the others go on. "
+        "Node i serves clients on base-port + i - 1 and its "
         "peers on base-port + N + i - 1 (a controller listener of its own, where every peer RPC "
         "must carry the secret generated once in DATA_DIR/peer-secret); its config, log "
         "directory and output are DATA_DIR/node-i.properties, DATA_DIR/node-i and "
@@ -170,6 +182,17 @@ def _build_parser() -> CliParser:
         "the client ports",
     )
     local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
+    control = local.add_argument_group(
+        "controlling a running local quorum (from another terminal, same --data-dir)")
+    act = control.add_mutually_exclusive_group()
+    act.add_argument("--restart", type=int, metavar="N", dest="restart_node",
+                     help="restart node N (start it, if it died or was stopped)")
+    act.add_argument("--stop-node", type=int, metavar="N",
+                     help="stop node N gracefully; the others go on")
+    act.add_argument("--replace", type=int, metavar="N", dest="replace_node",
+                     help="give node N a new, empty disk (the old log directory is kept aside "
+                     "as node-N.replaced-TIME), start it, and print the add-voter and "
+                     "remove-voter commands that finish the replacement")
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
     local.set_defaults(command=_cmd_local)
     add_export_command(commands)
@@ -609,7 +632,9 @@ def _stop_with_parent(parent_pid: int) -> bool:
 
 
 class LocalCluster:
-    """Child processes of a local quorum: started together, watched, stopped together.
+    """Child processes of a local quorum: started together, watched, stopped together; a node
+    that dies is reported and the others go on, and a node can be stopped, restarted or given a
+    new disk while the others run.
 
     Only the processes it started are ever signalled, each through its own Popen."""
 
@@ -626,23 +651,42 @@ class LocalCluster:
         self._out = out if out is not None else sys.stderr
         self._grace_s = grace_s
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._reported: set[int] = set()  # nodes whose exit was reported (or requested)
+
+    def node(self, node_id: int) -> LocalNode:
+        found = next((n for n in self.nodes if n.node_id == node_id), None)
+        if found is None:
+            raise LocalClusterError(f"no node {node_id}: this quorum has nodes "
+                                    f"{_id_list({n.node_id for n in self.nodes})}")
+        return found
 
     def start(self) -> None:
+        for node in self.nodes:
+            self.start_node(node.node_id)
+
+    def start_node(self, node_id: int) -> subprocess.Popen[bytes]:
+        """Start a node (that is not running)."""
+        node = self.node(node_id)
         # The config file is the whole configuration: QUORUM_* variables would override it.
         env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         env["PYTHONUNBUFFERED"] = "1"  # so that node-i.log is current
-        for node in self.nodes:
-            with node.log_path.open("ab") as log:
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-                log.write(f"--- {stamp} quorum-node local: starting node {node.node_id}\n".encode())
-                log.flush()
-                self.processes[node.node_id] = subprocess.Popen(
-                    self._command(node), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=env,
-                    # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the
-                    # nodes one way, with SIGTERM (a graceful resignation), not twice.
-                    start_new_session=True,
-                )
+        with node.log_path.open("ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"--- {stamp} quorum-node local: starting node {node.node_id}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                self._command(node), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=env,
+                # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the
+                # nodes one way, with SIGTERM (a graceful resignation), not twice.
+                start_new_session=True,
+            )
+        self.processes[node.node_id] = process
+        self._reported.discard(node.node_id)
+        return process
+
+    def running(self) -> list[int]:
+        return sorted(i for i, p in self.processes.items() if p.poll() is None)
 
     def supervise(
         self,
@@ -650,27 +694,52 @@ class LocalCluster:
         kill_now: Callable[[], bool] = lambda: False,
         *,
         poll_s: float = 0.1,
+        tick: Callable[[], None] = lambda: None,
     ) -> int:
-        """Wait until ``stop_requested()`` (stop all, return 0) or a node exits on its own
-        (report it, stop the others, return 1). ``kill_now`` is passed on to ``stop``."""
+        """Until ``stop_requested()`` (then stop all and return 0): report each node that exits
+        on its own, once, and what is left of the quorum, and call ``tick`` (control requests,
+        status). ``kill_now`` is passed on to ``stop``."""
         while True:
             if stop_requested():
                 self.stop(kill_now)
                 return 0
-            exited = [(i, p.returncode) for i, p in self.processes.items() if p.poll() is not None]
-            if exited:
-                for node_id, code in exited:
-                    log = next(n.log_path for n in self.nodes if n.node_id == node_id)
-                    print(f"node {node_id} {_describe_exit(code)}; its log: {log}",
-                          file=self._out, flush=True)
-                self.stop(kill_now)
-                return EXIT_FAILED
+            for node_id, process in sorted(self.processes.items()):
+                code = process.poll()
+                if code is not None and node_id not in self._reported:
+                    self._reported.add(node_id)
+                    self._say(f"node {node_id} {_describe_exit(code)}; its log: "
+                              f"{self.node(node_id).log_path}; {self.quorum_left()}")
+            tick()
             time.sleep(poll_s)
+
+    def quorum_left(self) -> str:
+        """What the nodes still running mean for the quorum (every node is a voter)."""
+        up, total = self.running(), len(self.nodes)
+        if not up:
+            return "no node is running"
+        majority = len(up) > total // 2
+        return (f"{'the quorum goes on with' if majority else 'no majority left:'} node"
+                f"{'s' if len(up) != 1 else ''} {_id_list(set(up))} ({len(up)} of {total} "
+                f"voters{'' if majority else '; writes wait until a majority is back'})")
+
+    def stop_node(self, node_id: int, kill_now: Callable[[], bool] = lambda: False) -> bool:
+        """Stop one node as ``stop`` does; False if it was not running."""
+        process = self.processes.get(node_id)
+        if process is None or process.poll() is not None:
+            return False
+        self._reported.add(node_id)  # asked for: not news
+        self._stop({node_id: process}, kill_now)
+        return True
 
     def stop(self, kill_now: Callable[[], bool] = lambda: False) -> None:
         """SIGTERM every running node, wait up to the grace period (all in parallel), SIGKILL
         the ones still running (at once when ``kill_now()`` turns true)."""
         running = {i: p for i, p in self.processes.items() if p.poll() is None}
+        self._reported.update(running)
+        self._stop(running, kill_now)
+
+    def _stop(self, running: Mapping[int, subprocess.Popen[bytes]],
+              kill_now: Callable[[], bool]) -> None:
         for process in running.values():
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self._grace_s
@@ -686,7 +755,10 @@ class LocalCluster:
                 process.wait()
                 why = "on a second signal" if forced else (
                     f"after {self._grace_s:g} s (SIGTERM did not stop it)")
-                print(f"node {node_id} killed {why}", file=self._out, flush=True)
+                self._say(f"node {node_id} killed {why}")
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._out, flush=True)
 
 
 def _describe_exit(code: int) -> str:
@@ -699,9 +771,73 @@ def _describe_exit(code: int) -> str:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
+    prog = f"{PROG} local"
+    for action, node_id in (("restart", args.restart_node), ("stop", args.stop_node),
+                            ("replace", args.replace_node)):
+        if node_id is not None:
+            return _control_local(prog, args.data_dir, action, node_id)
     # Holds the data directory's lock, taken before anything is written, until every node stops.
     with contextlib.ExitStack() as held:
-        return _run_local(args, f"{PROG} local", held)
+        return _run_local(args, prog, held)
+
+
+def _control_local(prog: str, data_dir: Path, action: str, node_id: int) -> int:
+    try:
+        reply = send_request(data_dir, action, node_id)
+    except ControlError as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    for line in reply.lines:
+        print(line)
+    return 0 if reply.ok else EXIT_FAILED
+
+
+def handle_control_request(cluster: LocalCluster, request: ControlRequest,
+                           kill_now: Callable[[], bool]) -> ControlAnswer:
+    """Do what ``quorum-node local --restart/--stop-node/--replace`` asked."""
+    node_id = request.node_id
+    try:
+        cluster.node(node_id)
+    except LocalClusterError as exc:
+        return ControlAnswer(False, [str(exc)])
+    if request.action == "stop":
+        if not cluster.stop_node(node_id, kill_now):
+            return ControlAnswer(False, [f"node {node_id} is not running"])
+        return ControlAnswer(True, [f"node {node_id} stopped; {cluster.quorum_left()}"])
+    if request.action == "restart":
+        was_running = cluster.stop_node(node_id, kill_now)
+        process = cluster.start_node(node_id)
+        return ControlAnswer(True, [f"node {node_id} {'restarted' if was_running else 'started'}"
+                                    f" (pid {process.pid}); {cluster.quorum_left()}"])
+    try:
+        return ControlAnswer(True, replace_node_disk(cluster, node_id, kill_now))
+    except (StorageError, OSError) as exc:
+        return ControlAnswer(False, [f"cannot replace node {node_id}'s disk: {exc}"])
+
+
+def replace_node_disk(cluster: LocalCluster, node_id: int,
+                      kill_now: Callable[[], bool] = lambda: False) -> list[str]:
+    """Stop the node, keep its log directory aside, format a new one (a new directory id), start
+    the node on it: it rejoins as an observer, which AddVoter makes a voter again."""
+    node = cluster.node(node_id)
+    cluster.stop_node(node_id, kill_now)
+    log_dir = node.config.log_dir
+    old = read_meta_properties(log_dir / META_PROPERTIES)
+    kept = log_dir.with_name(f"{log_dir.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+    log_dir.rename(kept)
+    new = format_log_dir(log_dir, node.config.cluster_id, node_id)
+    process = cluster.start_node(node_id)
+    old_id = kafka_uuid.to_kafka_string(old.directory_id)
+    new_id = kafka_uuid.to_kafka_string(new.directory_id)
+    bootstrap = ",".join(n.config.client_listeners[0].address for n in cluster.nodes)
+    return [
+        f"node {node_id} restarted (pid {process.pid}) on a new disk: directory id {new_id} "
+        f"(the old disk, {old_id}, is kept in {kept})",
+        "it joins as an observer; once it has caught up, make it a voter and retire the old "
+        "directory:",
+        f"  quorum-admin -b {bootstrap} add-voter --id {node_id} --uuid {new_id}",
+        f"  quorum-admin -b {bootstrap} remove-voter --id {node_id} --uuid {old_id}",
+    ]
 
 
 def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) -> int:
@@ -729,6 +865,24 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     cluster = LocalCluster(nodes)
+    watch = LeaderWatch(lambda line: print(line, flush=True))
+    next_status = 0.0
+
+    def tick() -> None:
+        nonlocal next_status
+        for request in pending_requests(args.data_dir):
+            reply = handle_control_request(cluster, request, lambda: signals_seen > 1)
+            for line in reply.lines:
+                print(line, flush=True)
+            answer(args.data_dir, request.request_id, reply)
+        now = time.monotonic()
+        if now >= next_status:
+            statuses = [fetch_status(listener.host, listener.port)
+                        for node in nodes if node.node_id in cluster.running()
+                        for listener in node.config.client_listeners[:1]]
+            watch.observe([status for status in statuses if status is not None], now)
+            next_status = now + STATUS_POLL_S
+
     try:
         cluster.start()
         print(f"local quorum of {len(nodes)} nodes, cluster id {nodes[0].config.cluster_id}, "
@@ -740,8 +894,10 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
             print(f"node {node.node_id}: {url}  (peers on {peers}; pid {pid}, "
                   f"log {node.log_path})")
         print(f"peer RPCs need the secret in {nodes[0].config.controller_listener_secret_file}")
-        print("Ctrl-C stops every node.", flush=True)
-        code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1)
+        data_dir = nodes[0].config_path.parent
+        print(f"Ctrl-C stops every node. From another terminal: {PROG} local --data-dir "
+              f"{data_dir} --restart N (or --stop-node N, --replace N)", flush=True)
+        code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1, tick=tick)
         if code == 0:
             print("all nodes stopped", file=sys.stderr)
         return code

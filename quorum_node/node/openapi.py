@@ -125,6 +125,23 @@ SCHEMAS: dict[str, Any] = {
                        "endpoint": {"type": "string", "nullable": True},
                        "could_be_voter": {"type": "boolean"}},
     },
+    "NodeStatus": {
+        "type": "object",
+        "required": ["node_id", "directory_id", "cluster_id", "state", "epoch", "leader_id",
+                     "is_voter", "high_watermark", "log_start_offset", "log_end_offset",
+                     "voters", "failure"],
+        "properties": {
+            "node_id": {"type": "integer"}, "directory_id": {"type": "string"},
+            "cluster_id": {"type": "string"},
+            "state": {"type": "string", "enum": ["unattached", "prospective", "candidate",
+                                                 "leader", "follower", "resigned"]},
+            "epoch": {"type": "integer"}, "leader_id": {"type": "integer", "nullable": True},
+            "is_voter": {"type": "boolean"}, "high_watermark": {"type": "integer"},
+            "log_start_offset": {"type": "integer"}, "log_end_offset": {"type": "integer"},
+            "voters": {"type": "array", "items": _ref("VoterKey")},
+            "failure": {"type": "string", "nullable": True},
+        },
+    },
     "Quorum": {
         "type": "object",
         "required": ["cluster_id", "leader_id", "leader_epoch", "high_watermark", "voters",
@@ -229,6 +246,13 @@ PATHS: dict[str, Any] = {
             "parameters": [_TIMEOUT],
             "requestBody": {"required": True, **_json(_ref("Cas"))},
             "responses": {**_WRITE, "200": _KV_WRITE},
+        },
+    },
+    "/v1/node": {
+        "get": {
+            "operationId": "nodeStatus", "summary": "This node's own status (admin, any node)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "responses": {**_COMMON, "200": _answer("The node's view.", _ref("NodeStatus"))},
         },
     },
     "/v1/quorum": {
