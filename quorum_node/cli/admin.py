@@ -89,6 +89,12 @@ def _build_parser() -> CliParser:
                       help="one row per replica: offsets, lag and fetch times")
     describe.add_argument("--human-readable", action="store_true",
                           help="with --replication: timestamps as 'N ms ago'")
+    _add_command(commands, "status", "every node's own status, in a table",
+                 "Ask every node (the bootstrap servers, and the voters they know of) for its "
+                 "own status, like etcd's endpoint status -w table: role, epoch, leader, high "
+                 "watermark, log end offset, lag behind the leader, health; a node that does not "
+                 "answer is listed as unreachable. Exit code 1 when a node is unreachable or "
+                 "failed (the table is printed all the same).")
     for name, text in (("add-voter", "make an observer a voter (AddVoter)"),
                        ("remove-voter", "remove a voter (RemoveVoter)")):
         change = _add_command(commands, name, text,
@@ -132,6 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     access = Access.of(credentials_from_args(args), bootstrap)
     if args.command == "describe":
         return _describe(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
+    if args.command == "status":
+        return _status(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
     return _change_voters(args, servers, timeout_from(args, VOTER_CHANGE_TIMEOUT_S), access)
 
 
@@ -177,6 +185,83 @@ def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_
     else:
         print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
     return 0
+
+
+NODE_PATH = "/v1/node"
+STATUS_COLUMNS = ("ENDPOINT", "ID", "DIRECTORY ID", "ROLE", "EPOCH", "LEADER", "HIGH WATERMARK",
+                  "LOG END", "LAG", "HEALTH")
+
+
+def node_statuses(servers: Sequence[tuple[str, int]], timeout_s: float,
+                  access: Access = PLAIN) -> list[dict[str, Any]]:
+    """Every node's ``GET /v1/node``: the servers given, then the voters' client endpoints that
+    the nodes which answered name. Each entry has ``endpoint`` and ``reachable`` (and ``error``
+    when not), then the node's answer, and ``lag`` behind the leader's log end (-1 unknown)."""
+    deadline = time.monotonic() + timeout_s
+    to_ask = [_url(host, port, access.scheme) for host, port in servers]
+    rows: dict[str, dict[str, Any]] = {}
+    while to_ask:
+        url = to_ask.pop(0)
+        if url in rows:
+            continue
+        try:
+            status, _, body = _get(url + NODE_PATH, deadline, access)
+            answer = _json(url, body)
+            if status != 200 or not isinstance(answer, dict) or "node_id" not in answer:
+                message = answer.get("message") if isinstance(answer, dict) else None
+                raise AdminError(f"HTTP {status}" + (f": {message}" if message else ""))
+        except AdminError as error:
+            rows[url] = {"endpoint": url, "reachable": False,
+                         "error": str(error).removeprefix(f"{url}{NODE_PATH}: ")}
+            continue
+        rows[url] = {"endpoint": url, "reachable": True, **answer}
+        to_ask += [e["url"] for e in answer.get("client_endpoints", [])
+                   if isinstance(e, dict) and isinstance(e.get("url"), str)]
+    answered = [row for row in rows.values() if row["reachable"]]
+    leaders = [row for row in answered if row.get("state") == "leader"]
+    leader = max(leaders, key=lambda row: row["epoch"]) if leaders else None
+    for row in answered:
+        row["lag"] = -1 if leader is None else leader["log_end_offset"] - row["log_end_offset"]
+    return sorted(rows.values(), key=lambda row: (row.get("node_id", 1 << 31), row["endpoint"]))
+
+
+def format_node_statuses(rows: Sequence[dict[str, Any]]) -> str:
+    def cells(row: dict[str, Any]) -> list[str]:
+        if not row["reachable"]:
+            return [row["endpoint"], *["-"] * 8, f"unreachable: {row['error']}"]
+        role = f"{row['state']} ({'voter' if row['is_voter'] else 'observer'})"
+        leader = "-" if row["leader_id"] is None else str(row["leader_id"])
+        health = "ok" if row["failure"] is None else f"failed: {row['failure']}"
+        return [row["endpoint"], str(row["node_id"]), row["directory_id"], role,
+                str(row["epoch"]), leader, str(row["high_watermark"]),
+                str(row["log_end_offset"]), str(row["lag"]), health]
+
+    table = [list(STATUS_COLUMNS), *map(cells, rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(STATUS_COLUMNS))]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    lines = [rule]
+    for index, line in enumerate(table):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+                     + " |")
+        if index == 0:
+            lines.append(rule)
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _status(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float,
+            access: Access) -> int:
+    rows = node_statuses(servers, timeout_s, access)
+    if not any(row["reachable"] for row in rows):
+        raise CliError("no node reachable: " + "; ".join(f"{row['endpoint']}: {row['error']}"
+                                                         for row in rows),
+                       EXIT_FAILED, api_code="UNAVAILABLE")
+    if args.json:
+        emit_json(rows)
+    else:
+        print(format_node_statuses(rows))
+    healthy = all(row["reachable"] and row["failure"] is None for row in rows)
+    return 0 if healthy else EXIT_FAILED
 
 
 def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
@@ -334,21 +419,38 @@ def _leader_row(quorum: dict[str, Any]) -> dict[str, Any] | None:
     return next((v for v in quorum["voters"] if v["id"] == quorum["leader_id"]), None)
 
 
+# A voter that has not fetched for this long (by the leader's clock) is counted unreachable:
+# followers fetch at least every fetch timeout's fraction (a 500 ms long-poll).
+UNREACHABLE_AFTER_MS = 5000
+
+
+def unreachable_voters(quorum: dict[str, Any]) -> list[dict[str, Any]]:
+    """The voters the leader has not heard from: no fetch in this epoch, or none for
+    UNREACHABLE_AFTER_MS before the leader's own row (which carries its clock)."""
+    leader = _leader_row(quorum)
+    now_ms = leader["last_fetch_timestamp"] if leader is not None else -1
+    return [
+        voter for voter in quorum["voters"]
+        if voter is not leader and (
+            voter["log_end_offset"] < 0 or voter["last_fetch_timestamp"] < 0
+            or (now_ms >= 0 and now_ms - voter["last_fetch_timestamp"] > UNREACHABLE_AFTER_MS))
+    ]
+
+
 def max_follower_lag(quorum: dict[str, Any]) -> tuple[int, int]:
-    """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs: the laggiest voter's offsets behind the
-    leader, and how much longer ago it was last caught up (0 if the leader is the laggiest, -1 if
-    unknown)."""
+    """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs over the voters the leader hears from
+    (``unreachable_voters`` are listed apart, not allowed to hide the others' lag): the laggiest
+    one's offsets behind the leader, and how much longer ago it was last caught up (0 if the
+    leader is the laggiest, -1 if unknown)."""
     leader = _leader_row(quorum)
     if leader is None or not quorum["voters"]:
         return -1, -1
+    unreachable = {id(voter) for voter in unreachable_voters(quorum)}
     # The leader first, so that it wins ties: no follower is behind then.
-    voters = [leader, *(v for v in quorum["voters"] if v is not leader)]
-    if any(v["log_end_offset"] < 0 for v in voters):
-        laggiest = next(v for v in voters if v["log_end_offset"] < 0)
-        lag = -1  # a voter that has not fetched yet: how far behind it is, is unknown
-    else:
-        laggiest = min(voters, key=lambda v: v["log_end_offset"])
-        lag = leader["log_end_offset"] - laggiest["log_end_offset"]
+    voters = [leader, *(v for v in quorum["voters"] if v is not leader
+                        and id(v) not in unreachable)]
+    laggiest = min(voters, key=lambda v: v["log_end_offset"])
+    lag = leader["log_end_offset"] - laggiest["log_end_offset"]
     if laggiest is leader:
         return lag, 0
     leader_caught_up = leader["last_caught_up_timestamp"]
@@ -382,6 +484,8 @@ def format_status(quorum: dict[str, Any]) -> str:
         # KIP-856: the observers that AddVoter could make voters (the leader decides which).
         ("CouldBeVoters", _replica_list(o for o in quorum["observers"]
                                         if o.get("could_be_voter"))),
+        # Not in MaxFollowerLag: a voter the leader does not hear from.
+        ("UnreachableVoters", _replica_list(unreachable_voters(quorum))),
     ]
     return "\n".join(f"{label + ':':<{_LABEL_WIDTH}}{value}" for label, value in lines)
 

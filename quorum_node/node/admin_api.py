@@ -167,6 +167,10 @@ def node_status_json(node: QuorumNode) -> dict[str, Any]:
         "log_start_offset": log.start_offset,
         "log_end_offset": log.end_offset,
         "voters": [_key_json(key) for key in sorted(core.voters, key=_key_id)],
+        # Where the configured voters serve clients, for a tool to find every node from one.
+        "client_endpoints": [
+            {"id": voter_id, "url": endpoint_url(endpoint, node.config.url_scheme)}
+            for voter_id, endpoint in sorted(node.client_endpoints.items())],
         "failure": None if node.failure is None else str(node.failure),
     }
 

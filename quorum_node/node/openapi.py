@@ -129,7 +129,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["node_id", "directory_id", "cluster_id", "state", "epoch", "leader_id",
                      "is_voter", "high_watermark", "log_start_offset", "log_end_offset",
-                     "voters", "failure"],
+                     "voters", "client_endpoints", "failure"],
         "properties": {
             "node_id": {"type": "integer"}, "directory_id": {"type": "string"},
             "cluster_id": {"type": "string"},
@@ -139,6 +139,9 @@ SCHEMAS: dict[str, Any] = {
             "is_voter": {"type": "boolean"}, "high_watermark": {"type": "integer"},
             "log_start_offset": {"type": "integer"}, "log_end_offset": {"type": "integer"},
             "voters": {"type": "array", "items": _ref("VoterKey")},
+            "client_endpoints": {"type": "array", "items": {
+                "type": "object", "required": ["id", "url"],
+                "properties": {"id": {"type": "integer"}, "url": {"type": "string"}}}},
             "failure": {"type": "string", "nullable": True},
         },
     },

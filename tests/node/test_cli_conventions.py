@@ -87,6 +87,7 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-admin", [*b, "describe"], 2),
         ("quorum-admin", [*b, "describe", "--status"], 1),
         ("quorum-admin", [*b, "describe", "--replication"], 1),
+        ("quorum-admin", [*b, "status"], 1),
         ("quorum-admin", [*b, "add-voter", "--id", "3", "--uuid", "nope"], 2),
         ("quorum-admin", [*b, "add-voter", "--id", "3", "--uuid", DIRECTORY_ID], 1),
         ("quorum-admin", [*b, "remove-voter", "--id", "-3", "--uuid", DIRECTORY_ID], 2),
@@ -111,7 +112,7 @@ def test_every_subcommand_answers_bad_input_in_one_line(
     assert {c for t, c in commands if t == "quorum-client"} >= {
         "put", "get", "delete", "cas", "append", "read"}
     assert {c for t, c in commands if t == "quorum-admin"} >= {
-        "describe", "add-voter", "remove-voter"}
+        "describe", "status", "add-voter", "remove-voter"}
     wrong = []
     for tool, argv, expected in cases:
         started = time.monotonic()
