@@ -28,6 +28,7 @@ from typing import IO
 
 from quorum_node.cli.common import CliParser, add_standard_options, parse_args, run_command
 from quorum_node.cli.export import add_export_command
+from quorum_node.cli.info import add_info_command
 from quorum_node.cli.local_control import (
     ControlAnswer,
     ControlError,
@@ -196,6 +197,7 @@ def _build_parser() -> CliParser:
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
     local.set_defaults(command=_cmd_local)
     add_export_command(commands)
+    add_info_command(commands)
     return parser
 
 

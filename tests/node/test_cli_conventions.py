@@ -65,6 +65,7 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-node", ["local", "--nodes", "0", "--data-dir", str(tmp / "l")], 2),
         ("quorum-node", ["local", "--data-dir", str(a_file)], 2),
         ("quorum-node", ["export", "--log-dir", str(missing)], 2),
+        ("quorum-node", ["info", "--log-dir", str(a_file)], 2),
         ("quorum-client", [], 2),
         ("quorum-client", [*b, "put", "k"], 2),
         ("quorum-client", [*b, "put", "k", "v", "--file", str(a_file)], 2),
@@ -108,7 +109,7 @@ def test_every_subcommand_answers_bad_input_in_one_line(
                 for tool, argv, _ in cases}
     # Every subcommand of every tool has a case.
     assert {c for t, c in commands if t == "quorum-node"} >= {
-        "format", "random-cluster-id", "run", "repair-log", "local", "export"}
+        "format", "random-cluster-id", "run", "repair-log", "local", "export", "info"}
     assert {c for t, c in commands if t == "quorum-client"} >= {
         "put", "get", "delete", "cas", "append", "read"}
     assert {c for t, c in commands if t == "quorum-admin"} >= {
