@@ -6,6 +6,8 @@
         client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
         first, last = client.append([b"a", b"b"])
         client.read(first, wait_ms=1000).records
+        client.list_keys("col").entries      # [('colour', 'red')]
+        client.watch(offset, prefix="col", wait_ms=5000).events
         client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
 It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
@@ -95,6 +97,27 @@ class ReadRecord:
     value: bytes
     key: bytes | None
     timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    entries: list[tuple[str, str]]  # (key, value), in key order
+    next_start_after: str | None  # pass as start_after for the next page; None: the last page
+    applied_offset: int
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    offset: int
+    key: str
+    value: str | None  # None: the key was deleted
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    events: list[KvEvent]
+    next_offset: int  # where the next watch continues
+    applied_offset: int
 
 
 @dataclass(frozen=True)
@@ -218,6 +241,47 @@ class QuorumClient:
         body = json.dumps({"expected": expected, "value": value}).encode()
         return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
                                         content_type="application/json"), "applied")
+
+    def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
+                  stale: bool = False) -> KeyPage:
+        """A page of the keys starting with ``prefix``, in key order, after ``start_after``
+        (linearizable unless ``stale``)."""
+        query = {"prefix": prefix, "limit": str(limit)}
+        if start_after is not None:
+            query["start_after"] = start_after
+        if stale:
+            query["stale"] = "true"
+        body = self._call("GET", "/v1/kv", query=query, server_timeout=not stale)
+        entries = []
+        for entry in _field(body, "entries", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an entry is not an object")
+            entries.append((_field(entry, "key", str), _field(entry, "value", str)))
+        after = body.get("next_start_after")
+        return KeyPage(entries, after if isinstance(after, str) else None,
+                       _field(body, "applied_offset", int))
+
+    def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
+              wait_ms: int = 0, max_events: int = 100) -> WatchResult:
+        """The changes of ``key`` (or of the keys under ``prefix``) committed at or after
+        ``offset``, waiting up to ``wait_ms`` while there is none; continue from
+        ``next_offset``. Raises QuorumClientError COMPACTED when they are no longer known."""
+        if (key is None) == (prefix is None):
+            raise ValueError("watch a key or a prefix")
+        query = {"offset": str(offset), "wait_ms": str(wait_ms),
+                 "max_events": str(max_events)}
+        query.update({"key": key} if key is not None else {"prefix": prefix or ""})
+        body = self._call("GET", "/v1/watch", query=query, server_timeout=False,
+                          extra_time_s=max(wait_ms, 0) / 1000)
+        events = []
+        for entry in _field(body, "events", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an event is not an object")
+            value = entry.get("value")
+            events.append(KvEvent(_field(entry, "offset", int), _field(entry, "key", str),
+                                  value if isinstance(value, str) else None))
+        return WatchResult(events, _field(body, "next_offset", int),
+                           _field(body, "applied_offset", int))
 
     # --- records -----------------------------------------------------------------------------
 

@@ -97,6 +97,29 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="the value to set, read from PATH")
     value.add_argument("--delete", action="store_true", help="delete KEY instead")
 
+    listing = command("list", _list, "Print the keys under a prefix with their values, "
+                      "KEY<TAB>VALUE, in key order (linearizable unless --stale).")
+    listing.add_argument("prefix", nargs="?", default="", help="(default: every key)")
+    listing.add_argument("--limit", type=positive_int, default=100, metavar="N",
+                         help="keys a page (default: 100)")
+    listing.add_argument("--start-after", metavar="KEY", help="start after this key (the "
+                         "previous page's last)")
+    listing.add_argument("--all", action="store_true", help="every page, not just the first")
+    listing.add_argument("--keys-only", action="store_true", help="print the keys only")
+    listing.add_argument("--stale", action="store_true",
+                         help="read the contacted node's copy, which may be behind")
+
+    watch = command("watch", _watch, "Print each change of a key, or of the keys under "
+                    "--prefix, as OFFSET<TAB>put|delete<TAB>KEY<TAB>VALUE, until Ctrl-C.")
+    watch.add_argument("key", nargs="?")
+    watch.add_argument("--prefix", metavar="P", help="watch every key starting with P")
+    watch.add_argument("--offset", type=non_negative_int, metavar="N",
+                       help="from this offset (default: changes from now on)")
+    watch.add_argument("--once", action="store_true",
+                       help="stop after the first answer (a long-poll of up to --wait-ms)")
+    watch.add_argument("--wait-ms", type=positive_int, default=10_000, metavar="W",
+                       help="each long-poll waits up to W ms (default: 10000)")
+
     append = command("append", _append, "Append records (as one batch) to the record log.")
     append.add_argument("values", nargs="*", metavar="VALUE",
                         help="record values (UTF-8); '-' reads one record per line from stdin")
@@ -184,6 +207,50 @@ def _get(client: QuorumClient, args: argparse.Namespace) -> int:
             print(f"{PROG}: key {args.key!r} not found", file=sys.stderr)
         return EXIT_FALSE
     return EXIT_OK
+
+
+def _list(client: QuorumClient, args: argparse.Namespace) -> int:
+    after: str | None = args.start_after
+    while True:
+        page = client.list_keys(args.prefix, start_after=after, limit=args.limit,
+                                stale=args.stale)
+        if args.json:
+            emit_json(client.last_answer)  # one API answer a line, a page each
+        else:
+            for key, value in page.entries:
+                print(key if args.keys_only else f"{key}\t{_escape(value)}")
+        after = page.next_start_after
+        if after is None or not args.all:
+            return EXIT_OK
+
+
+def _watch(client: QuorumClient, args: argparse.Namespace) -> int:
+    if (args.key is None) == (args.prefix is None):
+        raise CliError("give a KEY or --prefix P", EXIT_USAGE, api_code="BAD_REQUEST")
+    watched = {"key": args.key} if args.key is not None else {"prefix": args.prefix}
+    offset = args.offset
+    if offset is None:  # from now on: past what the contacted node has applied
+        offset = client.list_keys("", limit=1, stale=True).applied_offset + 1
+    try:
+        while True:
+            result = client.watch(offset, wait_ms=args.wait_ms, **watched)
+            if args.json:
+                emit_json(client.last_answer)
+            for event in result.events:
+                if not args.json:
+                    kind = "put" if event.value is not None else "delete"
+                    value = "" if event.value is None else _escape(event.value)
+                    print(f"{event.offset}\t{kind}\t{event.key}\t{value}", flush=True)
+            offset = result.next_offset
+            if args.once:
+                return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_OK  # how a watch ends
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") \
+        .replace("\r", "\\r")
 
 
 def _append(client: QuorumClient, args: argparse.Namespace) -> int:

@@ -11,7 +11,13 @@ from typing import Any
 from aiohttp import web
 
 from quorum_node.node.admin_api import MAX_VOTER_TIMEOUT_MS
-from quorum_node.node.client_api import MAX_READ_RECORDS, MAX_TIMEOUT_MS, MAX_WAIT_MS
+from quorum_node.node.client_api import (
+    MAX_LIST_LIMIT,
+    MAX_READ_RECORDS,
+    MAX_TIMEOUT_MS,
+    MAX_WAIT_MS,
+    MAX_WATCH_EVENTS,
+)
 
 OPENAPI_PATH = "/v1/openapi.json"
 _INT64_MAX = 2**63 - 1
@@ -102,6 +108,28 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"key": {"type": "string"}, "applied": {"type": "boolean"},
                        "deleted": {"type": "boolean"}, "offset": {"type": "integer"},
                        "epoch": {"type": "integer"}},
+    },
+    "KvPage": {
+        "type": "object", "required": ["entries", "next_start_after", "applied_offset"],
+        "properties": {
+            "entries": {"type": "array", "items": {
+                "type": "object", "required": ["key", "value"],
+                "properties": {"key": {"type": "string"}, "value": {"type": "string"}}}},
+            "next_start_after": {"type": "string", "nullable": True},
+            "applied_offset": {"type": "integer"},
+        },
+    },
+    "KvEvents": {
+        "type": "object", "required": ["events", "next_offset", "applied_offset"],
+        "properties": {
+            "events": {"type": "array", "items": {
+                "type": "object", "required": ["offset", "key", "type", "value"],
+                "properties": {"offset": {"type": "integer"}, "key": {"type": "string"},
+                               "type": {"type": "string", "enum": ["put", "delete"]},
+                               "value": {"type": "string", "nullable": True}}}},
+            "next_offset": {"type": "integer"},
+            "applied_offset": {"type": "integer"},
+        },
     },
     "KvValue": {
         "type": "object", "required": ["key", "value", "applied_offset"],
@@ -210,6 +238,50 @@ PATHS: dict[str, Any] = {
                           "200": _answer("Records (maybe none).", _ref("ReadResult")),
                           "416": _error("Below the log start (OFFSET_OUT_OF_RANGE)."),
                           "429": _error("Too many waiting reads (TOO_MANY_LONG_POLLS).")},
+        },
+    },
+    "/v1/kv": {
+        "get": {
+            "operationId": "kvList",
+            "summary": "A page of the keys under a prefix, in key order (linearizable unless "
+                       "stale)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "parameters": [
+                {"name": "prefix", "in": "query", "required": False,
+                 "schema": {"type": "string"}},
+                {"name": "start_after", "in": "query", "required": False,
+                 "description": "the previous page's next_start_after",
+                 "schema": {"type": "string"}},
+                _int_query("limit", 1, MAX_LIST_LIMIT),
+                {"name": "stale", "in": "query", "required": False,
+                 "schema": {"type": "boolean"}},
+                _TIMEOUT,
+            ],
+            "responses": {**_COMMON,
+                          "200": _answer("The page.", _ref("KvPage")),
+                          "504": _error("Leadership not confirmed in time (TIMEOUT).")},
+        },
+    },
+    "/v1/watch": {
+        "get": {
+            "operationId": "kvWatch",
+            "summary": "The changes of a key or of a prefix's keys from an offset (long-poll; "
+                       "any node)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "parameters": [
+                {"name": "key", "in": "query", "required": False,
+                 "schema": {"type": "string", "minLength": 1}},
+                {"name": "prefix", "in": "query", "required": False,
+                 "schema": {"type": "string"}},
+                _int_query("offset", 0, _INT64_MAX, required=True),
+                _int_query("wait_ms", 0, MAX_WAIT_MS),
+                _int_query("max_events", 1, MAX_WATCH_EVENTS),
+            ],
+            "responses": {**_COMMON,
+                          "200": _answer("The changes.", _ref("KvEvents")),
+                          "410": _error("COMPACTED: changes before events_start are no longer "
+                                        "known."),
+                          "429": _error("TOO_MANY_LONG_POLLS.")},
         },
     },
     "/v1/kv/{key}": {

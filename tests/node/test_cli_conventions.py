@@ -77,6 +77,10 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-client", [*b, "delete", ""], 2),
         ("quorum-client", [*b, "cas", "k", "--value", "v"], 2),
         ("quorum-client", [*b, "cas", "k", "--expected-absent", "--value", "v"], 1),
+        ("quorum-client", [*b, "list", "p"], 1),
+        ("quorum-client", [*b, "list", "--limit", "0"], 2),
+        ("quorum-client", [*b, "watch"], 2),
+        ("quorum-client", [*b, "watch", "k"], 1),
         ("quorum-client", [*b, "append"], 2),
         ("quorum-client", [*b, "append", "x"], 1),
         ("quorum-client", [*b, "read", "--offset", "-1"], 2),
@@ -111,7 +115,7 @@ def test_every_subcommand_answers_bad_input_in_one_line(
     assert {c for t, c in commands if t == "quorum-node"} >= {
         "format", "random-cluster-id", "run", "repair-log", "local", "export", "info"}
     assert {c for t, c in commands if t == "quorum-client"} >= {
-        "put", "get", "delete", "cas", "append", "read"}
+        "put", "get", "delete", "cas", "list", "watch", "append", "read"}
     assert {c for t, c in commands if t == "quorum-admin"} >= {
         "describe", "status", "add-voter", "remove-voter"}
     wrong = []

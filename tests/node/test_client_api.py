@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from quorum_node.cli.client import main as client_main
-from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.client import QuorumClient, QuorumClientError, WatchResult
 from quorum_node.node.app import build_app
 from quorum_node.node.client_api import (
     MAX_APPEND_BYTES,
@@ -668,6 +668,76 @@ def test_client_gives_up_on_a_redirect_loop(misbehaving: _MisbehavingServer) -> 
     assert "redirected more than 5 times" in str(failed.value)
 
 
+# --- listing and watching keys ----------------------------------------------------------------
+
+def test_list_keys_by_prefix_in_pages(single: Cluster) -> None:
+    with QuorumClient(single.bootstrap) as client:
+        for name in ("list/b", "list/a", "list/c", "listx", "other"):
+            client.put(name, name.upper())
+        first = client.list_keys("list/", limit=2)
+        assert first.entries == [("list/a", "LIST/A"), ("list/b", "LIST/B")]
+        assert first.next_start_after == "list/b"
+        second = client.list_keys("list/", start_after=first.next_start_after, limit=2)
+        assert second.entries == [("list/c", "LIST/C")] and second.next_start_after is None
+        assert client.list_keys("list/", stale=True, limit=10).entries[2] == ("list/c", "LIST/C")
+    url = single.leader().url
+    bad = call(url, "GET", "/v1/kv?limit=0")
+    assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST")
+
+
+def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster) -> None:
+    with QuorumClient(single.bootstrap) as client:
+        start = client.put("w/a", "1").offset
+        client.put("w/b", "x")
+        client.cas("w/a", "nope", "no")  # not applied: no change
+        client.cas("w/a", "1", "2")
+        client.delete("w/a")
+        changes = client.watch(start, key="w/a")
+        assert [(e.key, e.value) for e in changes.events] == [("w/a", "1"), ("w/a", "2"),
+                                                              ("w/a", None)]
+        assert changes.next_offset == changes.applied_offset + 1
+        under = client.watch(start, prefix="w/", max_events=2)
+        assert [(e.key, e.value) for e in under.events] == [("w/a", "1"), ("w/b", "x")]
+        assert under.next_offset == under.events[-1].offset + 1  # more to come from there
+        # A long-poll answers as soon as a change commits.
+        result: list[object] = []
+        poller = threading.Thread(target=lambda: result.append(
+            QuorumClient(single.bootstrap).watch(changes.next_offset, key="w/a",
+                                                 wait_ms=MAX_WAIT_MS)))
+        started = time.monotonic()
+        poller.start()
+        time.sleep(0.3)
+        assert not result
+        client.put("w/other", "not watched")
+        time.sleep(0.2)
+        assert not result
+        client.put("w/a", "back")
+        poller.join(10)
+        assert 0.5 <= time.monotonic() - started < 5
+        woken = result[0]
+        assert isinstance(woken, WatchResult)
+        assert [(e.key, e.value) for e in woken.events] == [("w/a", "back")]
+    url = single.leader().url
+    for query, message in [("offset=0", "exactly one of 'key' and 'prefix'"),
+                           ("key=k&prefix=p&offset=0", "exactly one of"),
+                           ("key=k", "'offset' is required"),
+                           ("key=k&offset=0&max_events=0", "max_events must be at least 1")]:
+        bad = call(url, "GET", f"/v1/watch?{query}")
+        assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST"), query
+        assert message in bad.body["error"]
+
+
+def test_watch_below_the_changes_kept_is_compacted(single: Cluster) -> None:
+    member = single.leader()
+    member.api.store.events_start = 10**6  # as after loading a snapshot ending there
+    try:
+        gone = call(member.url, "GET", "/v1/watch?key=k&offset=5")
+    finally:
+        member.api.store.events_start = 0
+    assert (gone.status, gone.body["code"], gone.body["events_start"]) == (410, "COMPACTED",
+                                                                           10**6)
+
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixture[str],
@@ -726,6 +796,23 @@ def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixtu
     assert document["next_offset"] == appended["last_offset"] + 1
     code, out, _ = run("read", "--offset", str(document["next_offset"]), "--wait-ms", "50")
     assert code == 0 and out == ""
+
+    for name in ("cli-list/a", "cli-list/b", "cli-list/c"):
+        assert run("put", name, f"value\t{name[-1]}")[0] == 0
+    code, out, _ = run("list", "cli-list/", "--limit", "2")
+    assert (code, out) == (0, "cli-list/a\tvalue\\ta\ncli-list/b\tvalue\\tb\n")
+    code, out, _ = run("list", "cli-list/", "--limit", "2", "--all", "--keys-only")
+    assert out == "cli-list/a\ncli-list/b\ncli-list/c\n"
+    code, out, _ = run("list", "cli-list/", "--json")
+    assert [e["key"] for e in json.loads(out)["entries"]] == ["cli-list/a", "cli-list/b",
+                                                              "cli-list/c"]
+    first = json.loads(run("get", "cli-list/a", "--json")[1])["applied_offset"] - 2
+    code, out, _ = run("watch", "--prefix", "cli-list/", "--offset", str(first), "--once")
+    assert code == 0
+    assert [line.split("\t")[1:3] for line in out.splitlines()] == [
+        ["put", "cli-list/a"], ["put", "cli-list/b"], ["put", "cli-list/c"]]
+    code, out, _ = run("watch", "cli-list/a", "--once", "--wait-ms", "100")
+    assert (code, out) == (0, "")  # nothing changed since
 
 
 def test_cli_errors_are_one_line(single: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
