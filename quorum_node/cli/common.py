@@ -23,8 +23,10 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -187,6 +189,41 @@ def read_value(argument: str | None, file: Path | None, *, what: str = "value",
             raise CliError(f"stdin: not UTF-8 text ({error.reason} at byte {error.start})",
                            EXIT_USAGE, api_code="BAD_REQUEST") from None
     return argument
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format`` (for commands that run a node)."""
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
+                        help="the lowest level logged (default: INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="text lines, or one JSON object a line for a log collector "
+                        "(default: text)")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: ``time`` (RFC 3339 UTC), ``level``, ``logger``, ``message``, and
+    ``exception`` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        document = {"time": f"{stamp}.{int(record.msecs):03d}Z", "level": record.levelname,
+                    "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
 
 
 def emit_json(document: Any) -> None:

@@ -26,7 +26,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from quorum_node.cli.common import CliParser, add_standard_options, parse_args, run_command
+from quorum_node.cli.common import (
+    CliParser,
+    add_logging_options,
+    add_standard_options,
+    configure_logging,
+    parse_args,
+    run_command,
+)
 from quorum_node.cli.export import add_export_command
 from quorum_node.cli.info import add_info_command
 from quorum_node.cli.local_control import (
@@ -141,6 +148,7 @@ def _build_parser() -> CliParser:
     run.add_argument("--config", type=Path, metavar="FILE", help="a Kafka-style properties file")
     # Set by `local` for its children (Linux only): stop with SIGTERM when that process is gone.
     run.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    add_logging_options(run)
     _add_key_flags(run, CONFIG_KEYS)
     run.set_defaults(command=_cmd_run)
 
@@ -183,6 +191,7 @@ def _build_parser() -> CliParser:
         "the client ports",
     )
     local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
+    add_logging_options(local)  # the nodes'
     control = local.add_argument_group(
         "controlling a running local quorum (from another terminal, same --data-dir)")
     act = control.add_mutually_exclusive_group()
@@ -316,6 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.parent_pid is not None and not _stop_with_parent(args.parent_pid):
         _error(prog, f"parent process {args.parent_pid} is gone; not starting")
         return EXIT_FAILED
+    configure_logging(args.log_level, args.log_format)
     # Imported here: the runtime pulls in aiohttp and the whole node, which the other commands
     # (and a refused configuration) do not need.
     from quorum_node.node.runtime import run_node  # noqa: PLC0415
@@ -616,10 +626,10 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
             ) from None
 
 
-def node_command(node: LocalNode) -> list[str]:
+def node_command(node: LocalNode, log_flags: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable, "-m", "quorum_node.cli.node", "run", "--config", str(node.config_path),
-        "--parent-pid", str(os.getpid()),
+        "--parent-pid", str(os.getpid()), *log_flags,
     ]
 
 
@@ -866,7 +876,8 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
         signals_seen += 1
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(nodes)
+    log_flags = ["--log-level", args.log_level, "--log-format", args.log_format]
+    cluster = LocalCluster(nodes, lambda node: node_command(node, log_flags))
     watch = LeaderWatch(lambda line: print(line, flush=True))
     next_status = 0.0
 

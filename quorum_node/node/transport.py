@@ -254,7 +254,9 @@ class PeerClient:
                     ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
-            raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
+            # str, not repr: the operator reads it in the log ("Cannot connect to host ...").
+            reason = str(error) or type(error).__name__
+            raise PeerUnavailable(f"node {destination} unreachable: {reason}") from None
         # A timed-out or broken call may mean a silently dead connection: start afresh.
         stream = _PeerStream(destination, socket, on_unavailable=self._drop,
                              on_ended=self._stream_ended)

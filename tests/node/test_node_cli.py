@@ -7,6 +7,7 @@ command as a subprocess over a stand-in runtime (a ``sitecustomize`` that provid
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -19,7 +20,7 @@ import time
 import types
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from io import StringIO
 from pathlib import Path
 
@@ -502,7 +503,7 @@ def has_real_runtime() -> bool:
 
 class LocalProcess:
     def __init__(self, tmp_path: Path, nodes: int, fake: bool, name: str = "local",
-                 **env: str) -> None:
+                 args: Sequence[str] = (), **env: str) -> None:
         self.data = tmp_path / "data"
         self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         self.base_port = free_port_range(2 * nodes)  # client ports, then controller ports
@@ -515,7 +516,7 @@ class LocalProcess:
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.process = subprocess.Popen(
                 [*CLI, "local", "--nodes", str(nodes), "--data-dir", str(self.data),
-                 "--base-port", str(self.base_port)],
+                 "--base-port", str(self.base_port), *args],
                 stdout=out, stderr=err, env={**environ, **env},
             )
 
@@ -659,7 +660,7 @@ def test_local_failover_and_disk_replacement_on_one_machine(
     with the add-voter and remove-voter lines that local prints."""
     if not has_real_runtime():
         pytest.skip("quorum_node.node.runtime.run_node is not there yet")
-    local = LocalProcess(tmp_path, 3, fake=False)
+    local = LocalProcess(tmp_path, 3, fake=False, args=["--log-format", "json"])
     local_process.append(local)
     pids = local.node_pids(3)
     ready = wait_for_line(local, r"^quorum ready: node (\d) leads in epoch (\d+) ")
@@ -676,6 +677,14 @@ def test_local_failover_and_disk_replacement_on_one_machine(
     commands = [line.split() for line in replaced.stdout.splitlines()
                 if line.strip().startswith("quorum-admin")]
     assert [c[3] for c in commands] == ["add-voter", "remove-voter"], replaced.stdout
+    new_id = commands[0][-1]
+    # The leader says that the node on its new disk could be a voter, and how to make it one.
+    successor = int(new_leader.group(1))
+    deadline = time.monotonic() + 60
+    while not any(m.endswith(f" add-voter --id {leader} --uuid {new_id}")
+                  for m in node_log_messages(local.data / f"node-{successor}.log")):
+        assert time.monotonic() < deadline, local.diagnostics()
+        time.sleep(0.2)
     admin = [sys.executable, "-m", "quorum_node.cli.admin"]
     for command in commands:
         deadline = time.monotonic() + 60
@@ -688,8 +697,36 @@ def test_local_failover_and_disk_replacement_on_one_machine(
                 break
             time.sleep(0.5)
         assert done.returncode == 0, (command, done.stdout, done.stderr, local.diagnostics())
+    # The nodes' logs (JSON lines) tell the story.
+    said = node_log_messages(local.data / f"node-{successor}.log")
+    assert any(re.fullmatch(rf"node {successor}: (candidate|prospective) -> leader in epoch "
+                            r"\d+.*: won the election", m) for m in said), said
+    assert any(re.fullmatch(rf"node {successor}: follower -> (prospective|candidate) in epoch "
+                            rf"\d+.*: no word from leader {leader} within the fetch timeout; "
+                            "starting an election", m) for m in said), said
+    assert any(m.startswith(f"node {successor}: peer {leader} unreachable: ") for m in said)
+    assert any(m.startswith(f"node {successor}: peer {leader} reachable again after ")
+               for m in said), said
+    assert any(m.startswith(f"node {successor}: observer {leader} (directory {new_id}) fetches "
+                            f"and could be a voter: quorum-admin -b ")
+               and m.endswith(f" add-voter --id {leader} --uuid {new_id}") for m in said), said
     local.process.send_signal(signal.SIGINT)
     assert local.process.wait(timeout=60) == 0, local.diagnostics()
+    final = node_log_messages(local.data / f"node-{successor}.log")
+    assert f"node {successor}: shutting down (SIGTERM received); resigning the leadership " \
+           "first" in final or f"node {successor}: shutting down (SIGTERM received)" in final
+    assert final[-1] == f"node {successor}: stopped"
+
+
+def node_log_messages(path: Path) -> list[str]:
+    """The messages of a node's JSON log lines (the lines local writes between are not JSON)."""
+    messages = []
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            document = json.loads(line)
+            assert set(document) >= {"time", "level", "logger", "message"}
+            messages.append(document["message"])
+    return messages
 
 
 def test_nodes_stop_when_local_itself_is_killed(
