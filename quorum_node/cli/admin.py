@@ -24,6 +24,7 @@ import http.client
 import json
 import ssl
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,7 @@ from quorum_node.cli.common import (
     BOOTSTRAP_ENV,
     DEFAULT_BOOTSTRAP,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     CliError,
     CliParser,
@@ -275,23 +277,75 @@ def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
         raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
-    try:
-        with QuorumClient([_url(host, port, access.scheme) for host, port in servers],
-                          timeout_s, credentials=access.credentials, fail_fast=True) as client:
+    client = QuorumClient([_url(host, port, access.scheme) for host, port in servers],
+                          timeout_s, credentials=access.credentials, fail_fast=True)
+    outcome: list[list[Voter] | QuorumClientError] = []
+
+    def change() -> None:
+        try:
             if adding:
-                voters = client.add_voter(args.voter_id, directory_id)
+                outcome.append(client.add_voter(args.voter_id, directory_id))
             else:
-                voters = client.remove_voter(args.voter_id, directory_id,
-                                             decommission=args.decommission)
-    except QuorumClientError as error:
-        raise CliError(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
-                       EXIT_FAILED, api_code=error.code, body=error.body) from None
+                outcome.append(client.remove_voter(args.voter_id, directory_id,
+                                                   decommission=args.decommission))
+        except QuorumClientError as error:
+            outcome.append(error)
+        finally:
+            client.close()
+
+    # The change runs aside, so that a wait of more than a second is told as it goes.
+    worker = threading.Thread(target=change, name="voter-change", daemon=True)
+    started = time.monotonic()
+    worker.start()
+    try:
+        next_report = started + PROGRESS_EVERY_S
+        while worker.is_alive():
+            worker.join(min(0.1, max(0.0, next_report - time.monotonic())))
+            if worker.is_alive() and time.monotonic() >= next_report:
+                print(f"{PROG}: {'adding' if adding else 'removing'} {voter}: "
+                      f"{time.monotonic() - started:.0f} s; "
+                      f"{_progress(servers, access, args.voter_id, directory_id, adding)}",
+                      file=sys.stderr, flush=True)
+                next_report += PROGRESS_EVERY_S
+    except KeyboardInterrupt:
+        raise CliError(f"interrupted: the change of {voter} may still complete (quorum-admin "
+                       "describe --status tells)", EXIT_INTERRUPTED,
+                       api_code="OUTCOME_UNKNOWN") from None
+    result = outcome[0]
+    if isinstance(result, QuorumClientError):
+        raise CliError(f"cannot {'add' if adding else 'remove'} {voter}: {result.code}: "
+                       f"{result}", EXIT_FAILED, api_code=result.code, body=result.body)
+    voters = result
     if args.json:
         emit_json(client.last_answer)
         return 0
     print(f"{'Added' if adding else 'Removed'} {voter}")
     print(f"{'CurrentVoters:':<{_LABEL_WIDTH}}[{', '.join(map(_voter_entry, voters))}]")
     return 0
+
+
+PROGRESS_EVERY_S = 1.0
+
+
+def _progress(servers: Sequence[tuple[str, int]], access: Access, voter_id: int,
+              directory_id: str, adding: bool) -> str:
+    """Where the change stands, as the leader describes the quorum: how far the replica is
+    behind (it must catch up before it is added), or that it is still a voter."""
+    try:
+        quorum = fetch_quorum(servers, 0.5, access)
+    except AdminError as error:
+        return f"the quorum cannot be described now ({error})"
+    leader = _leader_row(quorum)
+    leader_end = leader["log_end_offset"] if leader is not None else -1
+    for kind, rows in (("a voter", quorum["voters"]), ("an observer", quorum["observers"])):
+        for row in rows:
+            if row["id"] == voter_id and row["directory_id"] == directory_id:
+                if row["log_end_offset"] < 0:
+                    return f"{kind}, not fetching from leader {quorum['leader_id']} yet"
+                return (f"{kind} at offset {row['log_end_offset']} of leader "
+                        f"{quorum['leader_id']}'s {leader_end} (lag {row['lag']})")
+    return ("not fetching from the leader (is the node running, on that directory?)" if adding
+            else "no longer listed by the leader")
 
 
 def _voter_entry(voter: Voter) -> str:
