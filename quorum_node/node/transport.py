@@ -229,8 +229,15 @@ class PeerClient:
         if pending is None:
             pending = asyncio.ensure_future(self._connect(destination))
             self._connecting[destination] = pending
-            pending.add_done_callback(lambda _: self._connecting.pop(destination, None))
+            pending.add_done_callback(functools.partial(self._connected, destination))
         return await asyncio.shield(pending)
+
+    def _connected(self, destination: int, attempt: asyncio.Future[_PeerStream]) -> None:
+        self._connecting.pop(destination, None)
+        # Retrieved here: when every sender waiting for it was cancelled (a node shutting
+        # down), asyncio would log the failure as an unhandled exception.
+        if not attempt.cancelled():
+            attempt.exception()
 
     async def _connect(self, destination: int) -> _PeerStream:
         endpoint = self._endpoints.get(destination)
