@@ -55,15 +55,18 @@ def send_request(data_dir: Path, action: str, node_id: int, *, timeout_s: float 
     Raises ControlError when no ``local`` runs there or it does not answer in time."""
     if action not in ACTIONS:
         raise ControlError(f"unknown action {action!r}")
+    not_running = ControlError(f"no quorum-node local is running on {data_dir} (start one "
+                               f"with quorum-node local --data-dir {data_dir})")
     try:
         lock_directory(data_dir, what="data directory").release()
     except DirectoryInUseError:
         pass  # held: a `local` is running there, as wanted
+    except FileNotFoundError:
+        raise not_running from None
     except OSError as error:
         raise ControlError(f"{data_dir}: {error.strerror or error}") from None
     else:
-        raise ControlError(f"no quorum-node local is running on {data_dir} (start one with "
-                           f"quorum-node local --data-dir {data_dir})")
+        raise not_running
     directory = data_dir / CONTROL_DIR
     directory.mkdir(exist_ok=True)
     request_id = f"{os.getpid()}-{secrets.token_hex(4)}"

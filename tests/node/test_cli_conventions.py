@@ -64,6 +64,8 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-node", ["repair-log", "--log-dir", str(missing)], 2),
         ("quorum-node", ["local", "--nodes", "0", "--data-dir", str(tmp / "l")], 2),
         ("quorum-node", ["local", "--data-dir", str(a_file)], 2),
+        ("quorum-node", ["local", "--data-dir", str(missing), "--restart", "1"], 2),
+        ("quorum-node", ["local", "--data-dir", str(tmp), "--replace", "1"], 2),
         ("quorum-node", ["export", "--log-dir", str(missing)], 2),
         ("quorum-node", ["info", "--log-dir", str(a_file)], 2),
         ("quorum-client", [], 2),
