@@ -11,7 +11,8 @@
   (``{"error": message, "code": CODE, ...}``) on stdout as well.
 - A value argument of ``-`` is read from stdin; ``--file PATH`` (``--value-file`` for cas) reads
   it from a file. A literal ``-`` is given on stdin (``printf - | quorum-client put k -``).
-- ``--version``, and ``--print-completion bash|zsh|tcsh`` for shell completion (shtab).
+- ``--version``, and ``--print-completion SHELL`` for shell completion (shtab: bash, zsh, tcsh,
+  fish, powershell).
 - Errors are one line on stderr, ``PROG: error: message``. Exit codes (``EXIT_CODES``): 0 done,
   1 failed, 2 bad usage or refused input, 3 (quorum-client) a key not found or a cas/delete not
   applied, 130 interrupted (Ctrl-C).
@@ -99,7 +100,7 @@ def add_standard_options(parser: argparse.ArgumentParser) -> None:
     """``--version`` and ``--print-completion SHELL`` (top-level parser only)."""
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     shtab.add_argument_to(parser, ["--print-completion"],
-                          help="print a shell completion script (bash, zsh or tcsh), e.g. "
+                          help="print the shell's completion script, e.g. "
                           f"`source <({parser.prog} --print-completion bash)`")
 
 
@@ -112,7 +113,7 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool,
         return value if top else argparse.SUPPRESS
 
     parser.add_argument(
-        "--bootstrap-server", "--bootstrap-controller", "-b", dest="bootstrap_server",
+        "-b", "--bootstrap-server", "--bootstrap-controller", dest="bootstrap_server",
         metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
         help=f"nodes to contact, any of them (default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
     parser.add_argument(
