@@ -174,7 +174,9 @@ class QuorumNode:
             for endpoint in config.voter_client_endpoints}
         self.story = NodeStory(self.core, config.node_id, [voter.id for voter in config.voters],
                                ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                                        for host, port in self.client_endpoints.values()))
+                                        for host, port in self.client_endpoints.values()),
+                               fetch_timeout_ms=config.quorum.fetch_timeout_ms,
+                               wall_clock_ms=_now_ms)
         idle_timeout_s = config.http_read_timeout_ms / 1000
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
                                  tls=self.security.peer_tls,

@@ -37,7 +37,9 @@ class _Role:
 
 class NodeStory:
     def __init__(self, core: RaftCore, node_id: int, voter_ids: Sequence[int],
-                 bootstrap: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 bootstrap: str, *, fetch_timeout_ms: int = 2000,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._core = core
         self._node_id = node_id
         self._voter_ids = frozenset(voter_ids)
@@ -49,6 +51,10 @@ class NodeStory:
         self._down_since: dict[int, float] = {}
         self._last_said: dict[int, float] = {}
         self._observers_said: set[ReplicaKey] = set()
+        self._fetch_timeout_ms = fetch_timeout_ms
+        self._wall_clock_ms = wall_clock_ms
+        self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
+        self._leading_since = clock()
         self._next_observer_check = 0.0
         self.shutting_down = False
 
@@ -60,12 +66,14 @@ class NodeStory:
         role = self._current()
         if role != self._role:
             before, self._role = self._role, role
+            if role.state is RaftState.LEADER:
+                self._leading_since = self._clock()
             logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
                         role.state, role.epoch,
                         f" (was {before.epoch})" if role.epoch != before.epoch else "",
                         self._reason(step, args, before, role))
         if role.state is RaftState.LEADER:
-            self._check_observers()
+            self._check_replicas()
 
     def _reason(self, step: str, args: Sequence[object], before: _Role, after: _Role) -> str:
         sender = args[1] if len(args) > 1 and isinstance(args[1], int) else None
@@ -114,15 +122,37 @@ class NodeStory:
             logger.info("node %d: peer %d reachable again after %.1f s", self._node_id, node_id,
                         self._clock() - since)
 
-    def _check_observers(self) -> None:
+    def _check_replicas(self) -> None:
+        """On the leader: voters that stopped fetching (followers pull, so a dead one makes no
+        request fail here) and observers that could be voters."""
         now = self._clock()
         if now < self._next_observer_check:
             return
         self._next_observer_check = now + OBSERVER_CHECK_S
+        now_ms = self._wall_clock_ms()
         try:
-            description = self._core.describe_quorum(int(time.time() * 1000))
+            description = self._core.describe_quorum(now_ms)
         except NotLeaderError:
             return
+        # A new leader gives its followers a fetch timeout to find it before calling them silent.
+        settled = now - self._leading_since >= self._fetch_timeout_ms / 1000
+        for voter in description.voters:
+            key = voter.key
+            if key.id == self._node_id or not settled:
+                continue
+            last = voter.last_fetch_ms
+            silent = last is None or now_ms - last > self._fetch_timeout_ms
+            if silent and self._silent.get(key) != description.epoch:
+                self._silent[key] = description.epoch
+                since = "has not fetched in this epoch" if last is None else \
+                    f"has not fetched for {(now_ms - last) / 1000:.1f} s"
+                logger.warning("node %d: voter %s %s (down, or cut off?); the quorum needs a "
+                               "majority of the %d voters", self._node_id, voter.key, since,
+                               len(description.voters))
+            elif not silent and key in self._silent:
+                del self._silent[key]
+                logger.info("node %d: voter %s fetching again, at offset %s", self._node_id,
+                            voter.key, voter.log_end_offset)
         for observer in description.observers:
             key = observer.key
             if key.directory_id is None or key.id not in self._voter_ids \
