@@ -219,12 +219,12 @@ class JsonLogFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level`` in ``log_format``; like logging.basicConfig, nothing changes
+    when the process has set up logging already (a host program, a test runner)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLogFormatter() if log_format == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def emit_json(document: Any) -> None:
