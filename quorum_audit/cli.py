@@ -4,8 +4,10 @@
     quorum-audit consistency s3a://backups/fleet/ --master spark://host:7077
     spark-submit quorum_audit/cli.py run s3a://backups/fleet/ --out s3a://backups/audit/
 
-Exit status: 0 when the audit passes, 1 when it finds an error, 2 on a usage error or an input
-that cannot be read.
+Exit status: 0 when the audit passes, 1 when it finds an error, 2 on a usage error, an input
+that cannot be read, or the spark extra missing (``pip install 'quorum-node[spark]'``), 130
+interrupted. The options follow the conventions of every ``quorum-*`` tool
+(``quorum_node.cli.common``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,27 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pyspark.sql import SparkSession
+from quorum_node.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    CliParser,
+    add_standard_options,
+    parse_args,
+    require_extra,
+    run_command,
+)
 
-from quorum_audit.audit import AuditResult, run_audit, to_json
-from quorum_audit.report import write_outputs
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+    from quorum_audit.audit import AuditResult
+
+PROG = "quorum-audit"
+EXIT_PASSED = 0
+SPARK_MODULES = ("pyspark", "pyarrow", "numpy")  # what the spark extra brings
 _TABLES = {
     "consistency": {"replicas", "findings", "divergences"},
     "history": {"replicas", "leadership", "membership", "write_rates"},
@@ -29,14 +45,26 @@ _TABLES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parsed = parse_args(_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    return run_command(PROG, lambda: _audit(args), json_errors=args.json)
+
+
+def _audit(args: argparse.Namespace) -> int:
+    for module in SPARK_MODULES:
+        require_extra(module, "spark")
+    # Imported once the extra is known to be there: --help, --version and the message above
+    # work with the light install.
+    from quorum_audit.audit import run_audit, to_json  # noqa: PLC0415
+    from quorum_audit.report import write_outputs  # noqa: PLC0415
+
     spark, created = _session(args.master)
     try:
         result = run_audit(spark, args.paths, args.high_watermark)
     except (ValueError, OSError) as error:
-        print(f"quorum-audit: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
     finally:
         if created:
             spark.stop()
@@ -48,10 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="quorum-audit",
+    parser = CliParser(
+        prog=PROG,
         description="Audit quorum replicas' logs and snapshots on Spark: that they agree, and "
         "the quorum's history.")
+    add_standard_options(parser)
     jobs = parser.add_subparsers(dest="job", required=True, metavar="JOB")
     for job, help_text in (
             ("run", "consistency and history, with the report and chart"),
@@ -72,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 def _session(master: str | None) -> tuple[SparkSession, bool]:
     """The active session if there is one (a test, a notebook), else a new one; with
     ``spark-submit`` the master comes from it, otherwise it defaults to local[*]."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415 (the spark extra, checked by now)
+
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
         return active, False

@@ -6,6 +6,8 @@
         client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
         first, last = client.append([b"a", b"b"])
         client.read(first, wait_ms=1000).records
+        client.list_keys("col").entries      # [('colour', 'red')]
+        client.watch(offset, prefix="col", wait_ms=5000).events
         client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
 It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
@@ -64,10 +66,12 @@ class QuorumClientError(Exception):
     """A call failed. ``code`` is the server's error code (BAD_REQUEST, TOO_LARGE, TIMEOUT,
     OUTCOME_UNKNOWN, ...) or UNAVAILABLE when no node could serve it in time."""
 
-    def __init__(self, message: str, *, code: str = "ERROR", status: int | None = None) -> None:
+    def __init__(self, message: str, *, code: str = "ERROR", status: int | None = None,
+                 body: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
+        self.body = body  # the server's JSON error answer, when it gave one
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,27 @@ class ReadRecord:
     value: bytes
     key: bytes | None
     timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    entries: list[tuple[str, str]]  # (key, value), in key order
+    next_start_after: str | None  # pass as start_after for the next page; None: the last page
+    applied_offset: int
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    offset: int
+    key: str
+    value: str | None  # None: the key was deleted
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    events: list[KvEvent]
+    next_offset: int  # where the next watch continues
+    applied_offset: int
 
 
 @dataclass(frozen=True)
@@ -129,6 +154,10 @@ def parse_bootstrap(bootstrap: str | Sequence[str], default_scheme: str = "http"
 class _NotSent(Exception):
     """The request never reached the server: trying again elsewhere is safe."""
 
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable  # no connection could be made at all
+
 
 class _OutOfTime(Exception):
     """The call's deadline passed before a request could be sent."""
@@ -157,9 +186,16 @@ class _Answer:
 
 class QuorumClient:
     def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
-                 *, credentials: ClientCredentials | None = None) -> None:
+                 *, credentials: ClientCredentials | None = None,
+                 fail_fast: bool = False) -> None:
+        """``fail_fast``: give up at once when no server of the list accepts a connection
+        (the command-line tools' policy: nothing is running there); otherwise keep trying
+        until the timeout (a program that starts with its nodes)."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        self.fail_fast = fail_fast
+        # The JSON answer of the last call that succeeded (or found no key): what the API said.
+        self.last_answer: dict[str, Any] = {}
         self.credentials = credentials or ClientCredentials()
         self.servers = parse_bootstrap(bootstrap,
                                        "https" if self.credentials.uses_tls else "http")
@@ -205,6 +241,47 @@ class QuorumClient:
         body = json.dumps({"expected": expected, "value": value}).encode()
         return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
                                         content_type="application/json"), "applied")
+
+    def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
+                  stale: bool = False) -> KeyPage:
+        """A page of the keys starting with ``prefix``, in key order, after ``start_after``
+        (linearizable unless ``stale``)."""
+        query = {"prefix": prefix, "limit": str(limit)}
+        if start_after is not None:
+            query["start_after"] = start_after
+        if stale:
+            query["stale"] = "true"
+        body = self._call("GET", "/v1/kv", query=query, server_timeout=not stale)
+        entries = []
+        for entry in _field(body, "entries", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an entry is not an object")
+            entries.append((_field(entry, "key", str), _field(entry, "value", str)))
+        after = body.get("next_start_after")
+        return KeyPage(entries, after if isinstance(after, str) else None,
+                       _field(body, "applied_offset", int))
+
+    def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
+              wait_ms: int = 0, max_events: int = 100) -> WatchResult:
+        """The changes of ``key`` (or of the keys under ``prefix``) committed at or after
+        ``offset``, waiting up to ``wait_ms`` while there is none; continue from
+        ``next_offset``. Raises QuorumClientError COMPACTED when they are no longer known."""
+        if (key is None) == (prefix is None):
+            raise ValueError("watch a key or a prefix")
+        query = {"offset": str(offset), "wait_ms": str(wait_ms),
+                 "max_events": str(max_events)}
+        query.update({"key": key} if key is not None else {"prefix": prefix or ""})
+        body = self._call("GET", "/v1/watch", query=query, server_timeout=False,
+                          extra_time_s=max(wait_ms, 0) / 1000)
+        events = []
+        for entry in _field(body, "events", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an event is not an object")
+            value = entry.get("value")
+            events.append(KvEvent(_field(entry, "offset", int), _field(entry, "key", str),
+                                  value if isinstance(value, str) else None))
+        return WatchResult(events, _field(body, "next_offset", int),
+                           _field(body, "applied_offset", int))
 
     # --- records -----------------------------------------------------------------------------
 
@@ -271,6 +348,7 @@ class QuorumClient:
         candidates = [self._preferred] + [s for s in self.servers if s != self._preferred]
         attempt = 0
         last_problem = "no attempt made"
+        unreachable: dict[str, str] = {}  # servers that refused a connection, since an answer
         while True:
             server = candidates[attempt % len(candidates)]
             attempt += 1
@@ -280,6 +358,12 @@ class QuorumClient:
                 break
             except _NotSent as problem:
                 last_problem = str(problem)
+                if problem.unreachable:
+                    unreachable[server] = str(problem)
+                    if self.fail_fast and len(unreachable) == len(candidates):
+                        raise QuorumClientError(
+                            "no node reachable: " + "; ".join(unreachable.values()),
+                            code="UNAVAILABLE") from None
             except _Interrupted as problem:
                 if not idempotent:
                     raise QuorumClientError(
@@ -288,12 +372,15 @@ class QuorumClient:
                 last_problem = str(problem)
             else:
                 code = answer.body.get("code") if isinstance(answer.body, dict) else None
+                unreachable.clear()
                 if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
                     self._preferred = server
+                    self.last_answer = answer.body
                     return answer.body  # type: ignore[no-any-return]
                 message = _error_message(answer)
                 if code not in (_RETRYABLE_READ_CODES if read else _RETRYABLE_CODES):
-                    raise QuorumClientError(message, code=code or "ERROR", status=answer.status)
+                    raise QuorumClientError(message, code=code or "ERROR", status=answer.status,
+                                            body=answer.body)
                 last_problem = f"{server}: {message}"
             backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(attempt - 1, 10))
             remaining = deadline - time.monotonic()
@@ -306,6 +393,7 @@ class QuorumClient:
 
     def _follow(self, request: _Request, server: str, deadline: float) -> tuple[_Answer, str]:
         """Send to ``server``, following redirects to the leader; the answer and who gave it."""
+        first = server
         for _ in range(MAX_REDIRECTS + 1):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -316,7 +404,14 @@ class QuorumClient:
                 budget_ms = int((remaining - _SERVER_TIMEOUT_MARGIN_S) * 1000)
                 query["timeout_ms"] = str(max(1, min(budget_ms, 60_000)))
             target = request.path + ("?" + urllib.parse.urlencode(query) if query else "")
-            answer = self._send(server, request, target, remaining)
+            try:
+                answer = self._send(server, request, target, remaining)
+            except _NotSent as problem:
+                if server == first:
+                    raise
+                # The node it was sent to answered (with a redirect to a leader that may just
+                # have died): the list is reachable, an election will tell the new leader.
+                raise _NotSent(str(problem)) from None
             if answer.status not in (307, 308):
                 return answer, server
             if not answer.location:
@@ -384,7 +479,8 @@ class QuorumClient:
                                         code="TLS_ERROR") from None
             except OSError as error:
                 connection.close()
-                raise _NotSent(f"{server}: {_describe(error)}") from None
+                raise _NotSent(f"{server}: {_describe(error)}",
+                               unreachable=not isinstance(error, TimeoutError)) from None
             connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._connections[server] = connection
         connection.timeout = timeout_s

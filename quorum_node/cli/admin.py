@@ -9,10 +9,12 @@
     quorum-admin remove-voter --id 5 --uuid DIRECTORY_ID --decommission   # scale down
 
 The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
-While no leader is known (an election), the servers are retried until ``--timeout-ms`` (default
-5000 for describe, 30000 for a voter change, which waits for the new voter set to commit).
-Errors are one line on stderr. Exit codes: 0 done, 1 failed (the quorum could not be described,
-or the voter change was refused or not done in time), 2 bad usage.
+While no leader is known (an election), the servers are retried until ``--timeout SECONDS``
+(default 5 for describe, 30 for a voter change, which waits for the new voter set to commit);
+when none of them accepts a connection, it fails at once. The options follow the conventions of
+every ``quorum-*`` tool (``quorum_node.cli.common``). Errors are one line on stderr. Exit codes:
+0 done, 1 failed (the quorum could not be described, or the voter change was refused or not
+done in time), 2 bad usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -20,30 +22,42 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import ssl
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from quorum_node.cli.credentials import add_credential_options, credentials_from_args
+from quorum_node.cli.common import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    CliParser,
+    add_connection_options,
+    add_standard_options,
+    bootstrap_from,
+    emit_json,
+    parse_args,
+    run_command,
+    timeout_from,
+)
+from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import QuorumClient, QuorumClientError, Voter
 from quorum_node.security.client_credentials import ClientCredentials
+from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 
 PROG = "quorum-admin"
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-ENV_BOOTSTRAP = "QUORUM_BOOTSTRAP_SERVER"
-# What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
-# without flags on a fresh machine.
-DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+ENV_BOOTSTRAP = BOOTSTRAP_ENV
 QUORUM_PATH = "/v1/quorum"
 MAX_REDIRECTS = 5
-DESCRIBE_TIMEOUT_MS = 5000
+DESCRIBE_TIMEOUT_S = 5.0
 # A voter change waits for the new voter to catch up and for the change to commit.
-VOTER_CHANGE_TIMEOUT_MS = 30_000
+VOTER_CHANGE_TIMEOUT_S = 30.0
 RETRY_BACKOFF_S = 0.1
 _LABEL_WIDTH = 24  # Kafka pads "ClusterId:" and the other labels to 24 columns
 
@@ -56,28 +70,17 @@ class _NoLeader(AdminError):
     """A server answered that no leader is known: worth retrying once an election is over."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line instead of argparse's usage block; --help has the usage.
-        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see {PROG} --help)\n")
-
-
-def _build_parser() -> _Parser:
-    parser = _Parser(
+def _build_parser() -> CliParser:
+    parser = CliParser(
         prog=PROG,
-        description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum).",
+        description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum) and "
+        "change its voters.",
+        epilog=f"The default servers are ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. Exit codes: "
+        "0 done, 1 failed (the quorum could not be described, or the voter change was refused "
+        "or not done in time), 2 bad usage, 130 interrupted.",
     )
-    parser.add_argument(
-        "--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
-        default=os.environ.get(ENV_BOOTSTRAP, DEFAULT_BOOTSTRAP), metavar="HOST:PORT[,...]",
-        help=f"nodes to ask, tried in order (default ${ENV_BOOTSTRAP} or {DEFAULT_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--timeout-ms", type=int, default=None,
-        help=f"give up after this long, including waiting out an election (default "
-             f"{DESCRIBE_TIMEOUT_MS}; {VOTER_CHANGE_TIMEOUT_MS} for a voter change)",
-    )
-    add_credential_options(parser)
+    add_standard_options(parser)
+    add_connection_options(parser, top=True, default_timeout_s=None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     describe = _add_command(commands, "describe", "describe the quorum",
                             "Describe the quorum, as its leader sees it.")
@@ -86,10 +89,14 @@ def _build_parser() -> _Parser:
                       help="leader, epoch, high watermark, lag and the voters and observers")
     what.add_argument("--replication", action="store_true",
                       help="one row per replica: offsets, lag and fetch times")
-    describe.add_argument("--json", action="store_true",
-                          help="print the leader's answer (GET /v1/quorum) as JSON")
     describe.add_argument("--human-readable", action="store_true",
                           help="with --replication: timestamps as 'N ms ago'")
+    _add_command(commands, "status", "every node's own status, in a table",
+                 "Ask every node (the bootstrap servers, and the voters they know of) for its "
+                 "own status, like etcd's endpoint status -w table: role, epoch, leader, high "
+                 "watermark, log end offset, lag behind the leader, health; a node that does not "
+                 "answer is listed as unreachable. Exit code 1 when a node is unreachable or "
+                 "failed (the table is printed all the same).")
     for name, text in (("add-voter", "make an observer a voter (AddVoter)"),
                        ("remove-voter", "remove a voter (RemoveVoter)")):
         change = _add_command(commands, name, text,
@@ -108,33 +115,34 @@ def _build_parser() -> _Parser:
     return parser
 
 
-def _add_command(commands: argparse._SubParsersAction[_Parser], name: str, text: str,
-                 description: str) -> _Parser:
+def _add_command(commands: argparse._SubParsersAction[CliParser], name: str, text: str,
+                 description: str) -> CliParser:
     command = commands.add_parser(name, help=text, description=description)
-    # Also accepted after the command, where people tend to put it.
-    command.add_argument("--bootstrap-server", "--bootstrap-controller", dest="bootstrap",
-                         default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    add_credential_options(command, top=False)
+    # Also accepted after the command, where people tend to put them.
+    add_connection_options(command, top=False, default_timeout_s=None)
     return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    return run_command(PROG, lambda: _run(args), json_errors=args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
+    bootstrap = bootstrap_from(args)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed
-        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    if args.timeout_ms is not None and args.timeout_ms <= 0:
-        return _fail(f"--timeout-ms must be positive, got {args.timeout_ms}", EXIT_USAGE)
-    try:
-        servers = parse_bootstrap(args.bootstrap)
-        access = Access.of(credentials_from_args(args), args.bootstrap)
+        servers = parse_bootstrap(bootstrap)
     except ValueError as error:
-        return _fail(str(error), EXIT_USAGE)
+        raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
+    access = Access.of(credentials_from_args(args), bootstrap)
     if args.command == "describe":
-        return _describe(args, servers, (args.timeout_ms or DESCRIBE_TIMEOUT_MS) / 1000, access)
-    return _change_voters(args, servers, (args.timeout_ms or VOTER_CHANGE_TIMEOUT_MS) / 1000,
-                          access)
+        return _describe(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
+    if args.command == "status":
+        return _status(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
+    return _change_voters(args, servers, timeout_from(args, VOTER_CHANGE_TIMEOUT_S), access)
 
 
 class Access:
@@ -166,57 +174,182 @@ PLAIN = Access(ClientCredentials(), "http")
 def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float,
               access: Access) -> int:
     if args.human_readable and not args.replication:
-        return _fail("--human-readable is only valid with --replication", EXIT_USAGE)
+        raise CliError("--human-readable is only valid with --replication", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
     try:
         quorum = fetch_quorum(servers, timeout_s, access)
-        if args.json:
-            text = json.dumps(quorum, indent=2)
-        elif args.status:
-            text = format_status(quorum)
-        else:
-            text = format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000)
     except AdminError as error:
-        return _fail(str(error), EXIT_FAILED)
-    print(text)
+        raise CliError(str(error), EXIT_FAILED, api_code="UNAVAILABLE") from None
+    if args.json:
+        emit_json(quorum)
+    elif args.status:
+        print(format_status(quorum))
+    else:
+        print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
     return 0
+
+
+NODE_PATH = "/v1/node"
+STATUS_COLUMNS = ("ENDPOINT", "ID", "DIRECTORY ID", "ROLE", "EPOCH", "LEADER", "HIGH WATERMARK",
+                  "LOG END", "LAG", "HEALTH")
+
+
+def node_statuses(servers: Sequence[tuple[str, int]], timeout_s: float,
+                  access: Access = PLAIN) -> list[dict[str, Any]]:
+    """Every node's ``GET /v1/node``: the servers given, then the voters' client endpoints that
+    the nodes which answered name. Each entry has ``endpoint`` and ``reachable`` (and ``error``
+    when not), then the node's answer, and ``lag`` behind the leader's log end (-1 unknown)."""
+    deadline = time.monotonic() + timeout_s
+    to_ask = [_url(host, port, access.scheme) for host, port in servers]
+    rows: dict[str, dict[str, Any]] = {}
+    while to_ask:
+        url = to_ask.pop(0)
+        if url in rows:
+            continue
+        try:
+            status, _, body = _get(url + NODE_PATH, deadline, access)
+            answer = _json(url, body)
+            if status != 200 or not isinstance(answer, dict) or "node_id" not in answer:
+                message = answer.get("message") if isinstance(answer, dict) else None
+                raise AdminError(f"HTTP {status}" + (f": {message}" if message else ""))
+        except AdminError as error:
+            rows[url] = {"endpoint": url, "reachable": False,
+                         "error": str(error).removeprefix(f"{url}{NODE_PATH}: ")}
+            continue
+        rows[url] = {"endpoint": url, "reachable": True, **answer}
+        to_ask += [e["url"] for e in answer.get("client_endpoints", [])
+                   if isinstance(e, dict) and isinstance(e.get("url"), str)]
+    answered = [row for row in rows.values() if row["reachable"]]
+    leaders = [row for row in answered if row.get("state") == "leader"]
+    leader = max(leaders, key=lambda row: row["epoch"]) if leaders else None
+    for row in answered:
+        row["lag"] = -1 if leader is None else leader["log_end_offset"] - row["log_end_offset"]
+    return sorted(rows.values(), key=lambda row: (row.get("node_id", 1 << 31), row["endpoint"]))
+
+
+def format_node_statuses(rows: Sequence[dict[str, Any]]) -> str:
+    def cells(row: dict[str, Any]) -> list[str]:
+        if not row["reachable"]:
+            return [row["endpoint"], *["-"] * 8, f"unreachable: {row['error']}"]
+        role = f"{row['state']} ({'voter' if row['is_voter'] else 'observer'})"
+        leader = "-" if row["leader_id"] is None else str(row["leader_id"])
+        health = "ok" if row["failure"] is None else f"failed: {row['failure']}"
+        return [row["endpoint"], str(row["node_id"]), row["directory_id"], role,
+                str(row["epoch"]), leader, str(row["high_watermark"]),
+                str(row["log_end_offset"]), str(row["lag"]), health]
+
+    table = [list(STATUS_COLUMNS), *map(cells, rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(STATUS_COLUMNS))]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    lines = [rule]
+    for index, line in enumerate(table):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+                     + " |")
+        if index == 0:
+            lines.append(rule)
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _status(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s: float,
+            access: Access) -> int:
+    rows = node_statuses(servers, timeout_s, access)
+    if not any(row["reachable"] for row in rows):
+        raise CliError("no node reachable: " + "; ".join(f"{row['endpoint']}: {row['error']}"
+                                                         for row in rows),
+                       EXIT_FAILED, api_code="UNAVAILABLE")
+    if args.json:
+        emit_json(rows)
+    else:
+        print(format_node_statuses(rows))
+    healthy = all(row["reachable"] and row["failure"] is None for row in rows)
+    return 0 if healthy else EXIT_FAILED
 
 
 def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
                    timeout_s: float, access: Access) -> int:
-    # Imported here: the storage package is slow to import, and describe does not need it.
-    from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string  # noqa: PLC0415
-
     if args.voter_id < 0:
-        return _fail(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE)
+        raise CliError(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
     try:
         directory_id = to_kafka_string(parse_uuid(args.uuid))
     except ValueError as error:
-        return _fail(f"--uuid: {error}", EXIT_USAGE)
+        raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
-    try:
-        with QuorumClient([_url(host, port, access.scheme) for host, port in servers],
-                          timeout_s, credentials=access.credentials) as client:
+    client = QuorumClient([_url(host, port, access.scheme) for host, port in servers],
+                          timeout_s, credentials=access.credentials, fail_fast=True)
+    outcome: list[list[Voter] | QuorumClientError] = []
+
+    def change() -> None:
+        try:
             if adding:
-                voters = client.add_voter(args.voter_id, directory_id)
+                outcome.append(client.add_voter(args.voter_id, directory_id))
             else:
-                voters = client.remove_voter(args.voter_id, directory_id,
-                                             decommission=args.decommission)
-    except QuorumClientError as error:
-        return _fail(f"cannot {'add' if adding else 'remove'} {voter}: {error.code}: {error}",
-                     EXIT_FAILED)
+                outcome.append(client.remove_voter(args.voter_id, directory_id,
+                                                   decommission=args.decommission))
+        except QuorumClientError as error:
+            outcome.append(error)
+        finally:
+            client.close()
+
+    # The change runs aside, so that a wait of more than a second is told as it goes.
+    worker = threading.Thread(target=change, name="voter-change", daemon=True)
+    started = time.monotonic()
+    worker.start()
+    try:
+        next_report = started + PROGRESS_EVERY_S
+        while worker.is_alive():
+            worker.join(min(0.1, max(0.0, next_report - time.monotonic())))
+            if worker.is_alive() and time.monotonic() >= next_report:
+                print(f"{PROG}: {'adding' if adding else 'removing'} {voter}: "
+                      f"{time.monotonic() - started:.0f} s; "
+                      f"{_progress(servers, access, args.voter_id, directory_id, adding)}",
+                      file=sys.stderr, flush=True)
+                next_report += PROGRESS_EVERY_S
+    except KeyboardInterrupt:
+        raise CliError(f"interrupted: the change of {voter} may still complete (quorum-admin "
+                       "describe --status tells)", EXIT_INTERRUPTED,
+                       api_code="OUTCOME_UNKNOWN") from None
+    result = outcome[0]
+    if isinstance(result, QuorumClientError):
+        raise CliError(f"cannot {'add' if adding else 'remove'} {voter}: {result.code}: "
+                       f"{result}", EXIT_FAILED, api_code=result.code, body=result.body)
+    voters = result
+    if args.json:
+        emit_json(client.last_answer)
+        return 0
     print(f"{'Added' if adding else 'Removed'} {voter}")
     print(f"{'CurrentVoters:':<{_LABEL_WIDTH}}[{', '.join(map(_voter_entry, voters))}]")
     return 0
 
 
+PROGRESS_EVERY_S = 1.0
+
+
+def _progress(servers: Sequence[tuple[str, int]], access: Access, voter_id: int,
+              directory_id: str, adding: bool) -> str:
+    """Where the change stands, as the leader describes the quorum: how far the replica is
+    behind (it must catch up before it is added), or that it is still a voter."""
+    try:
+        quorum = fetch_quorum(servers, 0.5, access)
+    except AdminError as error:
+        return f"the quorum cannot be described now ({error})"
+    leader = _leader_row(quorum)
+    leader_end = leader["log_end_offset"] if leader is not None else -1
+    for kind, rows in (("a voter", quorum["voters"]), ("an observer", quorum["observers"])):
+        for row in rows:
+            if row["id"] == voter_id and row["directory_id"] == directory_id:
+                if row["log_end_offset"] < 0:
+                    return f"{kind}, not fetching from leader {quorum['leader_id']} yet"
+                return (f"{kind} at offset {row['log_end_offset']} of leader "
+                        f"{quorum['leader_id']}'s {leader_end} (lag {row['lag']})")
+    return ("not fetching from the leader (is the node running, on that directory?)" if adding
+            else "no longer listed by the leader")
+
+
 def _voter_entry(voter: Voter) -> str:
     return json.dumps({"id": voter.id, "directoryId": voter.directory_id})
-
-
-def _fail(message: str, code: int) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return code
 
 
 # --- talking to the nodes --------------------------------------------------------------------
@@ -340,21 +473,38 @@ def _leader_row(quorum: dict[str, Any]) -> dict[str, Any] | None:
     return next((v for v in quorum["voters"] if v["id"] == quorum["leader_id"]), None)
 
 
+# A voter that has not fetched for this long (by the leader's clock) is counted unreachable:
+# followers fetch at least every fetch timeout's fraction (a 500 ms long-poll).
+UNREACHABLE_AFTER_MS = 5000
+
+
+def unreachable_voters(quorum: dict[str, Any]) -> list[dict[str, Any]]:
+    """The voters the leader has not heard from: no fetch in this epoch, or none for
+    UNREACHABLE_AFTER_MS before the leader's own row (which carries its clock)."""
+    leader = _leader_row(quorum)
+    now_ms = leader["last_fetch_timestamp"] if leader is not None else -1
+    return [
+        voter for voter in quorum["voters"]
+        if voter is not leader and (
+            voter["log_end_offset"] < 0 or voter["last_fetch_timestamp"] < 0
+            or (now_ms >= 0 and now_ms - voter["last_fetch_timestamp"] > UNREACHABLE_AFTER_MS))
+    ]
+
+
 def max_follower_lag(quorum: dict[str, Any]) -> tuple[int, int]:
-    """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs: the laggiest voter's offsets behind the
-    leader, and how much longer ago it was last caught up (0 if the leader is the laggiest, -1 if
-    unknown)."""
+    """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs over the voters the leader hears from
+    (``unreachable_voters`` are listed apart, not allowed to hide the others' lag): the laggiest
+    one's offsets behind the leader, and how much longer ago it was last caught up (0 if the
+    leader is the laggiest, -1 if unknown)."""
     leader = _leader_row(quorum)
     if leader is None or not quorum["voters"]:
         return -1, -1
+    unreachable = {id(voter) for voter in unreachable_voters(quorum)}
     # The leader first, so that it wins ties: no follower is behind then.
-    voters = [leader, *(v for v in quorum["voters"] if v is not leader)]
-    if any(v["log_end_offset"] < 0 for v in voters):
-        laggiest = next(v for v in voters if v["log_end_offset"] < 0)
-        lag = -1  # a voter that has not fetched yet: how far behind it is, is unknown
-    else:
-        laggiest = min(voters, key=lambda v: v["log_end_offset"])
-        lag = leader["log_end_offset"] - laggiest["log_end_offset"]
+    voters = [leader, *(v for v in quorum["voters"] if v is not leader
+                        and id(v) not in unreachable)]
+    laggiest = min(voters, key=lambda v: v["log_end_offset"])
+    lag = leader["log_end_offset"] - laggiest["log_end_offset"]
     if laggiest is leader:
         return lag, 0
     leader_caught_up = leader["last_caught_up_timestamp"]
@@ -388,6 +538,8 @@ def format_status(quorum: dict[str, Any]) -> str:
         # KIP-856: the observers that AddVoter could make voters (the leader decides which).
         ("CouldBeVoters", _replica_list(o for o in quorum["observers"]
                                         if o.get("could_be_voter"))),
+        # Not in MaxFollowerLag: a voter the leader does not hear from.
+        ("UnreachableVoters", _replica_list(unreachable_voters(quorum))),
     ]
     return "\n".join(f"{label + ':':<{_LABEL_WIDTH}}{value}" for label, value in lines)
 

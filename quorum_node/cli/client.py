@@ -1,20 +1,42 @@
 """``quorum-client``: use a quorum's key-value store and record log from the command line.
 
-Exit codes: 0 done, 1 the request failed, 2 bad usage, 3 the key was not found or a cas (or
-delete) did not apply. Errors are one line on stderr.
+It follows the conventions of every ``quorum-*`` tool (``quorum_node.cli.common``): ``-b``,
+``--timeout SECONDS``, ``--json`` printing the API's answers and error bodies, ``-`` for stdin,
+``--version``, ``--print-completion``. Exit codes: 0 done, 1 the request failed, 2 bad usage,
+3 the key was not found or a cas (or delete) did not apply, 130 interrupted. Errors are one line
+on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import json
-import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from pathlib import Path
 
-from quorum_node.cli.credentials import add_credential_options, credentials_from_args
+from quorum_node.cli.common import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    EXIT_FAILED,
+    EXIT_FALSE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STDIN_VALUE,
+    CliError,
+    CliParser,
+    add_connection_options,
+    add_standard_options,
+    bootstrap_from,
+    emit_json,
+    non_negative_int,
+    parse_args,
+    positive_int,
+    read_value,
+    run_command,
+    timeout_from,
+)
+from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import (
     DEFAULT_TIMEOUT_S,
     QuorumClient,
@@ -24,87 +46,36 @@ from quorum_node.client import (
 )
 
 PROG = "quorum-client"
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_FALSE = 3
-BOOTSTRAP_ENV = "QUORUM_BOOTSTRAP_SERVER"
-DEFAULT_BOOTSTRAP = "127.0.0.1:9091"  # the first node of `quorum-node local`
+__all__ = ["EXIT_FAILED", "EXIT_FALSE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 _EPILOG = f"""\
-Any node will do: requests that need the leader are redirected to it. The default server is
-${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. Exit codes: 0 done, 1 the request failed,
-2 bad usage, 3 key not found or cas/delete not applied.
+Any node will do: requests that need the leader are redirected to it. The default servers are
+${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. A value of '-' is read from stdin. Exit codes:
+0 done, 1 the request failed, 2 bad usage, 3 key not found or cas/delete not applied,
+{EXIT_INTERRUPTED} interrupted (a write may still commit: read it back).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line instead of argparse's usage block; --help has the usage.
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    # Accepted before and after the command; SUPPRESS keeps a subcommand from resetting a value
-    # given before it.
-    default: Any = None if top else argparse.SUPPRESS
-    parser.add_argument("--bootstrap-server", "-b", metavar="HOST:PORT[,HOST:PORT...]",
-                        default=default, help=f"nodes to contact (default: ${BOOTSTRAP_ENV} "
-                                              f"or {DEFAULT_BOOTSTRAP})")
-    parser.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                        default=DEFAULT_TIMEOUT_S if top else argparse.SUPPRESS,
-                        help=f"give up after this long, retries included "
-                             f"(default: {DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--json", action="store_true", default=False if top else
-                        argparse.SUPPRESS, help="print the result as JSON")
-    add_credential_options(parser, top=top)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Read and write a quorum's key-value store and "
-                     "record log.", epilog=_EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common_options(parser, top=True)
+    parser = CliParser(prog=PROG, description="Read and write a quorum's key-value store and "
+                       "record log.", epilog=_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_standard_options(parser)
+    add_connection_options(parser, top=True, default_timeout_s=DEFAULT_TIMEOUT_S)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     def command(name: str, run: Callable[[QuorumClient, argparse.Namespace], int],
                 summary: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary, epilog=_EPILOG,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-        _common_options(sub, top=False)
+        add_connection_options(sub, top=False, default_timeout_s=DEFAULT_TIMEOUT_S)
         sub.set_defaults(run=run)
         return sub
 
     put = command("put", _put, "Set a key to a value (answers once committed).")
     put.add_argument("key")
-    put.add_argument("value")
+    put.add_argument("value", nargs="?", help="the value; '-' reads it from stdin")
+    put.add_argument("--file", "-f", type=Path, metavar="PATH", help="read the value from PATH")
 
     get = command("get", _get, "Print a key's value (linearizable unless --stale).")
     get.add_argument("key")
@@ -121,87 +92,114 @@ def _build_parser() -> argparse.ArgumentParser:
     expected.add_argument("--expected-absent", action="store_true",
                           help="KEY must not exist")
     value = cas.add_mutually_exclusive_group(required=True)
-    value.add_argument("--value", metavar="Y", help="the value to set")
+    value.add_argument("--value", metavar="Y", help="the value to set ('-': stdin)")
+    value.add_argument("--value-file", type=Path, metavar="PATH",
+                       help="the value to set, read from PATH")
     value.add_argument("--delete", action="store_true", help="delete KEY instead")
 
+    listing = command("list", _list, "Print the keys under a prefix with their values, "
+                      "KEY<TAB>VALUE, in key order (linearizable unless --stale).")
+    listing.add_argument("prefix", nargs="?", default="", help="(default: every key)")
+    listing.add_argument("--limit", type=positive_int, default=100, metavar="N",
+                         help="keys a page (default: 100)")
+    listing.add_argument("--start-after", metavar="KEY", help="start after this key (the "
+                         "previous page's last)")
+    listing.add_argument("--all", action="store_true", help="every page, not just the first")
+    listing.add_argument("--keys-only", action="store_true", help="print the keys only")
+    listing.add_argument("--stale", action="store_true",
+                         help="read the contacted node's copy, which may be behind")
+
+    watch = command("watch", _watch, "Print each change of a key, or of the keys under "
+                    "--prefix, as OFFSET<TAB>put|delete<TAB>KEY<TAB>VALUE, until Ctrl-C.")
+    watch.add_argument("key", nargs="?")
+    watch.add_argument("--prefix", metavar="P", help="watch every key starting with P")
+    watch.add_argument("--offset", type=non_negative_int, metavar="N",
+                       help="from this offset (default: changes from now on)")
+    watch.add_argument("--once", action="store_true",
+                       help="stop after the first answer (a long-poll of up to --wait-ms)")
+    watch.add_argument("--wait-ms", type=positive_int, default=10_000, metavar="W",
+                       help="each long-poll waits up to W ms (default: 10000)")
+
     append = command("append", _append, "Append records (as one batch) to the record log.")
-    append.add_argument("values", nargs="+", metavar="VALUE",
+    append.add_argument("values", nargs="*", metavar="VALUE",
                         help="record values (UTF-8); '-' reads one record per line from stdin")
+    append.add_argument("--file", "-f", type=Path, metavar="PATH",
+                        help="read one record per line from PATH")
 
     read = command("read", _read, "Print committed records as lines of OFFSET<TAB>VALUE "
                    "(newlines, tabs and backslashes in values escaped).")
-    read.add_argument("--offset", type=_non_negative_int, required=True, metavar="N",
+    read.add_argument("--offset", type=non_negative_int, required=True, metavar="N",
                       help="the first offset to read")
-    read.add_argument("--max-records", type=_positive_int, default=100, metavar="M",
+    read.add_argument("--max-records", type=positive_int, default=100, metavar="M",
                       help="at most this many records (default: 100)")
-    read.add_argument("--wait-ms", type=_non_negative_int, default=0, metavar="W",
+    read.add_argument("--wait-ms", type=non_negative_int, default=0, metavar="W",
                       help="wait up to W ms for a record to be committed at N (default: 0)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
+    return run_command(PROG, lambda: _run(args), json_errors=args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
+    credentials = credentials_from_args(args)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed
-        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    bootstrap = args.bootstrap_server or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
-    try:
-        credentials = credentials_from_args(args)
+        servers = parse_bootstrap(bootstrap_from(args),
+                                  "https" if credentials.uses_tls else "http")
     except ValueError as error:
-        return _fail(str(error), EXIT_USAGE)
-    try:
-        servers = parse_bootstrap(bootstrap, "https" if credentials.uses_tls else "http")
-    except ValueError as error:
-        return _fail(f"--bootstrap-server: {error}", EXIT_USAGE)
+        raise CliError(f"--bootstrap-server: {error}", EXIT_USAGE,
+                       api_code="BAD_REQUEST") from None
     run: Callable[[QuorumClient, argparse.Namespace], int] = args.run
     try:
-        with QuorumClient(servers, timeout_s=args.timeout, credentials=credentials) as client:
-            return run(client, args)
+        with QuorumClient(servers, timeout_s=timeout_from(args, DEFAULT_TIMEOUT_S),
+                          credentials=credentials, fail_fast=True) as client:
+            try:
+                return run(client, args)
+            except KeyboardInterrupt:
+                if args.run in (_put, _delete, _cas, _append):
+                    raise CliError("interrupted: the write may still commit (read it back to "
+                                   "know)", EXIT_INTERRUPTED, api_code="OUTCOME_UNKNOWN") \
+                        from None
+                raise
     except QuorumClientError as error:
-        return _fail(str(error), EXIT_FAILED)
-    except ValueError as error:  # refused before anything was sent
-        return _fail(str(error), EXIT_USAGE)
-    except KeyboardInterrupt:
-        return 130
+        raise CliError(str(error), EXIT_FAILED, api_code=error.code, body=error.body) from None
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return code
 
 
-def _emit_json(document: Any) -> None:
-    print(json.dumps(document, ensure_ascii=False))
-
-
-def _write_answer(args: argparse.Namespace, result: WriteResult, yes: str, no: str) -> int:
+def _write_answer(client: QuorumClient, args: argparse.Namespace, result: WriteResult,
+                  yes: str, no: str) -> int:
     if args.json:
-        _emit_json({"key": result.key, "applied": result.applied, "offset": result.offset,
-                    "epoch": result.epoch})
+        emit_json(client.last_answer)
     else:
         print(f"{yes if result.applied else no} (offset {result.offset})")
     return EXIT_OK if result.applied else EXIT_FALSE
 
 
 def _put(client: QuorumClient, args: argparse.Namespace) -> int:
-    return _write_answer(args, client.put(args.key, args.value), "OK", "not applied")
+    value = read_value(args.value, args.file)
+    return _write_answer(client, args, client.put(args.key, value), "OK", "not applied")
 
 
 def _delete(client: QuorumClient, args: argparse.Namespace) -> int:
-    return _write_answer(args, client.delete(args.key), "deleted", "not found")
+    return _write_answer(client, args, client.delete(args.key), "deleted", "not found")
 
 
 def _cas(client: QuorumClient, args: argparse.Namespace) -> int:
     expected = None if args.expected_absent else args.expected
-    value = None if args.delete else args.value
-    return _write_answer(args, client.cas(args.key, expected, value), "applied", "not applied")
+    value = None if args.delete else read_value(args.value, args.value_file)
+    return _write_answer(client, args, client.cas(args.key, expected, value), "applied",
+                         "not applied")
 
 
 def _get(client: QuorumClient, args: argparse.Namespace) -> int:
     value = client.get(args.key, stale=args.stale)
     if args.json:
-        _emit_json({"key": args.key, "value": value})
+        emit_json(client.last_answer)  # the value, or the API's KEY_NOT_FOUND answer
     elif value is not None:
         print(value)
     if value is None:
@@ -211,18 +209,65 @@ def _get(client: QuorumClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _append(client: QuorumClient, args: argparse.Namespace) -> int:
-    values: list[bytes] = []
-    for value in args.values:
-        if value == "-":
-            values += [line.rstrip("\n").encode("utf-8") for line in sys.stdin]
+def _list(client: QuorumClient, args: argparse.Namespace) -> int:
+    after: str | None = args.start_after
+    while True:
+        page = client.list_keys(args.prefix, start_after=after, limit=args.limit,
+                                stale=args.stale)
+        if args.json:
+            emit_json(client.last_answer)  # one API answer a line, a page each
         else:
-            values.append(value.encode("utf-8"))
-    if not values:
-        raise ValueError("nothing to append (stdin was empty)")
-    first, last = client.append(values)
+            for key, value in page.entries:
+                print(key if args.keys_only else f"{key}\t{_escape(value)}")
+        after = page.next_start_after
+        if after is None or not args.all:
+            return EXIT_OK
+
+
+def _watch(client: QuorumClient, args: argparse.Namespace) -> int:
+    if (args.key is None) == (args.prefix is None):
+        raise CliError("give a KEY or --prefix P", EXIT_USAGE, api_code="BAD_REQUEST")
+    watched = {"key": args.key} if args.key is not None else {"prefix": args.prefix}
+    offset = args.offset
+    if offset is None:  # from now on: past what the contacted node has applied
+        offset = client.list_keys("", limit=1, stale=True).applied_offset + 1
+    try:
+        while True:
+            result = client.watch(offset, wait_ms=args.wait_ms, **watched)
+            if args.json:
+                emit_json(client.last_answer)
+            for event in result.events:
+                if not args.json:
+                    kind = "put" if event.value is not None else "delete"
+                    value = "" if event.value is None else _escape(event.value)
+                    print(f"{event.offset}\t{kind}\t{event.key}\t{value}", flush=True)
+            offset = result.next_offset
+            if args.once:
+                return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_OK  # how a watch ends
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") \
+        .replace("\r", "\\r")
+
+
+def _append(client: QuorumClient, args: argparse.Namespace) -> int:
+    lines: list[str] = []
+    if args.file is not None:
+        lines += read_value(None, args.file).splitlines()
+    for value in args.values:
+        lines += read_value(value, None).splitlines() if value == STDIN_VALUE else [value]
+    if not args.values and args.file is None:
+        raise CliError("nothing to append: give VALUEs, '-' (stdin) or --file", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    if not lines:
+        raise CliError("nothing to append (the input was empty)", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    first, last = client.append([line.encode("utf-8") for line in lines])
     if args.json:
-        _emit_json({"first_offset": first, "last_offset": last})
+        emit_json(client.last_answer)
     else:
         count = last - first + 1
         print(f"appended {count} record{'s' if count != 1 else ''} at offsets {first}-{last}")
@@ -232,15 +277,7 @@ def _append(client: QuorumClient, args: argparse.Namespace) -> int:
 def _read(client: QuorumClient, args: argparse.Namespace) -> int:
     result = client.read(args.offset, max_records=args.max_records, wait_ms=args.wait_ms)
     if args.json:
-        _emit_json({
-            "records": [
-                {"offset": record.offset, "value": base64.b64encode(record.value).decode(),
-                 "text": _text(record.value), "timestamp_ms": record.timestamp_ms}
-                for record in result.records
-            ],
-            "high_watermark": result.high_watermark,
-            "next_offset": result.next_offset,
-        })
+        emit_json(client.last_answer)
         return EXIT_OK
     for record in result.records:
         escaped = record.value.replace(b"\\", b"\\\\").replace(b"\n", b"\\n") \
@@ -248,13 +285,6 @@ def _read(client: QuorumClient, args: argparse.Namespace) -> int:
         # Bytes that are not UTF-8 print as \xNN.
         print(f"{record.offset}\t{escaped.decode('utf-8', 'backslashreplace')}")
     return EXIT_OK
-
-
-def _text(value: bytes) -> str | None:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 if __name__ == "__main__":

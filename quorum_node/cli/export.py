@@ -55,16 +55,16 @@ def add_export_command(commands: argparse._SubParsersAction[Any]) -> None:
 def _cmd_export(args: argparse.Namespace) -> int:
     log_dir: Path = args.log_dir
     if not (log_dir / META_PROPERTIES).is_file():
-        print(f"quorum-node export: {log_dir / META_PROPERTIES}: not found; not a log directory",
-              file=sys.stderr)
-        return 1
+        print(f"quorum-node export: error: {log_dir / META_PROPERTIES}: not found; not a log "
+              "directory", file=sys.stderr)
+        return 2
     name = args.name or log_dir.resolve().name
     try:
         lock = None if args.live else lock_directory(log_dir)
     except DirectoryInUseError as exc:
         print(f"quorum-node export: error: {exc} (--live exports a running node's directory)",
               file=sys.stderr)
-        return 1
+        return 2
     try:
         if args.output == "-":
             export(log_dir, sys.stdout.buffer, name)

@@ -2,8 +2,9 @@
 damaged log.
 
 Errors are one line on stderr. Exit codes: 0 done, 1 a node failed while running (repair-log:
-damage reported and left as it is), 2 refused (bad usage, bad configuration, or a log directory
-that cannot be used as it is, or is in use by another process).
+damage reported and left as it is), 2 refused (bad usage, bad configuration, a port in use, or a
+log directory that cannot be used as it is, or is in use by another process), 130 interrupted.
+The options follow the conventions of every ``quorum-*`` tool (``quorum_node.cli.common``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, NoReturn
+from typing import IO
 
+from quorum_node.cli.common import (
+    CliParser,
+    add_logging_options,
+    add_standard_options,
+    configure_logging,
+    parse_args,
+    run_command,
+)
 from quorum_node.cli.export import add_export_command
+from quorum_node.cli.info import add_info_command
+from quorum_node.cli.local_control import (
+    ControlAnswer,
+    ControlError,
+    ControlRequest,
+    LeaderWatch,
+    answer,
+    fetch_status,
+    pending_requests,
+    send_request,
+)
 from quorum_node.node.config import (
     CONFIG_KEYS,
     ENV_PREFIX,
@@ -40,6 +60,7 @@ from quorum_node.node.config import (
     read_properties,
     settings_from_environ,
 )
+from quorum_node.raft.types import RaftInvariantError
 from quorum_node.security.peer_secret import PeerSecretError, load_peer_secret
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.dir_lock import (
@@ -69,6 +90,7 @@ DEFAULT_DATA_DIR = Path("quorum-data")
 DEFAULT_BASE_PORT = 9091
 DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
+STATUS_POLL_S = 0.5  # how often `local` asks its nodes who leads
 CLUSTER_ID_FILE = "cluster.id"
 PEER_SECRET_FILE = "peer-secret"
 CLIENT_LISTENER = "CLIENT"
@@ -81,24 +103,17 @@ class LocalClusterError(Exception):
     """``quorum-node local`` cannot use the data directory or ports it was given."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line instead of argparse's usage block; --help has the usage.
-        self.exit(EXIT_REFUSED, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, or a usage error already printed
-        return exit_.code if isinstance(exit_.code, int) else EXIT_REFUSED
-    command: Callable[[argparse.Namespace], int] = args.command
-    return command(args)
+    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    command: Callable[[argparse.Namespace], int] = parsed.command
+    return run_command(PROG, lambda: command(parsed))
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="A KRaft-style Raft quorum node.")
+def _build_parser() -> CliParser:
+    parser = CliParser(prog=PROG, description="A KRaft-style Raft quorum node.")
+    add_standard_options(parser)
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     fmt = commands.add_parser(
@@ -106,9 +121,12 @@ def _build_parser() -> _Parser:
         description="Write meta.properties into a log directory, with a new directory id, and "
         "print that id.",
     )
-    fmt.add_argument("--log-dir", type=Path, required=True, help="the log directory")
-    fmt.add_argument("--node-id", type=int, required=True, help="the node id it belongs to")
-    fmt.add_argument("--cluster-id", required=True, help="the cluster id (random-cluster-id)")
+    fmt.add_argument("--config", "-c", type=Path, metavar="FILE",
+                     help="a node's properties file: log.dir, node.id and cluster.id are read "
+                     "from it unless given as flags (Kafka's format -c)")
+    fmt.add_argument("--log-dir", help="the log directory")
+    fmt.add_argument("--node-id", type=int, help="the node id it belongs to")
+    fmt.add_argument("--cluster-id", help="the cluster id (random-cluster-id)")
     fmt.add_argument(
         "--ignore-formatted", action="store_true",
         help="accept a directory already formatted for this cluster and node (left unchanged)",
@@ -130,6 +148,7 @@ def _build_parser() -> _Parser:
     run.add_argument("--config", type=Path, metavar="FILE", help="a Kafka-style properties file")
     # Set by `local` for its children (Linux only): stop with SIGTERM when that process is gone.
     run.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    add_logging_options(run)
     _add_key_flags(run, CONFIG_KEYS)
     run.set_defaults(command=_cmd_run)
 
@@ -154,7 +173,8 @@ def _build_parser() -> _Parser:
     local = commands.add_parser(
         "local", help="run a whole quorum on this machine",
         description="Start a quorum of N nodes on loopback, formatting their directories on first "
-        "use, and stop them all on Ctrl-C. Node i serves clients on base-port + i - 1 and its "
+        "use, and stop them all on Ctrl-C; a node that dies is reported and the others go on. "
+        "Node i serves clients on base-port + i - 1 and its "
         "peers on base-port + N + i - 1 (a controller listener of its own, where every peer RPC "
         "must carry the secret generated once in DATA_DIR/peer-secret); its config, log "
         "directory and output are DATA_DIR/node-i.properties, DATA_DIR/node-i and "
@@ -171,9 +191,22 @@ def _build_parser() -> _Parser:
         "the client ports",
     )
     local.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
+    add_logging_options(local)  # the nodes'
+    control = local.add_argument_group(
+        "controlling a running local quorum (from another terminal, same --data-dir)")
+    act = control.add_mutually_exclusive_group()
+    act.add_argument("--restart", type=int, metavar="N", dest="restart_node",
+                     help="restart node N (start it, if it died or was stopped)")
+    act.add_argument("--stop-node", type=int, metavar="N",
+                     help="stop node N gracefully; the others go on")
+    act.add_argument("--replace", type=int, metavar="N", dest="replace_node",
+                     help="give node N a new, empty disk (the old log directory is kept aside "
+                     "as node-N.replaced-TIME), start it, and print the add-voter and "
+                     "remove-voter commands that finish the replacement")
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
     local.set_defaults(command=_cmd_local)
     add_export_command(commands)
+    add_info_command(commands)
     return parser
 
 
@@ -203,9 +236,60 @@ def _error(prog: str, message: object) -> None:
 # -- format, random-cluster-id, run ----------------------------------------------------------------
 
 
+MAX_NODE_ID = 2**31 - 1  # Kafka's node.id is an int32
+_CLUSTER_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{22}")  # 16 bytes in base64url
+
+
+def check_format_arguments(log_dir: str, node_id: int, cluster_id: str) -> None:
+    """What Kafka's ``kafka-storage format`` checks, in one-line ValueErrors, before anything is
+    written: a cluster id is a uuid in Kafka's 22-character form, a node id an int32 >= 0, a log
+    directory a named path that is a directory or does not exist yet."""
+    # Kafka decodes it leniently (its documented example, MkU3OEVBNTcwNTJENDM2Qk, has stray
+    # low bits in its last character), so only the shape is checked.
+    if not _CLUSTER_ID_SHAPE.fullmatch(cluster_id):
+        raise ValueError(f"--cluster-id {cluster_id!r} is not a cluster id: expected a uuid in "
+                         f"Kafka's 22-character base64url form ({PROG} random-cluster-id)")
+    if not 0 <= node_id <= MAX_NODE_ID:
+        raise ValueError(f"--node-id {node_id} is out of range: expected 0 to {MAX_NODE_ID}")
+    if not log_dir.strip():
+        raise ValueError("--log-dir is empty: name the log directory")
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--log-dir {log_dir}: exists and is not a directory")
+
+
 def _cmd_format(args: argparse.Namespace) -> int:
     prog = f"{PROG} format"
-    log_dir: Path = args.log_dir
+    if args.config is not None:
+        try:
+            settings = read_properties(args.config)
+        except ConfigError as exc:
+            _error(prog, exc)
+            return EXIT_REFUSED
+        # Kafka's `format -c server.properties`: the flags win over the file.
+        for name, key in (("log_dir", "log.dir"), ("node_id", "node.id"),
+                          ("cluster_id", "cluster.id")):
+            if getattr(args, name) is None and key in settings:
+                setattr(args, name, settings[key].value)
+    missing = [flag for flag, name in (("--log-dir", "log_dir"), ("--node-id", "node_id"),
+                                       ("--cluster-id", "cluster_id"))
+               if getattr(args, name) is None]
+    if missing:
+        _error(prog, f"missing {', '.join(missing)} (flags, or log.dir, node.id and cluster.id "
+                     "in --config)")
+        return EXIT_REFUSED
+    if isinstance(args.node_id, str):  # from the file
+        try:
+            args.node_id = int(args.node_id)
+        except ValueError:
+            _error(prog, f"node.id {args.node_id!r} in {args.config} is not an integer")
+            return EXIT_REFUSED
+    try:
+        check_format_arguments(str(args.log_dir), args.node_id, args.cluster_id)
+    except ValueError as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    log_dir = Path(args.log_dir)
     already = (log_dir / META_PROPERTIES).exists()
     if already and not args.ignore_formatted:
         _error(prog, f"{log_dir / META_PROPERTIES} already exists; refusing to overwrite it "
@@ -241,6 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.parent_pid is not None and not _stop_with_parent(args.parent_pid):
         _error(prog, f"parent process {args.parent_pid} is gone; not starting")
         return EXIT_FAILED
+    configure_logging(args.log_level, args.log_format)
     # Imported here: the runtime pulls in aiohttp and the whole node, which the other commands
     # (and a refused configuration) do not need.
     from quorum_node.node.runtime import run_node  # noqa: PLC0415
@@ -249,6 +334,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return run_node(config)
     except (StorageError, ConfigError) as exc:
         _error(prog, exc)
+        return EXIT_REFUSED
+    except RaftInvariantError as exc:  # the configuration contradicts the log
+        _error(prog, f"refusing to start: {exc}")
+        return EXIT_REFUSED
+    except OSError as exc:  # a listener's port in use, an address not of this machine
+        _error(prog, f"cannot start: {exc}")
         return EXIT_REFUSED
 
 
@@ -535,10 +626,10 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
             ) from None
 
 
-def node_command(node: LocalNode) -> list[str]:
+def node_command(node: LocalNode, log_flags: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable, "-m", "quorum_node.cli.node", "run", "--config", str(node.config_path),
-        "--parent-pid", str(os.getpid()),
+        "--parent-pid", str(os.getpid()), *log_flags,
     ]
 
 
@@ -553,7 +644,9 @@ def _stop_with_parent(parent_pid: int) -> bool:
 
 
 class LocalCluster:
-    """Child processes of a local quorum: started together, watched, stopped together.
+    """Child processes of a local quorum: started together, watched, stopped together; a node
+    that dies is reported and the others go on, and a node can be stopped, restarted or given a
+    new disk while the others run.
 
     Only the processes it started are ever signalled, each through its own Popen."""
 
@@ -570,23 +663,42 @@ class LocalCluster:
         self._out = out if out is not None else sys.stderr
         self._grace_s = grace_s
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._reported: set[int] = set()  # nodes whose exit was reported (or requested)
+
+    def node(self, node_id: int) -> LocalNode:
+        found = next((n for n in self.nodes if n.node_id == node_id), None)
+        if found is None:
+            raise LocalClusterError(f"no node {node_id}: this quorum has nodes "
+                                    f"{_id_list({n.node_id for n in self.nodes})}")
+        return found
 
     def start(self) -> None:
+        for node in self.nodes:
+            self.start_node(node.node_id)
+
+    def start_node(self, node_id: int) -> subprocess.Popen[bytes]:
+        """Start a node (that is not running)."""
+        node = self.node(node_id)
         # The config file is the whole configuration: QUORUM_* variables would override it.
         env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         env["PYTHONUNBUFFERED"] = "1"  # so that node-i.log is current
-        for node in self.nodes:
-            with node.log_path.open("ab") as log:
-                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-                log.write(f"--- {stamp} quorum-node local: starting node {node.node_id}\n".encode())
-                log.flush()
-                self.processes[node.node_id] = subprocess.Popen(
-                    self._command(node), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=env,
-                    # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the
-                    # nodes one way, with SIGTERM (a graceful resignation), not twice.
-                    start_new_session=True,
-                )
+        with node.log_path.open("ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"--- {stamp} quorum-node local: starting node {node.node_id}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                self._command(node), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=env,
+                # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the
+                # nodes one way, with SIGTERM (a graceful resignation), not twice.
+                start_new_session=True,
+            )
+        self.processes[node.node_id] = process
+        self._reported.discard(node.node_id)
+        return process
+
+    def running(self) -> list[int]:
+        return sorted(i for i, p in self.processes.items() if p.poll() is None)
 
     def supervise(
         self,
@@ -594,27 +706,52 @@ class LocalCluster:
         kill_now: Callable[[], bool] = lambda: False,
         *,
         poll_s: float = 0.1,
+        tick: Callable[[], None] = lambda: None,
     ) -> int:
-        """Wait until ``stop_requested()`` (stop all, return 0) or a node exits on its own
-        (report it, stop the others, return 1). ``kill_now`` is passed on to ``stop``."""
+        """Until ``stop_requested()`` (then stop all and return 0): report each node that exits
+        on its own, once, and what is left of the quorum, and call ``tick`` (control requests,
+        status). ``kill_now`` is passed on to ``stop``."""
         while True:
             if stop_requested():
                 self.stop(kill_now)
                 return 0
-            exited = [(i, p.returncode) for i, p in self.processes.items() if p.poll() is not None]
-            if exited:
-                for node_id, code in exited:
-                    log = next(n.log_path for n in self.nodes if n.node_id == node_id)
-                    print(f"node {node_id} {_describe_exit(code)}; its log: {log}",
-                          file=self._out, flush=True)
-                self.stop(kill_now)
-                return EXIT_FAILED
+            for node_id, process in sorted(self.processes.items()):
+                code = process.poll()
+                if code is not None and node_id not in self._reported:
+                    self._reported.add(node_id)
+                    self._say(f"node {node_id} {_describe_exit(code)}; its log: "
+                              f"{self.node(node_id).log_path}; {self.quorum_left()}")
+            tick()
             time.sleep(poll_s)
+
+    def quorum_left(self) -> str:
+        """What the nodes still running mean for the quorum (every node is a voter)."""
+        up, total = self.running(), len(self.nodes)
+        if not up:
+            return "no node is running"
+        majority = len(up) > total // 2
+        return (f"{'the quorum goes on with' if majority else 'no majority left:'} node"
+                f"{'s' if len(up) != 1 else ''} {_id_list(set(up))} ({len(up)} of {total} "
+                f"voters{'' if majority else '; writes wait until a majority is back'})")
+
+    def stop_node(self, node_id: int, kill_now: Callable[[], bool] = lambda: False) -> bool:
+        """Stop one node as ``stop`` does; False if it was not running."""
+        process = self.processes.get(node_id)
+        if process is None or process.poll() is not None:
+            return False
+        self._reported.add(node_id)  # asked for: not news
+        self._stop({node_id: process}, kill_now)
+        return True
 
     def stop(self, kill_now: Callable[[], bool] = lambda: False) -> None:
         """SIGTERM every running node, wait up to the grace period (all in parallel), SIGKILL
         the ones still running (at once when ``kill_now()`` turns true)."""
         running = {i: p for i, p in self.processes.items() if p.poll() is None}
+        self._reported.update(running)
+        self._stop(running, kill_now)
+
+    def _stop(self, running: Mapping[int, subprocess.Popen[bytes]],
+              kill_now: Callable[[], bool]) -> None:
         for process in running.values():
             process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self._grace_s
@@ -630,7 +767,10 @@ class LocalCluster:
                 process.wait()
                 why = "on a second signal" if forced else (
                     f"after {self._grace_s:g} s (SIGTERM did not stop it)")
-                print(f"node {node_id} killed {why}", file=self._out, flush=True)
+                self._say(f"node {node_id} killed {why}")
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._out, flush=True)
 
 
 def _describe_exit(code: int) -> str:
@@ -643,9 +783,73 @@ def _describe_exit(code: int) -> str:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
+    prog = f"{PROG} local"
+    for action, node_id in (("restart", args.restart_node), ("stop", args.stop_node),
+                            ("replace", args.replace_node)):
+        if node_id is not None:
+            return _control_local(prog, args.data_dir, action, node_id)
     # Holds the data directory's lock, taken before anything is written, until every node stops.
     with contextlib.ExitStack() as held:
-        return _run_local(args, f"{PROG} local", held)
+        return _run_local(args, prog, held)
+
+
+def _control_local(prog: str, data_dir: Path, action: str, node_id: int) -> int:
+    try:
+        reply = send_request(data_dir, action, node_id)
+    except ControlError as exc:
+        _error(prog, exc)
+        return EXIT_REFUSED
+    for line in reply.lines:
+        print(line)
+    return 0 if reply.ok else EXIT_FAILED
+
+
+def handle_control_request(cluster: LocalCluster, request: ControlRequest,
+                           kill_now: Callable[[], bool]) -> ControlAnswer:
+    """Do what ``quorum-node local --restart/--stop-node/--replace`` asked."""
+    node_id = request.node_id
+    try:
+        cluster.node(node_id)
+    except LocalClusterError as exc:
+        return ControlAnswer(False, [str(exc)])
+    if request.action == "stop":
+        if not cluster.stop_node(node_id, kill_now):
+            return ControlAnswer(False, [f"node {node_id} is not running"])
+        return ControlAnswer(True, [f"node {node_id} stopped; {cluster.quorum_left()}"])
+    if request.action == "restart":
+        was_running = cluster.stop_node(node_id, kill_now)
+        process = cluster.start_node(node_id)
+        return ControlAnswer(True, [f"node {node_id} {'restarted' if was_running else 'started'}"
+                                    f" (pid {process.pid}); {cluster.quorum_left()}"])
+    try:
+        return ControlAnswer(True, replace_node_disk(cluster, node_id, kill_now))
+    except (StorageError, OSError) as exc:
+        return ControlAnswer(False, [f"cannot replace node {node_id}'s disk: {exc}"])
+
+
+def replace_node_disk(cluster: LocalCluster, node_id: int,
+                      kill_now: Callable[[], bool] = lambda: False) -> list[str]:
+    """Stop the node, keep its log directory aside, format a new one (a new directory id), start
+    the node on it: it rejoins as an observer, which AddVoter makes a voter again."""
+    node = cluster.node(node_id)
+    cluster.stop_node(node_id, kill_now)
+    log_dir = node.config.log_dir
+    old = read_meta_properties(log_dir / META_PROPERTIES)
+    kept = log_dir.with_name(f"{log_dir.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+    log_dir.rename(kept)
+    new = format_log_dir(log_dir, node.config.cluster_id, node_id)
+    process = cluster.start_node(node_id)
+    old_id = kafka_uuid.to_kafka_string(old.directory_id)
+    new_id = kafka_uuid.to_kafka_string(new.directory_id)
+    bootstrap = ",".join(n.config.client_listeners[0].address for n in cluster.nodes)
+    return [
+        f"node {node_id} restarted (pid {process.pid}) on a new disk: directory id {new_id} "
+        f"(the old disk, {old_id}, is kept in {kept})",
+        "it joins as an observer; once it has caught up, make it a voter and retire the old "
+        "directory:",
+        f"  quorum-admin -b {bootstrap} add-voter --id {node_id} --uuid {new_id}",
+        f"  quorum-admin -b {bootstrap} remove-voter --id {node_id} --uuid {old_id}",
+    ]
 
 
 def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) -> int:
@@ -672,7 +876,26 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
         signals_seen += 1
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(nodes)
+    log_flags = ["--log-level", args.log_level, "--log-format", args.log_format]
+    cluster = LocalCluster(nodes, lambda node: node_command(node, log_flags))
+    watch = LeaderWatch(lambda line: print(line, flush=True))
+    next_status = 0.0
+
+    def tick() -> None:
+        nonlocal next_status
+        for request in pending_requests(args.data_dir):
+            reply = handle_control_request(cluster, request, lambda: signals_seen > 1)
+            for line in reply.lines:
+                print(line, flush=True)
+            answer(args.data_dir, request.request_id, reply)
+        now = time.monotonic()
+        if now >= next_status:
+            statuses = [fetch_status(listener.host, listener.port)
+                        for node in nodes if node.node_id in cluster.running()
+                        for listener in node.config.client_listeners[:1]]
+            watch.observe([status for status in statuses if status is not None], now)
+            next_status = now + STATUS_POLL_S
+
     try:
         cluster.start()
         print(f"local quorum of {len(nodes)} nodes, cluster id {nodes[0].config.cluster_id}, "
@@ -684,8 +907,10 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
             print(f"node {node.node_id}: {url}  (peers on {peers}; pid {pid}, "
                   f"log {node.log_path})")
         print(f"peer RPCs need the secret in {nodes[0].config.controller_listener_secret_file}")
-        print("Ctrl-C stops every node.", flush=True)
-        code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1)
+        data_dir = nodes[0].config_path.parent
+        print(f"Ctrl-C stops every node. From another terminal: {PROG} local --data-dir "
+              f"{data_dir} --restart N (or --stop-node N, --replace N)", flush=True)
+        code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1, tick=tick)
         if code == 0:
             print("all nodes stopped", file=sys.stderr)
         return code

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 QUORUM_PATH = "/v1/quorum"
 VOTERS_PATH = QUORUM_PATH + "/voters"
 # Long enough for a new voter to catch up with the leader's log before it is added.
+NODE_PATH = "/v1/node"
 DEFAULT_VOTER_TIMEOUT_MS = 30_000
 MAX_VOTER_TIMEOUT_MS = 600_000
 MAX_BODY_BYTES = 64 * 1024  # {"id", "directory_id", "timeout_ms"}: a few dozen bytes
@@ -110,6 +111,10 @@ def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> b
     return observer.key.directory_id is not None and observer.key.id in voter_ids
 
 
+def _key_id(key: ReplicaKey) -> int:
+    return key.id
+
+
 def _by_id(row: ReplicaDescription) -> int:
     return row.key.id
 
@@ -143,7 +148,37 @@ def _failed(node: QuorumNode) -> web.Response | None:
         status=503)
 
 
+def node_status_json(node: QuorumNode) -> dict[str, Any]:
+    """This node's own view (``GET /v1/node``, answered by any node, never redirected): what
+    ``quorum-admin status`` shows a row of, like etcd's ``endpoint status``."""
+    core = node.core
+    log = node.log_dir.log
+    directory_id = node.log_dir.meta.directory_id
+    return {
+        "node_id": node.config.node_id,
+        "directory_id": to_kafka_string(directory_id),
+        "cluster_id": node.config.cluster_id,
+        "state": str(core.state),
+        "epoch": core.epoch,
+        "leader_id": core.leader_id,
+        "is_voter": core.is_voter,
+        # The leader's high watermark is the quorum's: a leader that knows it serves writes.
+        "high_watermark": _or_unknown(core.high_watermark),
+        "log_start_offset": log.start_offset,
+        "log_end_offset": log.end_offset,
+        "voters": [_key_json(key) for key in sorted(core.voters, key=_key_id)],
+        # Where the configured voters serve clients, for a tool to find every node from one.
+        "client_endpoints": [
+            {"id": voter_id, "url": endpoint_url(endpoint, node.config.url_scheme)}
+            for voter_id, endpoint in sorted(node.client_endpoints.items())],
+        "failure": None if node.failure is None else str(node.failure),
+    }
+
+
 def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
+    async def node_status(_: web.Request) -> web.Response:
+        return web.json_response(node_status_json(node))
+
     async def describe_quorum(request: web.Request) -> web.Response:
         failed = _failed(node)
         if failed is not None:
@@ -194,6 +229,7 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
                                   "voters": [_key_json(voter) for voter in node.core.voters]})
 
     return [
+        web.get(NODE_PATH, node_status),
         web.get(QUORUM_PATH, describe_quorum),
         web.post(VOTERS_PATH, _refusing_invalid(add_voter)),
         web.delete(VOTERS_PATH + "/{id}/{directory_id}", _refusing_invalid(remove_voter)),

@@ -188,6 +188,12 @@ class _Params:
 _WRITE_PARAMS = frozenset({"timeout_ms"})
 _KV_READ_PARAMS = frozenset({"stale", "timeout_ms"})
 _RECORDS_READ_PARAMS = frozenset({"offset", "max_records", "wait_ms"})
+_KV_LIST_PARAMS = frozenset({"prefix", "start_after", "limit", "stale", "timeout_ms"})
+_WATCH_PARAMS = frozenset({"key", "prefix", "offset", "wait_ms", "max_events"})
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 10_000
+DEFAULT_WATCH_EVENTS = 100
+MAX_WATCH_EVENTS = 10_000
 
 CLIENT_API_KEY: web.AppKey[ClientApi] = web.AppKey("client_api")
 
@@ -237,6 +243,8 @@ class ClientApi:
         return [
             web.post("/v1/records", _answering_errors(self.append_records)),
             web.get("/v1/records", _answering_errors(self.read_records)),
+            web.get("/v1/kv", _answering_errors(self.kv_list)),
+            web.get("/v1/watch", _answering_errors(self.kv_watch)),
             web.put("/v1/kv/{key}", _answering_errors(self.kv_put)),
             web.get("/v1/kv/{key}", _answering_errors(self.kv_get)),
             web.delete("/v1/kv/{key}", _answering_errors(self.kv_delete)),
@@ -557,6 +565,86 @@ class ClientApi:
         op = Cas(key, document["expected"], document["value"])
         return web.json_response(await self._kv_write(request, op, timeout_s))
 
+    async def kv_list(self, request: web.Request) -> web.Response:
+        """A page of the keys starting with ``prefix``, in key order, after ``start_after``;
+        linearizable unless ``stale``, as a get."""
+        params = _Params.of(request, _KV_LIST_PARAMS)
+        prefix = params.values.get("prefix", "")
+        start_after = params.values.get("start_after")
+        limit = params.integer("limit", default=DEFAULT_LIST_LIMIT, minimum=1,
+                               maximum=MAX_LIST_LIMIT)
+        stale = params.boolean("stale")
+        timeout_s = params.timeout_s()
+        if not stale:
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            read_index = await self._read_index(request, timeout_s)
+            await self.wait_applied(read_index, deadline)
+        page = self.store.scan(prefix, start_after, limit + 1)
+        more = len(page) > limit
+        page = page[:limit]
+        return web.json_response({
+            "entries": [{"key": key, "value": value} for key, value in page],
+            # Where the next page starts (start_after=...), null on the last page.
+            "next_start_after": page[-1][0] if more else None,
+            "applied_offset": self.store.applied_offset,
+        })
+
+    async def kv_watch(self, request: web.Request) -> web.Response:
+        """The changes of a key (``key``) or of the keys under ``prefix`` committed at or after
+        ``offset``, waiting up to ``wait_ms`` while there is none (a long-poll: the next one
+        starts at ``next_offset``). Any node answers, from its own store."""
+        params = _Params.of(request, _WATCH_PARAMS)
+        key, prefix = params.values.get("key"), params.values.get("prefix")
+        if (key is None) == (prefix is None):
+            _bad_request("give exactly one of 'key' and 'prefix'")
+        if key is not None:
+            check_key_or_refuse(key)
+        offset = params.integer("offset", default=None, minimum=0, maximum=2**63 - 1)
+        wait_ms = params.integer("wait_ms", default=0, minimum=0, maximum=MAX_WAIT_MS)
+        max_events = params.integer("max_events", default=DEFAULT_WATCH_EVENTS, minimum=1,
+                                    maximum=MAX_WATCH_EVENTS)
+        watched = key if key is not None else prefix or ""
+        if wait_ms == 0:
+            return web.json_response(self._watch(offset, watched, key is not None, max_events))
+        if self.long_polls >= self.node.config.http_max_long_polls:
+            raise ApiError(429, "TOO_MANY_LONG_POLLS",
+                           f"{self.long_polls} requests are already waiting on this node; retry "
+                           f"later, or watch with wait_ms=0", headers={"Retry-After": "1"})
+        self.long_polls += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while True:
+                answer = self._watch(offset, watched, key is not None, max_events)
+                remaining = deadline - loop.time()
+                if answer["events"] or remaining <= 0 or self._closing.is_set() \
+                        or self.failure is not None:
+                    return web.json_response(answer)
+                await self._wait_progress(remaining)
+        finally:
+            self.long_polls -= 1
+
+    def _watch(self, offset: int, watched: str, exact: bool,
+               max_events: int) -> dict[str, Any]:
+        store = self.store
+        if offset < store.events_start:
+            raise ApiError(410, "COMPACTED",
+                           f"the changes before offset {store.events_start} are no longer "
+                           f"known on node {self.node.config.node_id} (compacted into a "
+                           f"snapshot, or older than the changes kept); watch from "
+                           f"{store.events_start} after reading the current values",
+                           extra={"events_start": store.events_start})
+        events = store.events(offset, watched, exact, max_events)
+        full = len(events) == max_events
+        return {
+            "events": [{"offset": e.offset, "key": e.key,
+                        "type": "put" if e.value is not None else "delete", "value": e.value}
+                       for e in events],
+            # Where the next watch continues: every change below it was answered.
+            "next_offset": events[-1].offset + 1 if full else max(offset, store.next_offset),
+            "applied_offset": store.applied_offset,
+        }
+
     async def kv_get(self, request: web.Request) -> web.Response:
         params = _Params.of(request, _KV_READ_PARAMS)
         stale = params.boolean("stale")
@@ -575,6 +663,13 @@ class ClientApi:
 
 
 # --- request parsing -------------------------------------------------------------------------
+
+def check_key_or_refuse(key: str) -> None:
+    try:
+        check_key(key)
+    except KvOpError as error:
+        _kv_error(error)
+
 
 def _key(request: web.Request) -> str:
     key = request.match_info["key"]

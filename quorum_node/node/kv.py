@@ -15,13 +15,17 @@ same map on every replica. It lives in memory and is rebuilt from the log at sta
 Each applied operation leaves an ``Outcome`` under its offset, so that the API that wrote it can
 tell its caller whether a cas applied. Outcomes are kept for the most recent ``outcome_limit``
 operations only (writers collect theirs as soon as their offset is applied).
+
+Each change of the map is also kept as a ``KvEvent`` (the most recent ``event_limit``), which a
+watch reads from an offset on; ``events_start`` is the first offset whose changes are all still
+known (the snapshot's end after loading one, later the first event dropped plus one).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +39,7 @@ KV_RECORD_KEY = b"\x00kv"
 MAX_KEY_BYTES = 1024  # UTF-8 bytes of a key
 MAX_VALUE_BYTES = 1024 * 1024  # UTF-8 bytes of a value
 DEFAULT_OUTCOME_LIMIT = 100_000
+DEFAULT_EVENT_LIMIT = 100_000
 # Bounds on a KV record's JSON before it is parsed. An operation is one flat object, so any
 # nesting is foreign; without the depth bound a deeply nested document exhausts the parser's
 # recursion on every replica (and again at every replay). The size bound is what the largest
@@ -204,15 +209,31 @@ def _optional_string(document: dict[str, Any], name: str) -> str | None:
     raise KvOpError(f"{name!r} must be a string or null")
 
 
-class KvStore:
-    """The map, the offset it has applied up to, and the outcomes of recent operations."""
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    """A change of the map: the operation at ``offset`` set ``key`` to ``value`` (None: deleted
+    it). Operations that changed nothing (a cas that did not apply, a delete of an absent key)
+    leave no event."""
 
-    def __init__(self, outcome_limit: int = DEFAULT_OUTCOME_LIMIT) -> None:
-        if outcome_limit < 1:
-            raise ValueError("outcome_limit must be at least 1")
+    offset: int
+    key: str
+    value: str | None
+
+
+class KvStore:
+    """The map, the offset it has applied up to, and the outcomes and changes of recent
+    operations."""
+
+    def __init__(self, outcome_limit: int = DEFAULT_OUTCOME_LIMIT,
+                 event_limit: int = DEFAULT_EVENT_LIMIT) -> None:
+        if outcome_limit < 1 or event_limit < 1:
+            raise ValueError("outcome_limit and event_limit must be at least 1")
         self._data: dict[str, str] = {}
         self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
         self._outcome_limit = outcome_limit
+        self._events: deque[KvEvent] = deque()
+        self._event_limit = event_limit
+        self.events_start = 0  # every change at or after this offset is in _events
         self.next_offset = 0  # every offset below it is applied
 
     @property
@@ -229,6 +250,26 @@ class KvStore:
     def items(self) -> list[tuple[str, str]]:
         return sorted(self._data.items())
 
+    def scan(self, prefix: str, start_after: str | None, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` entries whose key starts with ``prefix`` and sorts after
+        ``start_after``, in key order. (A pass over every key: the store holds metadata, and a
+        sorted index would cost every write.)"""
+        keys = sorted(key for key in self._data
+                      if key.startswith(prefix) and (start_after is None or key > start_after))
+        return [(key, self._data[key]) for key in keys[:limit]]
+
+    def events(self, offset: int, prefix: str, exact: bool, limit: int) -> list[KvEvent]:
+        """Up to ``limit`` changes at or after ``offset`` of the key ``prefix`` (``exact``) or of
+        the keys starting with it. The caller checks ``offset >= events_start``."""
+        found: list[KvEvent] = []
+        for event in reversed(self._events):  # newest first: a watch is near the end
+            if event.offset < offset:
+                break
+            if event.key == prefix if exact else event.key.startswith(prefix):
+                found.append(event)
+        found.reverse()
+        return found[:limit]
+
     def snapshot_records(self) -> list[Record]:
         """The map as records (one put per key, sorted): a snapshot's data."""
         return [encode_op(Put(key, value)) for key, value in sorted(self._data.items())]
@@ -243,6 +284,8 @@ class KvStore:
             data[op.key] = op.value
         self._data = data
         self._outcomes.clear()
+        self._events.clear()
+        self.events_start = next_offset  # what changed before is folded into the snapshot
         self.next_offset = next_offset
 
     def apply_batch(self, batch: RecordBatch, limit: int | None = None) -> int:
@@ -306,8 +349,16 @@ class KvStore:
             return False
         if op is None:
             return False
-        self._record(offset, self.apply(op))
+        outcome = self.apply(op)
+        self._record(offset, outcome)
+        if outcome.applied:
+            self._record_event(KvEvent(offset, op.key, self._data.get(op.key)))
         return True
+
+    def _record_event(self, event: KvEvent) -> None:
+        self._events.append(event)
+        if len(self._events) > self._event_limit:
+            self.events_start = self._events.popleft().offset + 1
 
     def apply(self, op: KvOp) -> Outcome:
         """Apply one operation to the map (without moving ``next_offset``)."""

@@ -11,7 +11,13 @@ from typing import Any
 from aiohttp import web
 
 from quorum_node.node.admin_api import MAX_VOTER_TIMEOUT_MS
-from quorum_node.node.client_api import MAX_READ_RECORDS, MAX_TIMEOUT_MS, MAX_WAIT_MS
+from quorum_node.node.client_api import (
+    MAX_LIST_LIMIT,
+    MAX_READ_RECORDS,
+    MAX_TIMEOUT_MS,
+    MAX_WAIT_MS,
+    MAX_WATCH_EVENTS,
+)
 
 OPENAPI_PATH = "/v1/openapi.json"
 _INT64_MAX = 2**63 - 1
@@ -103,6 +109,28 @@ SCHEMAS: dict[str, Any] = {
                        "deleted": {"type": "boolean"}, "offset": {"type": "integer"},
                        "epoch": {"type": "integer"}},
     },
+    "KvPage": {
+        "type": "object", "required": ["entries", "next_start_after", "applied_offset"],
+        "properties": {
+            "entries": {"type": "array", "items": {
+                "type": "object", "required": ["key", "value"],
+                "properties": {"key": {"type": "string"}, "value": {"type": "string"}}}},
+            "next_start_after": {"type": "string", "nullable": True},
+            "applied_offset": {"type": "integer"},
+        },
+    },
+    "KvEvents": {
+        "type": "object", "required": ["events", "next_offset", "applied_offset"],
+        "properties": {
+            "events": {"type": "array", "items": {
+                "type": "object", "required": ["offset", "key", "type", "value"],
+                "properties": {"offset": {"type": "integer"}, "key": {"type": "string"},
+                               "type": {"type": "string", "enum": ["put", "delete"]},
+                               "value": {"type": "string", "nullable": True}}}},
+            "next_offset": {"type": "integer"},
+            "applied_offset": {"type": "integer"},
+        },
+    },
     "KvValue": {
         "type": "object", "required": ["key", "value", "applied_offset"],
         "properties": {"key": {"type": "string"}, "value": {"type": "string"},
@@ -124,6 +152,26 @@ SCHEMAS: dict[str, Any] = {
                        "last_caught_up_timestamp": {"type": "integer"},
                        "endpoint": {"type": "string", "nullable": True},
                        "could_be_voter": {"type": "boolean"}},
+    },
+    "NodeStatus": {
+        "type": "object",
+        "required": ["node_id", "directory_id", "cluster_id", "state", "epoch", "leader_id",
+                     "is_voter", "high_watermark", "log_start_offset", "log_end_offset",
+                     "voters", "client_endpoints", "failure"],
+        "properties": {
+            "node_id": {"type": "integer"}, "directory_id": {"type": "string"},
+            "cluster_id": {"type": "string"},
+            "state": {"type": "string", "enum": ["unattached", "prospective", "candidate",
+                                                 "leader", "follower", "resigned"]},
+            "epoch": {"type": "integer"}, "leader_id": {"type": "integer", "nullable": True},
+            "is_voter": {"type": "boolean"}, "high_watermark": {"type": "integer"},
+            "log_start_offset": {"type": "integer"}, "log_end_offset": {"type": "integer"},
+            "voters": {"type": "array", "items": _ref("VoterKey")},
+            "client_endpoints": {"type": "array", "items": {
+                "type": "object", "required": ["id", "url"],
+                "properties": {"id": {"type": "integer"}, "url": {"type": "string"}}}},
+            "failure": {"type": "string", "nullable": True},
+        },
     },
     "Quorum": {
         "type": "object",
@@ -192,6 +240,50 @@ PATHS: dict[str, Any] = {
                           "429": _error("Too many waiting reads (TOO_MANY_LONG_POLLS).")},
         },
     },
+    "/v1/kv": {
+        "get": {
+            "operationId": "kvList",
+            "summary": "A page of the keys under a prefix, in key order (linearizable unless "
+                       "stale)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "parameters": [
+                {"name": "prefix", "in": "query", "required": False,
+                 "schema": {"type": "string"}},
+                {"name": "start_after", "in": "query", "required": False,
+                 "description": "the previous page's next_start_after",
+                 "schema": {"type": "string"}},
+                _int_query("limit", 1, MAX_LIST_LIMIT),
+                {"name": "stale", "in": "query", "required": False,
+                 "schema": {"type": "boolean"}},
+                _TIMEOUT,
+            ],
+            "responses": {**_COMMON,
+                          "200": _answer("The page.", _ref("KvPage")),
+                          "504": _error("Leadership not confirmed in time (TIMEOUT).")},
+        },
+    },
+    "/v1/watch": {
+        "get": {
+            "operationId": "kvWatch",
+            "summary": "The changes of a key or of a prefix's keys from an offset (long-poll; "
+                       "any node)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "parameters": [
+                {"name": "key", "in": "query", "required": False,
+                 "schema": {"type": "string", "minLength": 1}},
+                {"name": "prefix", "in": "query", "required": False,
+                 "schema": {"type": "string"}},
+                _int_query("offset", 0, _INT64_MAX, required=True),
+                _int_query("wait_ms", 0, MAX_WAIT_MS),
+                _int_query("max_events", 1, MAX_WATCH_EVENTS),
+            ],
+            "responses": {**_COMMON,
+                          "200": _answer("The changes.", _ref("KvEvents")),
+                          "410": _error("COMPACTED: changes before events_start are no longer "
+                                        "known."),
+                          "429": _error("TOO_MANY_LONG_POLLS.")},
+        },
+    },
     "/v1/kv/{key}": {
         "parameters": [_KEY],
         "put": {
@@ -229,6 +321,13 @@ PATHS: dict[str, Any] = {
             "parameters": [_TIMEOUT],
             "requestBody": {"required": True, **_json(_ref("Cas"))},
             "responses": {**_WRITE, "200": _KV_WRITE},
+        },
+    },
+    "/v1/node": {
+        "get": {
+            "operationId": "nodeStatus", "summary": "This node's own status (admin, any node)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "responses": {**_COMMON, "200": _answer("The node's view.", _ref("NodeStatus"))},
         },
     },
     "/v1/quorum": {

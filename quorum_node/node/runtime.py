@@ -36,6 +36,7 @@ from aiohttp import web
 
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import BoundedSite, start_site
+from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import (
     PeerClient,
     PeerServer,
@@ -57,6 +58,7 @@ from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChan
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
 from quorum_node.storage.errors import NotFormattedError
+from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
 from quorum_node.storage.segment_log import SegmentLog
@@ -123,7 +125,7 @@ def open_log_directory(config: NodeConfig) -> LogDirectory:
                 raise
         meta = format_log_dir(config.log_dir, config.cluster_id, config.node_id)
         logger.warning("formatted empty log directory %s with new directory id %s",
-                       config.log_dir, meta.directory_id)
+                       config.log_dir, to_kafka_string(meta.directory_id))
         return open_with(lock)
     except BaseException:
         lock.release()
@@ -174,6 +176,11 @@ class QuorumNode:
         self.client_endpoints = {
             endpoint.id: (endpoint.host, endpoint.port)
             for endpoint in config.voter_client_endpoints}
+        self.story = NodeStory(self.core, config.node_id, [voter.id for voter in config.voters],
+                               ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                                        for host, port in self.client_endpoints.values()),
+                               fetch_timeout_ms=config.quorum.fetch_timeout_ms,
+                               wall_clock_ms=_now_ms)
         idle_timeout_s = config.http_read_timeout_ms / 1000
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
                                  tls=self.security.peer_tls,
@@ -293,7 +300,8 @@ class QuorumNode:
             return
         if self.failure is None:
             self._unreachable.clear()  # from here on: who the resignation cannot reach
-            self.driver.step(lambda core: core.begin_shutdown(_now_ms()))
+            self.story.shutting_down = True
+            self.driver.step(lambda core: core.begin_shutdown(_now_ms()), name="begin_shutdown")
             with contextlib.suppress(TimeoutError, NotLeaderError):
                 await self._wait_for(self._no_successor_to_wait_for, timeout_s,
                                      interruptible=False)
@@ -356,7 +364,8 @@ class QuorumNode:
         logger.info("node %d: the log was replaced by snapshot %s from the leader",
                     self.config.node_id, snapshot_id)
 
-    def stepped(self) -> None:
+    def stepped(self, step: str, peer: int | None) -> None:
+        self.story.after_step(step, peer)
         if self._commit_waiters:
             self._wake_commit_waiters()
         if self._waiters:
@@ -435,9 +444,11 @@ class QuorumNode:
         def answered(answer: RaftResponse | PeerUnavailable) -> None:
             if isinstance(answer, PeerUnavailable):
                 logger.debug("%s", answer)
+                self.story.peer_failed(destination, str(answer))
                 self._peer_lost(destination)
                 self.driver.handle_request_failure(destination, correlation_id)
             else:
+                self.story.peer_answered(destination)
                 self._unreachable.discard(destination)
                 self.driver.handle_response(destination, correlation_id, answer)
 
@@ -703,14 +714,23 @@ async def serve(config: NodeConfig) -> int:
     _tune_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     stopping = asyncio.ensure_future(stop.wait())
     failed = asyncio.ensure_future(node.wait_stopped())
     await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     failed.cancel()
+    if node.failure is None:
+        node.story.stopping(f"{received[0].name} received" if received else "stopped")
     await node.shutdown()
+    node.story.stopped(node.failure)
     return 1 if node.failure is not None else 0
 
 

@@ -229,8 +229,15 @@ class PeerClient:
         if pending is None:
             pending = asyncio.ensure_future(self._connect(destination))
             self._connecting[destination] = pending
-            pending.add_done_callback(lambda _: self._connecting.pop(destination, None))
+            pending.add_done_callback(functools.partial(self._connected, destination))
         return await asyncio.shield(pending)
+
+    def _connected(self, destination: int, attempt: asyncio.Future[_PeerStream]) -> None:
+        self._connecting.pop(destination, None)
+        # Retrieved here: when every sender waiting for it was cancelled (a node shutting
+        # down), asyncio would log the failure as an unhandled exception.
+        if not attempt.cancelled():
+            attempt.exception()
 
     async def _connect(self, destination: int) -> _PeerStream:
         endpoint = self._endpoints.get(destination)
@@ -254,7 +261,9 @@ class PeerClient:
                     ssl=self._tls.client if self._tls is not None else True),
                 self._timeout_s)
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
-            raise PeerUnavailable(f"node {destination} unreachable: {error!r}") from None
+            # str, not repr: the operator reads it in the log ("Cannot connect to host ...").
+            reason = str(error) or type(error).__name__
+            raise PeerUnavailable(f"node {destination} unreachable: {reason}") from None
         # A timed-out or broken call may mean a silently dead connection: start afresh.
         stream = _PeerStream(destination, socket, on_unavailable=self._drop,
                              on_ended=self._stream_ended)

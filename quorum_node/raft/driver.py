@@ -62,8 +62,9 @@ class DriverHost(Protocol):
         machine starts over from it."""
         ...
 
-    def stepped(self) -> None:
-        """A step is carried out: what waits on the core's state may look again."""
+    def stepped(self, step: str, peer: int | None) -> None:
+        """A step is carried out: what waits on the core's state may look again. ``step`` names
+        the core's method that took it, ``peer`` the node whose message (or failure) it was."""
         ...
 
     def set_timer(self, at_ms: int) -> None:
@@ -96,8 +97,10 @@ class CoreDriver:
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def step(self, step: Callable[[RaftCore], object], *, polled: bool = False) -> None:
-        """Call into the core and carry out its effects; a core that raises fails the node."""
+    def step(self, step: Callable[[RaftCore], object], *, name: str = "step",
+             peer: int | None = None, polled: bool = False) -> None:
+        """Call into the core and carry out its effects; a core that raises fails the node.
+        ``name`` and ``peer`` say what the step was (``DriverHost.stepped``)."""
         if not self.driving:
             return
         try:
@@ -105,7 +108,7 @@ class CoreDriver:
         except Exception as error:  # an invariant failure, or a bug: never carry on past it
             self._fail(error)
             return
-        self.after_step(polled=polled)
+        self.after_step(name=name, peer=peer, polled=polled)
 
     def request(self, call: Callable[[RaftCore], T]) -> T:
         """Call the core for a client or an administrator and carry out the step's effects: its
@@ -116,12 +119,12 @@ class CoreDriver:
         try:
             answer = call(self.core)
         except REFUSALS:
-            self.after_step()
+            self.after_step(name="request")
             raise
         except Exception as error:
             self._fail(error)
             raise NotLeaderError(None, self.core.epoch) from error
-        self.after_step()
+        self.after_step(name="request")
         return answer
 
     def poll(self) -> None:
@@ -133,26 +136,30 @@ class CoreDriver:
         if self.core.next_deadline_ms() > now_ms:
             self._schedule(polled=False)  # early: the host's clock stepped back
             return
-        self.step(lambda core: core.poll(now_ms), polled=True)
+        self.step(lambda core: core.poll(now_ms), name="poll", polled=True)
 
     def handle_request(self, source: int, correlation_id: int, request: RaftRequest) -> None:
         self.step(lambda core: core.handle_request(self._host.now_ms(), source, correlation_id,
-                                                   request))
+                                                   request), name="handle_request", peer=source)
 
     def handle_response(self, source: int, correlation_id: int, response: RaftResponse) -> None:
         self.step(lambda core: core.handle_response(self._host.now_ms(), source, correlation_id,
-                                                    response))
+                                                    response),
+                  name="handle_response", peer=source)
 
     def handle_request_failure(self, destination: int, correlation_id: int) -> None:
         self.step(lambda core: core.handle_request_failure(self._host.now_ms(), destination,
-                                                           correlation_id))
+                                                           correlation_id),
+                  name="handle_request_failure", peer=destination)
 
     def handle_flushed(self, offset: int) -> None:
-        self.step(lambda core: core.handle_flushed(self._host.now_ms(), offset))
+        self.step(lambda core: core.handle_flushed(self._host.now_ms(), offset),
+                  name="handle_flushed")
 
     # --- effects -----------------------------------------------------------------------------
 
-    def after_step(self, *, polled: bool = False) -> None:
+    def after_step(self, *, name: str = "start", peer: int | None = None,
+                   polled: bool = False) -> None:
         """Carry out what the core asked for in its last step(s), in the contract's order."""
         host = self._host
         try:
@@ -173,7 +180,7 @@ class CoreDriver:
         if effects.flush:
             host.flush()
         self._schedule(polled=polled)
-        host.stepped()
+        host.stepped(name, peer)
 
     def _schedule(self, *, polled: bool) -> None:
         """Keep the host's one timer at the core's next deadline. Right after a poll every timer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import enum
 import uuid
 from dataclasses import dataclass
@@ -27,7 +28,12 @@ class ReplicaKey:
         return self.directory_id == other.directory_id
 
     def __str__(self) -> str:
-        return f"{self.id}" if self.directory_id is None else f"{self.id}:{self.directory_id}"
+        # The directory id in Kafka's form (base64url, 22 characters), as the CLIs and the
+        # APIs print it: one form everywhere.
+        if self.directory_id is None:
+            return f"{self.id}"
+        kafka_form = base64.urlsafe_b64encode(self.directory_id.bytes).decode().rstrip("=")
+        return f"{self.id}:{kafka_form}"
 
 
 # Epochs are Kafka int32s. An epoch is accepted (from a peer, the quorum-state file or a record

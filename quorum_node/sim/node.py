@@ -353,7 +353,7 @@ class SimNode:
         self.snapshots_loaded += 1
         self.state_machine.load(self.snapshots, snapshot_id)
 
-    def stepped(self) -> None:
+    def stepped(self, step: str, peer: int | None) -> None:
         core = self.core
         assert core is not None
         high_watermark = core.high_watermark

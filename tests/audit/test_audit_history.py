@@ -86,4 +86,4 @@ def test_export_streams_a_log_directory_that_audits_like_the_original(tmp_path: 
                       str(tmp_path / "n.tar")]) == 0
     with tarfile.open(tmp_path / "n.tar") as archive:
         assert archive.getnames() == members
-    assert node_main(["export", "--log-dir", str(tmp_path)]) == 1
+    assert node_main(["export", "--log-dir", str(tmp_path)]) == 2

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,13 @@ from test_admin_api import LocalCluster, free_port, running_cluster
 
 from quorum_node.cli.admin import (
     REPLICATION_COLUMNS,
+    STATUS_COLUMNS,
     format_replication,
     format_status,
     main,
     max_follower_lag,
     parse_bootstrap,
+    unreachable_voters,
 )
 from quorum_node.raft.records import Record
 from quorum_node.storage.kafka_uuid import to_kafka_string
@@ -74,7 +77,7 @@ async def test_status_through_a_follower(trio: LocalCluster,
     lines = status_lines(out)
     assert list(lines) == ["ClusterId", "LeaderId", "LeaderEpoch", "HighWatermark",
                            "MaxFollowerLag", "MaxFollowerLagTimeMs", "CurrentVoters",
-                           "CurrentObservers", "CouldBeVoters"]
+                           "CurrentObservers", "CouldBeVoters", "UnreachableVoters"]
     assert lines["ClusterId"] == trio.cluster_id
     assert lines["LeaderId"] == str(leader.config.node_id)
     assert lines["LeaderEpoch"] == str(leader.core.epoch)
@@ -90,6 +93,7 @@ async def test_status_through_a_follower(trio: LocalCluster,
             assert voter["directoryId"] == to_kafka_string(leader.log_dir.meta.directory_id)
     assert json.loads(lines["CurrentObservers"]) == []
     assert json.loads(lines["CouldBeVoters"]) == []
+    assert json.loads(lines["UnreachableVoters"]) == []
     assert re.search(r'CurrentVoters:\s+\[\{"id": 1, "directoryId": ', out)
 
 
@@ -164,7 +168,7 @@ async def test_without_a_leader_it_waits_then_gives_up(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     async with running_cluster(tmp_path, start=[1]) as cluster:  # one voter of three
         code, out, err = await run(capsys, "--bootstrap-server", address(cluster, 1),
-                                   "--timeout-ms", "400", "describe", "--replication")
+                                   "--timeout", "0.4", "describe", "--replication")
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
     assert err.startswith(f"quorum-admin: error: cannot describe the quorum: "
@@ -190,8 +194,9 @@ async def test_without_a_leader_it_waits_then_gives_up(
     (["add-voter", "--id", "-1", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
      "--id must be a node id (>= 0), got -1"),
     (["add-voter", "--id", "3", "--uuid", "nope"], "--uuid: 'nope' is neither"),
-    (["--timeout-ms", "0", "add-voter", "--id", "3", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
-     "--timeout-ms must be positive, got 0"),
+    (["--timeout", "0", "add-voter", "--id", "3", "--uuid", "AAAAAAAAAAAAAAAAAAAAAw"],
+     "argument --timeout: must be a positive number, got '0'"),
+    (["-b", "h:99999", "describe", "--status"], "--bootstrap-server: 'h:99999' is not HOST:PORT"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -240,9 +245,22 @@ def test_max_follower_lag_is_the_laggiest_voter() -> None:
     leader = replica(1, 100, 5000, 5000, "AAAAAAAAAAAAAAAAAAAAAQ")
     answer = quorum(leader, replica(2, 95, 4990, 4000), replica(3, 80, 4900, 3000))
     assert max_follower_lag(answer) == (20, 2000)
-    # A voter that has not fetched yet: unknown, as Kafka prints unknowns.
-    assert max_follower_lag(quorum(leader, replica(2, -1, -1, -1))) == (-1, -1)
     assert max_follower_lag(quorum(leader, replica(2, 100, 4990, 4990))) == (0, 0)
+
+
+def test_max_follower_lag_ignores_unreachable_voters_and_lists_them() -> None:
+    leader = replica(1, 100, 50_000, 50_000, "AAAAAAAAAAAAAAAAAAAAAQ")
+    never_fetched = replica(2, -1, -1, -1)
+    gone = replica(3, 40, 40_000, 39_000)  # no fetch for 10 s
+    behind = replica(4, 95, 49_990, 49_000)
+    answer = quorum(leader, never_fetched, gone, behind)
+    # The reachable follower's lag, not -1 (hidden) nor the dead voter's stale 60.
+    assert max_follower_lag(answer) == (5, 1000)
+    assert [v["id"] for v in unreachable_voters(answer)] == [2, 3]
+    lines = status_lines(format_status(answer))
+    assert lines["MaxFollowerLag"] == "5"
+    assert lines["UnreachableVoters"].startswith('[{"id": 2, ')
+    assert max_follower_lag(quorum(leader, never_fetched)) == (0, 0)
 
 
 def test_status_format() -> None:
@@ -265,6 +283,7 @@ def test_status_format() -> None:
         '"endpoints": []}, {"id": 9, "directoryId": "AAAAAAAAAAAAAAAAAAAACQ", "endpoints": []}]',
         'CouldBeVoters:          [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAAAg", '
         '"endpoints": []}]',
+        "UnreachableVoters:      []",
     ])
 
 
@@ -287,3 +306,56 @@ def test_replication_format() -> None:
     human = format_replication(answer, human_readable=True, now_ms=6000).splitlines()
     assert human[1].split()[4:] == ["1000", "ms", "ago", "1000", "ms", "ago", "Leader"]
     assert human[2].split()[4:] == ["unknown", "unknown", "Follower"]
+
+
+# --- status: every node's own view ----------------------------------------------------------------
+
+
+@module_loop
+async def test_status_finds_every_node_from_one(trio: LocalCluster,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    deadline = time.monotonic() + 20
+    while True:  # a view between elections (a busy machine may miss a fetch timeout)
+        await trio.wait_for_leader()
+        follower = followers(trio)[0]
+        code, out, err = await run(capsys, "-b", address(trio, follower), "status", "--json")
+        assert (code, err) == (0, "")
+        rows = json.loads(out)
+        assert [row["node_id"] for row in rows] == [1, 2, 3]
+        leaders = [row["node_id"] for row in rows if row["state"] == "leader"]
+        if (len(leaders) == 1 and all(row["leader_id"] == leaders[0] for row in rows)) \
+                or time.monotonic() > deadline:
+            break
+    for row in rows:
+        node = trio.nodes[row["node_id"]]
+        assert row["endpoint"] == trio.url(row["node_id"]) and row["reachable"] is True
+        assert row["directory_id"] == to_kafka_string(node.log_dir.meta.directory_id)
+        assert row["state"] in ("leader", "follower")
+        assert row["leader_id"] == leaders[0]
+        assert row["is_voter"] is True and row["failure"] is None
+        assert row["lag"] >= 0
+    code, out, err = await run(capsys, "-b", address(trio, follower), "status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert [c.strip() for c in lines[1].split("|")[1:-1]] == list(STATUS_COLUMNS)
+    assert len(lines) == 3 + 3 + 1  # rules, header, three nodes
+    assert all(line.count("|") == len(STATUS_COLUMNS) + 1 for line in lines[1::2])
+
+
+async def test_status_and_describe_with_a_voter_down(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async with running_cluster(tmp_path, start=[1, 2]) as cluster:  # voter 3 never started
+        await cluster.wait_for_leader()
+        code, out, err = await run(capsys, "-b", address(cluster, 1), "status", "--json")
+        assert (code, err) == (1, "")
+        rows = {row["endpoint"]: row for row in json.loads(out)}
+        assert len(rows) == 3
+        down = [row for row in rows.values() if not row["reachable"]]
+        assert len(down) == 1 and "Connection refused" in down[0]["error"]
+        code, out, _ = await run(capsys, "-b", address(cluster, 1), "status")
+        assert code == 1 and "unreachable: Connection refused" in out
+        code, out, err = await run(capsys, "-b", address(cluster, 1), "describe", "--status")
+        assert (code, err) == (0, "")
+        lines = status_lines(out)
+        assert lines["MaxFollowerLag"] != "-1"  # the live follower's lag, not hidden
+        assert [v["id"] for v in json.loads(lines["UnreachableVoters"])] == [3]

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from quorum_node.cli.client import main as client_main
-from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.client import QuorumClient, QuorumClientError, WatchResult
 from quorum_node.node.app import build_app
 from quorum_node.node.client_api import (
     MAX_APPEND_BYTES,
@@ -668,10 +668,80 @@ def test_client_gives_up_on_a_redirect_loop(misbehaving: _MisbehavingServer) -> 
     assert "redirected more than 5 times" in str(failed.value)
 
 
+# --- listing and watching keys ----------------------------------------------------------------
+
+def test_list_keys_by_prefix_in_pages(single: Cluster) -> None:
+    with QuorumClient(single.bootstrap) as client:
+        for name in ("list/b", "list/a", "list/c", "listx", "other"):
+            client.put(name, name.upper())
+        first = client.list_keys("list/", limit=2)
+        assert first.entries == [("list/a", "LIST/A"), ("list/b", "LIST/B")]
+        assert first.next_start_after == "list/b"
+        second = client.list_keys("list/", start_after=first.next_start_after, limit=2)
+        assert second.entries == [("list/c", "LIST/C")] and second.next_start_after is None
+        assert client.list_keys("list/", stale=True, limit=10).entries[2] == ("list/c", "LIST/C")
+    url = single.leader().url
+    bad = call(url, "GET", "/v1/kv?limit=0")
+    assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST")
+
+
+def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster) -> None:
+    with QuorumClient(single.bootstrap) as client:
+        start = client.put("w/a", "1").offset
+        client.put("w/b", "x")
+        client.cas("w/a", "nope", "no")  # not applied: no change
+        client.cas("w/a", "1", "2")
+        client.delete("w/a")
+        changes = client.watch(start, key="w/a")
+        assert [(e.key, e.value) for e in changes.events] == [("w/a", "1"), ("w/a", "2"),
+                                                              ("w/a", None)]
+        assert changes.next_offset == changes.applied_offset + 1
+        under = client.watch(start, prefix="w/", max_events=2)
+        assert [(e.key, e.value) for e in under.events] == [("w/a", "1"), ("w/b", "x")]
+        assert under.next_offset == under.events[-1].offset + 1  # more to come from there
+        # A long-poll answers as soon as a change commits.
+        result: list[object] = []
+        poller = threading.Thread(target=lambda: result.append(
+            QuorumClient(single.bootstrap).watch(changes.next_offset, key="w/a",
+                                                 wait_ms=MAX_WAIT_MS)))
+        started = time.monotonic()
+        poller.start()
+        time.sleep(0.3)
+        assert not result
+        client.put("w/other", "not watched")
+        time.sleep(0.2)
+        assert not result
+        client.put("w/a", "back")
+        poller.join(10)
+        assert 0.5 <= time.monotonic() - started < 5
+        woken = result[0]
+        assert isinstance(woken, WatchResult)
+        assert [(e.key, e.value) for e in woken.events] == [("w/a", "back")]
+    url = single.leader().url
+    for query, message in [("offset=0", "exactly one of 'key' and 'prefix'"),
+                           ("key=k&prefix=p&offset=0", "exactly one of"),
+                           ("key=k", "'offset' is required"),
+                           ("key=k&offset=0&max_events=0", "max_events must be at least 1")]:
+        bad = call(url, "GET", f"/v1/watch?{query}")
+        assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST"), query
+        assert message in bad.body["error"]
+
+
+def test_watch_below_the_changes_kept_is_compacted(single: Cluster) -> None:
+    member = single.leader()
+    member.api.store.events_start = 10**6  # as after loading a snapshot ending there
+    try:
+        gone = call(member.url, "GET", "/v1/watch?key=k&offset=5")
+    finally:
+        member.api.store.events_start = 0
+    assert (gone.status, gone.body["code"], gone.body["events_start"]) == (410, "COMPACTED",
+                                                                           10**6)
+
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     server = ["--bootstrap-server", single.bootstrap]
 
     def run(*argv: str) -> tuple[int, str, str]:
@@ -683,7 +753,8 @@ def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixtu
     assert code == 0 and out.startswith("OK (offset ")
     assert run("get", "cli-key") == (0, "hello world\n", "")
     code, out, _ = run("get", "cli-key", "--stale", "--json")
-    assert code == 0 and json.loads(out) == {"key": "cli-key", "value": "hello world"}
+    answer = json.loads(out)  # the API's answer, as it is
+    assert code == 0 and answer["value"] == "hello world" and answer["applied_offset"] > 0
     code, out, _ = run("cas", "cli-key", "--expected", "nope", "--value", "v2")
     assert code == 3 and out.startswith("not applied")
     code, out, _ = run("cas", "cli-key", "--expected", "hello world", "--value", "v2", "--json")
@@ -694,10 +765,20 @@ def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixtu
     assert code == 0
     code, out, _ = run("delete", "cli-key")
     assert code == 0 and out.startswith("deleted")
-    code, out, _ = run("delete", "cli-key")
-    assert code == 3 and out.startswith("not found")
+    code, out, _ = run("delete", "cli-key", "--json")
+    assert code == 3 and json.loads(out)["deleted"] is False
     code, out, err = run("get", "cli-key")
     assert code == 3 and out == "" and "not found" in err
+    code, out, err = run("get", "cli-key", "--json")
+    assert code == 3 and json.loads(out)["code"] == "KEY_NOT_FOUND"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"line 1\nline 2\n")))
+    assert run("put", "multi", "-")[0] == 0
+    assert run("get", "multi") == (0, "line 1\nline 2\n\n", "")
+    value_file = tmp_path / "value"
+    value_file.write_bytes("x\u00e9".encode() * 100_000)
+    assert run("put", "big", "--file", str(value_file))[0] == 0
+    code, out, _ = run("get", "big", "--json")
+    assert json.loads(out)["value"] == "x\u00e9" * 100_000
 
     code, out, _ = run("append", "one", "two\tthree", "f\u00fcnf")
     assert code == 0 and out.startswith("appended 3 records at offsets ")
@@ -711,10 +792,27 @@ def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixtu
     assert code == 0 and appended["last_offset"] == appended["first_offset"] + 1
     code, out, _ = run("--json", "read", "--offset", str(appended["first_offset"]))
     document = json.loads(out)
-    assert [r["text"] for r in document["records"]] == ["from", "stdin"]
+    assert [base64.b64decode(r["value"]) for r in document["records"]] == [b"from", b"stdin"]
     assert document["next_offset"] == appended["last_offset"] + 1
     code, out, _ = run("read", "--offset", str(document["next_offset"]), "--wait-ms", "50")
     assert code == 0 and out == ""
+
+    for name in ("cli-list/a", "cli-list/b", "cli-list/c"):
+        assert run("put", name, f"value\t{name[-1]}")[0] == 0
+    code, out, _ = run("list", "cli-list/", "--limit", "2")
+    assert (code, out) == (0, "cli-list/a\tvalue\\ta\ncli-list/b\tvalue\\tb\n")
+    code, out, _ = run("list", "cli-list/", "--limit", "2", "--all", "--keys-only")
+    assert out == "cli-list/a\ncli-list/b\ncli-list/c\n"
+    code, out, _ = run("list", "cli-list/", "--json")
+    assert [e["key"] for e in json.loads(out)["entries"]] == ["cli-list/a", "cli-list/b",
+                                                              "cli-list/c"]
+    first = json.loads(run("get", "cli-list/a", "--json")[1])["applied_offset"] - 2
+    code, out, _ = run("watch", "--prefix", "cli-list/", "--offset", str(first), "--once")
+    assert code == 0
+    assert [line.split("\t")[1:3] for line in out.splitlines()] == [
+        ["put", "cli-list/a"], ["put", "cli-list/b"], ["put", "cli-list/c"]]
+    code, out, _ = run("watch", "cli-list/a", "--once", "--wait-ms", "100")
+    assert (code, out) == (0, "")  # nothing changed since
 
 
 def test_cli_errors_are_one_line(single: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -727,7 +825,7 @@ def test_cli_errors_are_one_line(single: Cluster, capsys: pytest.CaptureFixture[
         ([*server, "read", "--offset", "-3"], 2, "must not be negative"),
         ([*server, "read", "--offset", "0", "--max-records", "0"], 2, "must be at least 1"),
         (["-b", "no-port", "get", "k"], 2, "not of the form host:port"),
-        (["-b", dead, "--timeout", "0.3", "get", "k"], 1, "connection refused"),
+        (["-b", dead, "get", "k"], 1, "no node reachable: http://127.0.0.1:"),
         ([*server, "put", "k" * (MAX_KEY_BYTES + 1), "v"], 1, "exceeds the limit"),
     ]
     for argv, expected_code, message in cases:

@@ -115,7 +115,7 @@ def test_export_on_a_directory_in_use_is_refused_unless_live(
     archive = tmp_path / "node-1.tar"
     with lock_directory(held):
         before = files(held)
-        assert main(["export", "--log-dir", str(held), "--output", str(archive)]) == 1
+        assert main(["export", "--log-dir", str(held), "--output", str(archive)]) == 2
         assert not archive.exists() and files(held) == before
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and in_use(held, os.getpid()) in error

@@ -7,6 +7,7 @@ command as a subprocess over a stand-in runtime (a ``sitecustomize`` that provid
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -19,23 +20,25 @@ import time
 import types
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from io import StringIO
 from pathlib import Path
 
 import pytest
 
+from quorum_node.cli.local_control import ControlAnswer, ControlRequest
 from quorum_node.cli.node import (
     LocalCluster,
     LocalClusterError,
     LocalNode,
     check_ports_free,
+    handle_control_request,
     main,
     prepare_local_cluster,
 )
 from quorum_node.node.config import ConfigError, NodeConfig, Setting, load_config
 from quorum_node.storage.errors import NotFormattedError
-from quorum_node.storage.kafka_uuid import parse_uuid
+from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 from quorum_node.storage.meta_properties import format_log_dir, read_meta_properties
 
 CLUSTER_ID = "MkU3OEVBNTcwNTJENDM2Qk"
@@ -91,9 +94,13 @@ def test_ignore_formatted_still_refuses_another_nodes_directory(
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (["--node-id", "-1", "--cluster-id", CLUSTER_ID], "invalid node id -1"),
-        (["--node-id", "1", "--cluster-id", "no spaces"], "invalid cluster id 'no spaces'"),
+        (["--node-id", "-1", "--cluster-id", CLUSTER_ID], "--node-id -1 is out of range"),
+        (["--node-id", "99999999999999999999", "--cluster-id", CLUSTER_ID],
+         "--node-id 99999999999999999999 is out of range: expected 0 to 2147483647"),
+        (["--node-id", "1", "--cluster-id", "no spaces"], "--cluster-id 'no spaces' is not a"),
+        (["--node-id", "1", "--cluster-id", "hello"], "--cluster-id 'hello' is not a cluster id"),
         (["--node-id", "x", "--cluster-id", CLUSTER_ID], "argument --node-id: invalid int value"),
+        (["--node-id", "1"], "missing --cluster-id"),
     ],
 )
 def test_format_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -101,6 +108,32 @@ def test_format_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["format", "--log-dir", str(tmp_path / "d"), *args]) == 2
     assert problem in one_line(capsys.readouterr().err)
     assert not (tmp_path / "d").exists()
+
+
+def test_format_refuses_an_empty_or_non_directory_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["format", "--log-dir", "", "--node-id", "1", "--cluster-id", CLUSTER_ID]) == 2
+    assert "--log-dir is empty" in one_line(capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []  # the current directory was not formatted
+    (tmp_path / "afile").write_text("x")
+    assert main(["format", "--log-dir", "afile", "--node-id", "1", "--cluster-id",
+                 CLUSTER_ID]) == 2
+    assert "--log-dir afile: exists and is not a directory" in one_line(
+        capsys.readouterr().err)
+
+
+def test_format_with_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "server.properties"
+    config.write_text(f"node.id=4\ncluster.id={CLUSTER_ID}\nlog.dir={tmp_path / 'n4'}\n")
+    assert main(["format", "-c", str(config)]) == 0
+    capsys.readouterr()
+    meta = read_meta_properties(tmp_path / "n4" / "meta.properties")
+    assert (meta.node_id, meta.cluster_id) == (4, CLUSTER_ID)
+    # Flags win over the file.
+    assert main(["format", "-c", str(config), "--log-dir", str(tmp_path / "n5")]) == 0
+    assert read_meta_properties(tmp_path / "n5" / "meta.properties").node_id == 4
 
 
 def test_random_cluster_id(capsys: pytest.CaptureFixture[str]) -> None:
@@ -330,7 +363,7 @@ def test_supervisor_stops_every_node_on_request(tmp_path: Path) -> None:
     assert [p.returncode for p in cluster.processes.values()] == [-signal.SIGTERM] * 3
 
 
-def test_supervisor_reports_a_node_that_exits_and_stops_the_others(tmp_path: Path) -> None:
+def test_supervisor_reports_a_node_that_exits_and_the_others_go_on(tmp_path: Path) -> None:
     nodes = prepare_local_cluster(tmp_path, 3)
     out = StringIO()
     cluster = LocalCluster(
@@ -338,9 +371,54 @@ def test_supervisor_reports_a_node_that_exits_and_stops_the_others(tmp_path: Pat
         out=out,
     )
     cluster.start()
-    assert cluster.supervise(lambda: False, poll_s=0.02) == 1
-    assert out.getvalue() == f"node 2 exited with code 3; its log: {tmp_path / 'node-2.log'}\n"
-    assert all(p.poll() is not None for p in cluster.processes.values())
+    wait_for_output([nodes[0], nodes[2]], "ready")
+    ticks = 0
+
+    def enough() -> bool:  # long enough for node 2 to exit and be reported, then some
+        nonlocal ticks
+        ticks += 1
+        return "node 2 exited" in out.getvalue() and ticks > 20
+
+    assert cluster.supervise(enough, poll_s=0.02) == 0
+    assert out.getvalue() == (f"node 2 exited with code 3; its log: {tmp_path / 'node-2.log'}; "
+                              "the quorum goes on with nodes 1, 3 (2 of 3 voters)\n")
+    assert [cluster.processes[i].returncode for i in (1, 2, 3)] == [-signal.SIGTERM, 3,
+                                                                     -signal.SIGTERM]
+
+
+def test_control_requests_stop_restart_and_replace_a_node(tmp_path: Path) -> None:
+    nodes = prepare_local_cluster(tmp_path, 3)
+    cluster = LocalCluster(nodes, lambda node: SLEEPER, out=StringIO())
+    cluster.start()
+    try:
+        first_pid = cluster.processes[2].pid
+        stop = handle_control_request(cluster, ControlRequest("r1", "stop", 2), lambda: False)
+        assert stop == ControlAnswer(True, ["node 2 stopped; the quorum goes on with nodes 1, 3 "
+                                            "(2 of 3 voters)"])
+        assert handle_control_request(cluster, ControlRequest("r2", "stop", 2),
+                                      lambda: False) == ControlAnswer(False,
+                                                                      ["node 2 is not running"])
+        restart = handle_control_request(cluster, ControlRequest("r3", "restart", 2),
+                                         lambda: False)
+        assert restart.ok and restart.lines[0].startswith("node 2 started (pid ")
+        assert cluster.processes[2].pid != first_pid and cluster.running() == [1, 2, 3]
+        old_id = read_meta_properties(tmp_path / "node-3" / "meta.properties").directory_id
+        replace = handle_control_request(cluster, ControlRequest("r4", "replace", 3),
+                                         lambda: False)
+        new_id = read_meta_properties(tmp_path / "node-3" / "meta.properties").directory_id
+        assert replace.ok and new_id != old_id
+        kept = [p for p in tmp_path.iterdir() if p.name.startswith("node-3.replaced-")]
+        assert len(kept) == 1
+        assert read_meta_properties(kept[0] / "meta.properties").directory_id == old_id
+        commands = [line.strip() for line in replace.lines if "quorum-admin" in line]
+        assert [c.split(" -b ")[1].split(" ", 1)[1] for c in commands] == [
+            f"add-voter --id 3 --uuid {to_kafka_string(new_id)}",
+            f"remove-voter --id 3 --uuid {to_kafka_string(old_id)}"]
+        assert handle_control_request(cluster, ControlRequest("r5", "restart", 9),
+                                      lambda: False) == ControlAnswer(
+            False, ["no node 9: this quorum has nodes 1, 2, 3"])
+    finally:
+        cluster.stop()
 
 
 def test_supervisor_kills_a_node_that_ignores_sigterm(tmp_path: Path) -> None:
@@ -425,7 +503,7 @@ def has_real_runtime() -> bool:
 
 class LocalProcess:
     def __init__(self, tmp_path: Path, nodes: int, fake: bool, name: str = "local",
-                 **env: str) -> None:
+                 args: Sequence[str] = (), **env: str) -> None:
         self.data = tmp_path / "data"
         self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         self.base_port = free_port_range(2 * nodes)  # client ports, then controller ports
@@ -438,7 +516,7 @@ class LocalProcess:
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.process = subprocess.Popen(
                 [*CLI, "local", "--nodes", str(nodes), "--data-dir", str(self.data),
-                 "--base-port", str(self.base_port)],
+                 "--base-port", str(self.base_port), *args],
                 stdout=out, stderr=err, env={**environ, **env},
             )
 
@@ -531,16 +609,126 @@ def test_local_runs_a_quorum_until_sigint(
     assert len(set(identity)) == 1
 
 
-def test_local_stops_everything_when_a_node_dies(
+def test_local_goes_on_when_a_node_dies_and_restarts_it_on_request(
     tmp_path: Path, local_process: list[LocalProcess]
 ) -> None:
-    local = LocalProcess(tmp_path, 3, fake=True, FAKE_FAIL_NODE="2")
+    local = LocalProcess(tmp_path, 3, fake=True)
     local_process.append(local)
-    assert local.process.wait(timeout=60) == 1, local.diagnostics()
     pids = local.node_pids(3)
-    assert not any(alive(pid) for pid in pids.values())
-    assert (f"node 2 exited with code 3; its log: {local.data.resolve() / 'node-2.log'}\n"
-            in local.err())
+    local.wait_healthy(3)
+    os.kill(pids[1], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while "node 1 was killed by SIGKILL" not in local.err():
+        assert time.monotonic() < deadline, local.diagnostics()
+        time.sleep(0.05)
+    assert ("; the quorum goes on with nodes 2, 3 (2 of 3 voters)\n") in local.err()
+    assert local.process.poll() is None and alive(pids[2]) and alive(pids[3])
+    restart = subprocess.run([*CLI, "local", "--data-dir", str(local.data), "--restart", "1"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert restart.returncode == 0, restart.stderr
+    assert restart.stdout.startswith("node 1 started (pid "), restart.stdout
+    assert "nodes 1, 2, 3 (3 of 3 voters)" in restart.stdout
+    local.wait_healthy(3)
+    local.process.send_signal(signal.SIGINT)
+    assert local.process.wait(timeout=60) == 0, local.diagnostics()
+    # With no local running there, a request is refused at once.
+    refused = subprocess.run([*CLI, "local", "--data-dir", str(local.data), "--stop-node", "1"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    assert refused.stderr == (f"quorum-node local: error: no quorum-node local is running on "
+                              f"{local.data} (start one with quorum-node local --data-dir "
+                              f"{local.data})\n")
+
+
+def wait_for_line(local: LocalProcess, pattern: str, stream: str = "out",
+                  timeout_s: float = 60) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = re.search(pattern, local.out() if stream == "out" else local.err(), re.MULTILINE)
+        if found:
+            return found
+        assert local.process.poll() is None, local.diagnostics()
+        assert time.monotonic() < deadline, local.diagnostics()
+        time.sleep(0.1)
+
+
+def test_local_failover_and_disk_replacement_on_one_machine(
+    tmp_path: Path, local_process: list[LocalProcess]
+) -> None:
+    """What the README walks through: a real quorum says when it is ready and who leads, goes on
+    (with a new leader) when the leader is killed, and a node is given a new disk and put back
+    with the add-voter and remove-voter lines that local prints."""
+    if not has_real_runtime():
+        pytest.skip("quorum_node.node.runtime.run_node is not there yet")
+    local = LocalProcess(tmp_path, 3, fake=False, args=["--log-format", "json"])
+    local_process.append(local)
+    pids = local.node_pids(3)
+    ready = wait_for_line(local, r"^quorum ready: node (\d) leads in epoch (\d+) ")
+    leader = int(ready.group(1))
+    os.kill(pids[leader], signal.SIGKILL)
+    wait_for_line(local, rf"^node {leader} was killed by SIGKILL; .*; the quorum goes on with ",
+                  "err")
+    new_leader = wait_for_line(local, r"^node (\d) now leads in epoch (\d+)$")
+    assert int(new_leader.group(1)) != leader
+    control = [*CLI, "local", "--data-dir", str(local.data)]
+    replaced = subprocess.run([*control, "--replace", str(leader)], capture_output=True,
+                              text=True, timeout=60, check=False)
+    assert replaced.returncode == 0, replaced.stderr
+    commands = [line.split() for line in replaced.stdout.splitlines()
+                if line.strip().startswith("quorum-admin")]
+    assert [c[3] for c in commands] == ["add-voter", "remove-voter"], replaced.stdout
+    new_id = commands[0][-1]
+    # The leader says that the node on its new disk could be a voter, and how to make it one.
+    successor = int(new_leader.group(1))
+    deadline = time.monotonic() + 60
+    while not any(m.endswith(f" add-voter --id {leader} --uuid {new_id}")
+                  for m in node_log_messages(local.data / f"node-{successor}.log")):
+        assert time.monotonic() < deadline, local.diagnostics()
+        time.sleep(0.2)
+    admin = [sys.executable, "-m", "quorum_node.cli.admin"]
+    for command in commands:
+        deadline = time.monotonic() + 60
+        while True:
+            done = subprocess.run([*admin, *command[1:]], capture_output=True, text=True,
+                                  timeout=90, check=False)
+            # Until the new disk's node has fetched from the leader it is no observer yet.
+            if done.returncode == 0 or "is not an observer" not in done.stderr \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert done.returncode == 0, (command, done.stdout, done.stderr, local.diagnostics())
+    # The nodes' logs (JSON lines) tell the story.
+    said = node_log_messages(local.data / f"node-{successor}.log")
+    assert any(re.fullmatch(rf"node {successor}: (candidate|prospective) -> leader in epoch "
+                            r"\d+.*: won the election", m) for m in said), said
+    assert any(re.fullmatch(rf"node {successor}: follower -> (prospective|candidate) in epoch "
+                            rf"\d+.*: no word from leader {leader} within the fetch timeout; "
+                            "starting an election", m) for m in said), said
+    assert any(m.startswith(f"node {successor}: peer {leader} unreachable: ") for m in said)
+    assert any(m.startswith(f"node {successor}: peer {leader} reachable again after ")
+               for m in said), said
+    assert any(m.startswith(f"node {successor}: observer {leader} (directory {new_id}) fetches "
+                            f"and could be a voter: quorum-admin -b ")
+               and m.endswith(f" add-voter --id {leader} --uuid {new_id}") for m in said), said
+    local.process.send_signal(signal.SIGINT)
+    assert local.process.wait(timeout=60) == 0, local.diagnostics()
+    final = node_log_messages(local.data / f"node-{successor}.log")
+    assert f"node {successor}: shutting down (SIGTERM received); resigning the leadership " \
+           "first" in final or f"node {successor}: shutting down (SIGTERM received)" in final
+    assert f"node {successor}: stopped" in final
+    assert not [line for line in (local.data / f"node-{successor}.log").read_text().splitlines()
+                if not line.startswith(("{", "---"))]  # nothing but JSON lines (and local's)
+
+
+def node_log_messages(path: Path) -> list[str]:
+    """The messages of a node's JSON log lines (the lines local writes between are not JSON)."""
+    messages = []
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            document = json.loads(line)
+            assert set(document) >= {"time", "level", "logger", "message"}
+            messages.append(document["message"])
+    return messages
 
 
 def test_nodes_stop_when_local_itself_is_killed(
@@ -582,10 +770,12 @@ def test_supervisor_reports_a_node_killed_by_a_signal_and_a_second_signal_kills(
     cluster.start()
     wait_for_output(nodes[:1], "ready")
     started = time.monotonic()
-    assert cluster.supervise(lambda: False, lambda: True, poll_s=0.02) == 1
+    assert cluster.supervise(lambda: "SIGKILL" in out.getvalue(), lambda: True,
+                             poll_s=0.02) == 0
     assert time.monotonic() - started < 5  # not the 10 s grace period
-    assert out.getvalue() == (f"node 2 was killed by SIGKILL; its log: {nodes[1].log_path}\n"
-                              "node 1 killed on a second signal\n")
+    assert out.getvalue() == (f"node 2 was killed by SIGKILL; its log: {nodes[1].log_path}; "
+                              "no majority left: node 1 (1 of 2 voters; writes wait until a "
+                              "majority is back)\nnode 1 killed on a second signal\n")
 
 
 def test_a_second_local_on_a_data_directory_in_use_is_refused_and_writes_nothing(

@@ -94,7 +94,7 @@ def test_a_secured_quorum_of_processes(secured: tuple[ProcessCluster, Pki],
         assert time.monotonic() < deadline, "the new disk does not fetch"
         time.sleep(0.1)
     common = ["--bootstrap-server", ",".join(n.url for n in cluster.nodes.values()),
-              "--timeout-ms", "30000", "--ca-file", str(pki.ca_path)]
+              "--timeout", "30", "--ca-file", str(pki.ca_path)]
     assert admin_main([*common, "--token-file", str(pki.token_path("writer")), "add-voter",
                        "--id", "3", "--uuid", new]) == 1
     assert "FORBIDDEN" in capsys.readouterr().err

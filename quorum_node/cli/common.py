@@ -1,0 +1,272 @@
+"""The conventions every ``quorum-*`` command line follows, in one place.
+
+- ``--bootstrap-server``/``-b`` (alias ``--bootstrap-controller``, Kafka's name) lists the nodes
+  to contact, ``HOST:PORT[,HOST:PORT...]``; the default is ``$QUORUM_BOOTSTRAP_SERVER``, else
+  the three client ports of ``quorum-node local`` (``DEFAULT_BOOTSTRAP``).
+- ``--timeout SECONDS`` bounds a whole command, retries included.
+- One retry policy (``QuorumClient(fail_fast=True)``): answers that say nothing took effect (no
+  leader during an election, a node shutting down) are retried across the list until the
+  timeout; when no server of the list accepts a connection at all, the command fails at once.
+- ``--json`` prints the API's own JSON answer, and on failure the API's error body
+  (``{"error": message, "code": CODE, ...}``) on stdout as well.
+- A value argument of ``-`` is read from stdin; ``--file PATH`` (``--value-file`` for cas) reads
+  it from a file. A literal ``-`` is given on stdin (``printf - | quorum-client put k -``).
+- ``--version``, and ``--print-completion SHELL`` for shell completion (shtab: bash, zsh, tcsh,
+  fish, powershell).
+- Errors are one line on stderr, ``PROG: error: message``. Exit codes (``EXIT_CODES``): 0 done,
+  1 failed, 2 bad usage or refused input, 3 (quorum-client) a key not found or a cas/delete not
+  applied, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+import shtab
+
+from quorum_node.cli.credentials import add_credential_options
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_FALSE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+EXIT_CODES = ("exit codes: 0 done, 1 failed, 2 bad usage or refused input, 130 interrupted "
+              "(Ctrl-C)")
+BOOTSTRAP_ENV = "QUORUM_BOOTSTRAP_SERVER"
+# What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
+# without flags on a fresh machine.
+DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+DISTRIBUTION = "quorum-node"
+STDIN_VALUE = "-"
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
+class CliError(Exception):
+    """A failure to report in one line; ``code`` is the exit code, ``api_code`` the error code
+    printed under --json (the API's when the API refused)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED, *, api_code: str = "ERROR",
+                 body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.api_code = api_code
+        self.body = body
+
+
+class MissingExtraError(CliError):
+    """A command needs an optional dependency that is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(f"this command needs {module}, which is not installed: "
+                         f"pip install '{DISTRIBUTION}[{extra}]'", EXIT_USAGE,
+                         api_code="MISSING_EXTRA")
+
+
+def require_extra(module: str, extra: str) -> None:
+    """Raise MissingExtraError naming the ``pip install`` line when ``module`` is missing."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingExtraError(module, extra) from None
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2); --help has the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog.split()[0]}: error: {message} "
+                              f"(see {self.prog} --help)\n")
+
+
+def add_standard_options(parser: argparse.ArgumentParser) -> None:
+    """``--version`` and ``--print-completion SHELL`` (top-level parser only)."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    shtab.add_argument_to(parser, ["--print-completion"],
+                          help="print the shell's completion script, e.g. "
+                          f"`source <({parser.prog} --print-completion bash)`")
+
+
+def add_connection_options(parser: argparse.ArgumentParser, *, top: bool,
+                           default_timeout_s: float | None) -> None:
+    """The bootstrap list, --timeout, --json and the credentials. Accepted before and after the
+    command: ``top=False`` (a subcommand) uses SUPPRESS so a value given before it is kept.
+    ``default_timeout_s=None``: each command has its own (``timeout_s``)."""
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument(
+        "-b", "--bootstrap-server", "--bootstrap-controller", dest="bootstrap_server",
+        metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
+        help=f"nodes to contact, any of them (default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
+    parser.add_argument(
+        "--timeout", type=positive_float, metavar="SECONDS", default=default(default_timeout_s),
+        help="give up after this long, retries included"
+        + (f" (default: {default_timeout_s:g})" if default_timeout_s else ""))
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print the API's JSON answer (errors too)")
+    add_credential_options(parser, top=top)
+
+
+def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    value: str | None = args.bootstrap_server
+    return value or environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def timeout_from(args: argparse.Namespace, default_s: float) -> float:
+    value: float | None = args.timeout
+    return default_s if value is None else value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def read_value(argument: str | None, file: Path | None, *, what: str = "value",
+               stdin: TextIO | None = None) -> str:
+    """A value given as an argument, ``-`` (stdin, read whole) or ``--file PATH``; UTF-8."""
+    if file is not None:
+        if argument is not None:
+            raise CliError(f"give the {what} as an argument or with a file, not both",
+                           EXIT_USAGE, api_code="BAD_REQUEST")
+        try:
+            return file.read_bytes().decode("utf-8")
+        except OSError as error:
+            raise CliError(f"{file}: {error.strerror or error}", EXIT_USAGE,
+                           api_code="BAD_REQUEST") from None
+        except UnicodeDecodeError as error:
+            raise CliError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start})",
+                           EXIT_USAGE, api_code="BAD_REQUEST") from None
+    if argument is None:
+        raise CliError(f"no {what} given (an argument, '-' for stdin, or a file)", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    if argument == STDIN_VALUE:
+        source = stdin if stdin is not None else sys.stdin
+        try:
+            return source.buffer.read().decode("utf-8") if hasattr(source, "buffer") \
+                else source.read()
+        except UnicodeDecodeError as error:
+            raise CliError(f"stdin: not UTF-8 text ({error.reason} at byte {error.start})",
+                           EXIT_USAGE, api_code="BAD_REQUEST") from None
+    return argument
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` and ``--log-format`` (for commands that run a node)."""
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
+                        help="the lowest level logged (default: INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="text lines, or one JSON object a line for a log collector "
+                        "(default: text)")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line: ``time`` (RFC 3339 UTC), ``level``, ``logger``, ``message``, and
+    ``exception`` when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        document = {"time": f"{stamp}.{int(record.msecs):03d}Z", "level": record.levelname,
+                    "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level`` in ``log_format``; like logging.basicConfig, nothing changes
+    when the process has set up logging already (a host program, a test runner)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def emit_json(document: Any) -> None:
+    print(json.dumps(document, ensure_ascii=False))
+
+
+def run_command(prog: str, command: Callable[[], int], *, json_errors: bool = False) -> int:
+    """Run ``command`` with the conventions' error handling: a CliError (or ValueError, a
+    refusal before anything was sent) as one line, Ctrl-C as ``interrupted`` and exit 130, a
+    closed stdout (``| head``) quietly."""
+    try:
+        return command()
+    except CliError as error:
+        return fail(prog, str(error), error.code, json_errors=json_errors,
+                    api_code=error.api_code, body=error.body)
+    except ValueError as error:
+        return fail(prog, str(error), EXIT_USAGE, json_errors=json_errors,
+                    api_code="BAD_REQUEST")
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Python would complain again while flushing stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def fail(prog: str, message: str, code: int, *, json_errors: bool = False,
+         api_code: str = "ERROR", body: Mapping[str, Any] | None = None) -> int:
+    """Report a failure: one line on stderr; under --json also the error body on stdout."""
+    if json_errors:
+        emit_json(dict(body) if body else {"error": message, "code": api_code})
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def parse_args(parser: argparse.ArgumentParser,
+               argv: list[str] | None) -> argparse.Namespace | int:
+    """Parsed arguments, or the exit code when argparse exited (--help, --version, an error
+    it already printed in one line)."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE

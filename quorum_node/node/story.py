@@ -1,0 +1,177 @@
+"""The log lines that tell a node's story to an operator: role and epoch changes with what
+caused them, peers that become unreachable and come back, an observer that could be a voter
+(with the exact ``quorum-admin add-voter`` line), and the shutdown. The runtime tells it what
+happened; it compares the core's state before and after and says what changed, once.
+
+Directory ids are printed in Kafka's 22-character form, as everywhere else."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from quorum_node.raft.core import RaftCore
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.storage.kafka_uuid import to_kafka_string
+
+logger = logging.getLogger("quorum_node.node")
+
+# A peer still unreachable is mentioned again this often (the first failure is said at once).
+UNREACHABLE_REMINDER_S = 60.0
+# How often a leader looks for observers that could be voters.
+OBSERVER_CHECK_S = 1.0
+# A peer never heard from is not called unreachable before this long: at start-up the nodes of a
+# quorum come up one after another.
+STARTUP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Role:
+    state: RaftState
+    epoch: int
+    leader_id: int | None
+
+
+class NodeStory:
+    def __init__(self, core: RaftCore, node_id: int, voter_ids: Sequence[int],
+                 bootstrap: str, *, fetch_timeout_ms: int = 2000,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        self._core = core
+        self._node_id = node_id
+        self._voter_ids = frozenset(voter_ids)
+        self._bootstrap = bootstrap  # the voters' client endpoints, for the add-voter line
+        self._clock = clock
+        self._role = self._current()
+        self._started = clock()
+        self._heard: set[int] = set()  # peers that have answered once
+        self._down_since: dict[int, float] = {}
+        self._last_said: dict[int, float] = {}
+        self._observers_said: set[ReplicaKey] = set()
+        self._fetch_timeout_ms = fetch_timeout_ms
+        self._wall_clock_ms = wall_clock_ms
+        self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
+        self._leading_since = clock()
+        self._next_observer_check = 0.0
+        self.shutting_down = False
+
+    def _current(self) -> _Role:
+        return _Role(self._core.state, self._core.epoch, self._core.leader_id)
+
+    def after_step(self, step: str, sender: int | None) -> None:
+        """The core took a step (``step``: the core's method; ``sender``: the peer whose message
+        or failure it was)."""
+        role = self._current()
+        if role != self._role:
+            before, self._role = self._role, role
+            if role.state is RaftState.LEADER:
+                self._leading_since = self._clock()
+            logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
+                        role.state, role.epoch,
+                        f" (was {before.epoch})" if role.epoch != before.epoch else "",
+                        self._reason(step, sender, before, role))
+        if role.state is RaftState.LEADER:
+            self._check_replicas()
+
+    def _reason(self, step: str, sender: int | None, before: _Role, after: _Role) -> str:
+        from_sender = f" (node {sender})" if sender is not None else ""
+        electing = (RaftState.PROSPECTIVE, RaftState.CANDIDATE)
+        if after.state is RaftState.LEADER:
+            return "won the election"
+        if after.state is RaftState.RESIGNED:
+            return "shutting down: resigning so that another voter leads" if self.shutting_down \
+                else "resigning (removed from the voters, or cut off from a majority)"
+        if after.state is RaftState.FOLLOWER and after.leader_id is not None:
+            source = f"node {sender}" if sender is not None else "the log"
+            return f"following node {after.leader_id} (learned from {source})"
+        if after.state is RaftState.CANDIDATE and before.state is RaftState.PROSPECTIVE:
+            return "a majority granted the pre-vote; asking for votes"
+        if after.state in electing and before.state is RaftState.FOLLOWER:
+            if step == "poll":
+                return (f"no word from leader {before.leader_id} within the fetch timeout; "
+                        "starting an election")
+            return f"leader {before.leader_id} resigned{from_sender}; starting an election"
+        if after.state in electing and step == "poll":
+            return "no leader known within the election timeout; starting an election"
+        if after.epoch > before.epoch and sender is not None:
+            return f"node {sender} is in a higher epoch"
+        return step.replace("_", " ") + from_sender
+
+    def peer_failed(self, node_id: int, problem: str) -> None:
+        now = self._clock()
+        since = self._down_since.setdefault(node_id, now)
+        problem = problem.removeprefix(f"node {node_id} unreachable: ")
+        if node_id not in self._last_said:
+            # A peer that answered before has gone away; one never heard from may be starting.
+            if node_id in self._heard or now - self._started >= STARTUP_GRACE_S:
+                logger.warning("node %d: peer %d unreachable: %s", self._node_id, node_id,
+                               problem)
+                self._last_said[node_id] = now
+        elif now - self._last_said[node_id] >= UNREACHABLE_REMINDER_S:
+            logger.warning("node %d: peer %d still unreachable after %.0f s: %s", self._node_id,
+                           node_id, now - since, problem)
+            self._last_said[node_id] = now
+
+    def peer_answered(self, node_id: int) -> None:
+        self._heard.add(node_id)
+        since = self._down_since.pop(node_id, None)
+        if since is not None and self._last_said.pop(node_id, None) is not None:
+            logger.info("node %d: peer %d reachable again after %.1f s", self._node_id, node_id,
+                        self._clock() - since)
+
+    def _check_replicas(self) -> None:
+        """On the leader: voters that stopped fetching (followers pull, so a dead one makes no
+        request fail here) and observers that could be voters."""
+        now = self._clock()
+        if now < self._next_observer_check:
+            return
+        self._next_observer_check = now + OBSERVER_CHECK_S
+        now_ms = self._wall_clock_ms()
+        try:
+            description = self._core.describe_quorum(now_ms)
+        except NotLeaderError:
+            return
+        # A new leader gives its followers a fetch timeout to find it before calling them silent.
+        settled = now - self._leading_since >= self._fetch_timeout_ms / 1000
+        for voter in description.voters:
+            key = voter.key
+            if key.id == self._node_id or not settled:
+                continue
+            last = voter.last_fetch_ms
+            silent = last is None or now_ms - last > self._fetch_timeout_ms
+            if silent and self._silent.get(key) != description.epoch:
+                self._silent[key] = description.epoch
+                since = "has not fetched in this epoch" if last is None else \
+                    f"has not fetched for {(now_ms - last) / 1000:.1f} s"
+                logger.warning("node %d: voter %s %s (down, or cut off?); the quorum needs a "
+                               "majority of the %d voters", self._node_id, voter.key, since,
+                               len(description.voters))
+            elif not silent and key in self._silent:
+                del self._silent[key]
+                logger.info("node %d: voter %s fetching again, at offset %s", self._node_id,
+                            voter.key, voter.log_end_offset)
+        for observer in description.observers:
+            key = observer.key
+            if key.directory_id is None or key.id not in self._voter_ids \
+                    or key in self._observers_said:
+                continue
+            self._observers_said.add(key)
+            directory_id = to_kafka_string(key.directory_id)
+            logger.info("node %d: observer %d (directory %s) fetches and could be a voter: "
+                        "quorum-admin -b %s add-voter --id %d --uuid %s", self._node_id, key.id,
+                        directory_id, self._bootstrap, key.id, directory_id)
+
+    def stopping(self, why: str) -> None:
+        self.shutting_down = True
+        logger.info("node %d: shutting down (%s)%s", self._node_id, why,
+                    "; resigning the leadership first" if self._role.state is RaftState.LEADER
+                    else "")
+
+    def stopped(self, failure: BaseException | None) -> None:
+        if failure is None:
+            logger.info("node %d: stopped", self._node_id)
+        else:
+            logger.error("node %d: stopped after a failure: %s", self._node_id, failure)

@@ -1,0 +1,101 @@
+"""The node's story in its log: what ``NodeStory`` says about peers (the role changes, the
+observer line and the shutdown are checked on real processes in test_node_cli)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from quorum_node.node.story import STARTUP_GRACE_S, UNREACHABLE_REMINDER_S, NodeStory
+from quorum_node.raft.core import QuorumDescription, RaftCore, ReplicaDescription
+from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import ReplicaKey
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def story(clock: Clock) -> NodeStory:
+    core: Any = SimpleNamespace(state=RaftState.FOLLOWER, epoch=3, leader_id=2)
+    return NodeStory(cast(RaftCore, core), 1, [1, 2, 3], "h:1", clock=clock)
+
+
+def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    said = [record.getMessage() for record in caplog.records]
+    caplog.clear()
+    return said
+
+
+def test_peers_going_away_and_coming_back(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="quorum_node.node")
+    clock = Clock()
+    teller = story(clock)
+    # At start-up a peer not heard from yet is not news...
+    teller.peer_failed(3, "node 3 unreachable: Cannot connect to host h:3")
+    assert messages(caplog) == []
+    clock.now += STARTUP_GRACE_S
+    teller.peer_failed(3, "node 3 unreachable: Cannot connect to host h:3")
+    assert messages(caplog) == ["node 1: peer 3 unreachable: Cannot connect to host h:3"]
+    teller.peer_answered(3)
+    assert messages(caplog) == ["node 1: peer 3 reachable again after 5.0 s"]
+    # ... one that answered before and goes away is, at once, then once a minute.
+    teller.peer_failed(3, "node 3 unreachable: connection closed")
+    clock.now += 1
+    teller.peer_failed(3, "node 3 unreachable: connection closed")
+    assert messages(caplog) == ["node 1: peer 3 unreachable: connection closed"]
+    clock.now += UNREACHABLE_REMINDER_S
+    teller.peer_failed(3, "node 3 unreachable: connection closed")
+    assert messages(caplog) == ["node 1: peer 3 still unreachable after 61 s: connection closed"]
+    clock.now += 2.5
+    teller.peer_answered(3)
+    assert messages(caplog) == ["node 1: peer 3 reachable again after 63.5 s"]
+    teller.peer_answered(3)
+    assert messages(caplog) == []
+
+
+def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="quorum_node.node")
+    clock = Clock()
+    wall_ms = [1_000_000]
+    fetched = {2: 1_000_000, 3: 1_000_000}
+    directory = uuid.UUID(int=7)
+
+    def describe(now_ms: int) -> QuorumDescription:
+        voters = [ReplicaDescription(ReplicaKey(1, directory), 10, now_ms, now_ms)] + [
+            ReplicaDescription(ReplicaKey(i, directory), 10, fetched[i], fetched[i])
+            for i in (2, 3)]
+        return QuorumDescription(1, 4, 10, tuple(voters), ())
+
+    core: Any = SimpleNamespace(state=RaftState.FOLLOWER, epoch=3, leader_id=2,
+                                describe_quorum=describe)
+    teller = NodeStory(cast(RaftCore, core), 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000,
+                       clock=clock, wall_clock_ms=lambda: wall_ms[0])
+    core.state, core.epoch, core.leader_id = RaftState.LEADER, 4, 1
+    teller.after_step("handle_response", 2)
+    assert messages(caplog) == ["node 1: follower -> leader in epoch 4 (was 3): won the election"]
+
+    def later(seconds: float, *, alive: tuple[int, ...] = (2, 3)) -> list[str]:
+        clock.now += seconds
+        wall_ms[0] += int(seconds * 1000)
+        for node_id in alive:
+            fetched[node_id] = wall_ms[0]
+        teller.after_step("handle_request", 2)
+        return messages(caplog)
+
+    assert later(3) == []
+    assert later(1.5, alive=(2,)) == []  # within the fetch timeout
+    assert later(1.5, alive=(2,)) == [
+        "node 1: voter 3:AAAAAAAAAAAAAAAAAAAABw has not fetched for 3.0 s (down, or cut off?); "
+        "the quorum needs a majority of the 3 voters"]
+    assert later(30, alive=(2,)) == []  # said once
+    assert later(1) == ["node 1: voter 3:AAAAAAAAAAAAAAAAAAAABw fetching again, at offset 10"]
