@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
+from quorum_node.cli.backup import add_backup_commands
 from quorum_node.cli.export import add_export_command
 from quorum_node.node.config import (
     CONFIG_KEYS,
@@ -174,6 +175,7 @@ def _build_parser() -> _Parser:
     _add_key_flags(local, [key for key in CONFIG_KEYS if key.shared])
     local.set_defaults(command=_cmd_local)
     add_export_command(commands)
+    add_backup_commands(commands)
     return parser
 
 
