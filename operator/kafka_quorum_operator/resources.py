@@ -264,7 +264,8 @@ def claim(owner: Owner, spec: Spec, node_id: int, cluster_id: str) -> dict[str, 
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
 
 
-def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, Any]:
+def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str,
+        init_containers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     template = spec.template
     meta = _meta(owner, pod_name(owner.name, node_id),
                  annotations={**template.annotations, ANNOTATION_CONFIG_HASH: hash_value})
@@ -316,6 +317,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str) -> dict[str, An
                             "runAsGroup": NODE_USER, "fsGroup": NODE_USER,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        **({"initContainers": [dict(c) for c in init_containers]} if init_containers else {}),
         "volumes": volumes,
         "affinity": dict(template.affinity) if template.affinity is not None else {
             # Spread voters over nodes where possible: losing a node then costs one voter.

@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import io
 import json
+import ssl
 import tarfile
 import time
 import urllib.parse
@@ -63,19 +64,36 @@ class _Hashing(io.RawIOBase):
         return len(data)
 
 
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to an address (a pod IP) whose certificate names another host (its DNS name)."""
+
+    def __init__(self, host: str, port: int | None, *, context: ssl.SSLContext,
+                 server_name: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls = context
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 def take_backup(server: str, target: BackupStore, credentials: ClientCredentials | None = None,
-                *, name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> TakenBackup:
+                *, tls: ssl.SSLContext | None = None, server_name: str | None = None,
+                name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> TakenBackup:
     """Back the node at ``server`` (``http(s)://host:port``, its client listener) up under
     ``target``: at ``name`` if given, else at ``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>``.
-    BackupError (one line) if it cannot; then no manifest was written."""
+    Over https: ``tls`` (else the credentials' context), the certificate checked for
+    ``server_name`` (else the server's host). BackupError (one line) if it cannot; then no
+    manifest was written."""
     started = time.perf_counter()
     credentials = credentials or ClientCredentials()
     parts = urllib.parse.urlsplit(server)
     connection: http.client.HTTPConnection
     if parts.scheme == "https":
-        connection = http.client.HTTPSConnection(parts.hostname or "", parts.port,
-                                                 timeout=timeout_s,
-                                                 context=credentials.ssl_context())
+        connection = _NamedHTTPSConnection(
+            parts.hostname or "", parts.port, context=tls or credentials.ssl_context(),
+            server_name=server_name or parts.hostname or "", timeout=timeout_s)
     else:
         connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
                                                 timeout=timeout_s)
