@@ -106,7 +106,7 @@ def pin(node: QuorumNode) -> PinnedBackup:
                            endpoints=[f"{scheme}://{format_address(*node.endpoints[key.id])}"]
                            if key.id in node.endpoints else [])
                 for key in voters],
-        meta_properties=log_dir.meta.to_properties().encode(),
+        meta_properties=(log_dir.path / META_PROPERTIES).read_bytes(),  # a few dozen bytes
         snapshot_file=None, segments=[])
     try:
         if snapshot is not None:

@@ -64,7 +64,8 @@ def backup_routes(node: QuorumNode) -> list[web.RouteDef]:
                 await response.write(chunk)
             await response.write_eof()
         finally:
-            await chunks.aclose()  # closes the pinned files, also when the client went away
+            await chunks.aclose()
+            pinned.close()  # also when the client went away before the stream began
         return response
 
     return [web.get(BACKUP_PATH, take_backup)]

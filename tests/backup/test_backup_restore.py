@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -259,3 +260,38 @@ def test_restore_with_a_new_cluster_id(local_backup: Path, tmp_path: Path,
     for node_id in (4, 5, 6):
         meta = read_meta_properties(tmp_path / f"node-{node_id}" / "meta.properties")
         assert (meta.cluster_id, meta.node_id) == (new_id, node_id)
+
+
+def test_a_backup_holds_committed_records_only(
+        live: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The leader's log ends in records no majority has (both followers paused): the backup
+    stops at the high watermark, at a batch boundary, and restores without them."""
+    leader = live.wait_for_leader()
+    followers = [i for i in live.nodes if i != leader]
+    with QuorumClient([live.nodes[leader].url], timeout_s=10) as client:
+        committed = client.put("committed-before-pause", "yes").offset
+    described = live.quorum(leader)
+    assert described is not None
+    high_watermark = described["high_watermark"]
+    for node_id in followers:
+        live.signal(node_id, signal.SIGSTOP)
+    try:
+        with QuorumClient([live.nodes[leader].url], timeout_s=1) as client, \
+                pytest.raises(QuorumClientError):
+            client.put("never-committed", "no")
+        described = live.quorum(leader)
+        assert described is not None
+        leader_row = next(v for v in described["voters"] if v["id"] == leader)
+        assert leader_row["log_end_offset"] > described["high_watermark"] == high_watermark
+        location = _backup(live.nodes[leader].url, str(tmp_path / "backups"), capsys)
+    finally:
+        for node_id in followers:
+            live.signal(node_id, signal.SIGCONT)
+    manifest = BackupManifest.model_validate_json((Path(location) / MANIFEST_NAME).read_bytes())
+    assert committed < manifest.end_offset == high_watermark
+    assert main(["restore", "--from", location, "--voters", "1,2,3",
+                 "--log-dir", str(tmp_path / "restored" / "node-{id}")]) == 0
+    assert b"never-committed" not in b"".join(
+        path.read_bytes() for path in (tmp_path / "restored").rglob("*.log"))
+    assert b"never-committed" in b"".join(
+        path.read_bytes() for path in (live.directory / f"node-{leader}").rglob("*.log"))
