@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from kafka_quorum_operator import API_VERSION, KIND
+from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.backups import (
     apply_retention,
     backup_source,
@@ -24,7 +26,7 @@ from kafka_quorum_operator.spec import Bootstrap, parse_spec
 from kq_builders import healthy, quorum, row
 from kq_cluster import NAME, Cluster, Writer
 from kq_harness import NAMESPACE, condition, cr_path, quorum_object
-from test_kq_manifests import schema_errors
+from test_kq_manifests import K8S_VERSION, schema_errors
 
 from quorum_node.backup.manifest import MANIFEST_NAME
 from quorum_node.backup.store import LocalStore, S3Options, open_store, s3_client
@@ -96,6 +98,11 @@ def test_a_quorum_from_a_backup_restores_each_pod_with_the_chosen_ids() -> None:
     assert container["envFrom"] == [{"secretRef": {"name": SECRET}}]
     assert restore_init_container(spec, restore, 4) is None  # no id chosen for it
     assert restore_init_container(parse_spec({}), restore, 2) is None
+    owner = r.Owner("kq", "default", "0b6f2a52-7c1e-4c43-8d43-1ac39b0d2d3e")
+    pod = r.pod(owner, spec, 2, "hash", [container])
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert pod["spec"]["initContainers"][0]["volumeMounts"] == \
+        pod["spec"]["containers"][0]["volumeMounts"][:1]  # the node's data volume
 
 
 def test_the_status_fields_fit_the_schema() -> None:
