@@ -16,7 +16,7 @@ import pytest
 from proc_cluster import FAST, ProcessCluster
 
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupManifest
-from quorum_node.backup.store import S3Options, open_store
+from quorum_node.backup.store import S3Options, S3Store, open_store
 from quorum_node.cli.node import main
 from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.storage.kafka_uuid import random_uuid, to_kafka_string
@@ -247,6 +247,19 @@ def test_backup_to_and_restore_from_an_s3_server(
     finally:
         restored.stop_all()
 
+    # A flipped byte in the object store is caught before anything is written.
+    assert isinstance(store, S3Store)
+    segment = max(f.path for f in manifest.files if f.path.endswith(".log"))
+    data = bytearray(store.read_bytes(segment) or b"")
+    data[-1] ^= 0x40
+    store.write_bytes(segment, bytes(data))
+    target = tmp_path / "damaged"
+    code = main(["restore", "--from", location, "--voters", "1,2,3",
+                 "--log-dir", str(target / "node-{id}"), *endpoint])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{location}/{segment}: checksum mismatch" in err, err
+    assert not target.exists() or not any(target.iterdir())
+
 
 def test_restore_with_a_new_cluster_id(local_backup: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -295,3 +308,24 @@ def test_a_backup_holds_committed_records_only(
         path.read_bytes() for path in (tmp_path / "restored").rglob("*.log"))
     assert b"never-committed" in b"".join(
         path.read_bytes() for path in (live.directory / f"node-{leader}").rglob("*.log"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--voters", "1,2,3", "--log-dir", "x"], "--log-dir needs {id}"),
+    (["--voters", "1,2,3", "--node-id", "2", "--log-dir", "x"],
+     "voter 1 needs its directory id (ID:DIRECTORY_ID)"),
+    (["--voters", "1,1,2", "--log-dir", "x/{id}"], "a voter id is given twice"),
+    (["--voters", "1,two", "--log-dir", "x/{id}"], "--voters: 'two': expected ID or"),
+    (["--voters", "1:AAAAAAAAAAAAAAAAAAAAAA,2", "--node-id", "1", "--log-dir", "x"],
+     "directory id AAAAAAAAAAAAAAAAAAAAAA is reserved"),
+    (["--voters", "5", "--node-id", "4", "--log-dir", "x"], "voter 5 needs its directory id"),
+])
+def test_restore_refuses_bad_arguments_in_one_line(
+        local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        args: list[str], message: str) -> None:
+    args = [arg.replace("x", str(tmp_path / "x")) if arg.startswith("x") else arg
+            for arg in args]
+    code = main(["restore", "--from", str(local_backup), *args])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "x").exists()
