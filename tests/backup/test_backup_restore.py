@@ -329,3 +329,34 @@ def test_restore_refuses_bad_arguments_in_one_line(
     err = capsys.readouterr().err
     assert code in (1, 2) and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_backup_needs_the_admin_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-token-0123456789 operator admin\nreader-token-0123456789 app read\n")
+    (tmp_path / "admin").write_text("admin-token-0123456789\n")
+    (tmp_path / "reader").write_text("reader-token-0123456789\n")
+    (tmp_path / "quorum").mkdir()
+    cluster = ProcessCluster.create(tmp_path / "quorum", 1, **FAST,
+                                    auth_token_file=tokens)  # type: ignore[arg-type]
+    cluster.start_all()
+    try:
+        url = cluster.nodes[1].url
+        target = str(tmp_path / "backups")
+        deadline = time.monotonic() + 20
+        while main(["backup", "--server", url, "--to", target, "--name", "ok",
+                    "--token-file", str(tmp_path / "admin")]) != 0:
+            assert time.monotonic() < deadline, capsys.readouterr().err
+            time.sleep(0.2)  # until the node has a committed offset
+        assert (tmp_path / "backups" / "ok" / MANIFEST_NAME).exists()
+        capsys.readouterr()
+        for credential in ([], ["--token-file", str(tmp_path / "reader")]):
+            code = main(["backup", "--server", url, "--to", target, "--name", "refused",
+                         *credential])
+            err = capsys.readouterr().err
+            assert code == 1 and err.count("\n") == 1, err
+            assert "/v1/backup: HTTP 40" in err, err
+        assert not (tmp_path / "backups" / "refused").exists()
+    finally:
+        cluster.stop_all()
