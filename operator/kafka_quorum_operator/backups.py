@@ -5,7 +5,8 @@ KafkaQuorum from a backup (docs/operator.md, "Backups").
   cron expression: a quorum's backups need a bound on how old the newest is, not wall-clock
   alignment, and an interval has no missed-run rules to get wrong across operator restarts (the
   last attempt is in the status).
-- Source: a caught-up follower (lag 0 in the leader's DescribeQuorum), so that the leader does
+- Source: a caught-up follower (caught up with the leader within the fetch timeout, as the
+  planner counts it; the least lag first), so that the leader does
   not spend its disk and CPU on it; the leader only in a one-voter quorum. The operator asks the
   node for a backup (``GET /v1/backup``, with its admin client certificate) and writes it to
   ``s3://bucket/prefix/<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>/`` itself (``quorum_node.backup``),
@@ -37,6 +38,7 @@ from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.observe import Observed
+from kafka_quorum_operator.plan import is_caught_up
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Bootstrap, ObjectStore, Spec
 from kafka_quorum_operator.status import iso
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
@@ -70,17 +72,18 @@ async def s3_options(kube: Kube, namespace: str, secret: str | None, endpoint: s
 
 
 def backup_source(observed: Observed) -> int | None:
-    """The node to back up: the caught-up follower with the lowest id (the leader in a quorum
-    of one voter); None when there is none."""
+    """The node to back up: of the caught-up followers (as the planner counts them: caught up
+    with the leader within the fetch timeout), the one with the least lag, then the lowest id;
+    the leader in a quorum of one voter; None when there is none."""
     quorum = observed.quorum
     if quorum is None:
         return None
     running = {i for i, pod in observed.pods.items() if pod.running and pod.ip}
-    followers = sorted(row.node_id for row in quorum.voters
-                       if row.node_id != quorum.leader_id and row.lag == 0
-                       and row.node_id in running)
+    followers = sorted((row.lag, row.node_id) for row in quorum.voters
+                       if row.node_id != quorum.leader_id and row.node_id in running
+                       and is_caught_up(row, quorum, observed.spec.fetch_timeout_ms))
     if followers:
-        return followers[0]
+        return followers[0][1]
     if len(quorum.voters) == 1 and quorum.leader_id in running:
         return quorum.leader_id
     return None

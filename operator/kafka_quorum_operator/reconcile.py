@@ -128,7 +128,8 @@ class Reconciler:
         cluster_id = status.get("clusterId")
         if not cluster_id:
             cluster_id = await self._generate_cluster_id(owner, spec)
-        memory.restore = status.get("restore") or {}
+        # Kept from the pass that chose it: this pass's status was read before.
+        memory.restore = status.get("restore") or memory.restore
 
         assert self.keeper is not None
         try:
@@ -295,6 +296,7 @@ class Reconciler:
             await self.event(owner, "RestoreFailed", str(error), "Warning")
             raise
         await self.patch_status(owner, {"clusterId": cluster_id, "restore": restore})
+        self.memories.setdefault(owner.uid or owner.name, Memory()).restore = restore
         await self.event(owner, "ClusterIdFromBackup", (
             f"cluster id {cluster_id}, from {spec.bootstrap.from_backup} (offsets below "
             f"{restore['endOffset']}); the pods restore it before they start"))

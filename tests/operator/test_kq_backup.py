@@ -32,7 +32,7 @@ from quorum_node.backup.manifest import MANIFEST_NAME
 from quorum_node.backup.store import LocalStore, S3Options, open_store, s3_client
 from quorum_node.client import QuorumClient
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)
 
 BUCKET = "kq-backups"
 SECRET = "s3-credentials"
@@ -62,7 +62,13 @@ def test_the_source_is_a_caught_up_follower() -> None:
     assert backup_source(healthy()) == 2  # the leader is 1
     lagging = healthy(quorum=quorum([row(1), row(2, lag=5), row(3)]))
     assert backup_source(lagging) == 3
-    assert backup_source(healthy(quorum=quorum([row(1), row(2, lag=1), row(3, lag=2)]))) is None
+    # Caught up a moment ago (a write under way): still a source, the least lag first.
+    recent = healthy(quorum=quorum([row(1), row(2, lag=3, caught_up_ago_ms=100),
+                                    row(3, lag=2, caught_up_ago_ms=100)]))
+    assert backup_source(recent) == 3
+    behind = quorum([row(1), row(2, lag=1, caught_up_ago_ms=60_000),
+                     row(3, lag=2, caught_up_ago_ms=60_000)])
+    assert backup_source(healthy(quorum=behind)) is None
     assert backup_source(healthy(ids=(1,))) == 1  # one voter: the leader is all there is
     assert backup_source(healthy(quorum=None)) is None
 
@@ -194,7 +200,7 @@ async def test_scheduled_backups_and_a_quorum_bootstrapped_from_one(
         return status if condition(body, "Ready") == "True" and status.get("voters") == 3 \
             else None
 
-    status2 = await cluster.wait("kq2 Ready with 3 voters", ready, 90)
+    status2 = await cluster.wait("kq2 Ready with 3 voters", ready, 150)
     assert status2["clusterId"] == cluster_id  # kept, as restore does by default
     chosen = status2["restore"]["directoryIds"]
     voters = {m["nodeId"]: m["directoryId"] for m in status2["members"]}
