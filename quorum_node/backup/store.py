@@ -20,12 +20,6 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 from quorum_node.backup.manifest import BackupError
 from quorum_node.storage.fsutil import fsync_directory
 
-try:
-    import boto3
-    import botocore.exceptions
-except ImportError:  # the s3 extra is not installed: local backups still work
-    boto3 = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
@@ -90,8 +84,12 @@ def open_store(location: str, options: S3Options | None = None) -> BackupStore:
 
 
 def s3_client(options: S3Options) -> S3Client:
-    if boto3 is None:
-        raise BackupError("s3:// locations need boto3: pip install 'quorum-node[s3]'")
+    # Imported here, not at the top: boto3 is an optional extra, and importing it costs every
+    # quorum-node command (run included) over half a second.
+    try:
+        import boto3  # noqa: PLC0415
+    except ImportError:
+        raise BackupError("s3:// locations need boto3: pip install 'quorum-node[s3]'") from None
     region = options.region or os.environ.get("AWS_REGION") \
         or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return boto3.client("s3", endpoint_url=options.endpoint_url, region_name=region,
@@ -225,6 +223,8 @@ class S3Store:
     @contextlib.contextmanager
     def _errors(self, path: str) -> Iterator[None]:
         """boto3's errors as one line naming the object."""
+        import botocore.exceptions  # noqa: PLC0415 (loaded with the client: see s3_client)
+
         try:
             yield
         except botocore.exceptions.ClientError as error:
