@@ -185,17 +185,26 @@ def restore(source: BackupStore, voters: Sequence[ReplicaKey],
         except ValueError as error:
             raise BackupError(str(error)) from None
     staging_parent = log_dir_of(chosen[0]).parent
+    missing = staging_parent  # the outermost directory this creates, removed on a refusal
+    while not missing.parent.exists():
+        missing = missing.parent
+    created = not missing.exists()
     staging_parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".restore-", dir=staging_parent) as staging:
-        backup = fetch_verified(source, Path(staging))
-        restored = []
-        for node_id in chosen:
-            key = by_id[node_id]
-            assert key.directory_id is not None
-            target = log_dir_of(node_id)
-            _build(backup, target, MetaProperties(cluster_id or backup.manifest.cluster_id,
-                                                  node_id, key.directory_id), voters)
-            restored.append(RestoredNode(node_id, key.directory_id, target))
+    try:
+        with tempfile.TemporaryDirectory(prefix=".restore-", dir=staging_parent) as staging:
+            backup = fetch_verified(source, Path(staging))
+            restored = []
+            for node_id in chosen:
+                key = by_id[node_id]
+                assert key.directory_id is not None
+                target = log_dir_of(node_id)
+                _build(backup, target, MetaProperties(cluster_id or backup.manifest.cluster_id,
+                                                      node_id, key.directory_id), voters)
+                restored.append(RestoredNode(node_id, key.directory_id, target))
+    except BaseException:
+        if created:
+            shutil.rmtree(missing, ignore_errors=True)
+        raise
     return restored
 
 
