@@ -1,12 +1,13 @@
 # The quorum-node image: `quorum-node run` configured by QUORUM_* variables (the operator's pods),
-# plus quorum-admin and quorum-client. Build from the repository root:
+# plus quorum-admin and quorum-client, and boto3 for backups to object storage (the s3 extra).
+# Build from the repository root:
 #   docker build -t quorum-node:dev .
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY quorum_node ./quorum_node
 COPY operator ./operator
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir .
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir '.[s3]'
 
 FROM python:3.11-slim
 COPY --from=build /opt/venv /opt/venv

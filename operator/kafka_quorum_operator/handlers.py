@@ -91,6 +91,7 @@ class _State:
                 await self.electing
             self.electing = None
         if self.reconciler is not None:
+            await self.reconciler.backups.close()
             await self.reconciler.nodes.close()
             self.reconciler.kube.close()
 

@@ -21,3 +21,11 @@ REMEDIATION_SECONDS = Histogram(
 QUORUM_LOST = Gauge("kafka_quorum_operator_quorum_lost",
                     "1 while a KafkaQuorum has lost a majority of its voters' volumes.",
                     ["namespace", "name"])
+BACKUPS = Counter("kafka_quorum_operator_backups",
+                  "Scheduled backups, by result (ok, failed).", ["result"])
+LAST_BACKUP = Gauge("kafka_quorum_operator_last_backup_timestamp_seconds",
+                    "When a KafkaQuorum's last successful backup was taken (Unix time).",
+                    ["namespace", "name"])
+LAST_BACKUP_END_OFFSET = Gauge("kafka_quorum_operator_last_backup_end_offset",
+                               "The end offset of a KafkaQuorum's last successful backup.",
+                               ["namespace", "name"])

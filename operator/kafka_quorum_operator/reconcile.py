@@ -28,6 +28,12 @@ from kafka_quorum_operator import (
 )
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.backups import (
+    BackupJob,
+    BackupScheduler,
+    restore_init_container,
+    restore_plan,
+)
 from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
@@ -55,8 +61,9 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
-from kafka_quorum_operator.spec import parse_spec
+from kafka_quorum_operator.spec import Spec, parse_spec
 from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
+from quorum_node.backup.manifest import BackupError
 from quorum_node.storage.meta_properties import random_cluster_id
 
 logger = logging.getLogger(__name__)
@@ -79,6 +86,7 @@ class Memory:
 
     refused: dict[int, tuple[float, str]] = field(default_factory=dict)
     addresses: set[str] = field(default_factory=set)  # the nodes' addresses last observed
+    restore: Mapping[str, Any] = field(default_factory=dict)  # status.restore, this pass
 
 
 @dataclass
@@ -97,10 +105,12 @@ class Reconciler:
     # before every voter change and deletion, so that a replica that lost the lease while a
     # pass was under way (a slow call, a paused process) sends nothing.
     may_act: Callable[[], bool] = lambda: True
+    backups: BackupScheduler = field(init=False)
 
     def __post_init__(self) -> None:
         if self.keeper is None:
             self.keeper = Keeper(self.kube, clock=self.clock)
+        self.backups = BackupScheduler(self.kube, self.event, self.patch_status)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -121,7 +131,9 @@ class Reconciler:
         memory = self.memories.setdefault(owner.uid or owner.name, Memory())
         cluster_id = status.get("clusterId")
         if not cluster_id:
-            cluster_id = await self._generate_cluster_id(owner)
+            cluster_id = await self._generate_cluster_id(owner, spec)
+        # Kept from the pass that chose it: this pass's status was read before.
+        memory.restore = status.get("restore") or memory.restore
 
         assert self.keeper is not None
         recorded = TlsSwitch.from_status(status)
@@ -209,6 +221,8 @@ class Reconciler:
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
         if r.differs(patch, status) and self.may_act():
             await self.patch_status(owner, patch)
+        if changing and a.bootstrapped and self.may_act():
+            self.backups.maybe_start(BackupJob(owner, spec, observed, cluster_id, tls), status)
         return decided
 
     # --- observing ------------------------------------------------------------------------
@@ -270,7 +284,7 @@ class Reconciler:
 
     # --- acting ---------------------------------------------------------------------------
 
-    async def _generate_cluster_id(self, owner: r.Owner) -> str:
+    async def _generate_cluster_id(self, owner: r.Owner, spec: Spec) -> str:
         """Generated once, before anything is created, and kept in status (and on each claim).
         A KafkaQuorum made again over the claims of one of the same name (kept: no
         ``deleteClaims``) takes the cluster id written on them, so that its nodes start on
@@ -280,6 +294,8 @@ class Reconciler:
                                       {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER})
         found = Counter(v.cluster_id for v in map(claim_view, claims)
                         if v is not None and v.cluster_id and not v.terminating)
+        if not found and spec.bootstrap is not None:
+            return await self._cluster_from_backup(owner, spec)
         if found:
             cluster_id = found.most_common(1)[0][0]
             reason, message = "ClusterIdRecovered", f"cluster id {cluster_id}, as written on " \
@@ -289,6 +305,24 @@ class Reconciler:
             reason, message = "ClusterIdGenerated", f"cluster id {cluster_id}"
         await self.patch_status(owner, {"clusterId": cluster_id})
         await self.event(owner, reason, message)
+        return cluster_id
+
+    async def _cluster_from_backup(self, owner: r.Owner, spec: Spec) -> str:
+        """spec.bootstrap.fromBackup: the backup's cluster id, and a directory id for every
+        voter, kept in status before anything is created (docs/backup.md says why the id is
+        kept). The pass fails (and is retried) while the backup cannot be read."""
+        assert spec.bootstrap is not None
+        try:
+            cluster_id, restore = await restore_plan(self.kube, owner.namespace, spec.bootstrap,
+                                                     range(1, spec.replicas + 1))
+        except BackupError as error:
+            await self.event(owner, "RestoreFailed", str(error), "Warning")
+            raise
+        await self.patch_status(owner, {"clusterId": cluster_id, "restore": restore})
+        self.memories.setdefault(owner.uid or owner.name, Memory()).restore = restore
+        await self.event(owner, "ClusterIdFromBackup", (
+            f"cluster id {cluster_id}, from {spec.bootstrap.from_backup} (offsets below "
+            f"{restore['endOffset']}); the pods restore it before they start"))
         return cluster_id
 
     async def _apply(self, obj: dict[str, Any]) -> None:
@@ -370,9 +404,15 @@ class Reconciler:
                 await self.event(owner, "ClaimCreated",
                                  f"volume claim {r.claim_name(owner.name, node_id)} created")
         elif kind == "CreatePod":
-            if await self._create(path("Pod", ns),
-                                  r.pod(owner, spec, node_id, observed.config_hash,
-                                        observed.tls_switch)):
+            # Until the quorum is bootstrapped, a quorum made from a backup restores it first.
+            memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+            restore = None if decided.assessment.bootstrapped else \
+                restore_init_container(spec, memory.restore, node_id)
+            if await self._create(path("Pod", ns), r.pod(owner, spec, node_id,
+                                                         observed.config_hash,
+                                                         switch=observed.tls_switch,
+                                                         init_containers=[restore] if restore
+                                                         else [])):
                 await self.event(owner, "PodCreated",
                                  f"pod {r.pod_name(owner.name, node_id)} created")
         elif kind == "DeletePod":

@@ -331,8 +331,9 @@ def claim(owner: Owner, spec: Spec, node_id: int, cluster_id: str) -> dict[str, 
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": body}
 
 
-def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str,
-        switch: TlsSwitch | None = None) -> dict[str, Any]:
+def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
+        switch: TlsSwitch | None = None,
+        init_containers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     template = spec.template
     meta = _meta(owner, pod_name(owner.name, node_id),
                  annotations={**template.annotations, ANNOTATION_CONFIG_HASH: hash_value})
@@ -388,6 +389,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str,
                             "runAsGroup": NODE_USER, "fsGroup": NODE_USER,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        **({"initContainers": [dict(c) for c in init_containers]} if init_containers else {}),
         "volumes": volumes,
         "affinity": dict(template.affinity) if template.affinity is not None else {
             # Spread voters over nodes where possible: losing a node then costs one voter.

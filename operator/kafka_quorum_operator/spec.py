@@ -40,6 +40,8 @@ DEFAULT_FETCH_TIMEOUT_MS = 2000  # the node's default; also the operator's "caug
 DEFAULT_CERTIFICATE_DAYS = 90
 DEFAULT_RENEW_BEFORE_DAYS = 30
 ISSUER_KINDS = ("Issuer", "ClusterIssuer")
+DEFAULT_BACKUP_INTERVAL_SECONDS = 3600
+DEFAULT_BACKUP_RETENTION = 7
 
 
 class SpecError(ValueError):
@@ -93,6 +95,37 @@ class PodTemplate:
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """An S3 bucket (or an S3-compatible server's), and the Secret holding its credentials
+    (keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; None: the operator's own)."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint: str | None = None
+    region: str | None = None
+    credentials_secret: str | None = None
+
+
+@dataclass(frozen=True)
+class Backup:
+    """Scheduled backups (docs/operator.md, "Backups")."""
+
+    store: ObjectStore
+    interval_seconds: int = DEFAULT_BACKUP_INTERVAL_SECONDS
+    retention_count: int = DEFAULT_BACKUP_RETENTION
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Create the quorum from a backup: ``from_backup`` is its location (s3://bucket/...)."""
+
+    from_backup: str
+    endpoint: str | None = None
+    region: str | None = None
+    credentials_secret: str | None = None
+
+
+@dataclass(frozen=True)
 class Spec:
     replicas: int = DEFAULT_REPLICAS
     image: str = DEFAULT_IMAGE
@@ -107,6 +140,8 @@ class Spec:
     remediation: Remediation = field(default_factory=Remediation)
     security: Security = field(default_factory=Security)
     paused: bool = False
+    backup: Backup | None = None
+    bootstrap: Bootstrap | None = None
 
     @property
     def fetch_timeout_ms(self) -> int:
@@ -159,7 +194,37 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
         ),
         security=_security(_mapping(raw, "security")),
         paused=bool(raw.get("paused", False)),
+        backup=_backup(_mapping(raw, "backup")),
+        bootstrap=_bootstrap(_mapping(raw, "bootstrap")),
     )
+
+
+def _backup(raw: Mapping[str, Any]) -> Backup | None:
+    if not raw:
+        return None
+    target = _mapping(raw, "target")
+    return Backup(
+        store=ObjectStore(bucket=_str(target, "bucket", ""),
+                          prefix=str(target.get("prefix") or "").strip("/"),
+                          endpoint=target.get("endpoint") or None,
+                          region=target.get("region") or None,
+                          credentials_secret=target.get("credentialsSecret") or None),
+        interval_seconds=_int(raw, "intervalSeconds", DEFAULT_BACKUP_INTERVAL_SECONDS,
+                              minimum=1),
+        retention_count=_int(raw, "retentionCount", DEFAULT_BACKUP_RETENTION, minimum=1))
+
+
+def _bootstrap(raw: Mapping[str, Any]) -> Bootstrap | None:
+    source = _mapping(raw, "fromBackup")
+    if not source:
+        return None
+    location = _str(source, "location", "")
+    if not location.startswith("s3://"):
+        raise SpecError(f"spec.bootstrap.fromBackup.location: expected s3://BUCKET/PATH, got "
+                        f"{location!r}")
+    return Bootstrap(from_backup=location.rstrip("/"), endpoint=source.get("endpoint") or None,
+                     region=source.get("region") or None,
+                     credentials_secret=source.get("credentialsSecret") or None)
 
 
 def _security(raw: Mapping[str, Any]) -> Security:

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from quorum_node.cli.backup import add_backup_commands
 from quorum_node.cli.common import (
     CliParser,
     add_logging_options,
@@ -207,6 +208,7 @@ def _build_parser() -> CliParser:
     local.set_defaults(command=_cmd_local)
     add_export_command(commands)
     add_info_command(commands)
+    add_backup_commands(commands)
     return parser
 
 

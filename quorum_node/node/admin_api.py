@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from quorum_node.backup.endpoint import backup_routes
 from quorum_node.node.config import format_address
 from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json, read_body
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
@@ -233,6 +234,7 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
         web.get(QUORUM_PATH, describe_quorum),
         web.post(VOTERS_PATH, _refusing_invalid(add_voter)),
         web.delete(VOTERS_PATH + "/{id}/{directory_id}", _refusing_invalid(remove_voter)),
+        *backup_routes(node),
     ]
 
 

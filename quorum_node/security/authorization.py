@@ -49,6 +49,7 @@ ROUTE_ROLES: Final[dict[tuple[str, str], Role | None]] = {
     ("GET", "/v1/quorum"): Role.ADMIN,
     ("POST", "/v1/quorum/voters"): Role.ADMIN,
     ("DELETE", "/v1/quorum/voters/{id}/{directory_id}"): Role.ADMIN,
+    ("GET", "/v1/backup"): Role.ADMIN,
 }
 RAFT_PREFIX: Final = "/raft/"
 _AUDIT_REPEAT_S = 10.0

@@ -485,6 +485,9 @@ class Kubelet:
         base = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
         log = self.root / "logs" / f"{meta['name']}-{meta['uid'][:8]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        for init in spec.get("initContainers") or []:
+            if not await self._run_init(init, paths, base, log):
+                return  # Init:Error: tried again on the next sync
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 [*self.command, "run"],
@@ -495,6 +498,27 @@ class Kubelet:
                                               time.monotonic())
         await self._status(pod, {"phase": "Running", "podIP": ip, "conditions": [
             {"type": "Ready", "status": "False"}]})
+
+    async def _run_init(self, init: Mapping[str, Any], paths: Mapping[str, Path],
+                        base: Mapping[str, str], log: Path) -> bool:
+        """Run an init container to its end (its command's ``quorum-node`` is the node's
+        command; env and envFrom Secrets as the kubelet gives them); whether it succeeded."""
+        env = dict(base)
+        for source in init.get("envFrom") or []:
+            data = await self._secret(source["secretRef"]["name"]) if "secretRef" in source \
+                else None
+            if data is None:
+                return False
+            env.update({k: v.decode() for k, v in data.items()})
+        env.update({e["name"]: e["value"] for e in init.get("env") or []})
+        command = [self._localize(part, paths) for part in init["command"]]
+        if command[0] == "quorum-node":
+            command = [*self.command, *command[1:]]
+        with log.open("ab") as out:
+            done = await asyncio.to_thread(subprocess.run, command, stdout=out,
+                                           stderr=subprocess.STDOUT, env=env, timeout=120,
+                                           check=False)
+        return done.returncode == 0
 
     async def _mount(self, meta: Mapping[str, Any], spec: Mapping[str, Any],
                      container: Mapping[str, Any]) -> dict[str, Mount] | None:

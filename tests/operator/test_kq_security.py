@@ -435,7 +435,7 @@ def test_every_stage_of_a_tls_switch_can_talk_to_its_neighbours(to_tls: bool) ->
             assert connects <= served, (node.controller_listener_names,
                                         peer.controller_listener_names)
     for spec, switch, config in zip(specs, _stages(to_tls), configs, strict=True):
-        pod = r.pod(OWNER, spec, 1, "hash", switch)
+        pod = r.pod(OWNER, spec, 1, "hash", switch=switch)
         container = pod["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"]["scheme"] == (
             "HTTPS" if config.client_listeners[0].tls else "HTTP")

@@ -74,7 +74,8 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
-{{- /* The quorums' CA, certificates and tokens: created once, renewed; never listed. */}}
+{{- /* The quorums' CA, certificates and tokens: created once, renewed; never listed. Also
+     read: the object-store credentials that spec.backup and spec.bootstrap name. */}}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create, patch]

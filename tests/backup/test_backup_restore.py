@@ -1,0 +1,362 @@
+"""Backups of a live quorum (real node processes) and restores into new quorums: under write
+load every acknowledged key below the backup's end offset comes back with its value; a damaged
+backup is refused with one line and nothing written; the same through an S3 server (moto)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proc_cluster import FAST, ProcessCluster
+
+from quorum_node.backup.manifest import MANIFEST_NAME, BackupManifest
+from quorum_node.backup.store import S3Options, S3Store, open_store
+from quorum_node.cli.node import main
+from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.storage.kafka_uuid import random_uuid, to_kafka_string
+from quorum_node.storage.meta_properties import read_meta_properties
+
+# Small segments and frequent snapshots: a backup holds a snapshot and several segments.
+BUCKET = "quorum-backups"  # the s3_server fixture's
+SETTINGS = {**FAST, "snapshot_interval_records": 300, "snapshot_retained_log_records": 100,
+            "log_segment_bytes": 16_384}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+    cluster = ProcessCluster.create(tmp_path_factory.mktemp("live"), 3, **SETTINGS)
+    cluster.start_all()
+    try:
+        cluster.wait_for_leader()
+        with _client(cluster) as client:
+            for i in range(400):
+                client.put(f"seed-{i}", f"value-{i}")
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+def _client(cluster: ProcessCluster) -> QuorumClient:
+    return QuorumClient([node.url for node in cluster.nodes.values()], timeout_s=10)
+
+
+class Writer:
+    """Puts keys (overwriting some) until stopped; every acknowledged write with its offset."""
+
+    def __init__(self, cluster: ProcessCluster) -> None:
+        self.client = _client(cluster)
+        self.acknowledged: list[tuple[str, str, int]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            key, value = f"load-{i % 300}", f"value-{i}"
+            try:
+                result = self.client.put(key, value)
+            except QuorumClientError as error:
+                self.failures.append(str(error))
+            else:
+                self.acknowledged.append((key, value, result.offset))
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.client.close()
+
+
+def _backup(server: str, to: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    """Run ``quorum-node backup``; the backup's location."""
+    assert main(["backup", "--server", server, "--to", to, *extra]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    return out.split(": node ", 1)[0]
+
+
+def _restored_quorum(tmp_path: Path, source: str, capsys: pytest.CaptureFixture[str],
+                     cluster_id: str, *extra: str) -> ProcessCluster:
+    """A new 3-node quorum (new ports) whose directories ``quorum-node restore`` built."""
+    tmp_path.mkdir()
+    cluster = ProcessCluster.create(tmp_path, 3, cluster_id=cluster_id, **SETTINGS)  # type: ignore[arg-type]
+    for node_id in cluster.nodes:
+        shutil.rmtree(tmp_path / f"node-{node_id}")  # restore writes new directories only
+    code = main(["restore", "--from", source, "--voters", "1,2,3",
+                 "--log-dir", str(tmp_path / "node-{id}"), *extra])
+    assert code == 0, capsys.readouterr()
+    return cluster
+
+
+def test_backup_under_load_restores_every_acknowledged_key(
+        live: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    writer = Writer(live)
+    try:
+        time.sleep(1.0)
+        acknowledged_before = len(writer.acknowledged)
+        leader = live.wait_for_leader()
+        location = _backup(live.nodes[leader].url, str(tmp_path / "backups"), capsys)
+        time.sleep(0.5)  # writes go on after the backup, none of them in it
+    finally:
+        writer.stop()
+    assert not writer.failures, writer.failures[:3]
+    manifest = BackupManifest.model_validate_json((Path(location) / MANIFEST_NAME).read_bytes())
+    assert manifest.cluster_id == live.cluster_id and manifest.node_id == leader
+    assert manifest.snapshot is not None, "the backup should hold a snapshot"
+    assert sum(f.path.endswith(".log") for f in manifest.files) >= 1
+    # Taken from the leader: every write acknowledged before the backup was asked for is in it.
+    assert all(offset < manifest.end_offset
+               for _, _, offset in writer.acknowledged[:acknowledged_before])
+    expected: dict[str, str] = {f"seed-{i}": f"value-{i}" for i in range(400)}
+    later: set[str] = set()
+    for key, value, offset in writer.acknowledged:
+        if offset < manifest.end_offset:
+            expected[key] = value
+        else:
+            later.add(key)
+    assert len(writer.acknowledged) > acknowledged_before > 50
+
+    restored = _restored_quorum(tmp_path / "restored", location, capsys, live.cluster_id)
+    printed = capsys.readouterr().out
+    restored.start_all()
+    try:
+        restored.wait_for_leader()
+        with _client(restored) as client:
+            missing = {key: value for key, value in expected.items()
+                       if client.get(key) != value}
+            assert not missing, f"{len(missing)} of {len(expected)} keys wrong, e.g. " \
+                f"{list(missing.items())[:3]}"
+            for key in later - expected.keys():
+                assert client.get(key) is None  # written only after the backup
+            assert client.put("after-restore", "yes").offset > manifest.end_offset
+        voters = restored.quorum(restored.wait_for_leader())
+        assert voters is not None
+        new_ids = {v["id"]: v["directory_id"] for v in voters["voters"]}
+        old = {v.id: v.directory_id for v in manifest.voters}
+        assert set(new_ids) == {1, 2, 3}
+        assert not set(new_ids.values()) & set(old.values()), "new directory ids expected"
+        for node_id, directory_id in new_ids.items():
+            assert f"node {node_id}: " in printed and directory_id in printed
+    finally:
+        restored.stop_all()
+    print(f"{len(expected)} keys restored; backup at offset {manifest.end_offset}, "
+          f"{len(writer.acknowledged)} writes acknowledged under load")
+
+
+@pytest.fixture(scope="module")
+def local_backup(live: ProcessCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("backups")
+    code = main(["backup", "--server", live.nodes[1].url, "--to", str(target),
+                 "--name", "one"])
+    assert code == 0
+    return target / "one"
+
+
+def _damage_segment(backup: Path) -> None:
+    segment = max(backup.glob("__cluster_metadata-0/*.log"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    segment.write_bytes(bytes(data))
+
+
+def _drop_snapshot(backup: Path) -> None:
+    next(backup.glob("__cluster_metadata-0/*.checkpoint")).unlink()
+
+
+def _drop_manifest(backup: Path) -> None:
+    (backup / MANIFEST_NAME).unlink()
+
+
+def _garble_manifest(backup: Path) -> None:
+    document = json.loads((backup / MANIFEST_NAME).read_text())
+    del document["end_offset"]
+    (backup / MANIFEST_NAME).write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (_damage_segment, "checksum mismatch"),
+    (_drop_snapshot, "missing"),
+    (_drop_manifest, "no backup.json: not a backup, or an incomplete one"),
+    (_garble_manifest, "not a backup manifest (end_offset: Field required)"),
+])
+def test_a_damaged_backup_is_refused_and_nothing_is_written(
+        local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        damage: object, message: str) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(local_backup, copy)
+    assert callable(damage)
+    damage(copy)
+    target = tmp_path / "restored"
+    code = main(["restore", "--from", str(copy), "--voters", "1,2,3",
+                 "--log-dir", str(target / "node-{id}")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and message in err, err
+    assert not target.exists()  # nothing written, not even the directory that would hold them
+
+
+def test_a_restore_into_a_used_directory_is_refused(
+        local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "node-2").mkdir()
+    (tmp_path / "node-2" / "keep").write_text("mine")
+    code = main(["restore", "--from", str(local_backup), "--voters", "1,2,3",
+                 "--log-dir", str(tmp_path / "node-{id}")])
+    assert code == 1 and "node-2: not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node-2"]
+
+
+def test_backup_to_and_restore_from_an_s3_server(
+        live: ProcessCluster, s3_server: S3Options, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    endpoint = ["--endpoint-url", str(s3_server.endpoint_url)]
+    with _client(live) as client:
+        client.put("s3-key", "s3-value")
+    location = _backup(live.nodes[2].url, f"s3://{BUCKET}/fleet", capsys, *endpoint)
+    assert location.startswith(f"s3://{BUCKET}/fleet/{live.cluster_id}/")
+    assert location.endswith("-node-2")
+    store = open_store(location, s3_server)
+    manifest = BackupManifest.model_validate_json(store.read_bytes(MANIFEST_NAME) or b"")
+    assert {f.path for f in manifest.files} >= {"meta.properties"}
+
+    # The cluster id is kept by default; one node's directory at a time, as an init container
+    # builds it, with the directory ids chosen beforehand.
+    ids = {node_id: to_kafka_string(random_uuid()) for node_id in (1, 2, 3)}
+    voters = ",".join(f"{node_id}:{directory}" for node_id, directory in ids.items())
+    restored = ProcessCluster.create(tmp_path, 3, cluster_id=live.cluster_id, **SETTINGS)  # type: ignore[arg-type]
+    for node_id in restored.nodes:
+        shutil.rmtree(tmp_path / f"node-{node_id}")
+        args = ["restore", "--from", location, "--voters", voters, "--node-id", str(node_id),
+                "--log-dir", str(tmp_path / f"node-{node_id}"), "--skip-formatted", *endpoint]
+        assert main(args) == 0, capsys.readouterr()
+        assert main(args) == 0 and "formatted already" in capsys.readouterr().out
+        meta = read_meta_properties(tmp_path / f"node-{node_id}" / "meta.properties")
+        assert meta.cluster_id == live.cluster_id and meta.node_id == node_id
+    restored.start_all()
+    try:
+        restored.wait_for_leader()
+        with _client(restored) as client:
+            assert client.get("s3-key") == "s3-value"
+            assert client.get("seed-7") == "value-7"
+    finally:
+        restored.stop_all()
+
+    # A flipped byte in the object store is caught before anything is written.
+    assert isinstance(store, S3Store)
+    segment = max(f.path for f in manifest.files if f.path.endswith(".log"))
+    data = bytearray(store.read_bytes(segment) or b"")
+    data[-1] ^= 0x40
+    store.write_bytes(segment, bytes(data))
+    target = tmp_path / "damaged"
+    code = main(["restore", "--from", location, "--voters", "1,2,3",
+                 "--log-dir", str(target / "node-{id}"), *endpoint])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{location}/{segment}: checksum mismatch" in err, err
+    assert not target.exists()
+
+
+def test_restore_with_a_new_cluster_id(local_backup: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["restore", "--from", str(local_backup), "--voters", "4,5,6",
+                 "--log-dir", str(tmp_path / "node-{id}"), "--new-cluster-id"])
+    assert code == 0
+    out = capsys.readouterr().out
+    new_id = out.rsplit("cluster id ", 1)[1].strip()
+    old = BackupManifest.model_validate_json((local_backup / MANIFEST_NAME).read_bytes())
+    assert new_id != old.cluster_id
+    for node_id in (4, 5, 6):
+        meta = read_meta_properties(tmp_path / f"node-{node_id}" / "meta.properties")
+        assert (meta.cluster_id, meta.node_id) == (new_id, node_id)
+
+
+def test_a_backup_holds_committed_records_only(
+        live: ProcessCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The leader's log ends in records no majority has (both followers paused): the backup
+    stops at the high watermark, at a batch boundary, and restores without them."""
+    leader = live.wait_for_leader()
+    followers = [i for i in live.nodes if i != leader]
+    with QuorumClient([live.nodes[leader].url], timeout_s=10) as client:
+        committed = client.put("committed-before-pause", "yes").offset
+    described = live.quorum(leader)
+    assert described is not None
+    high_watermark = described["high_watermark"]
+    for node_id in followers:
+        live.signal(node_id, signal.SIGSTOP)
+    try:
+        with QuorumClient([live.nodes[leader].url], timeout_s=1) as client, \
+                pytest.raises(QuorumClientError):
+            client.put("never-committed", "no")
+        described = live.quorum(leader)
+        assert described is not None
+        leader_row = next(v for v in described["voters"] if v["id"] == leader)
+        assert leader_row["log_end_offset"] > described["high_watermark"] == high_watermark
+        location = _backup(live.nodes[leader].url, str(tmp_path / "backups"), capsys)
+    finally:
+        for node_id in followers:
+            live.signal(node_id, signal.SIGCONT)
+    manifest = BackupManifest.model_validate_json((Path(location) / MANIFEST_NAME).read_bytes())
+    assert committed < manifest.end_offset == high_watermark
+    assert main(["restore", "--from", location, "--voters", "1,2,3",
+                 "--log-dir", str(tmp_path / "restored" / "node-{id}")]) == 0
+    assert b"never-committed" not in b"".join(
+        path.read_bytes() for path in (tmp_path / "restored").rglob("*.log"))
+    assert b"never-committed" in b"".join(
+        path.read_bytes() for path in (live.directory / f"node-{leader}").rglob("*.log"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--voters", "1,2,3", "--log-dir", "x"], "--log-dir needs {id}"),
+    (["--voters", "1,2,3", "--node-id", "2", "--log-dir", "x"],
+     "voter 1 needs its directory id (ID:DIRECTORY_ID)"),
+    (["--voters", "1,1,2", "--log-dir", "x/{id}"], "a voter id is given twice"),
+    (["--voters", "1,two", "--log-dir", "x/{id}"], "--voters: 'two': expected ID or"),
+    (["--voters", "1:AAAAAAAAAAAAAAAAAAAAAA,2", "--node-id", "1", "--log-dir", "x"],
+     "directory id AAAAAAAAAAAAAAAAAAAAAA is reserved"),
+    (["--voters", "5", "--node-id", "4", "--log-dir", "x"], "voter 5 needs its directory id"),
+])
+def test_restore_refuses_bad_arguments_in_one_line(
+        local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        args: list[str], message: str) -> None:
+    args = [arg.replace("x", str(tmp_path / "x")) if arg.startswith("x") else arg
+            for arg in args]
+    code = main(["restore", "--from", str(local_backup), *args])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_backup_needs_the_admin_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-token-0123456789 operator admin\nreader-token-0123456789 app read\n")
+    (tmp_path / "admin").write_text("admin-token-0123456789\n")
+    (tmp_path / "reader").write_text("reader-token-0123456789\n")
+    (tmp_path / "quorum").mkdir()
+    cluster = ProcessCluster.create(tmp_path / "quorum", 1, **FAST,
+                                    auth_token_file=tokens)  # type: ignore[arg-type]
+    cluster.start_all()
+    try:
+        url = cluster.nodes[1].url
+        target = str(tmp_path / "backups")
+        deadline = time.monotonic() + 20
+        while main(["backup", "--server", url, "--to", target, "--name", "ok",
+                    "--token-file", str(tmp_path / "admin")]) != 0:
+            assert time.monotonic() < deadline, capsys.readouterr().err
+            time.sleep(0.2)  # until the node has a committed offset
+        assert (tmp_path / "backups" / "ok" / MANIFEST_NAME).exists()
+        capsys.readouterr()
+        for credential in ([], ["--token-file", str(tmp_path / "reader")]):
+            code = main(["backup", "--server", url, "--to", target, "--name", "refused",
+                         *credential])
+            err = capsys.readouterr().err
+            assert code == 1 and err.count("\n") == 1, err
+            assert "/v1/backup: HTTP 40" in err, err
+        assert not (tmp_path / "backups" / "refused").exists()
+    finally:
+        cluster.stop_all()
