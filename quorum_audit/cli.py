@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pyspark.sql import SparkSession
 
 from quorum_audit.audit import AuditResult, run_audit, to_json
+from quorum_audit.discover import s3_endpoint
 from quorum_audit.report import write_outputs
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spark, created = _session(args.master)
     try:
-        result = run_audit(spark, args.paths, args.high_watermark)
+        result = run_audit(spark, args.paths, args.high_watermark, args.s3_endpoint_url)
     except (ValueError, OSError) as error:
         print(f"quorum-audit: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -41,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if created:
             spark.stop()
     if args.out:
-        for path in write_outputs(result, args.out, tables=_TABLES[args.job]):
+        for path in write_outputs(result, args.out, tables=_TABLES[args.job],
+                                  endpoint_url=s3_endpoint(args.s3_endpoint_url)):
             print(f"wrote {path}", file=sys.stderr)
     print(to_json(result) if args.json else _summary(result, args.job))
     return EXIT_PASSED if result.passed or args.job == "history" else EXIT_FAILED
@@ -66,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--high-watermark", type=int,
                          help="check offsets below this one (default: what a majority holds)")
         sub.add_argument("--json", action="store_true", help="print the findings as JSON")
+        sub.add_argument("--s3-endpoint-url", metavar="URL",
+                         help="an S3-compatible server for s3:// paths and --out (default: "
+                         "$AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL; credentials from the usual "
+                         "AWS variables, files or roles)")
     return parser
 
 
@@ -96,6 +102,7 @@ def _summary(result: AuditResult, job: str) -> str:
                      f"{result.records_compared} record copies compared")
         lines += [f"{f.severity.upper()} {f.kind} {f.cluster_id}"
                   + (f" node {f.node_id} ({f.directory_id})" if f.node_id is not None else "")
+                  + (f" at {f.root}" if f.root is not None else "")
                   + (f" offsets {f.first_offset}-{f.last_offset}"
                      if f.first_offset is not None else "") + f": {f.detail}"
                   for f in result.findings]
