@@ -440,14 +440,14 @@ def _backup_file_findings(spark: SparkSession, discovery: Discovery) -> list[Fin
                 replica = by_root[check.root]
                 findings.append(Finding(
                     ERROR, "backup_file", replica.cluster_id,
-                    f"{check.root}/{check.path}: {problem}", replica.node_id,
+                    f"{check.path}: {problem}", replica.node_id,
                     replica.directory_id, root=replica.root))
     for replica in discovery.replicas:
         if replica.manifest is not None:
             listed = {f.path for f in replica.manifest.files}
             findings += [Finding(
                 ERROR, "backup_file", replica.cluster_id,
-                f"{replica.root}/{path}: not listed in its {BACKUP_MANIFEST}",
+                f"{path}: not listed in its {BACKUP_MANIFEST}",
                 replica.node_id, replica.directory_id, root=replica.root)
                 for path in replica.backup_files if path not in listed]
     return findings
@@ -462,9 +462,8 @@ def _backup_findings(summaries: list[ReplicaSummary], replicas: list[Replica],
                 for root in discovery.incomplete_backups]
     for summary, replica in zip(summaries, replicas, strict=True):
         def problem(detail: str, replica: Replica = replica) -> Finding:
-            return Finding(ERROR, "backup_manifest", replica.cluster_id,
-                           f"{replica.root}: {detail}", replica.node_id, replica.directory_id,
-                           root=replica.root)
+            return Finding(ERROR, "backup_manifest", replica.cluster_id, detail,
+                           replica.node_id, replica.directory_id, root=replica.root)
 
         if replica.manifest_problem is not None:
             findings.append(problem(replica.manifest_problem))
@@ -552,7 +551,7 @@ def _divergence_findings(divergences: list[Divergence]) -> list[Finding]:
             count = last - first + 1
             findings.append(Finding(
                 ERROR, "divergence", cluster,
-                f"{count} record{'s' if count > 1 else ''} differ from the majority of the "
+                f"{count} record{'s differ' if count > 1 else ' differs'} from the majority of the "
                 "replicas (epoch or checksum)", node, directory, first, last, root or None))
     return findings
 

@@ -116,9 +116,9 @@ def test_files_and_ranges_are_checked_against_the_manifest(
     }, result.findings
     details = {(f.kind, f.root): f.detail for f in result.findings}
     assert details["backup_file", str(one.path)] == (
-        f"{one.path}/{METADATA_PARTITION_DIR}/stray.tmp: not listed in its backup.json")
+        f"{METADATA_PARTITION_DIR}/stray.tmp: not listed in its backup.json")
     assert details["backup_file", str(three.path)].startswith(
-        f"{three.path}/{METADATA_PARTITION_DIR}/{segment.name}: {segment.stat().st_size} bytes, "
+        f"{METADATA_PARTITION_DIR}/{segment.name}: {segment.stat().st_size} bytes, "
         "the manifest says")
     assert details["backup_manifest", str(two.path)].endswith(
         f"the manifest's end_offset is {manifest['end_offset']}")
