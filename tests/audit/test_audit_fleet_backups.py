@@ -58,7 +58,7 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
     """A 3-node quorum written to without pause while its nodes are backed up (live, trimmed at
     the leader's high watermark), the leader a second time later on; then stopped."""
     cluster = ProcessCluster.create(root, 3, snapshot_interval_records=400,
-                                    snapshot_retained_log_records=600,
+                                    snapshot_retained_log_records=1000,
                                     log_segment_bytes=16 * 1024)
     stop = threading.Event()
     written: list[int] = []
@@ -76,19 +76,20 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
         writer = threading.Thread(target=load, args=(leader,), daemon=True)
         writer.start()
 
-        def backup(node: int, after_batches: int) -> None:
+        def backup(nodes: tuple[int, ...], after_batches: int) -> None:
             _wait(f"{after_batches} batches written", lambda: len(written) >= after_batches,
                   cluster)
             described = cluster.quorum(leader) or {}
             voters = [{"id": v["id"], "directory_id": v["directory_id"], "endpoints": {}}
                       for v in described["voters"]]
-            backups.append(take_backup(cluster.directory / f"node-{node}",
-                                       described["high_watermark"], root / "backups", voters))
+            backups.extend(take_backup(cluster.directory / f"node-{node}",
+                                       described["high_watermark"], root / "backups", voters)
+                           for node in nodes)
 
-        # Close together, so that the three hold many offsets in common; then the leader again.
-        for node in (1, 2, 3):
-            backup(node, 60 + 4 * node)
-        backup(leader, 150)  # more log, a later snapshot
+        # Every node at one high watermark (while the writes go on), so that their backups hold
+        # many offsets in common; then the leader again, later.
+        backup((1, 2, 3), 60)
+        backup((leader,), 150)  # more log, a later snapshot
         stop.set()
         writer.join(30)
     finally:
@@ -202,6 +203,7 @@ def _flip(backups: list[LocalBackup], target: LocalBackup) -> tuple[str, BatchHe
     return f"{METADATA_PARTITION_DIR}/{segment.name}", header, batch.base_offset + 2
 
 
+@pytest.mark.timeout(1200)  # with its fixtures: ~4 min on a shared 2-core machine
 def test_fleet_audit_from_s3_backups_on_a_spark_cluster(
         fleet: list[BackedUpQuorum], services: tuple[str, SparkCluster],
         tmp_path: Path) -> None:
