@@ -50,8 +50,8 @@ BUCKET = "quorum-backups"
 @dataclass(frozen=True)
 class BackedUpQuorum:
     cluster_id: str
-    leader: int
-    backups: list[LocalBackup]  # every node once, then the leader again
+    twice: int  # the node backed up a second time (the leader then)
+    backups: list[LocalBackup]  # every node once, then one of them again
 
 
 def _backed_up_quorum(root: Path) -> BackedUpQuorum:
@@ -63,8 +63,10 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
     stop = threading.Event()
     written: list[int] = []
 
-    def load(leader: int) -> None:
-        with QuorumClient(f"127.0.0.1:{cluster.nodes[leader].port}", timeout_s=30) as client:
+    def load() -> None:
+        # The whole bootstrap list: the client follows the leader if it changes.
+        bootstrap = [f"127.0.0.1:{node.port}" for node in cluster.nodes.values()]
+        with QuorumClient(bootstrap, timeout_s=30) as client:
             while not stop.is_set():
                 client.append([b"record-%d" % (len(written) * 20 + i) for i in range(20)])
                 written.append(1)
@@ -72,30 +74,32 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
     backups: list[LocalBackup] = []
     try:
         cluster.start_all()
-        leader = cluster.wait_for_leader(timeout_s=30)
-        writer = threading.Thread(target=load, args=(leader,), daemon=True)
+        cluster.wait_for_leader(timeout_s=30)
+        writer = threading.Thread(target=load, daemon=True)
         writer.start()
 
-        def backup(nodes: tuple[int, ...], after_batches: int) -> None:
+        def backup(nodes: tuple[int, ...] | None, after_batches: int) -> int:
             _wait(f"{after_batches} batches written", lambda: len(written) >= after_batches,
                   cluster)
+            leader = cluster.wait_for_leader(timeout_s=30)
             described = cluster.quorum(leader) or {}
             voters = [{"id": v["id"], "directory_id": v["directory_id"], "endpoints": {}}
                       for v in described["voters"]]
             backups.extend(take_backup(cluster.directory / f"node-{node}",
                                        described["high_watermark"], root / "backups", voters)
-                           for node in nodes)
+                           for node in nodes or (leader,))
+            return leader
 
         # Every node at one high watermark (while the writes go on), so that their backups hold
         # many offsets in common; then the leader again, later.
         backup((1, 2, 3), 60)
-        backup((leader,), 150)  # more log, a later snapshot
+        twice = backup(None, 150)  # more log, a later snapshot
         stop.set()
         writer.join(30)
     finally:
         stop.set()
         cluster.stop_all()
-    return BackedUpQuorum(cluster.cluster_id, leader, backups)
+    return BackedUpQuorum(cluster.cluster_id, twice, backups)
 
 
 @pytest.fixture(scope="module")
@@ -237,10 +241,10 @@ def test_fleet_audit_from_s3_backups_on_a_spark_cluster(
                           b.end_offset) for b in first.backups]
     for backup, copy in zip(first.backups, copies, strict=True):
         shutil.copytree(backup.path, copy.path)
-    followers = [c for c in copies[:3] if c.node_id != first.leader]
+    once = [c for c in copies[:3] if c.node_id != first.twice]
     # Offsets all three nodes' backups hold, so that a majority of the nodes agree there.
-    diverged_offset = _diverge(copies[:3], followers[0])
-    damaged_file, damaged_batch, flipped_offset = _flip(copies[:3], followers[1])
+    diverged_offset = _diverge(copies[:3], once[0])
+    damaged_file, damaged_batch, flipped_offset = _flip(copies[:3], once[1])
     prefix = f"damaged/{first.cluster_id}"
     uris = {copy.path: upload(s3, BUCKET, prefix, copy.path) for copy in copies}
     incomplete = upload(s3, BUCKET, prefix, _renamed(copies[0], tmp_path / "incomplete"),
@@ -251,7 +255,7 @@ def test_fleet_audit_from_s3_backups_on_a_spark_cluster(
     code, damaged, damaged_s = _audit(cluster, f"s3://{BUCKET}/damaged/",
                                       env={"AWS_ENDPOINT_URL": endpoint})
     assert code == 1 and not damaged["passed"]
-    diverged_uri, flipped_uri = uris[followers[0].path], uris[followers[1].path]
+    diverged_uri, flipped_uri = uris[once[0].path], uris[once[1].path]
     found = {(f["severity"], f["kind"], f["root"], f["first_offset"], f["last_offset"])
              for f in damaged["findings"]}
     assert found == {
