@@ -14,8 +14,13 @@ then disk) for the small aggregations that follow:
 
 The high watermark is not stored on disk (Kafka does not store it either), so it is taken as what
 the logs prove committed: the end offset held by a majority of the latest voter set's replicas,
-and at least the end of any snapshot (only committed records are snapshotted). ``--high-watermark``
-overrides it.
+and at least the end of any snapshot (only committed records are snapshotted). A backup's manifest
+states it: every record below its ``end_offset`` is committed. ``--high-watermark`` overrides it.
+
+Backups (directories with ``backup.json``, see ``backup``) are replicas like the others, each
+named by its path, so several backups of one node taken over time are several replicas; they
+never outvote the other nodes: where copies disagree, each node counts once per value it holds.
+Each backup's files are checked against its manifest (size and SHA-256) on the executors.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from quorum_audit.backup import BACKUP_MANIFEST, FileCheck, file_problem
 from quorum_audit.decode import DAMAGE_TORN_TAIL
-from quorum_audit.discover import Discovery, Replica, ReplicaFile, discover
+from quorum_audit.discover import Discovery, Replica, ReplicaFile, discover, resolve
 from quorum_audit.history import ControlRow, EpochSeen, History, build_history, uuid_text
 from quorum_audit.source import (
     BATCHES,
@@ -62,6 +68,7 @@ class Finding:
     directory_id: str | None = None
     first_offset: int | None = None
     last_offset: int | None = None
+    root: str | None = None  # the replica's directory or backup, where one is concerned
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Divergence:
     checksum: int | None
     checksum_ok: bool
     agrees_with_majority: bool
+    root: str | None = None  # the replica's directory or backup
 
 
 @dataclass(frozen=True)
@@ -140,12 +148,14 @@ def load(spark: SparkSession, discovery: Discovery, granularity: str, columns: s
     spark.dataSource.register(QuorumDataSource)
     return (spark.read.format(FORMAT).option("granularity", granularity)
             .option("columns", columns)
-            .option(MANIFEST_OPTION, manifest(discovery.replicas, only)).load())
+            .option(MANIFEST_OPTION, manifest(discovery.replicas, only, discovery.endpoint_url))
+            .load())
 
 
-def run_audit(spark: SparkSession, paths: Sequence[str],
-              high_watermark: int | None = None) -> AuditResult:
-    discovery = discover(paths)
+def run_audit(spark: SparkSession, paths: Sequence[str], high_watermark: int | None = None,
+              s3_endpoint_url: str | None = None) -> AuditResult:
+    """``s3_endpoint_url``: an S3-compatible server's (default: ``AWS_ENDPOINT_URL``)."""
+    discovery = discover(paths, s3_endpoint_url)
     files = all_files(discovery.replicas)
     if not files:
         raise ValueError(f"no log directories with files under {', '.join(paths)}")
@@ -218,6 +228,7 @@ class _Audit:
             rates_job = pool.submit(_write_rates, log)
             control_job = pool.submit(lambda: log.where(intact & F.col("is_control")).select(
                 "file_index", "position").collect())
+            backup_job = pool.submit(_backup_file_findings, self.spark, self.discovery)
             suspect_job = pool.submit(self._suspects, log, summaries)
             selected: dict[int, set[int]] = defaultdict(set)
             for row in [*control_job.result(), *suspect_job.result()]:
@@ -230,7 +241,8 @@ class _Audit:
             try:
                 return self._finish(batches, records, summaries=summaries,
                                     high_watermark=high_watermark, pool=pool, jobs=(
-                    seen_job.result(), damage_job.result(), rates_job.result()))
+                    seen_job.result(), damage_job.result() + backup_job.result(),
+                    rates_job.result()))
             finally:
                 if records is not None:
                     records.unpersist()
@@ -258,7 +270,7 @@ class _Audit:
             last_ms, [EpochSeen(clusters[r["cluster"]], r["epoch"], r["first"], r["first_ms"])
                       for r in seen_rows])
         findings = _conflict_findings(history)
-        hws = _high_watermarks(summaries, history, high_watermark, findings)
+        hws = _high_watermarks(summaries, self.replicas, history, high_watermark, findings)
         compared_job = pool.submit(self._compared, batches, hws)
         divergences: list[Divergence] = []
         if records is not None:
@@ -266,6 +278,7 @@ class _Audit:
                                        clusters, hws)
         findings += _divergence_findings(divergences)
         findings += damage + _state_findings(summaries, self.replicas)
+        findings += _backup_findings(summaries, self.replicas, self.discovery)
         # A directory without a readable meta.properties cannot be attributed to a replica.
         findings += [Finding(ERROR, "unreadable_directory", "", problem)
                      for problem in self.discovery.problems]
@@ -348,12 +361,19 @@ def _conflict_findings(history: History) -> list[Finding]:
     return findings
 
 
-def _high_watermarks(summaries: list[ReplicaSummary], history: History, forced: int | None,
-                     findings: list[Finding]) -> dict[str, int]:
+def _high_watermarks(summaries: list[ReplicaSummary], replicas: list[Replica], history: History,
+                     forced: int | None, findings: list[Finding]) -> dict[str, int]:
     marks: dict[str, int] = {}
     by_cluster: dict[str, list[ReplicaSummary]] = defaultdict(list)
-    for summary in summaries:
-        by_cluster[summary.cluster_id].append(summary)
+    stated: dict[str, int] = {}  # the most the backups' manifests state committed
+    for summary, replica in zip(summaries, replicas, strict=True):
+        if replica.manifest is not None:
+            stated[summary.cluster_id] = max(stated.get(summary.cluster_id, 0),
+                                             replica.manifest.end_offset)
+        elif not replica.is_backup:  # a backup without a readable manifest proves nothing
+            by_cluster[summary.cluster_id].append(summary)
+    for cluster in stated.keys() - by_cluster.keys():
+        marks[cluster] = stated[cluster]
     for cluster, members in by_cluster.items():
         snapshot_end = max((int(s.latest_snapshot.split("-")[0]) for s in members
                             if s.latest_snapshot), default=0)
@@ -364,15 +384,17 @@ def _high_watermarks(summaries: list[ReplicaSummary], history: History, forced: 
         ends = sorted((s.log_end_offset or 0 for s in members
                        if keys is None or f"{s.node_id}:{s.directory_id}" in keys), reverse=True)
         if len(ends) >= majority:
-            marks[cluster] = max(snapshot_end, ends[majority - 1])
+            marks[cluster] = max(snapshot_end, ends[majority - 1], stated.get(cluster, 0))
+        elif cluster in stated:  # the backups' manifests state the committed range
+            marks[cluster] = max(snapshot_end, stated[cluster])
         else:
             marks[cluster] = snapshot_end
             findings.append(Finding(
                 WARNING, "no_majority", cluster,
                 f"only {len(ends)} of the voters' replicas were given (a majority is "
                 f"{majority}): checked up to the latest snapshot ({snapshot_end}) only"))
-        if forced is not None:
-            marks[cluster] = forced
+    if forced is not None:
+        marks = dict.fromkeys(marks, forced)
     return marks
 
 
@@ -388,7 +410,80 @@ def _damage_findings(batches: DataFrame, files: list[tuple[Replica, ReplicaFile]
         findings.append(Finding(
             WARNING if row["damage"] == DAMAGE_TORN_TAIL else ERROR, row["damage"],
             replica.cluster_id, f"{where} byte {row['position']}: {row['error']}",
-            replica.node_id, replica.directory_id, row["base_offset"], row["last_offset"]))
+            replica.node_id, replica.directory_id, row["base_offset"], row["last_offset"],
+            replica.root))
+    return findings
+
+
+def _check_backup_file(check: FileCheck) -> tuple[FileCheck, str | None]:
+    """Runs on an executor: one backup file read and hashed where it is."""
+    filesystem, base = resolve(check.root, check.endpoint_url)
+    try:
+        return check, file_problem(check, filesystem, base)
+    except OSError as error:
+        return check, f"unreadable: {error}"
+
+
+def _backup_file_findings(spark: SparkSession, discovery: Discovery) -> list[Finding]:
+    """Every file a backup's manifest lists, checked (size, SHA-256) on the executors, one task
+    per file; and files a backup holds that its manifest does not list."""
+    checks = [FileCheck(r.root, f.path, f.size, f.sha256, discovery.endpoint_url)
+              for r in discovery.replicas if r.manifest is not None for f in r.manifest.files]
+    by_root = {r.root: r for r in discovery.replicas}
+    findings = []
+    if checks:
+        results = spark.sparkContext.parallelize(checks, len(checks)).map(
+            _check_backup_file).collect()
+        for check, problem in sorted(results, key=lambda result: (result[0].root,
+                                                                  result[0].path)):
+            if problem is not None:
+                replica = by_root[check.root]
+                findings.append(Finding(
+                    ERROR, "backup_file", replica.cluster_id,
+                    f"{check.path}: {problem}", replica.node_id,
+                    replica.directory_id, root=replica.root))
+    for replica in discovery.replicas:
+        if replica.manifest is not None:
+            listed = {f.path for f in replica.manifest.files}
+            findings += [Finding(
+                ERROR, "backup_file", replica.cluster_id,
+                f"{path}: not listed in its {BACKUP_MANIFEST}",
+                replica.node_id, replica.directory_id, root=replica.root)
+                for path in replica.backup_files if path not in listed]
+    return findings
+
+
+def _backup_findings(summaries: list[ReplicaSummary], replicas: list[Replica],
+                     discovery: Discovery) -> list[Finding]:
+    """A backup's manifest against what its files hold; incomplete backups."""
+    findings = [Finding(WARNING, "incomplete_backup", "",
+                        f"{root}: no {BACKUP_MANIFEST} (a backup is written manifest last), "
+                        "not audited", root=root)
+                for root in discovery.incomplete_backups]
+    for summary, replica in zip(summaries, replicas, strict=True):
+        def problem(detail: str, replica: Replica = replica) -> Finding:
+            return Finding(ERROR, "backup_manifest", replica.cluster_id, detail,
+                           replica.node_id, replica.directory_id, root=replica.root)
+
+        if replica.manifest_problem is not None:
+            findings.append(problem(replica.manifest_problem))
+        manifest = replica.manifest
+        if manifest is None:
+            continue
+        identity = (manifest.cluster_id, manifest.node_id, manifest.directory_id)
+        if identity != (replica.cluster_id, replica.node_id, replica.directory_id):
+            findings.append(problem(
+                f"the manifest is for cluster {manifest.cluster_id} node {manifest.node_id} "
+                f"directory {manifest.directory_id}, meta.properties says cluster "
+                f"{replica.cluster_id} node {replica.node_id} directory {replica.directory_id}"))
+        # The log must end exactly at end_offset: past it would be records not known committed,
+        # short of it records missing (unless a snapshot covers them).
+        snapshot_end = 0 if manifest.snapshot is None else manifest.snapshot.end_offset
+        held = summary.log_end_offset if summary.log_end_offset is not None else snapshot_end
+        if held != manifest.end_offset:
+            findings.append(problem(
+                f"holds records up to offset {held} (exclusive), the manifest's end_offset is "
+                f"{manifest.end_offset}"))
     return findings
 
 
@@ -397,13 +492,14 @@ def _state_findings(summaries: list[ReplicaSummary], replicas: list[Replica]) ->
     for summary, replica in zip(summaries, replicas, strict=True):
         if replica.problem is not None:
             findings.append(Finding(ERROR, "quorum_state", replica.cluster_id, replica.problem,
-                                    replica.node_id, replica.directory_id))
+                                    replica.node_id, replica.directory_id, root=replica.root))
         elif summary.state_epoch is not None and summary.last_epoch is not None \
                 and summary.state_epoch < summary.last_epoch:
             findings.append(Finding(
                 ERROR, "quorum_state", replica.cluster_id,
                 f"quorum-state epoch {summary.state_epoch} is older than the log's last epoch "
-                f"{summary.last_epoch}", replica.node_id, replica.directory_id))
+                f"{summary.last_epoch}", replica.node_id, replica.directory_id,
+                root=replica.root))
     return findings
 
 
@@ -425,7 +521,9 @@ def _divergences(log: DataFrame, replicas: list[Replica], clusters: list[str],
         by_offset[(copy["cluster"], copy["offset"])].append(copy)
     divergences: list[Divergence] = []
     for (cluster, offset), held in sorted(by_offset.items()):
-        votes = Counter((c["epoch"], c["checksum"]) for c in held)
+        # A node counts once per value it holds, however many of its backups hold it.
+        votes = Counter(value for _, value in {
+            (_node_key(replicas[c["replica"]]), (c["epoch"], c["checksum"])) for c in held})
         (top, top_count), *rest = votes.most_common()
         majority = top if not rest or rest[0][1] < top_count else None
         for copy in held:
@@ -433,24 +531,28 @@ def _divergences(log: DataFrame, replicas: list[Replica], clusters: list[str],
             divergences.append(Divergence(
                 clusters[cluster], offset, replica.node_id, replica.directory_id,
                 copy["epoch"], copy["checksum"], copy["checksum_ok"],
-                (copy["epoch"], copy["checksum"]) == majority))
+                (copy["epoch"], copy["checksum"]) == majority, replica.root))
     return divergences
+
+
+def _node_key(replica: Replica) -> tuple[str, int, str]:
+    return replica.cluster_id, replica.node_id, replica.directory_id
 
 
 def _divergence_findings(divergences: list[Divergence]) -> list[Finding]:
     """One finding per replica and run of consecutive offsets where it dissents."""
-    dissent: dict[tuple[str, int, str], list[int]] = defaultdict(list)
+    dissent: dict[tuple[str, int, str, str], list[int]] = defaultdict(list)
     for d in divergences:
         if not d.agrees_with_majority:
-            dissent[(d.cluster_id, d.node_id, d.directory_id)].append(d.offset)
+            dissent[(d.cluster_id, d.node_id, d.directory_id, d.root or "")].append(d.offset)
     findings = []
-    for (cluster, node, directory), offsets in sorted(dissent.items()):
+    for (cluster, node, directory, root), offsets in sorted(dissent.items()):
         for first, last in _runs(sorted(offsets)):
             count = last - first + 1
             findings.append(Finding(
                 ERROR, "divergence", cluster,
-                f"{count} record{'s' if count > 1 else ''} differ from the majority of the "
-                "replicas (epoch or checksum)", node, directory, first, last))
+                f"{count} record{'s differ' if count > 1 else ' differs'} from the majority of the "
+                "replicas (epoch or checksum)", node, directory, first, last, root or None))
     return findings
 
 

@@ -58,18 +58,20 @@ def _audit(args: argparse.Namespace) -> int:
     # Imported once the extra is known to be there: --help, --version and the message above
     # work with the light install.
     from quorum_audit.audit import run_audit, to_json  # noqa: PLC0415
+    from quorum_audit.discover import s3_endpoint  # noqa: PLC0415
     from quorum_audit.report import write_outputs  # noqa: PLC0415
 
     spark, created = _session(args.master)
     try:
-        result = run_audit(spark, args.paths, args.high_watermark)
+        result = run_audit(spark, args.paths, args.high_watermark, args.s3_endpoint_url)
     except (ValueError, OSError) as error:
         raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
     finally:
         if created:
             spark.stop()
     if args.out:
-        for path in write_outputs(result, args.out, tables=_TABLES[args.job]):
+        for path in write_outputs(result, args.out, tables=_TABLES[args.job],
+                                  endpoint_url=s3_endpoint(args.s3_endpoint_url)):
             print(f"wrote {path}", file=sys.stderr)
     print(to_json(result) if args.json else _summary(result, args.job))
     return EXIT_PASSED if result.passed or args.job == "history" else EXIT_FAILED
@@ -95,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--high-watermark", type=int,
                          help="check offsets below this one (default: what a majority holds)")
         sub.add_argument("--json", action="store_true", help="print the findings as JSON")
+        sub.add_argument("--s3-endpoint-url", metavar="URL",
+                         help="an S3-compatible server for s3:// paths and --out (default: "
+                         "$AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL; credentials from the usual "
+                         "AWS variables, files or roles)")
     return parser
 
 
@@ -127,6 +133,7 @@ def _summary(result: AuditResult, job: str) -> str:
                      f"{result.records_compared} record copies compared")
         lines += [f"{f.severity.upper()} {f.kind} {f.cluster_id}"
                   + (f" node {f.node_id} ({f.directory_id})" if f.node_id is not None else "")
+                  + (f" at {f.root}" if f.root is not None else "")
                   + (f" offsets {f.first_offset}-{f.last_offset}"
                      if f.first_offset is not None else "") + f": {f.detail}"
                   for f in result.findings]

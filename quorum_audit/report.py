@@ -40,10 +40,11 @@ MAX_CHARTED_CLUSTERS = 8
 MAX_LISTED = 50  # rows of a table shown in the report; the Parquet tables hold them all
 
 
-def write_outputs(result: AuditResult, out: str, *, tables: set[str] | None = None) -> list[str]:
+def write_outputs(result: AuditResult, out: str, *, tables: set[str] | None = None,
+                  endpoint_url: str | None = None) -> list[str]:
     """Write the chosen tables (all by default), the chart and the report under ``out``; return
-    what was written."""
-    filesystem, base = resolve(out)
+    what was written. ``endpoint_url``: an S3-compatible server's, for an ``s3://`` ``out``."""
+    filesystem, base = resolve(out, endpoint_url)
     filesystem.create_dir(base, recursive=True)
     written = []
     for name, rows in result.tables().items():
@@ -96,9 +97,9 @@ def render_report(result: AuditResult) -> str:
         f"**{verdict}**: {result.rows_read:,} rows read from {len(result.replicas)} replicas; "
         f"{result.records_compared:,} record copies compared below the high watermark.", "",
         "## Replicas", "",
-        *_table(["cluster", "node", "directory id", "log", "last epoch", "snapshot",
+        *_table(["cluster", "node", "directory id", "path", "log", "last epoch", "snapshot",
                  "quorum-state epoch / leader"],
-                [[r.cluster_id, r.node_id, r.directory_id,
+                [[r.cluster_id, r.node_id, r.directory_id, r.root,
                   f"{r.log_start_offset}-{r.log_end_offset}", r.last_epoch, r.latest_snapshot,
                   f"{r.state_epoch} / {r.state_leader_id}"] for r in result.replicas]),
         "High watermark checked up to (exclusive): " + ", ".join(
@@ -108,7 +109,9 @@ def render_report(result: AuditResult) -> str:
     if result.findings:
         lines += _table(["severity", "kind", "cluster", "replica", "offsets", "detail"],
                         [[f.severity, f.kind, f.cluster_id,
-                          None if f.node_id is None else f"{f.node_id}:{f.directory_id}",
+                          (None if f.node_id is None else f"{f.node_id}:{f.directory_id}")
+                          if f.root is None else f"{f.node_id}:{f.directory_id} {f.root}"
+                          if f.node_id is not None else f.root,
                           None if f.first_offset is None else f"{f.first_offset}-{f.last_offset}",
                           f.detail] for f in result.findings])
     else:

@@ -14,7 +14,8 @@ and reuse it rather than loading again.
 Spark does not prune the columns of a Python data source, and turning Arrow columns into rows is
 most of its cost (strings above all), so the ``columns`` option selects the columns at the source.
 The ``manifest`` option (see ``manifest``) replaces the paths with the driver's list of files, and
-can restrict a file to some of its batches.
+can restrict a file to some of its batches. ``s3_endpoint_url`` names an S3-compatible server (by
+default the driver's ``AWS_ENDPOINT_URL``); each partition carries it to the executors.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from quorum_audit.discover import Replica, ReplicaFile, discover, read_file
 
 FORMAT = "quorum"
 MANIFEST_OPTION = "manifest"
+ENDPOINT_OPTION = "s3_endpoint_url"
 RECORDS, BATCHES = "record", "batch"
 
 
@@ -48,7 +50,8 @@ class FilePartition(InputPartition):
     """One file of one replica (picklable: it travels to the executors)."""
 
     def __init__(self, uri: str, identity: FileIdentity, first_offset: int, schema: pa.Schema,
-                 *, granularity: str = RECORDS, only: frozenset[int] | None = None) -> None:
+                 *, granularity: str = RECORDS, only: frozenset[int] | None = None,
+                 endpoint_url: str | None = None) -> None:
         super().__init__(uri)
         self.uri = uri
         self.identity = identity
@@ -56,6 +59,7 @@ class FilePartition(InputPartition):
         self.schema = schema
         self.granularity = granularity
         self.only = only
+        self.endpoint_url = endpoint_url
 
 
 def all_files(replicas: Sequence[Replica]) -> list[tuple[Replica, ReplicaFile]]:
@@ -73,7 +77,8 @@ def identities(replicas: Sequence[Replica]) -> list[tuple[FileIdentity, ReplicaF
 
 
 def manifest(replicas: Sequence[Replica],
-             only: Mapping[int, frozenset[int] | None] | None = None) -> str:
+             only: Mapping[int, frozenset[int] | None] | None = None,
+             endpoint_url: str | None = None) -> str:
     """The ``manifest`` option: the files to read, as JSON. With ``only`` (file index -> the
     positions of the batches wanted, None for all), the files it names and no others."""
     entries = []
@@ -83,7 +88,7 @@ def manifest(replicas: Sequence[Replica],
         positions = None if only is None else only[identity.file_index]
         entries.append({"uri": file.uri, "first_offset": file.first_offset,
                         "only": None if positions is None else sorted(positions),
-                        **asdict(identity)})
+                        "endpoint_url": endpoint_url, **asdict(identity)})
     return json.dumps(entries)
 
 
@@ -91,9 +96,10 @@ def _from_manifest(text: str, schema: pa.Schema, granularity: str) -> list[FileP
     partitions = []
     for entry in json.loads(text):
         uri, first_offset, only = entry.pop("uri"), entry.pop("first_offset"), entry.pop("only")
+        endpoint_url = entry.pop("endpoint_url", None)
         partitions.append(FilePartition(
             uri, FileIdentity(**entry), first_offset, schema, granularity=granularity,
-            only=None if only is None else frozenset(only)))
+            only=None if only is None else frozenset(only), endpoint_url=endpoint_url))
     return partitions
 
 
@@ -138,13 +144,15 @@ class QuorumDataSource(DataSource):
         options = dict(self.options)
         return QuorumReader(options.get(MANIFEST_OPTION), columns_option(options),
                             granularity_option(options),
-                            [] if MANIFEST_OPTION in options else paths_option(options))
+                            [] if MANIFEST_OPTION in options else paths_option(options),
+                            options.get(ENDPOINT_OPTION))
 
 
 class QuorumReader(DataSourceReader):
     def __init__(self, manifest: str | None, schema: pa.Schema, granularity: str,
-                 paths: list[str]) -> None:
+                 paths: list[str], endpoint_url: str | None = None) -> None:
         self.manifest = manifest
+        self.endpoint_url = endpoint_url
         self.paths = paths
         self.arrow_schema = schema
         self.granularity = granularity
@@ -153,20 +161,21 @@ class QuorumReader(DataSourceReader):
         if self.manifest is not None:
             return _from_manifest(self.manifest, self.arrow_schema, self.granularity) \
                 or [InputPartition(None)]
-        found = discover(self.paths)
+        found = discover(self.paths, self.endpoint_url)
         if found.problems:
             # A directory that cannot be attributed to a replica cannot be audited: say so
             # rather than audit the rest as if it were complete.
             raise ValueError("unreadable log directories:\n" + "\n".join(found.problems))
         partitions = [FilePartition(file.uri, identity, file.first_offset, self.arrow_schema,
-                                    granularity=self.granularity)
+                                    granularity=self.granularity,
+                                    endpoint_url=found.endpoint_url)
                       for identity, file in identities(found.replicas)]
         return partitions or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, FilePartition):
             return  # no files at all: an empty result, not an error
-        data = read_file(partition.uri)
+        data = read_file(partition.uri, partition.endpoint_url)
         if partition.granularity == BATCHES:
             yield from decode_batches(data, partition.identity, partition.first_offset,
                                       partition.schema)
