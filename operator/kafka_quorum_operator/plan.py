@@ -183,10 +183,12 @@ def _volume_lost(observed: Observed, key: VoterKey, current: Mapping[int, str]) 
     node_id, directory_id = key
     record = observed.members.get(node_id)
     claim = observed.claims.get(node_id)
+    now = current.get(node_id)
     if record is not None and record.claim_uid is not None and (
             claim is None or claim.uid != record.claim_uid or claim.terminating):
-        return True  # the claim was deleted or replaced: a new, empty volume
-    now = current.get(node_id)
+        # The claim was deleted or replaced: a new, empty volume. Only the directory the node
+        # runs on the new claim is not lost (added already; the record moves on next pass).
+        return claim is None or claim.terminating or now is None or now != directory_id
     return directory_id is not None and now is not None and now != directory_id
 
 

@@ -487,3 +487,19 @@ def test_a_forgotten_member_leaves_the_voters_list() -> None:
     base = healthy(replicas=3)
     leftover = replace(base, members=updated(base.members, n5=member(5, role="observer")))
     assert configured_voter_ids(leftover, assess(leftover)) == (1, 2, 3)
+
+
+def test_after_add_voter_on_a_new_claim_only_the_old_directory_is_lost() -> None:
+    """The pass after AddVoter of a deleted claim's replacement: the status still records the
+    old claim's uid, but the new directory is the one the node runs on the new claim: only the
+    old directory is lost (not two voters of four, which would say QuorumLost), and it is
+    removed."""
+    observed = replaced(healthy(claims=updated(healthy().claims,
+                                               n3=claim(3, uid="claim-3-new"))), 3)
+    assert observed.quorum is not None
+    both = replace(observed, quorum=replace(
+        observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()))
+    decided = plan(both)
+    assert decided.assessment.lost == frozenset({(3, DIRS[3])})
+    assert not decided.assessment.quorum_lost
+    assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
