@@ -153,9 +153,13 @@ def assess(observed: Observed) -> Assessment:
                               if is_caught_up(row, quorum, spec.fetch_timeout_ms))
         leader: int | None = quorum.leader_id
         # A new directory that fetches is the node's current one, even before its pod's
-        # metrics say so.
+        # metrics say so. Only one that fetched lately: the leader keeps listing an observer
+        # that stopped (a replacement's first replica, gone with its pod), and taking that for
+        # the node's directory while its pod restarts would call a kept volume replaced.
         for row in quorum.observers:
-            if row.directory_id is not None and row.node_id not in current:
+            if row.directory_id is not None and row.node_id not in current and \
+                    row.last_fetch_ms >= 0 and \
+                    quorum.now_ms - row.last_fetch_ms < spec.fetch_timeout_ms:
                 current[row.node_id] = row.directory_id
     else:
         voters, caught_up, leader = recorded, frozenset(), None

@@ -503,3 +503,18 @@ def test_after_add_voter_on_a_new_claim_only_the_old_directory_is_lost() -> None
     assert decided.assessment.lost == frozenset({(3, DIRS[3])})
     assert not decided.assessment.quorum_lost
     assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
+
+
+def test_an_observer_that_stopped_fetching_is_not_the_nodes_directory() -> None:
+    """The leader still lists a replacement's first replica, which stopped long ago, as an
+    observer; while the member's pod restarts (no metrics of its own) that row must not be
+    taken for the node's directory: the volume was kept, nothing is lost."""
+    base = healthy(pods=updated(healthy().pods, n3=None), nodes=updated(healthy().nodes, n3=None))
+    assert base.quorum is not None
+    stale = replace(row(3, NEW[3]), last_fetch_ms=NOW_MS - 60_000)
+    observed = replace(base, quorum=replace(base.quorum, observers=(stale,)))
+    decided = plan(observed)
+    assert decided.assessment.lost == frozenset()
+    assert [(a.kind, a.node_id) for a in decided.actions] == [("CreatePod", 3)]
+    fresh = replace(base, quorum=replace(base.quorum, observers=(row(3, NEW[3]),)))
+    assert plan(fresh).assessment.lost == frozenset({(3, DIRS[3])})
