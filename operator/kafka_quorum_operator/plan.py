@@ -426,7 +426,10 @@ class _Planner:
             return self._plan((), self.pending, "rolling update: a voter change is pending")
         order = sorted(outdated, key=lambda p: (self._roll_rank(p.node_id, p.ready), p.node_id))
         pod = order[0]
-        unready = [p.name for p in observed.pods.values() if not p.ready and p is not pod]
+        # A new member's pod, on the current revision and no voter yet, is not waited for: it
+        # cannot fetch (nor be ready) before the leader, rolled, knows its id.
+        unready = [p.name for p in observed.pods.values() if not p.ready and p is not pod and
+                   (p.node_id in a.voter_ids or p.config_hash != observed.config_hash)]
         if unready:
             return self._plan((), None, f"rolling update: waiting for {', '.join(unready)} "
                               "to be ready")

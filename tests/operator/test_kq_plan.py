@@ -518,3 +518,22 @@ def test_an_observer_that_stopped_fetching_is_not_the_nodes_directory() -> None:
     assert [(a.kind, a.node_id) for a in decided.actions] == [("CreatePod", 3)]
     fresh = replace(base, quorum=replace(base.quorum, observers=(row(3, NEW[3]),)))
     assert plan(fresh).assessment.lost == frozenset({(3, DIRS[3])})
+
+
+def test_scale_up_rolls_the_voters_while_the_new_member_cannot_be_ready() -> None:
+    """The new member's pod, made with the longer voters list, cannot fetch (nor be ready)
+    until the leader knows its id (a node refuses a fetch from an id not in
+    controller.quorum.voters): its unreadiness must not hold back the roll that tells the
+    leader, or scale-up waits forever."""
+    base = healthy(replicas=4)
+    observed = replace(base, pods={**{i: pod(i, config_hash="old") for i in (1, 2, 3)},
+                                   4: pod(4, ready=False)},
+                       claims={**base.claims, 4: claim(4)})
+    decided = plan(observed)
+    assert [(a.kind, a.node_id, a.reason) for a in decided.actions] == \
+        [("DeletePod", 2, "RollingUpdate")], decided.waiting
+    # An unready voter still holds the roll back.
+    voter_down = replace(observed, pods={**observed.pods, 3: pod(3, ready=False,
+                                                                  config_hash="old")})
+    assert plan(voter_down).actions == () or \
+        [a.node_id for a in plan(voter_down).actions] == [3]
