@@ -1,34 +1,43 @@
-"""End to end on a real kind cluster: build and load both images, ``helm install`` the operator,
-apply a KafkaQuorum, write data, delete a voter's volume claim and pod, then the leader's, roll an
-image upgrade, scale 3 -> 5 (and 5 -> 3, blocked by the node as it is), and check every
-acknowledged write is still there.
+"""End to end on a real kind cluster: the operator's scenarios (``tests/operator/kq_scenarios.py``,
+the same functions the default suite runs on the emulated cluster) against a real API server,
+kubelet, cluster DNS and volumes. The images are built and loaded, the operator installed with
+helm, and each KafkaQuorum is created by the scenario itself.
 
-    python -m pytest e2e            # needs docker, kind, kubectl and helm on PATH
+    python -m pytest e2e -s         # needs docker, kind, kubectl and helm on PATH
 
 It creates (and deletes) the kind cluster ``kq-e2e`` unless ``KIND_CLUSTER`` names an existing
 one (kept). Without docker, kind, kubectl or helm every test is skipped with the reason.
+
+Clients run in the cluster: a client pod (the node image, which has ``quorum_node.client``)
+mounts the operator's client Secret of the quorum and talks to the nodes by their cluster DNS
+names, as an application would; the test drives it with ``kubectl exec``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kq_scenarios import Load, Timings, lifecycle, scaling
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "kq-e2e"
-QUORUM = "metadata"
 NODE_IMAGE = "quorum-node:e2e"
 NODE_IMAGE_V2 = "quorum-node:e2e-v2"
 OPERATOR_IMAGE = "kafka-quorum-operator:e2e"
+CLIENT_LABELS = {"app": "kq-e2e-client"}
+CREDENTIALS = "/var/run/quorum-client"
+LOG_DIR = "/var/lib/quorum/data"  # the node's log.dir on its volume (spec.LOG_DIR)
 
 
 def _missing() -> str | None:
@@ -43,73 +52,25 @@ def _missing() -> str | None:
 
 MISSING = _missing()
 pytestmark = [pytest.mark.skipif(MISSING is not None, reason=f"kind e2e: {MISSING}"),
-              pytest.mark.timeout(1800)]
+              pytest.mark.timeout(3600)]
 
 
-def run(*command: str, check: bool = True, timeout_s: float = 600) -> str:
+def run(*command: str, check: bool = True, timeout_s: float = 600, stdin: str | None = None
+        ) -> str:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
+                          input=stdin, check=False)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(command)} -> {done.returncode}\n{done.stdout}\n"
                              f"{done.stderr}")
     return done.stdout
 
 
-def kubectl(*args: str, check: bool = True) -> str:
-    return run("kubectl", "--namespace", NAMESPACE, *args, check=check)
-
-
-def quorum() -> dict[str, Any]:
-    return dict(json.loads(kubectl("get", "kafkaquorum", QUORUM, "-o", "json")))
-
-
-def condition(body: dict[str, Any], kind: str) -> str | None:
-    for entry in (body.get("status") or {}).get("conditions") or []:
-        if entry["type"] == kind:
-            return str(entry["status"])
-    return None
-
-
-def wait(what: str, check: Any, timeout_s: float = 600) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            found = check()
-        except (AssertionError, KeyError, json.JSONDecodeError):
-            found = None
-        if found:
-            return found
-        time.sleep(3)
-    events = kubectl("get", "events", "--sort-by=.lastTimestamp", check=False)
-    raise AssertionError(f"timed out waiting for {what}\n{json.dumps(quorum(), indent=1)}\n"
-                         f"{events}")
-
-
-def ready_with(voters: int) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        body = quorum()
-        ok = condition(body, "Ready") == "True" and body["status"].get("voters") == voters
-        return body if ok else None
-
-    return dict(wait(f"Ready with {voters} voters", check))
-
-
-def client(*args: str) -> str:
-    """quorum-client from inside the cluster (the nodes' redirects name cluster DNS)."""
-    leader = quorum()["status"]["leaderId"]
-    return kubectl("exec", f"{QUORUM}-{leader}", "--", "quorum-client", "--bootstrap-server",
-                   f"{QUORUM}.{NAMESPACE}.svc:9093", *args)
-
-
-def write(keys: dict[str, str], count: int) -> None:
-    for _ in range(count):
-        key, value = f"k-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-        client("put", key, value)
-        keys[key] = value
+def kubectl(*args: str, check: bool = True, stdin: str | None = None) -> str:
+    return run("kubectl", "--namespace", NAMESPACE, *args, check=check, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
+def kind_cluster() -> Iterator[None]:
     existing = os.environ.get("KIND_CLUSTER")
     name = existing or "kq-e2e"
     if not existing:
@@ -122,61 +83,219 @@ def cluster() -> Iterator[None]:
         for image in (NODE_IMAGE, NODE_IMAGE_V2, OPERATOR_IMAGE):
             run("kind", "load", "docker-image", image, "--name", name)
         repository, tag = OPERATOR_IMAGE.split(":")
+        # The operator's default timings: a pass every 5 s.
         run("helm", "install", "kqo", str(ROOT / "helm" / "kafka-quorum-operator"),
             "--namespace", NAMESPACE, "--create-namespace", "--wait",
-            "--set", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never",
-            "--set", "reconcileIntervalSeconds=2",
-            "--set", f"test.quorumName={QUORUM},test.image.repository=quorum-node,"
-                     f"test.image.tag=e2e")
+            "--set", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never")
         yield
     finally:
         if not existing:
             run("kind", "delete", "cluster", "--name", name, check=False)
 
 
-def test_quorum_lifecycle(cluster: None) -> None:
-    manifest = {"apiVersion": "kraft.quorum.dev/v1alpha1", "kind": "KafkaQuorum",
-                "metadata": {"name": QUORUM},
-                "spec": {"replicas": 3, "image": NODE_IMAGE, "imagePullPolicy": "Never",
-                         "remediation": {"minCaughtUpSeconds": 5}}}
-    subprocess.run(["kubectl", "--namespace", NAMESPACE, "apply", "-f", "-"],
-                   input=json.dumps(manifest), text=True, check=True)
-    ready_with(3)
-    run("helm", "test", "kqo", "--namespace", NAMESPACE)
-    keys: dict[str, str] = {}
-    write(keys, 20)
+# Run in the client pod: put unique keys until stdin closes, one "key value" line per
+# acknowledged put, a "failed" line per failed try.
+WRITER = """
+import sys, threading, time
+from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.security.client_credentials import ClientCredentials
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+credentials = ClientCredentials(ca_file=f"{D}/ca.crt", cert_file=f"{D}/tls.crt",
+                                key_file=f"{D}/tls.key")
+with QuorumClient(S, timeout_s=5, credentials=credentials) as client:
+    count = 0
+    while not done.is_set():
+        key, value = f"{P}-{count}", f"value-{count}"
+        try:
+            client.put(key, value)
+            print(key, value, flush=True)
+        except QuorumClientError:
+            print("failed", flush=True)
+        count += 1
+        time.sleep(0.02)
+"""
+# Reads "key value" lines from stdin; prints the keys a linearizable read does not return so.
+CHECKER = """
+import sys
+from quorum_node.client import QuorumClient
+from quorum_node.security.client_credentials import ClientCredentials
+credentials = ClientCredentials(ca_file=f"{D}/ca.crt", cert_file=f"{D}/tls.crt",
+                                key_file=f"{D}/tls.key")
+with QuorumClient(S, timeout_s=30, credentials=credentials) as client:
+    for line in sys.stdin:
+        key, value = line.split()
+        if client.get(key) != value:
+            print(key, flush=True)
+"""
+# A client trusting the quorum's CA and presenting nothing: prints how it was refused.
+ANONYMOUS = """
+from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.security.client_credentials import ClientCredentials
+with QuorumClient(S, timeout_s=10, credentials=ClientCredentials(ca_file=f"{D}/ca.crt")) as c:
+    try:
+        c.get("anything")
+        print("served")
+    except QuorumClientError as error:
+        print(f"{error.code}: {error}")
+"""
 
-    for victim in ("follower", "leader"):
-        status = quorum()["status"]
-        leader = status["leaderId"]
-        node = leader if victim == "leader" else next(i for i in (1, 2, 3) if i != leader)
-        old = next(m["directoryId"] for m in status["members"] if m["nodeId"] == node)
-        kubectl("delete", "pvc", f"data-{QUORUM}-{node}", "--wait=false")
-        kubectl("delete", "pod", f"{QUORUM}-{node}", "--grace-period=1")
 
-        def healed(node: int = node, old: str = old) -> bool:
-            body = ready_with(3)
-            last = body["status"].get("lastRemediation") or {}
-            member = next(m for m in body["status"]["members"] if m["nodeId"] == node)
-            return last.get("result") == "Succeeded" and last.get("nodeId") == node and \
-                member["directoryId"] != old
+def _script(body: str, servers: list[str], prefix: str = "") -> str:
+    return f"D = {CREDENTIALS!r}\nS = {servers!r}\nP = {prefix!r}\n{body}"
 
-        wait(f"the {victim}'s volume replaced", healed)
-        write(keys, 10)
 
-    kubectl("patch", "kafkaquorum", QUORUM, "--type=merge", "-p",
-            json.dumps({"spec": {"image": NODE_IMAGE_V2}}))
-    wait("the upgrade rolled out", lambda: all(
-        p["spec"]["containers"][0]["image"] == NODE_IMAGE_V2 for p in json.loads(kubectl(
-            "get", "pods", "-l", f"app.kubernetes.io/instance={QUORUM}", "-o", "json"))["items"]
-    ) and condition(quorum(), "Ready") == "True")
+@dataclass
+class KindLoad:
+    """The writer, in the client pod."""
 
-    kubectl("scale", "kafkaquorum", QUORUM, "--replicas=5")
-    ready_with(5)
-    write(keys, 10)
-    kubectl("scale", "kafkaquorum", QUORUM, "--replicas=3")
-    # The node refuses to remove a node id's last directory (KIP-856); see docs/operator.md.
-    wait("ScalingBlocked", lambda: condition(quorum(), "ScalingBlocked") == "True")
+    pod: str
+    servers: list[str]
+    acknowledged: dict[str, str] = field(default_factory=dict)
+    failures: int = 0
+    _process: subprocess.Popen[str] | None = None
+    _reader: threading.Thread | None = None
 
-    for key, value in keys.items():
-        assert client("get", key).strip() == value
+    def start(self) -> None:
+        prefix = f"k{int(time.time())}"
+        self._process = subprocess.Popen(
+            ["kubectl", "--namespace", NAMESPACE, "exec", "-i", self.pod, "--", "python", "-c",
+             _script(WRITER, self.servers, prefix)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            parts = line.split()
+            if parts == ["failed"]:
+                self.failures += 1
+            elif len(parts) == 2:
+                self.acknowledged[parts[0]] = parts[1]
+
+    def stop(self) -> None:
+        if self._process is None or self._process.poll() is not None:
+            return
+        assert self._process.stdin is not None
+        self._process.stdin.close()  # the writer stops at end of input
+        try:
+            self._process.wait(60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+        if self._reader is not None:
+            self._reader.join(30)
+
+    def lost(self) -> list[str]:
+        keys = "".join(f"{k} {v}\n" for k, v in self.acknowledged.items())
+        out = kubectl("exec", "-i", self.pod, "--", "python", "-c",
+                      _script(CHECKER, self.servers), stdin=keys)
+        return out.split()
+
+
+@dataclass
+class KindQuorum:
+    """A KafkaQuorum on the kind cluster, as the scenarios see it."""
+
+    name: str
+    patience_s: float = 600.0
+    _client_pod: str | None = None
+
+    async def create(self, replicas: int) -> None:
+        manifest = {"apiVersion": "kraft.quorum.dev/v1alpha1", "kind": "KafkaQuorum",
+                    "metadata": {"name": self.name},
+                    "spec": {"replicas": replicas, "image": NODE_IMAGE,
+                             "imagePullPolicy": "Never",
+                             "security": {"networkPolicy": {"allowFrom": [
+                                 {"podSelector": {"matchLabels": CLIENT_LABELS}}]}}}}
+        await asyncio.to_thread(kubectl, "apply", "-f", "-", stdin=json.dumps(manifest))
+
+    async def quorum(self) -> dict[str, Any]:
+        out = await asyncio.to_thread(kubectl, "get", "kafkaquorum", self.name, "-o", "json")
+        return dict(json.loads(out))
+
+    async def patch_spec(self, spec: Mapping[str, Any]) -> None:
+        await asyncio.to_thread(kubectl, "patch", "kafkaquorum", self.name, "--type=merge",
+                                "-p", json.dumps({"spec": dict(spec)}))
+
+    async def events(self) -> list[tuple[str, str]]:
+        out = await asyncio.to_thread(
+            kubectl, "get", "events", "-o", "json", "--field-selector",
+            f"involvedObject.kind=KafkaQuorum,involvedObject.name={self.name}")
+        items = json.loads(out)["items"]
+        items.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "",
+                                  int(e["metadata"]["resourceVersion"])))
+        return [(e.get("reason", ""), e.get("message", "")) for e in items]
+
+    async def _list(self, kind: str) -> list[dict[str, Any]]:
+        out = await asyncio.to_thread(
+            kubectl, "get", kind, "-o", "json", "-l",
+            f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=node")
+        return list(json.loads(out)["items"])
+
+    async def pods(self) -> list[dict[str, Any]]:
+        return await self._list("pods")
+
+    async def claims(self) -> list[dict[str, Any]]:
+        return await self._list("persistentvolumeclaims")
+
+    async def pod_config(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        name = pod["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+        out = await asyncio.to_thread(kubectl, "get", "configmap", name, "-o", "json")
+        return dict(json.loads(out).get("data") or {})
+
+    async def delete_claim_and_pod(self, node_id: int) -> None:
+        await asyncio.to_thread(kubectl, "delete", "pvc", f"data-{self.name}-{node_id}",
+                                "--wait=false")
+        await self.delete_pod(node_id)
+
+    async def empty_volume(self, node_id: int) -> None:
+        pod = f"{self.name}-{node_id}"
+        await asyncio.to_thread(kubectl, "exec", pod, "--", "sh", "-c",
+                                f"rm -rf {LOG_DIR}/* {LOG_DIR}/.[!.]*", check=False)
+        await self.delete_pod(node_id)
+
+    async def delete_pod(self, node_id: int) -> None:
+        await asyncio.to_thread(kubectl, "delete", "pod", f"{self.name}-{node_id}",
+                                "--wait=false")
+
+    def _servers(self) -> list[str]:
+        return [f"{self.name}-{i}.{self.name}-nodes.{NAMESPACE}.svc:9093" for i in range(1, 6)]
+
+    async def _client(self) -> str:
+        """The client pod, with the operator's client Secret of this quorum mounted."""
+        if self._client_pod is None:
+            pod = f"{self.name}-client"
+            manifest = {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": pod, "labels": CLIENT_LABELS},
+                        "spec": {"containers": [{
+                            "name": "client", "image": NODE_IMAGE, "imagePullPolicy": "Never",
+                            "command": ["sleep", "infinity"],
+                            "volumeMounts": [{"name": "credentials", "mountPath": CREDENTIALS,
+                                              "readOnly": True}]}],
+                            "volumes": [{"name": "credentials", "secret": {
+                                "secretName": f"{self.name}-operator"}}]}}
+            await asyncio.to_thread(kubectl, "apply", "-f", "-", stdin=json.dumps(manifest))
+            await asyncio.to_thread(kubectl, "wait", "--for=condition=Ready", f"pod/{pod}",
+                                    "--timeout=300s")
+            self._client_pod = pod
+        return self._client_pod
+
+    async def load(self) -> Load:
+        return KindLoad(await self._client(), self._servers())
+
+    async def refused_without_credentials(self) -> str | None:
+        out = await asyncio.to_thread(kubectl, "exec", await self._client(), "--", "python",
+                                      "-c", _script(ANONYMOUS, self._servers()[:3]))
+        return None if out.strip() == "served" else out.strip()
+
+    def next_image(self) -> str:
+        return NODE_IMAGE_V2
+
+
+async def test_lifecycle(kind_cluster: None) -> None:
+    await lifecycle(KindQuorum("lifecycle"), Timings("kind"), hold_s=30)
+
+
+async def test_scaling(kind_cluster: None) -> None:
+    await scaling(KindQuorum("scaling"), Timings("kind"))

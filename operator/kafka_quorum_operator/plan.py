@@ -154,9 +154,13 @@ def assess(observed: Observed) -> Assessment:
                               if is_caught_up(row, quorum, spec.fetch_timeout_ms))
         leader: int | None = quorum.leader_id
         # A new directory that fetches is the node's current one, even before its pod's
-        # metrics say so.
+        # metrics say so. Only one that fetched lately: the leader keeps listing an observer
+        # that stopped (a replacement's first replica, gone with its pod), and taking that for
+        # the node's directory while its pod restarts would call a kept volume replaced.
         for row in quorum.observers:
-            if row.directory_id is not None and row.node_id not in current:
+            if row.directory_id is not None and row.node_id not in current and \
+                    row.last_fetch_ms >= 0 and \
+                    quorum.now_ms - row.last_fetch_ms < spec.fetch_timeout_ms:
                 current[row.node_id] = row.directory_id
     else:
         voters, caught_up, leader = recorded, frozenset(), None
@@ -184,10 +188,12 @@ def _volume_lost(observed: Observed, key: VoterKey, current: Mapping[int, str]) 
     node_id, directory_id = key
     record = observed.members.get(node_id)
     claim = observed.claims.get(node_id)
+    now = current.get(node_id)
     if record is not None and record.claim_uid is not None and (
             claim is None or claim.uid != record.claim_uid or claim.terminating):
-        return True  # the claim was deleted or replaced: a new, empty volume
-    now = current.get(node_id)
+        # The claim was deleted or replaced: a new, empty volume. Only the directory the node
+        # runs on the new claim is not lost (added already; the record moves on next pass).
+        return claim is None or claim.terminating or now is None or now != directory_id
     return directory_id is not None and now is not None and now != directory_id
 
 
@@ -446,7 +452,10 @@ class _Planner:
             return self._plan((), self.pending, "rolling update: a voter change is pending")
         order = sorted(outdated, key=lambda p: (self._roll_rank(p.node_id, p.ready), p.node_id))
         pod = order[0]
-        unready = [p.name for p in observed.pods.values() if not p.ready and p is not pod]
+        # A new member's pod, on the current revision and no voter yet, is not waited for: it
+        # cannot fetch (nor be ready) before the leader, rolled, knows its id.
+        unready = [p.name for p in observed.pods.values() if not p.ready and p is not pod and
+                   (p.node_id in a.voter_ids or p.config_hash != observed.config_hash)]
         if unready:
             return self._plan((), None, f"rolling update: waiting for {', '.join(unready)} "
                               "to be ready")

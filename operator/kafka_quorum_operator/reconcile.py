@@ -191,6 +191,16 @@ class Reconciler:
                         f"{directory_id}; replacing it (AddVoter, then RemoveVoter)"), "Warning")
 
         pending = decided.pending
+        found = observed.pending
+        if changing and found is not None and pending is None and a.leader_id is not None \
+                and self.may_act():
+            # The change recorded in status is in force, made by an operator that did not live
+            # to hear the answer: done, as if answered (its Event, the remediation's step).
+            made = Action(found.kind, found.node_id, found.reason, found.directory_id,
+                          found.old_directory_id)
+            pending, last_remediation, decided = await self._after_change(
+                owner, observed, decided, made, last=last_remediation, outcome=ChangeResult(
+                    True, "NONE", "in force (made before the operator restarted)"))
         if changing:
             for action in decided.actions:
                 if not self.may_act():

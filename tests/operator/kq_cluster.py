@@ -2,14 +2,16 @@
 kubelet, operator) and its fixture, and the steps the scenarios share.
 
 Quorums are secured (the default): test clients use the operator's client certificate (admin,
-which may also read and write) from its Secret, without checking the name in the node's
-certificate (they connect to the loopback IPs that stand in for the pods).
+which may also read and write) from its Secret; ``Cluster.credentials`` checks no name in the
+node's certificate (for tests that connect to pod IPs); clients given ``Cluster.servers`` (DNS
+names) may check it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import shutil
 import threading
@@ -186,7 +188,12 @@ class Cluster:
         return [(e.get("reason", ""), e.get("message", "")) for e in items]
 
     def addresses(self, ids: range | list[int]) -> list[str]:
+        """The nodes' current pods' client addresses, by IP (as the operator reaches them)."""
         return [self.kubelet.address(i) for i in ids]
+
+    def servers(self, ids: range | list[int]) -> list[str]:
+        """The nodes' client addresses by DNS name (as a client in the cluster uses them)."""
+        return [self.kubelet.server(i) for i in ids]
 
     async def wipe(self, *node_ids: int) -> None:
         """The volumes' contents gone (replaced disks under the same claims) under running
@@ -233,23 +240,24 @@ class Cluster:
         return leader
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+@contextlib.asynccontextmanager
+async def running_cluster(root: Path, **settings: str) -> AsyncIterator[Cluster]:
+    """The emulated API server, the kubelet and the operator (in a thread), with the operator's
+    ``settings`` (environment, e.g. ``KQ_OPERATOR_INTERVAL``)."""
     handlers.STATE = handlers._State()
     async with K8s() as emulator:
         declare_resources(emulator)
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
             kube = Kube.connect(url)
-            kubelet = Kubelet(kube, tmp_path)
+            kubelet = Kubelet(kube, root)
             operator = OperatorThread()
-            handler = logging.FileHandler(tmp_path / "operator.log")
+            handler = logging.FileHandler(root / "operator.log")
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             logging.getLogger("kopf").addHandler(handler)
             logging.getLogger("kopf").setLevel(logging.DEBUG)
-            with environment(KQ_OPERATOR_API_SERVER=url, KQ_OPERATOR_INTERVAL="0.5",
-                             KQ_OPERATOR_NAMESPACE=NAMESPACE,
-                             KQ_OPERATOR_IDENTITY="test-operator"):
+            with environment(KQ_OPERATOR_API_SERVER=url, KQ_OPERATOR_NAMESPACE=NAMESPACE,
+                             KQ_OPERATOR_IDENTITY="test-operator", **settings):
                 kubelet.start()
                 operator.start()
                 cluster = Cluster(kube, kubelet, operator, emulator)
@@ -265,32 +273,17 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                     kube.close()
 
 
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """The emulated cluster with the operator passing every 0.5 s."""
+    async with running_cluster(tmp_path, KQ_OPERATOR_INTERVAL="0.5") as found:
+        yield found
+
+
 async def create_ready(cluster: Cluster, replicas: int = 3) -> float:
     started = time.monotonic()
     await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(NAME, replicas))
     await cluster.ready_with(replicas)
     elapsed = time.monotonic() - started
     await cluster.credentials()
-    return elapsed
-
-
-async def heal(cluster: Cluster, node_id: int, writer: Writer) -> float:
-    before = await cluster.voter_directories()
-    started = time.monotonic()
-    await cluster.wipe(node_id)
-
-    async def healed() -> dict[int, str] | None:
-        body = await cluster.get()
-        now = await cluster.voter_directories()
-        last = ((body.get("status") or {}).get("lastRemediation") or {})
-        if condition(body, "Ready") == "True" and len(now) == 3 and \
-                now.get(node_id) not in (None, before[node_id]) and \
-                last.get("result") == "Succeeded" and last.get("nodeId") == node_id:
-            return now
-        return None
-
-    after = await cluster.wait(f"node {node_id} healed", healed, 90)
-    elapsed = time.monotonic() - started
-    assert {i: d for i, d in after.items() if i != node_id} == \
-        {i: d for i, d in before.items() if i != node_id}
     return elapsed

@@ -13,17 +13,20 @@ process, its volume claim a directory.
   that took 0.3 s took 8 s after a few minutes): its own log is kept short, and the requests
   are in ``seen`` for the tests.
 - ``Kubelet``: starts a node process for every pod (environment from the pod's env and
-  envFrom ConfigMap; each pod gets its own loopback IP, which stands in for the pod IP and for
-  the cluster DNS names in the configuration), mounts its Secret volumes as directories (a pod
-  whose Secret is missing stays Pending, as ContainerCreating does) and updates their files
-  when the Secrets change (a new inode, as the kubelet's symlink swap), reports phase, IP and
-  readiness (``/readyz``, over HTTPS when the probe says so, unverified as the kubelet's) in
-  the pod's status, restarts crashed processes, stops a deleted pod's process with SIGTERM
-  (so a leader resigns), and removes a deleted claim's directory. There is no cluster DNS: the
-  names in the configuration become loopback IPs, which no certificate names, so the nodes'
-  own check of their peers' names is turned off (``ssl.endpoint.identification.algorithm``
-  empty: a peer still needs a certificate of the quorum's CA with its node's common name); the
-  operator's check of the names is not (it connects to the IP and verifies the DNS name).
+  envFrom ConfigMap), mounts its Secret volumes as directories (a pod whose Secret is missing
+  stays Pending, as ContainerCreating does) and updates their files when the Secrets change (a
+  new inode, as the kubelet's symlink swap), reports phase, IP and readiness (``/readyz``, over
+  HTTPS when the probe says so, unverified as the kubelet's) in the pod's status, restarts
+  crashed processes, stops a deleted pod's process with SIGTERM (so a leader resigns), and
+  removes a deleted claim's directory. As on a real cluster: every new pod gets a new IP (a
+  loopback address of its own), and a replaced pod starts only a few seconds after it was made
+  (``start_delay_s``: image start, volume attach). The names in the configuration stay cluster
+  DNS names: each node runs in a mount namespace of its own (``unshare --mount``) whose
+  ``/etc/hosts`` is bound to the harness's hosts file, which the kubelet rewrites in place as
+  pods come and go (the headless service's records: every pod with an IP); peers find each
+  other by name (through the node's own DNS cache) and verify each other's certificate names.
+  The test process resolves the same names (``socket.getaddrinfo`` consults the same records
+  while a kubelet runs), so clients verify them too.
 - ``OperatorThread``: ``kopf.operator`` on its own event loop and thread (spikes.md: never in
   the test's loop).
 """
@@ -41,6 +44,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -58,9 +62,11 @@ import aiohttp.web
 import jsonpatch
 import kmock
 import kopf
+import pytest
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.reconcile import CR_API
+from kafka_quorum_operator.resources import node_host
 from kafka_quorum_operator.spec import DATA_MOUNT
 
 POD_FINALIZER = "kmock.test/kubelet"
@@ -325,8 +331,6 @@ SECRET_REFRESH_S = 2.0
 # Readiness is probed this often (each HTTPS probe is a full TLS handshake for the node: more
 # often costs the nodes CPU the tests need).
 PROBE_S = 0.5
-_DNS_NAME = re.compile(r"\b([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.[a-z0-9-]+\.[a-z0-9-]+\.svc"
-                       r"(?:\.cluster\.local)?\b")
 
 
 @dataclass
@@ -376,30 +380,55 @@ class Process:
 class Kubelet:
     kube: Kube
     root: Path
-    # Every pod gets a loopback IP of its own, always the same for the same pod name.
+    # Pod IPs: loopback addresses under this prefix, a new one for every new pod.
     prefix: str = field(default_factory=lambda: f"127.{random.randint(20, 250)}."
                                                 f"{random.randint(1, 250)}")
-    ips: dict[str, str] = field(default_factory=dict)
+    ips: dict[str, str] = field(default_factory=dict)  # pod name -> its current pod's IP
+    # A pod made again under a name seen before starts this long after it was made.
+    start_delay_s: float = 3.0
     # What runs a pod's container: the node.
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m",
                                                         "quorum_node.cli.node"])
     processes: dict[str, Process] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # The cluster DNS: name -> IP, and which pod (uid) each record is for.
+    records: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _next_ip: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _made: dict[str, float] = field(default_factory=dict)  # pod uid -> when first seen
+    _started_names: set[str] = field(default_factory=set)
     _task: asyncio.Task[None] | None = None
 
+    @property
+    def hosts_file(self) -> Path:
+        return self.root / "hosts"
+
     def ip(self, pod_name: str) -> str:
+        """The IP of the pod of that name (the last one started)."""
         if pod_name not in self.ips:
-            self.ips[pod_name] = f"{self.prefix}.{len(self.ips) + 1}"
+            self.ips[pod_name] = self._new_ip()
         return self.ips[pod_name]
+
+    def _new_ip(self) -> str:
+        number = next(self._next_ip)
+        assert number < 255, "out of pod IPs"
+        return f"{self.prefix}.{number}"
 
     def claim_dir(self, claim_uid: str) -> Path:
         return self.root / "volumes" / claim_uid
 
     def start(self) -> None:
+        if not MOUNT_NAMESPACES:
+            pytest.skip("the harness runs each node in a mount namespace of its own "
+                        "(unshare --mount, as root); not available here")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_hosts()
+        _RESOLVERS.append(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        if self in _RESOLVERS:
+            _RESOLVERS.remove(self)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -440,6 +469,7 @@ class Kubelet:
         for uid, process in list(self.processes.items()):
             if uid not in seen and process.popen.poll() is None:
                 process.popen.kill()  # deleted without a grace period
+        self._forget_pods(seen)
         in_use = {v["persistentVolumeClaim"]["claimName"] for p in pods
                   if not p["metadata"].get("deletionTimestamp") or
                   p["metadata"]["uid"] in self.processes
@@ -458,6 +488,10 @@ class Kubelet:
         claim = claims.get(claim_name)
         if claim is None or claim["metadata"].get("deletionTimestamp"):
             return  # Pending, as a pod whose claim is missing is
+        made = self._made.setdefault(meta["uid"], time.monotonic())
+        if meta["name"] in self._started_names and \
+                time.monotonic() - made < self.start_delay_s:
+            return  # a replaced pod: the image starts, the volume attaches
         env: dict[str, str] = {}
         for source in container.get("envFrom") or []:
             config_map = await self.kube.get(path("ConfigMap", NAMESPACE,
@@ -469,7 +503,8 @@ class Kubelet:
         mounts = await self._mount(meta, spec, container)
         if mounts is None:
             return  # a Secret is missing: ContainerCreating, retried
-        ip = self.ip(meta["name"])
+        ip = self.ips[meta["name"]] = self._new_ip()  # a new pod, a new IP
+        self._started_names.add(meta["name"])
         port = int(container["ports"][0]["containerPort"])  # the client port
         volume = self.claim_dir(claim["metadata"]["uid"])
         volume.mkdir(parents=True, exist_ok=True)
@@ -477,9 +512,10 @@ class Kubelet:
         env = {k: self._localize(v, paths) for k, v in env.items()}
         # Every listener on the pod's own IP, with the ports and names the operator gave it.
         env["QUORUM_LISTENERS"] = env.get("QUORUM_LISTENERS", "").replace("0.0.0.0", ip)
-        tls = ":SSL" in env.get("QUORUM_LISTENER_SECURITY_PROTOCOL_MAP", "")
-        if tls:
-            env["QUORUM_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM"] = ""  # no DNS (module doc)
+        hostname = f"{spec['hostname']}.{spec['subdomain']}.{meta['namespace']}.svc"
+        for name in (hostname, f"{hostname}.cluster.local"):
+            self.records[name] = (ip, meta["uid"])
+        self._write_hosts()
         probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
         scheme = str(probe.get("scheme") or "HTTP").lower()
         base = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
@@ -490,7 +526,7 @@ class Kubelet:
                 return  # Init:Error: tried again on the next sync
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [*self.command, "run"],
+                [*_IN_OWN_MOUNT_NAMESPACE, str(self.hosts_file), *self.command, "run"],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={**base, **env, "PYTHONUNBUFFERED": "1"})
         self.processes[meta["uid"]] = Process(meta["name"], meta["uid"], popen, log,
@@ -548,9 +584,34 @@ class Kubelet:
             return None
         return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
+    def _write_hosts(self) -> None:
+        """The cluster DNS records as a hosts file, rewritten in place: each node's
+        ``/etc/hosts`` is bound to this inode."""
+        lines = ["127.0.0.1 localhost", "::1 localhost"]
+        lines += [f"{ip} {name}" for name, (ip, _) in sorted(self.records.items())]
+        text = "\n".join(lines) + "\n"
+        with self.hosts_file.open("a+") as hosts:
+            hosts.seek(0)
+            if hosts.read() == text:
+                return
+            hosts.seek(0)
+            hosts.truncate()
+            hosts.write(text)
+
+    def _forget_pods(self, present: set[str]) -> None:
+        """Drop the records of pods that are gone (the endpoints controller's part)."""
+        gone = [name for name, (_, uid) in self.records.items() if uid not in present]
+        for name in gone:
+            del self.records[name]
+        if gone:
+            self._write_hosts()
+
+    def resolve(self, host: str) -> str | None:
+        record = self.records.get(host.rstrip("."))
+        return record[0] if record is not None else None
+
     def _localize(self, value: str, paths: Mapping[str, Path]) -> str:
-        """Cluster DNS names -> the pods' loopback IPs; mount paths -> their directories."""
-        value = _DNS_NAME.sub(lambda m: self.ip(m.group(1)), value)
+        """Mount paths -> their directories (names stay names: the pods resolve them)."""
         for mount_path, directory in paths.items():
             value = value.replace(mount_path, str(directory))
         return value
@@ -603,7 +664,44 @@ class Kubelet:
         return "\n".join(parts)
 
     def address(self, node_id: int, name: str = "kq") -> str:
+        """The client address of the node's current pod, by IP."""
         return f"{self.ip(f'{name}-{node_id}')}:9093"
+
+    @staticmethod
+    def server(node_id: int, name: str = "kq") -> str:
+        """The client address of the node by its DNS name (as clients in the cluster use)."""
+        return f"{node_host(name, NAMESPACE, node_id)}.cluster.local:9093"
+
+
+def _mount_namespaces() -> bool:
+    """Whether this process may give a child a mount namespace of its own (root, unshare)."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                          capture_output=True, check=False)
+    return done.returncode == 0
+
+
+MOUNT_NAMESPACES = _mount_namespaces()
+# The node's command line follows the hosts file's path: in a mount namespace of its own, with
+# that file bound over /etc/hosts.
+_IN_OWN_MOUNT_NAMESPACE = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           'mount --bind "$0" /etc/hosts && exec "$@"']
+# The kubelets running now: the test process resolves their pods' names too.
+_RESOLVERS: list[Kubelet] = []
+_getaddrinfo = socket.getaddrinfo
+
+
+def _cluster_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+    if isinstance(host, str):
+        for kubelet in _RESOLVERS:
+            found = kubelet.resolve(host)
+            if found is not None:
+                return _getaddrinfo(found, *args, **kwargs)
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.getaddrinfo = _cluster_getaddrinfo  # cluster names only while a kubelet runs
 
 
 _UNVERIFIED = ssl._create_unverified_context()  # the kubelet does not verify probes

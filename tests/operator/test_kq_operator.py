@@ -1,147 +1,31 @@
 """The real operator against kmock's emulated Kubernetes API, with every pod's quorum node a real
 process (``kq_harness``). A client writes all along; no acknowledged write may be lost.
 
-Acceptance scenarios of issue 5: a 3-voter KafkaQuorum becomes Ready; wiping one voter's volume
-(its directory, then deleting its pod) heals to 3 voters with a new directory id; the same for
-the leader's volume; wiping 2 of 3 leaves QuorumLost and changes nothing. Timings are printed
-(``-s``). Scaling is in ``test_kq_scaling.py``.
+The operator's scenarios (Ready, heals, scaling, rolling update, pause, quorum loss) are in
+``test_kq_scenarios.py``; an operator killed in the middle of a replacement in
+``test_kq_crash.py``. Here: the watches, the configuration per revision, volume expansion, and
+the TLS switch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 
 import pytest
-from kafka_quorum_operator import KIND, handlers
+from kafka_quorum_operator import KIND
 from kafka_quorum_operator.kube import path
 from kafka_quorum_operator.reconcile import CR_API
-from kq_cluster import NAME, Cluster, Writer, create_ready, heal
-from kq_harness import NAMESPACE, OperatorThread, condition, cr_path, quorum_object
+from kq_cluster import NAME, Cluster, create_ready
+from kq_harness import NAMESPACE, condition, cr_path, quorum_object
 
 from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.security.client_credentials import ClientCredentials
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def test_ready_then_heal_a_follower_and_the_leader(cluster: Cluster) -> None:
-    time_to_ready = await create_ready(cluster)
-    status = await cluster.status()
-    assert status["clusterId"] and status["bootstrapped"] is True
-    writer = Writer(cluster.addresses(range(1, 4)))
-    writer.start()
-    try:
-        await asyncio.sleep(1)
-        leader = await cluster.leader()
-        follower = next(i for i in (1, 2, 3) if i != leader)
-        follower_s = await heal(cluster, follower, writer)
-        leader = await cluster.leader()
-        leader_s = await heal(cluster, leader, writer)
-        await asyncio.sleep(1)
-    finally:
-        writer.stop()
-    lost = await asyncio.to_thread(writer.lost)
-    quorum_lost_s = await lose_the_majority(cluster)
-    reasons = [reason for reason, _ in await cluster.events()]
-    print(f"\n[operator] time to Ready {time_to_ready:.1f} s; heal follower {follower_s:.1f} s, "
-          f"leader {leader_s:.1f} s; QuorumLost after {quorum_lost_s:.1f} s; "
-          f"{len(writer.acknowledged)} acknowledged writes, "
-          f"{writer.failures} failed tries, {len(lost)} lost")
-    assert len(writer.acknowledged) > 100
-    assert lost == []
-    for reason in ("ClusterIdGenerated", "PodCreated", "VolumeReplaced", "VoterAdded",
-                   "VoterRemoved", "RemediationCompleted"):
-        assert reason in reasons, reasons
-    last = (await cluster.status())["lastRemediation"]
-    print("[operator] last remediation:",
-          [(s["name"], s["durationSeconds"]) for s in last["steps"]], last["durationSeconds"])
-    assert [s["name"] for s in last["steps"]] == ["Detected", "CaughtUp", "AddVoter",
-                                                   "RemoveVoter"]
-    assert cluster.operator.alive and cluster.operator.error is None
-
-
-async def lose_the_majority(cluster: Cluster) -> float:
-    """Wipe 2 voters of 3: QuorumLost, and from then on nothing is changed."""
-    before = await cluster.voter_directories()
-    started = time.monotonic()
-    await cluster.wipe(2, 3)
-
-    async def lost() -> bool:
-        return condition(await cluster.get(), "QuorumLost") == "True"
-
-    await cluster.wait("QuorumLost", lost, 60)
-    elapsed = time.monotonic() - started
-    objects = await cluster.objects()
-    events = len(await cluster.events())
-    await asyncio.sleep(3)  # ten passes of the operator
-    body = await cluster.get()
-    assert condition(body, "QuorumLost") == "True", (body["status"], await cluster.events())
-    assert condition(body, "Ready") == "False" and condition(body, "Quorate") == "False"
-    assert "docs/operator.md" in next(c["message"] for c in body["status"]["conditions"]
-                                      if c["type"] == "QuorumLost")
-    assert await cluster.objects() == objects  # no pod or claim created or deleted
-    later = [reason for reason, _ in (await cluster.events())[events:]]
-    assert not {"VoterAdded", "VoterRemoved", "PodCreated", "PodDeleted", "ClaimCreated",
-                "ClaimDeleted", "VoterChangePending"} & set(later), later
-    assert await cluster.voter_directories() == before  # the record is kept for recovery
-    return elapsed
-
-
-@pytest.mark.slow
-async def test_operator_restart_between_add_voter_and_remove_voter(cluster: Cluster) -> None:
-    """The operator stops right after AddVoter of a replacement (its intent in status); a new
-    operator process finishes the replacement with RemoveVoter, and adds nothing twice."""
-    await create_ready(cluster)
-    old = (await cluster.voter_directories())[3]
-    await asyncio.to_thread(cluster.operator.stop)
-    # Node 3's disk replaced under its running pod: the kubelet restarts it on the empty volume.
-    claim = await cluster.kube.get(path("PersistentVolumeClaim", NAMESPACE, f"data-{NAME}-3"))
-    assert claim is not None
-    pod = await cluster.kube.get(path("Pod", NAMESPACE, f"{NAME}-3"))
-    assert pod is not None
-    process = cluster.kubelet.processes[pod["metadata"]["uid"]]
-    process.popen.kill()
-    await asyncio.to_thread(process.popen.wait, 10)
-    volume = cluster.kubelet.claim_dir(claim["metadata"]["uid"])
-    shutil.rmtree(volume)
-    volume.mkdir()
-    nodes = await cluster.node_client()
-    leader = await cluster.leader()
-
-    async def observer() -> str | None:
-        described = await nodes.describe(cluster.kubelet.address(leader))
-        rows = [r for r in described.observers if r.node_id == 3 and r.lag == 0] \
-            if described else []
-        return rows[0].directory_id if rows else None
-
-    new = await cluster.wait("node 3 back as a caught-up observer", observer, 60)
-    assert new != old
-    intent = {"kind": "AddVoter", "nodeId": 3, "directoryId": new, "oldDirectoryId": old,
-              "reason": "Remediation", "started": "2026-01-01T00:00:00Z"}
-    await cluster.kube.patch(cr_path(NAME) + "/status", {"status": {"pendingChange": intent}})
-    result = await nodes.add_voter(cluster.kubelet.address(leader), 3, new)
-    assert result.ok, result
-    await nodes.close()
-    events = len(await cluster.events())
-
-    handlers.STATE = handlers._State()  # a new operator process: nothing in memory
-    cluster.operator = OperatorThread()
-    cluster.operator.start()
-
-    async def finished() -> bool:
-        status = await cluster.status()
-        directories = {m["nodeId"]: m.get("directoryId") for m in status["members"]}
-        return condition(await cluster.get(), "Ready") == "True" and \
-            directories[3] == new and "pendingChange" not in status
-
-    await cluster.wait("the replacement finished by the new operator", finished, 60)
-    later = [reason for reason, _ in (await cluster.events())[events:]]
-    assert "VoterRemoved" in later and "VoterAdded" not in later, later
 
 
 async def test_pods_and_claims_are_watched_by_label_on_the_server(cluster: Cluster) -> None:

@@ -533,3 +533,53 @@ def test_a_forgotten_member_leaves_the_voters_list() -> None:
     base = healthy(replicas=3)
     leftover = replace(base, members=updated(base.members, n5=member(5, role="observer")))
     assert configured_voter_ids(leftover, assess(leftover)) == (1, 2, 3)
+
+
+def test_after_add_voter_on_a_new_claim_only_the_old_directory_is_lost() -> None:
+    """The pass after AddVoter of a deleted claim's replacement: the status still records the
+    old claim's uid, but the new directory is the one the node runs on the new claim: only the
+    old directory is lost (not two voters of four, which would say QuorumLost), and it is
+    removed."""
+    observed = replaced(healthy(claims=updated(healthy().claims,
+                                               n3=claim(3, uid="claim-3-new"))), 3)
+    assert observed.quorum is not None
+    both = replace(observed, quorum=replace(
+        observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()))
+    decided = plan(both)
+    assert decided.assessment.lost == frozenset({(3, DIRS[3])})
+    assert not decided.assessment.quorum_lost
+    assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
+
+
+def test_an_observer_that_stopped_fetching_is_not_the_nodes_directory() -> None:
+    """The leader still lists a replacement's first replica, which stopped long ago, as an
+    observer; while the member's pod restarts (no metrics of its own) that row must not be
+    taken for the node's directory: the volume was kept, nothing is lost."""
+    base = healthy(pods=updated(healthy().pods, n3=None), nodes=updated(healthy().nodes, n3=None))
+    assert base.quorum is not None
+    stale = replace(row(3, NEW[3]), last_fetch_ms=NOW_MS - 60_000)
+    observed = replace(base, quorum=replace(base.quorum, observers=(stale,)))
+    decided = plan(observed)
+    assert decided.assessment.lost == frozenset()
+    assert [(a.kind, a.node_id) for a in decided.actions] == [("CreatePod", 3)]
+    fresh = replace(base, quorum=replace(base.quorum, observers=(row(3, NEW[3]),)))
+    assert plan(fresh).assessment.lost == frozenset({(3, DIRS[3])})
+
+
+def test_scale_up_rolls_the_voters_while_the_new_member_cannot_be_ready() -> None:
+    """The new member's pod, made with the longer voters list, cannot fetch (nor be ready)
+    until the leader knows its id (a node refuses a fetch from an id not in
+    controller.quorum.voters): its unreadiness must not hold back the roll that tells the
+    leader, or scale-up waits forever."""
+    base = healthy(replicas=4)
+    observed = replace(base, pods={**{i: pod(i, config_hash="old") for i in (1, 2, 3)},
+                                   4: pod(4, ready=False)},
+                       claims={**base.claims, 4: claim(4)})
+    decided = plan(observed)
+    assert [(a.kind, a.node_id, a.reason) for a in decided.actions] == \
+        [("DeletePod", 2, "RollingUpdate")], decided.waiting
+    # An unready voter still holds the roll back.
+    voter_down = replace(observed, pods={**observed.pods, 3: pod(3, ready=False,
+                                                                  config_hash="old")})
+    assert plan(voter_down).actions == () or \
+        [a.node_id for a in plan(voter_down).actions] == [3]
