@@ -330,6 +330,21 @@ PATHS: dict[str, Any] = {
             "responses": {**_COMMON, "200": _answer("The node's view.", _ref("NodeStatus"))},
         },
     },
+    "/v1/backup": {
+        "get": {
+            "operationId": "backup",
+            "summary": "A consistent backup of this node (admin): a tar of meta.properties, the "
+                       "latest snapshot and the committed log after it, backup.json last "
+                       "(quorum-node backup; docs/backup.md)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "responses": {**_COMMON,
+                          "200": {"description": "The backup, streamed.",
+                                  "content": {"application/x-tar": {
+                                      "schema": {"type": "string", "format": "binary"}}}},
+                          "503": _error("No committed offset yet, or the node is stopping "
+                                        "(BACKUP_UNAVAILABLE).")},
+        },
+    },
     "/v1/quorum": {
         "get": {
             "operationId": "describeQuorum", "summary": "DescribeQuorum (admin)",
