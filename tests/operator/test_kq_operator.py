@@ -182,7 +182,7 @@ async def test_tls_switched_off_and_on_by_staged_rolls_keeping_the_quorum(
     (no gap longer than a leader's restart), and none is lost."""
     await create_ready(cluster)
     directories = await cluster.voter_directories()
-    writer = SwitchWriter(cluster.addresses(range(1, 4)), await cluster.credentials())
+    writer = SwitchWriter(cluster.servers(range(1, 4)), await cluster.credentials())
     writer.start()
     timings, gaps = {}, {}
     try:
@@ -219,6 +219,7 @@ async def test_tls_switched_off_and_on_by_staged_rolls_keeping_the_quorum(
     assert await cluster.voter_directories() == directories  # the same volumes, no remediation
     assert lost == [] and len(writer.acknowledged) > 100
     assert reasons.count("TLSSwitch") >= 10  # 4 stages and the end, both ways
-    # No outage: the longest gap is a leader's restart (it resigns; a follower takes over),
-    # where the restart of every pod together took 8-19 s.
-    assert max(gaps.values()) < 5, gaps
+    # No outage: the longest gap is a leader's restart (it resigns; a follower takes over:
+    # 0.2-4.1 s measured), where the restart of every pod together took 8-19 s, before pods
+    # started with the harness's realistic delay.
+    assert max(gaps.values()) < 7, gaps
