@@ -24,9 +24,8 @@ from quorum_node.cli.common import (
     CliError,
     CliParser,
     add_standard_options,
-    parse_args,
     require_extra,
-    run_command,
+    run_cli,
 )
 
 if TYPE_CHECKING:
@@ -45,11 +44,7 @@ _TABLES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parsed = parse_args(_parser(), None if argv is None else list(argv))
-    if isinstance(parsed, int):
-        return parsed
-    args = parsed
-    return run_command(PROG, lambda: _audit(args), json_errors=args.json)
+    return run_cli(PROG, _parser(), argv, _audit)
 
 
 def _audit(args: argparse.Namespace) -> int:

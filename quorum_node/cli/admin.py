@@ -42,8 +42,7 @@ from quorum_node.cli.common import (
     add_standard_options,
     bootstrap_from,
     emit_json,
-    parse_args,
-    run_command,
+    run_cli,
     timeout_from,
 )
 from quorum_node.cli.credentials import credentials_from_args
@@ -124,11 +123,7 @@ def _add_command(commands: argparse._SubParsersAction[CliParser], name: str, tex
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
-    if isinstance(parsed, int):
-        return parsed
-    args = parsed
-    return run_command(PROG, lambda: _run(args), json_errors=args.json)
+    return run_cli(PROG, _build_parser(), argv, _run)
 
 
 def _run(args: argparse.Namespace) -> int:

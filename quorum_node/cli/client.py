@@ -30,10 +30,9 @@ from quorum_node.cli.common import (
     bootstrap_from,
     emit_json,
     non_negative_int,
-    parse_args,
     positive_int,
     read_value,
-    run_command,
+    run_cli,
     timeout_from,
 )
 from quorum_node.cli.credentials import credentials_from_args
@@ -138,11 +137,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
-    if isinstance(parsed, int):
-        return parsed
-    args = parsed
-    return run_command(PROG, lambda: _run(args), json_errors=args.json)
+    return run_cli(PROG, _build_parser(), argv, _run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -260,6 +260,17 @@ def fail(prog: str, message: str, code: int, *, json_errors: bool = False,
         emit_json(dict(body) if body else {"error": message, "code": api_code})
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
+
+
+def run_cli(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+            command: Callable[[argparse.Namespace], int]) -> int:
+    """A tool's ``main``: parse ``argv`` and run ``command`` with the conventions' error
+    handling (``run_command``), errors as JSON when the tool was given ``--json``."""
+    parsed = parse_args(parser, None if argv is None else list(argv))
+    if isinstance(parsed, int):
+        return parsed
+    return run_command(prog, lambda: command(parsed),
+                       json_errors=bool(getattr(parsed, "json", False)))
 
 
 def parse_args(parser: argparse.ArgumentParser,

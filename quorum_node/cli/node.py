@@ -32,8 +32,7 @@ from quorum_node.cli.common import (
     add_logging_options,
     add_standard_options,
     configure_logging,
-    parse_args,
-    run_command,
+    run_cli,
 )
 from quorum_node.cli.export import add_export_command
 from quorum_node.cli.info import add_info_command
@@ -105,11 +104,7 @@ class LocalClusterError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parsed = parse_args(_build_parser(), None if argv is None else list(argv))
-    if isinstance(parsed, int):
-        return parsed
-    command: Callable[[argparse.Namespace], int] = parsed.command
-    return run_command(PROG, lambda: command(parsed))
+    return run_cli(PROG, _build_parser(), argv, lambda args: args.command(args))
 
 
 def _build_parser() -> CliParser:

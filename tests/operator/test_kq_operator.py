@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -19,11 +18,10 @@ import pytest
 from kafka_quorum_operator import KIND
 from kafka_quorum_operator.kube import path
 from kafka_quorum_operator.reconcile import CR_API
-from kq_cluster import NAME, Cluster, create_ready
+from kq_cluster import NAME, Cluster, Writer, create_ready
 from kq_harness import NAMESPACE, condition, cr_path, quorum_object
 
 from quorum_node.client import QuorumClient, QuorumClientError
-from quorum_node.security.client_credentials import ClientCredentials
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,22 +116,12 @@ async def test_volume_expansion(cluster: Cluster) -> None:
 
 
 @dataclass
-class SwitchWriter:
-    """Puts unique keys continuously to whichever protocol the nodes speak (as a client that
-    follows a TLS switch would: HTTPS with the operator's certificate, else plain HTTP), and
-    remembers when each write was acknowledged."""
+class SwitchWriter(Writer):
+    """A Writer that follows a TLS switch: it puts to whichever protocol the nodes speak (HTTPS
+    with the operator's certificate, else plain HTTP), and remembers when each write was
+    acknowledged."""
 
-    servers: list[str]
-    credentials: ClientCredentials
-    acknowledged: dict[str, str] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
-    failures: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
     def _run(self) -> None:
         secure = QuorumClient([f"https://{s}" for s in self.servers], timeout_s=2,
@@ -157,17 +145,13 @@ class SwitchWriter:
                 count += 1
                 time.sleep(0.02)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(15)
-
     def longest_gap(self, since: float, until: float) -> float:
         """The longest time without an acknowledged write between ``since`` and ``until``."""
         marks = [since, *(t for t in self.times if since < t < until), until]
         return max(b - a for a, b in itertools.pairwise(marks))
 
-    def lost(self, tls: bool) -> list[str]:
+    def lost_over(self, tls: bool) -> list[str]:
+        """``lost``, read over HTTPS or plain HTTP."""
         scheme, credentials = ("https", self.credentials) if tls else ("http", None)
         with QuorumClient([f"{scheme}://{s}" for s in self.servers], timeout_s=20,
                           credentials=credentials) as client:
@@ -210,7 +194,7 @@ async def test_tls_switched_off_and_on_by_staged_rolls_keeping_the_quorum(
             gaps[enabled] = writer.longest_gap(started, time.monotonic())
     finally:
         writer.stop()
-    lost = await asyncio.to_thread(writer.lost, True)
+    lost = await asyncio.to_thread(writer.lost_over, True)
     reasons = [reason for reason, _ in await cluster.events()]
     print(f"\n[operator] staged TLS switch: off in {timings[False]:.1f} s (longest time without "
           f"an acknowledged write {gaps[False]:.1f} s), on in {timings[True]:.1f} s "
