@@ -1,4 +1,4 @@
-"""A synchronous Python client for the quorum's client API (``quorum_node.node.client_api``).
+"""A synchronous Python client for the quorum's client API (``quorum_node.node.api.client``).
 
     with QuorumClient("127.0.0.1:9091,127.0.0.1:9092") as client:
         client.put("colour", "blue")

@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorum_node.node.admin_api import admin_routes
+from quorum_node.node.api.admin import admin_routes
+from quorum_node.node.api.metrics import metrics_routes
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.metrics import metrics_for, metrics_routes
+from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.raft.records import Record

@@ -28,8 +28,8 @@ import pytest
 
 from quorum_node.cli.client import main as client_main
 from quorum_node.client import QuorumClient, QuorumClientError, WatchResult
+from quorum_node.node.api.client import ClientApi, install_client_api
 from quorum_node.node.app import build_app
-from quorum_node.node.client_api import ClientApi, install_client_api
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from quorum_node.node.kv_service import (

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from secured_cluster import InProcessCluster, plain_configs
 
-from quorum_node.node.openapi import openapi_document
+from quorum_node.node.api.openapi import openapi_document
 
 load_all_checks()
 # Invalid data is also rightly refused as too large (413: a key over 1 KiB), too slow (408) or
@@ -71,7 +71,8 @@ def test_the_description_is_published(quorum: InProcessCluster) -> None:
     assert requests.get(f"{url}/v1/openapi.json", timeout=5).json() == openapi_document()
     docs = Path(__file__).parents[2] / "docs" / "openapi.json"
     assert json.loads(docs.read_text()) == openapi_document(), (
-        "docs/openapi.json is out of date: python -m quorum_node.node.openapi > docs/openapi.json")
+        "docs/openapi.json is out of date: "
+        "python -m quorum_node.node.api.openapi > docs/openapi.json")
 
 
 @SCHEMA.parametrize()

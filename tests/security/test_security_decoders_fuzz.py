@@ -18,9 +18,11 @@ from fuzz_support import FUZZ_EXAMPLES, TALLY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quorum_node.node import admin_api, client_api
-from quorum_node.node.client_api import ApiError
+from quorum_node.node.api import admin as admin_api
+from quorum_node.node.api import client as client_api
+from quorum_node.node.api.client import ApiError
 from quorum_node.node.config import ConfigError, Setting, config_from_settings, parse_properties
+from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.kv import KV_RECORD_KEY, KvOpError, decode_op
 from quorum_node.node.transport import REQUEST_TYPES, RESPONSE_TYPES, FrameError, decode_frame
 from quorum_node.raft.records import CorruptRecordError, Record, decode_batches, encode_batch
@@ -182,6 +184,8 @@ def test_append_bodies(body: bytes) -> None:
             values = parse(body)
         except ApiError as error:
             assert error.status in (400, 413)
+        except ServiceError as error:
+            assert error.code in (ErrorCode.BAD_REQUEST, ErrorCode.TOO_LARGE)
         else:
             assert all(isinstance(value, bytes) for value in values)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from secured_cluster import InProcessCluster, plain_configs
 
-from quorum_node.node.client_api import MAX_APPEND_BODY_BYTES
+from quorum_node.node.api.client import MAX_APPEND_BODY_BYTES
 from quorum_node.node.transport import (
     MAX_HEADER_BYTES,
     REQUEST_TYPES,

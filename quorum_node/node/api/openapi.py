@@ -1,5 +1,5 @@
 """The OpenAPI 3.0 description of the client and admin APIs, served at ``GET /v1/openapi.json``
-and kept as ``docs/openapi.json`` (``python -m quorum_node.node.openapi > docs/openapi.json``;
+and kept as ``docs/openapi.json`` (``python -m quorum_node.node.api.openapi > docs/openapi.json``;
 a test keeps the two equal). Schemathesis fuzzes the API from it (tests/security)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.node.admin_api import MAX_VOTER_TIMEOUT_MS
+from quorum_node.node.api.admin import MAX_VOTER_TIMEOUT_MS
 from quorum_node.node.kv_service import (
     MAX_LIST_LIMIT,
     MAX_READ_RECORDS,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -49,6 +49,7 @@ from aiohttp import web
 from quorum_node.backup.endpoint import backup_routes
 from quorum_node.node.config import format_address
 from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json, read_body
+from quorum_node.node.metrics import could_be_voter
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
@@ -104,12 +105,6 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
         "observers": [{**replica(row), "could_be_voter": could_be_voter(row, node.endpoints)}
                       for row in sorted(description.observers, key=_by_id)],
     }
-
-
-def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> bool:
-    """Whether AddVoter could make this observer a voter: it fetches with a directory id, and
-    its id is a configured voter's (the leader refuses any other id, KIP-856)."""
-    return observer.key.directory_id is not None and observer.key.id in voter_ids
 
 
 def _key_id(key: ReplicaKey) -> int:
