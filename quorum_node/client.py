@@ -508,8 +508,8 @@ def _describe(error: BaseException) -> str:
 
 
 def _error_message(answer: _Answer) -> str:
-    # The client API says "error", the admin API "message" (Kafka's error name is the code).
-    message = answer.body.get("error") or answer.body.get("message")
+    # Every error body is {"code", "message"} (quorum_node.node.api.http).
+    message = answer.body.get("message")
     return str(message) if message else f"HTTP {answer.status}"
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from quorum_node.node.api.admin import admin_routes
-from quorum_node.node.api.client import install_client_api
+from quorum_node.node.api.client import client_routes
+from quorum_node.node.api.http import error_middleware
 from quorum_node.node.api.metrics import metrics_routes, probe_routes
 from quorum_node.node.api.openapi import openapi_routes
 from quorum_node.node.kv_service import KvService
@@ -18,8 +19,11 @@ from quorum_node.node.runtime import QuorumNode
 def build_app(node: QuorumNode, service: KvService | None = None) -> web.Application:
     """The application serving ``node``; ``service``: the node's KvService, if other
     transports share it (and its bound on waiting calls)."""
-    app = web.Application(client_max_size=16 * 1024 * 1024)
-    install_client_api(app, node, service)
+    # The error middleware first: outermost, it answers every error of every route (the
+    # security middlewares the runtime adds answer refusals in the same body themselves).
+    app = web.Application(client_max_size=16 * 1024 * 1024,
+                          middlewares=[error_middleware(node)])
+    app.add_routes(client_routes(service if service is not None else KvService(node)))
     app.add_routes(probe_routes(node))
     app.add_routes(admin_routes(node))
     metrics = metrics_for(node)

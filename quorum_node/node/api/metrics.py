@@ -9,6 +9,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from quorum_node.node.api.http import ApiError
+from quorum_node.node.errors import ErrorCode
 from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.state import RaftState
@@ -54,11 +56,13 @@ def probe_routes(node: QuorumNode) -> list[web.RouteDef]:
     async def healthz(_: web.Request) -> web.Response:
         failure = failure_of(node)
         if failure is not None:
-            return web.Response(status=503, text=f"failed: {failure}\n")
+            raise ApiError.of(ErrorCode.NODE_FAILED, failure)
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
         ready, why = is_ready(node)
-        return web.Response(status=200 if ready else 503, text=f"{why}\n")
+        if not ready:
+            raise ApiError.of(ErrorCode.NOT_READY, why)
+        return web.Response(text=f"{why}\n")
 
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
