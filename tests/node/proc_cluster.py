@@ -273,6 +273,24 @@ class ProcessCluster:
         except OSError:
             return None
 
+    def wait_all_serving(self, timeout_s: float = 20) -> None:
+        """Until every node answers (a leader can be elected while one node is still starting)."""
+        deadline = time.monotonic() + timeout_s
+        waiting = set(self.nodes)
+        while waiting and time.monotonic() < deadline:
+            waiting = {node_id for node_id in waiting if not self._alive(node_id)}
+            if waiting:
+                time.sleep(0.05)
+        if waiting:
+            raise AssertionError(f"nodes {sorted(waiting)} do not answer\n{self.logs()}")
+
+    def _alive(self, node_id: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.nodes[node_id].url}/healthz", timeout=1):
+                return True
+        except OSError:  # refused, or an error status (urllib's HTTPError)
+            return False
+
     def wait_for_leader(self, among: set[int] | None = None, timeout_s: float = 20) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -67,6 +67,8 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
     cluster = ProcessCluster.create(tmp_path, 3, **FAST)
     cluster.start_all()
     try:
+        # Forged messages go to every node: each must be listening before the test starts.
+        cluster.wait_all_serving()
         yield cluster
     finally:
         cluster.stop_all()
