@@ -12,7 +12,9 @@ The driver's contract (``take_effects`` after every call):
 2. apply the log mutations the core made through the ``RaftLog`` it was given (they are already
    applied: the log is in-memory or page-cache state) and, when ``Effects.flush`` is set, flush the
    log and report the flushed end offset with ``handle_flushed``. Only flushed data counts as the
-   leader's own progress and only flushed data is acknowledged by a follower's next Fetch.
+   leader's own progress and only flushed data is acknowledged by a follower's next Fetch;
+3. hand ``Effects.voter_changes`` and ``Effects.reads`` to whoever waits for them: every voter
+   change ticket and read barrier the core handed out is settled by exactly one of them.
 """
 
 from __future__ import annotations
@@ -110,11 +112,42 @@ class QuorumDescription:
 class ReadBarrier:
     """A linearizable read in progress (ReadIndex): once a majority of voters has fetched from
     this leader, in its epoch, after the barrier was taken, every write acknowledged before the
-    read began lies below ``read_index``."""
+    read began lies below ``read_index``. The core settles it with one ``ReadOutcome`` effect."""
 
+    id: int
     epoch: int
     read_index: int
     fetch_sequence: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadConfirmed:
+    """A majority of voters fetched from this leader after the barrier: reading up to
+    ``read_index`` is linearizable."""
+
+    barrier_id: int
+    read_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAbandoned:
+    """This replica stopped leading before the barrier was confirmed; ``leader_id`` and
+    ``epoch`` are what it knows now (where the reader may go instead)."""
+
+    barrier_id: int
+    leader_id: int | None
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTimedOut:
+    """No majority fetched from this leader before the barrier's deadline."""
+
+    barrier_id: int
+
+
+ReadOutcome = ReadConfirmed | ReadAbandoned | ReadTimedOut
 
 
 # Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
@@ -132,7 +165,11 @@ WARNING_INTERVAL_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class VoterChangeOutcome:
+class VoterChangeDone:
+    """The end of the voter change ``ticket``: committed (``error`` NONE) or failed. Emitted once
+    for every ticket ``add_voter``/``remove_voter`` returned, unless the process stops first."""
+
+    ticket: int
     error: Errors
     message: str
 
@@ -156,6 +193,9 @@ class Effects:
     # The log was replaced by this snapshot (downloaded from the leader): the state machine must
     # load it and go on from its end offset.
     snapshot_loaded: SnapshotId | None = None
+    # Outcomes for the callers of add_voter/remove_voter and begin_read.
+    voter_changes: list[VoterChangeDone] = field(default_factory=list)
+    reads: list[ReadOutcome] = field(default_factory=list)
 
 
 # --- replica states ------------------------------------------------------------------------
@@ -244,6 +284,7 @@ class _Leader:
     pending_bytes: int = 0
     linger_deadline_ms: int = NEVER
     parked: list[_ParkedFetch] = field(default_factory=list)
+    reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest sequence) first
 
 
 @dataclass(slots=True)
@@ -312,8 +353,8 @@ class RaftCore:
         self._load_voter_history()
         self._set_voters(self._history.latest())
         self._voter_change: _VoterChange | None = None
-        self._voter_change_results: dict[int, VoterChangeOutcome] = {}
         self._next_ticket = 0
+        self._next_read_id = 0
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
@@ -510,6 +551,7 @@ class RaftCore:
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
+            times.extend(read.deadline_ms for read in state.reads)
             if self._voter_change is not None:
                 times.append(self._voter_change.deadline_ms)
             times.extend(
@@ -619,9 +661,11 @@ class RaftCore:
             self._resign(now_ms)
         self._drive(now_ms)
 
-    def begin_read(self, now_ms: int) -> ReadBarrier | None:
-        """Start a linearizable read on the leader. None while the leader has no high watermark
-        yet (its LeaderChange is not committed): retry shortly. Raises NotLeaderError elsewhere.
+    def begin_read(self, now_ms: int, timeout_ms: int) -> ReadBarrier | None:
+        """Start a linearizable read on the leader: a ``ReadOutcome`` effect for the barrier's id
+        settles it (confirmed, abandoned with the leadership, or timed out after
+        ``timeout_ms``). None while the leader has no high watermark yet (its LeaderChange is
+        not committed): retry shortly. Raises NotLeaderError elsewhere.
 
         Parked fetches are answered at once so that followers fetch again right away: their next
         fetches are what confirm that this replica is still the leader."""
@@ -631,21 +675,35 @@ class RaftCore:
             raise NotLeaderError(self.leader_id, self.epoch)
         if state.high_watermark is None:
             return None
-        barrier = ReadBarrier(state.epoch, state.high_watermark, self._fetch_sequence)
+        self._next_read_id += 1
+        barrier = ReadBarrier(self._next_read_id, state.epoch, state.high_watermark,
+                              self._fetch_sequence, now_ms + timeout_ms)
+        state.reads.append(barrier)
         self._complete_parked_fetches(state, lambda parked: True)
+        self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
 
-    def read_confirmed(self, barrier: ReadBarrier) -> bool:
-        """Whether a majority of voters (this leader included) has fetched since the barrier.
-        Raises NotLeaderError once this replica no longer leads the barrier's epoch."""
-        state = self._state
-        if not isinstance(state, _Leader) or state.epoch != barrier.epoch:
-            raise NotLeaderError(self.leader_id, self.epoch)
-        confirmed = sum(
-            1 for key, progress in state.voters.items()
-            if key.matches(self.local_key) or progress.last_fetch_sequence > barrier.fetch_sequence
-        )
-        return confirmed >= len(state.voters) // 2 + 1
+    def _settle_reads(self, now_ms: int, state: _Leader) -> None:
+        """Confirm the barriers a majority of voters (this leader included) fetched after, and
+        time out the ones past their deadline."""
+        if not state.reads:
+            return
+        needed = len(state.voters) // 2 + 1
+        sequences = sorted(
+            (self._fetch_sequence + 1 if key.matches(self.local_key)
+             else progress.last_fetch_sequence for key, progress in state.voters.items()),
+            reverse=True)
+        # The newest fetch sequence a majority has passed: barriers taken before it are confirmed.
+        confirmed_below = sequences[needed - 1]
+        keep: list[ReadBarrier] = []
+        for barrier in state.reads:
+            if barrier.fetch_sequence < confirmed_below:
+                self._effects.reads.append(ReadConfirmed(barrier.id, barrier.read_index))
+            elif now_ms >= barrier.deadline_ms:
+                self._effects.reads.append(ReadTimedOut(barrier.id))
+            else:
+                keep.append(barrier)
+        state.reads = keep
 
     def describe_quorum(self, now_ms: int) -> QuorumDescription:
         """DescribeQuorum: the leader's record of every replica. Raises NotLeaderError elsewhere."""
@@ -673,11 +731,12 @@ class RaftCore:
         )
 
     def add_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
-        """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket for
-        ``voter_change_result``; raises NotLeaderError on a non-leader and VoterChangeError for
-        a request refused at once. The change is appended once the observer has caught up, no
-        other voter change is uncommitted and this leader's LeaderChange is committed; it
-        succeeds once committed by a majority of the new voter set."""
+        """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket, which a
+        ``VoterChangeDone`` effect settles; raises NotLeaderError on a non-leader and
+        VoterChangeError for a request refused at once. The change is appended once the
+        observer has caught up, no other voter change is uncommitted and this leader's
+        LeaderChange is committed; it succeeds once committed by a majority of the new voter
+        set."""
         state = self._check_voter_change(now_ms, key)
         if any(voter == key for voter in self.voters):
             raise VoterChangeError(Errors.DUPLICATE_VOTER, f"{key} is already a voter")
@@ -710,10 +769,6 @@ class RaftCore:
                 f"directory of a node can be removed (add the new one first), unless the node "
                 f"is decommissioned")
         return self._start_voter_change(now_ms, "remove", key, timeout_ms)
-
-    def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:
-        """The outcome of a voter change (once, then forgotten); None while it is in progress."""
-        return self._voter_change_results.pop(ticket, None)
 
     def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> _Leader:
         self._now_ms = max(self._now_ms, now_ms)
@@ -792,7 +847,7 @@ class RaftCore:
         change = self._voter_change
         assert change is not None
         self._voter_change = None
-        self._voter_change_results[change.ticket] = VoterChangeOutcome(error, message)
+        self._effects.voter_changes.append(VoterChangeDone(change.ticket, error, message))
         if error != Errors.NONE:
             logger.warning("node %d: voter change failed: %s", self.node_id, message)
         else:
@@ -901,6 +956,7 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
+        self._settle_reads(now_ms, state)
         for key in self._peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
             if now_ms < self._next_begin_quorum_ms(progress):
@@ -1130,6 +1186,9 @@ class RaftCore:
                                       f"node {self.node_id} lost the leadership of epoch "
                                       f"{leader.epoch}; the change may or may not commit")
         leader.pending.clear()
+        self._effects.reads.extend(ReadAbandoned(barrier.id, self.leader_id, self.epoch)
+                                   for barrier in leader.reads)
+        leader.reads.clear()
         for parked in leader.parked:
             self._respond(parked.source, parked.correlation_id, self._fetch_error(
                 Errors.NOT_LEADER_OR_FOLLOWER))

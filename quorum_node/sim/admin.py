@@ -3,10 +3,10 @@ sends voter changes at random, and the state machine's housekeeping (snapshots, 
 
 The operator follows KIP-856's disk failure recovery: DescribeQuorum at the leader shows an
 observer (id, new directory) whose id is a voter under another directory; once it has caught up
-it is added, and the voter its lost directory was is removed. One change at a time, polled with
-``voter_change_result``. Random requests go to any running node and may be invalid; the core must
-refuse them (NotLeaderError, VoterChangeError), never fail. Both stop being issued when told, so
-that the quorum can settle.
+it is added, and the voter its lost directory was is removed. One change at a time, each ended
+by the core's ``VoterChangeDone``. Random requests go to any running node and may be invalid;
+the core must refuse them (NotLeaderError, VoterChangeError), never fail. Both stop being issued
+when told, so that the quorum can settle.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quorum_node.raft.core import QuorumDescription
+from quorum_node.raft.core import QuorumDescription, VoterChangeDone
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.raft.voters import VoterSet
 from quorum_node.sim.cluster import Cluster
@@ -27,11 +27,19 @@ OPERATOR_TIMEOUT_MS = 5000
 CAUGHT_UP_MS = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A voter change's ticket at one process of one node."""
+
+    node_id: int
+    incarnation: int
+    ticket: int
+
+
 @dataclass(slots=True)
 class _Pending:
     node: SimNode
-    incarnation: int
-    ticket: int
+    ticket: _Ticket
     label: str
 
 
@@ -40,8 +48,11 @@ class Operator:
         self._cluster = cluster
         self._loop = cluster.loop
         self._rng = rng
-        self._pending: list[_Pending] = []
+        self._pending: dict[_Ticket, _Pending] = {}
+        # Changes that ended in the very step that started them, until ``_send`` claims them.
+        self._ended_at_once: dict[_Ticket, VoterChangeDone] = {}
         self._ours: _Pending | None = None  # the remediation step in progress
+        cluster.voter_change_listeners.append(self._voter_change_done)
         self.outcomes: list[tuple[str, Errors]] = []  # what the core answered, in order
         self.refusals: list[tuple[str, Errors | None]] = []  # refused at once (None: not leader)
 
@@ -93,25 +104,25 @@ class Operator:
         return None
 
     def _collect(self) -> None:
-        """Take the outcomes of finished changes; forget those whose process is gone."""
-        still: list[_Pending] = []
-        for pending in self._pending:
+        """Forget the changes whose process is gone: they end without an outcome."""
+        for ticket, pending in list(self._pending.items()):
             node = pending.node
-            if node.incarnation != pending.incarnation or node.core is None:
-                outcome = None
-                done = True
-            else:
-                result = node.voter_change_result(pending.ticket)
-                outcome = result.error if result is not None else None
-                done = result is not None
-            if outcome is not None:
-                self.outcomes.append((pending.label, outcome))
-            if done:
-                if pending is self._ours:
-                    self._ours = None
-            else:
-                still.append(pending)
-        self._pending = still
+            if node.incarnation != ticket.incarnation or node.core is None:
+                self._forget(ticket)
+
+    def _voter_change_done(self, node: SimNode, done: VoterChangeDone) -> None:
+        ticket = _Ticket(node.node_id, node.incarnation, done.ticket)
+        pending = self._pending.get(ticket)
+        if pending is None:
+            self._ended_at_once[ticket] = done
+            return
+        self.outcomes.append((pending.label, done.error))
+        self._forget(ticket)
+
+    def _forget(self, ticket: _Ticket) -> None:
+        pending = self._pending.pop(ticket)
+        if pending is self._ours:
+            self._ours = None
 
     def _send(self, node: SimNode, kind: str, key: ReplicaKey, timeout_ms: int) -> _Pending | None:
         label = f"{kind} {key} at node {node.node_id}"
@@ -127,8 +138,12 @@ class Operator:
             return None
         if ticket is None:
             return None
-        pending = _Pending(node, node.incarnation, ticket, label)
-        self._pending.append(pending)
+        taken = _Ticket(node.node_id, node.incarnation, ticket)
+        ended = self._ended_at_once.pop(taken, None)
+        if ended is not None:
+            self.outcomes.append((label, ended.error))
+            return None
+        pending = self._pending[taken] = _Pending(node, taken, label)
         return pending
 
     # -- the careless admin -------------------------------------------------------------------
