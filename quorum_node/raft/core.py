@@ -29,7 +29,6 @@ from typing import assert_never
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
 from quorum_node.raft.log import RaftLog
-from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -66,6 +65,7 @@ from quorum_node.raft.types import (
     RaftInvariantError,
     ReplicaKey,
     VoterChangeError,
+    VoterChangeKind,
     epoch_in_bounds,
 )
 from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
@@ -179,7 +179,7 @@ class _VoterChange:
     """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
 
     ticket: int
-    kind: str  # "add" | "remove"
+    kind: VoterChangeKind
     key: ReplicaKey
     deadline_ms: int
     record_offset: int | None = None  # once its VotersRecord is appended
@@ -327,7 +327,7 @@ class RaftCore:
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
-        snapshots: SnapshotStore | None = None,
+        snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
     ) -> None:
         """``voters`` are the statically configured voters (``controller.quorum.voters``, known
@@ -344,8 +344,7 @@ class RaftCore:
         self._reconfigurable = directory_id is not None
         self.cluster_id = cluster_id
         self.log = log
-        self.snapshots: SnapshotStore = snapshots if snapshots is not None \
-            else MemorySnapshotStore()
+        self.snapshots = snapshots
         self._history = VoterSetHistory(tuple(voters))
         self._static_ids = frozenset(key.id for key in self._history.static_voters)
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
@@ -450,7 +449,7 @@ class RaftCore:
         return self._history.at(offset)
 
     @property
-    def pending_voter_change(self) -> tuple[str, ReplicaKey] | None:
+    def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
         change = self._voter_change
         return None if change is None else (change.kind, change.key)
 
@@ -744,7 +743,7 @@ class RaftCore:
         if progress is None or progress.last_fetch_ms is None:
             raise VoterChangeError(Errors.INVALID_REQUEST,
                                    f"{key} is not an observer: it has not fetched from the leader")
-        return self._start_voter_change(now_ms, "add", key, timeout_ms)
+        return self._start_voter_change(now_ms, VoterChangeKind.ADD, key, timeout_ms)
 
     def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int, *,
                      decommission: bool = False) -> int:
@@ -768,7 +767,7 @@ class RaftCore:
                 f"removing {key} would remove node {key.id} from the voters; only a replaced "
                 f"directory of a node can be removed (add the new one first), unless the node "
                 f"is decommissioned")
-        return self._start_voter_change(now_ms, "remove", key, timeout_ms)
+        return self._start_voter_change(now_ms, VoterChangeKind.REMOVE, key, timeout_ms)
 
     def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> _Leader:
         self._now_ms = max(self._now_ms, now_ms)
@@ -791,7 +790,8 @@ class RaftCore:
                                    f"{pending.key}); retry when it is done")
         return state
 
-    def _start_voter_change(self, now_ms: int, kind: str, key: ReplicaKey, timeout_ms: int) -> int:
+    def _start_voter_change(self, now_ms: int, kind: VoterChangeKind, key: ReplicaKey,
+                            timeout_ms: int) -> int:
         self._next_ticket += 1
         self._voter_change = _VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
         self._drive(now_ms)
@@ -803,7 +803,7 @@ class RaftCore:
         if change.record_offset is not None:
             if hwm is not None and hwm > change.record_offset:
                 self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: committed")
-                if change.kind == "remove" and change.key.matches(self.local_key):
+                if change.kind is VoterChangeKind.REMOVE and change.key.matches(self.local_key):
                     logger.info("node %d: removed from the voters; resigning", self.node_id)
                     self._resign(now_ms)
             elif now_ms >= change.deadline_ms:
@@ -818,7 +818,7 @@ class RaftCore:
                 self._finish_voter_change(Errors.REQUEST_TIMED_OUT,
                                           f"{change.kind} {change.key}: timed out {waiting_for}")
             return
-        if change.kind == "add":
+        if change.kind is VoterChangeKind.ADD:
             new = tuple(sorted((*self.voters, change.key)))
         else:
             new = tuple(voter for voter in self.voters if voter != change.key)
@@ -828,7 +828,7 @@ class RaftCore:
         self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
     ) -> str | None:
         """What the change still waits for, in KIP-856's order; None when it can be appended."""
-        if change.kind == "add":
+        if change.kind is VoterChangeKind.ADD:
             progress = state.observers.get(change.key)
             caught_up = progress is not None and progress.last_caught_up_ms is not None \
                 and now_ms - progress.last_caught_up_ms <= self.config.fetch_timeout_ms
@@ -852,12 +852,6 @@ class RaftCore:
             logger.warning("node %d: voter change failed: %s", self.node_id, message)
         else:
             logger.info("node %d: %s", self.node_id, message)
-
-    def resign(self, now_ms: int) -> None:
-        """Give up leadership of the current epoch (no-op unless leader)."""
-        if isinstance(self._state, _Leader):
-            self._resign(now_ms)
-            self._drive(now_ms)
 
     # --- start-up ----------------------------------------------------------------------------
 
@@ -1662,7 +1656,8 @@ class RaftCore:
                         or now_ms - p.last_fetch_ms >= OBSERVER_SESSION_TIMEOUT_MS]:
                 del observers[key]
         change = self._voter_change
-        protected = change.key if change is not None and change.kind == "add" else None
+        protected = change.key if change is not None and change.kind is VoterChangeKind.ADD \
+            else None
         while len(observers) >= MAX_OBSERVERS:
             stalest = min((k for k in observers if k != protected),
                           key=lambda k: observers[k].last_fetch_ms or 0)

@@ -70,6 +70,13 @@ class Errors(enum.IntEnum):
     VOTER_NOT_FOUND = 127
 
 
+class VoterChangeKind(enum.StrEnum):
+    """KIP-856's two voter changes (AddVoter, RemoveVoter); the value is how messages name it."""
+
+    ADD = "add"
+    REMOVE = "remove"
+
+
 class ControlRecordType(enum.IntEnum):
     """Types of control records, numbered as Kafka numbers them."""
 

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quorum_node.raft.core import QuorumDescription, VoterChangeDone
-from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.raft.types import (
+    Errors,
+    NotLeaderError,
+    ReplicaKey,
+    VoterChangeError,
+    VoterChangeKind,
+)
 from quorum_node.raft.voters import VoterSet
 from quorum_node.sim.cluster import Cluster
 from quorum_node.sim.node import SimNode, random_uuid
@@ -86,13 +92,15 @@ class Operator:
         self._ours = self._send(leader, kind, key, OPERATOR_TIMEOUT_MS)
         return True
 
-    def _next_step(self, description: QuorumDescription) -> tuple[str, ReplicaKey] | None:
+    def _next_step(
+        self, description: QuorumDescription
+    ) -> tuple[VoterChangeKind, ReplicaKey] | None:
         nodes = self._cluster.nodes
         voters = [row.key for row in description.voters]
         for key in voters:
             current = ReplicaKey(key.id, nodes[key.id].directory_id)
             if key.directory_id not in (None, current.directory_id) and current in voters:
-                return "remove", key  # the lost directory, now replaced
+                return VoterChangeKind.REMOVE, key  # the lost directory, now replaced
         configured = set(self._cluster.voter_ids)
         for row in description.observers:
             key = row.key
@@ -100,7 +108,7 @@ class Operator:
                 self._loop.now_ms - row.last_caught_up_ms <= CAUGHT_UP_MS)
             if (key.id in configured and key.directory_id == nodes[key.id].directory_id
                     and key not in voters and caught_up):
-                return "add", key
+                return VoterChangeKind.ADD, key
         return None
 
     def _collect(self) -> None:
@@ -124,10 +132,11 @@ class Operator:
         if pending is self._ours:
             self._ours = None
 
-    def _send(self, node: SimNode, kind: str, key: ReplicaKey, timeout_ms: int) -> _Pending | None:
+    def _send(self, node: SimNode, kind: VoterChangeKind, key: ReplicaKey,
+              timeout_ms: int) -> _Pending | None:
         label = f"{kind} {key} at node {node.node_id}"
         request: Callable[[ReplicaKey, int], int | None] = (
-            node.add_voter if kind == "add" else node.remove_voter)
+            node.add_voter if kind is VoterChangeKind.ADD else node.remove_voter)
         try:
             ticket = request(key, timeout_ms)
         except NotLeaderError:
@@ -162,4 +171,4 @@ class Operator:
         if target.core is not None:
             directories += [key.directory_id for key in target.core.voters if key.id == node_id]
         key = ReplicaKey(node_id, rng.choice(directories))
-        self._send(target, rng.choice(("add", "remove")), key, rng.randint(50, 5000))
+        self._send(target, rng.choice(list(VoterChangeKind)), key, rng.randint(50, 5000))

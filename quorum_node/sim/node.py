@@ -62,7 +62,7 @@ class CoreFactory(Protocol):
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
-        snapshots: SnapshotStore | None = None,
+        snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
     ) -> RaftCore: ...
 
