@@ -24,7 +24,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Any, TypeVar, assert_never
 
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
@@ -73,6 +73,9 @@ from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, vo
 logger = logging.getLogger(__name__)
 
 NEVER = 2**62
+
+_ResponseT = TypeVar("_ResponseT", VoteResponse, BeginQuorumEpochResponse, EndQuorumEpochResponse,
+                     FetchResponse, FetchSnapshotResponse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,13 +579,16 @@ class RaftCore:
                 if response is not None:  # else parked: answered when data arrives
                     self._respond(source, correlation_id, response)
             case VoteRequest():
-                self._respond(source, correlation_id, self._handle_vote(now_ms, request))
+                error, granted = self._handle_vote(now_ms, request)
+                self._respond(source, correlation_id, self._response(
+                    VoteResponse, error, vote_granted=granted,
+                    voter_directory_id=self.local_key.directory_id))
             case BeginQuorumEpochRequest():
-                self._respond(source, correlation_id,
-                              self._handle_begin_quorum_epoch(now_ms, request))
+                self._respond(source, correlation_id, self._response(
+                    BeginQuorumEpochResponse, self._handle_begin_quorum_epoch(now_ms, request)))
             case EndQuorumEpochRequest():
-                self._respond(source, correlation_id,
-                              self._handle_end_quorum_epoch(now_ms, request))
+                self._respond(source, correlation_id, self._response(
+                    EndQuorumEpochResponse, self._handle_end_quorum_epoch(now_ms, request)))
             case FetchSnapshotRequest():
                 self._respond(source, correlation_id,
                               self._handle_fetch_snapshot(now_ms, request))
@@ -1184,7 +1190,7 @@ class RaftCore:
                                    for barrier in leader.reads)
         leader.reads.clear()
         for parked in leader.parked:
-            self._respond(parked.source, parked.correlation_id, self._fetch_error(
+            self._respond(parked.source, parked.correlation_id, self._fetch_response(
                 Errors.NOT_LEADER_OR_FOLLOWER))
         leader.parked.clear()
 
@@ -1248,6 +1254,13 @@ class RaftCore:
     def _respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
         self._effects.messages.append(OutboundResponse(destination, correlation_id, message))
 
+    def _response(self, kind: type[_ResponseT], error: Errors, **fields: Any) -> _ResponseT:
+        """This replica's answer to a peer's request: ``error``, the epoch and the leader it
+        knows now (every answer carries them: how a peer learns of a newer epoch and finds the
+        leader), and the RPC's own ``fields``."""
+        return kind(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
+                    **fields)
+
     def _request_votes(
         self, now_ms: int, election: EpochElection, epoch: int, *, pre_vote: bool
     ) -> None:
@@ -1298,13 +1311,10 @@ class RaftCore:
     def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
         return ReplicaKey(voter_id, voter_directory_id).matches(self.local_key)
 
-    def _vote_response(self, error: Errors, granted: bool = False) -> VoteResponse:
-        return VoteResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                            vote_granted=granted, voter_directory_id=self.local_key.directory_id)
-
-    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
+    def _handle_vote(self, now_ms: int, request: VoteRequest) -> tuple[Errors, bool]:
+        """The answer to a Vote (pre-vote or standard): its error, and whether it is granted."""
         if not self._cluster_ok(request.cluster_id):
-            return self._vote_response(Errors.INCONSISTENT_CLUSTER_ID)
+            return Errors.INCONSISTENT_CLUSTER_ID, False
         last_epoch_ok = (
             request.last_offset_epoch <= request.replica_epoch
             if request.pre_vote
@@ -1312,9 +1322,9 @@ class RaftCore:
         )
         if (request.last_offset < 0 or request.last_offset_epoch < 0 or request.replica_id < 0
                 or not last_epoch_ok or not epoch_in_bounds(request.replica_epoch)):
-            return self._vote_response(Errors.INVALID_REQUEST)
+            return Errors.INVALID_REQUEST, False
         if request.replica_epoch < self.epoch:
-            return self._vote_response(Errors.FENCED_LEADER_EPOCH)
+            return Errors.FENCED_LEADER_EPOCH, False
         candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
         if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
             # Checked before the epoch is adopted: a non-member's vote must not move it.
@@ -1322,12 +1332,12 @@ class RaftCore:
                                "node %d: refused a %s from %s, not a voter (epoch %d)",
                                self.node_id, "pre-vote" if request.pre_vote else "vote",
                                candidate, request.replica_epoch)
-            return self._vote_response(Errors.INCONSISTENT_VOTER_SET)
+            return Errors.INCONSISTENT_VOTER_SET, False
         if request.replica_epoch > self.epoch:
             self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
             self._become_unattached(now_ms, request.replica_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._vote_response(Errors.INVALID_VOTER_KEY)
+            return Errors.INVALID_VOTER_KEY, False
         up_to_date = (request.last_offset_epoch, request.last_offset) >= (
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
@@ -1341,7 +1351,7 @@ class RaftCore:
                                               state.election, deadline))
             else:
                 self._transition(_Unattached(state.epoch, state.leader_id, candidate, deadline))
-        return self._vote_response(Errors.NONE, granted)
+        return Errors.NONE, granted
 
     def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
         """Whether a candidate may be a voter: a member of our voter set, or a configured id
@@ -1419,34 +1429,45 @@ class RaftCore:
 
     # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
 
-    def _bqe_response(self, error: Errors) -> BeginQuorumEpochResponse:
-        return BeginQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
-                                        leader_epoch=self.epoch)
-
-    def _handle_begin_quorum_epoch(
-        self, now_ms: int, request: BeginQuorumEpochRequest
-    ) -> BeginQuorumEpochResponse:
+    def _leader_request_refusal(
+        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
+    ) -> Errors | None:
+        """Why a request in which a leader speaks of its epoch (it began, or it ends) is refused,
+        if it is; checked before anything changes."""
         if not self._cluster_ok(request.cluster_id):
-            return self._bqe_response(Errors.INCONSISTENT_CLUSTER_ID)
+            return Errors.INCONSISTENT_CLUSTER_ID
         if request.leader_epoch < self.epoch:
-            return self._bqe_response(Errors.FENCED_LEADER_EPOCH)
+            return Errors.FENCED_LEADER_EPOCH
         if request.leader_id < 0 or request.leader_id == self.node_id \
                 or not epoch_in_bounds(request.leader_epoch):
-            return self._bqe_response(Errors.INVALID_REQUEST)
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return self._bqe_response(Errors.INVALID_REQUEST)
+            return Errors.INVALID_REQUEST
         if not self._is_voter_id(request.leader_id):
-            self._warn_limited(now_ms, "bqe-non-voter",
-                               "node %d: refused BeginQuorumEpoch naming %d, not a voter, leader "
-                               "of epoch %d", self.node_id, request.leader_id,
-                               request.leader_epoch)
-            return self._bqe_response(Errors.INCONSISTENT_VOTER_SET)
-        self._log_moved_by(request.leader_id, "BeginQuorumEpoch", request.leader_epoch,
-                           request.leader_id)
+            rpc = type(request).__name__.removesuffix("Request")
+            self._warn_limited(now_ms, f"{rpc}-non-voter",
+                               "node %d: refused %s naming %d, not a voter, leader of epoch %d",
+                               self.node_id, rpc, request.leader_id, request.leader_epoch)
+            return Errors.INCONSISTENT_VOTER_SET
+        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
+            return Errors.INVALID_REQUEST
+        return None
+
+    def _follow_requesting_leader(
+        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
+    ) -> Errors:
+        """Adopt the epoch and leader a request that passed ``_leader_request_refusal`` names;
+        INVALID_VOTER_KEY if it was meant for another directory of this node's id."""
+        rpc = type(request).__name__.removesuffix("Request")
+        self._log_moved_by(request.leader_id, rpc, request.leader_epoch, request.leader_id)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._bqe_response(Errors.INVALID_VOTER_KEY)
-        return self._bqe_response(Errors.NONE)
+            return Errors.INVALID_VOTER_KEY
+        return Errors.NONE
+
+    def _handle_begin_quorum_epoch(self, now_ms: int, request: BeginQuorumEpochRequest) -> Errors:
+        refusal = self._leader_request_refusal(now_ms, request)
+        if refusal is not None:
+            return refusal
+        return self._follow_requesting_leader(now_ms, request)
 
     def _handle_begin_quorum_epoch_response(
         self, now_ms: int, source: int, response: BeginQuorumEpochResponse
@@ -1460,38 +1481,19 @@ class RaftCore:
                 if key.id == source:
                     progress.acknowledged = True
 
-    def _eqe_response(self, error: Errors) -> EndQuorumEpochResponse:
-        return EndQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
-                                      leader_epoch=self.epoch)
-
-    def _handle_end_quorum_epoch(
-        self, now_ms: int, request: EndQuorumEpochRequest
-    ) -> EndQuorumEpochResponse:
-        if not self._cluster_ok(request.cluster_id):
-            return self._eqe_response(Errors.INCONSISTENT_CLUSTER_ID)
-        if request.leader_epoch < self.epoch:
-            return self._eqe_response(Errors.FENCED_LEADER_EPOCH)
-        if request.leader_id < 0 or request.leader_id == self.node_id \
-                or not epoch_in_bounds(request.leader_epoch):
-            return self._eqe_response(Errors.INVALID_REQUEST)
-        if not self._is_voter_id(request.leader_id):
-            self._warn_limited(now_ms, "eqe-non-voter",
-                               "node %d: refused EndQuorumEpoch from %d, not a voter (epoch %d)",
-                               self.node_id, request.leader_id, request.leader_epoch)
-            return self._eqe_response(Errors.INCONSISTENT_VOTER_SET)
+    def _handle_end_quorum_epoch(self, now_ms: int, request: EndQuorumEpochRequest) -> Errors:
+        refusal = self._leader_request_refusal(now_ms, request)
+        if refusal is not None:
+            return refusal
         if request.leader_epoch > self.epoch:
             # KIP-595: an EndQuorumEpoch for an epoch not known here is rejected. Adopting the
             # epoch (and at once campaigning past it, Kafka's way) would let one message from
             # any voter id start an election in a quorum with a healthy leader.
-            return self._eqe_response(Errors.UNKNOWN_LEADER_EPOCH)
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return self._eqe_response(Errors.INVALID_REQUEST)
+            return Errors.UNKNOWN_LEADER_EPOCH
         # Our epoch, whose leader we did not know (Kafka: follow it, then elect a successor).
-        self._log_moved_by(request.leader_id, "EndQuorumEpoch", request.leader_epoch,
-                           request.leader_id)
-        self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
-        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._eqe_response(Errors.INVALID_VOTER_KEY)
+        error = self._follow_requesting_leader(now_ms, request)
+        if error is not Errors.NONE:
+            return error
         state = self._state
         if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
             logger.info("node %d: EndQuorumEpoch from %d: leader of epoch %d resigned",
@@ -1499,7 +1501,7 @@ class RaftCore:
             successors = [info.key() for info in request.preferred_successors]
             backoff = self._end_epoch_backoff_ms(successors)
             state.fetch_deadline_ms = now_ms + backoff
-        return self._eqe_response(Errors.NONE)
+        return Errors.NONE
 
     def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
         """Kafka's strict exponential back-off by position in the preferred-successor list: the
@@ -1526,47 +1528,55 @@ class RaftCore:
 
     # --- Fetch, leader side ------------------------------------------------------------------
 
-    def _fetch_error(self, error: Errors) -> FetchResponse:
-        return FetchResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                             log_start_offset=self.log.start_offset)
+    def _leader_serving(
+        self, now_ms: int, request: FetchRequest | FetchSnapshotRequest, *, malformed: bool
+    ) -> _Leader | Errors:
+        """The leader's state, to serve a Fetch or FetchSnapshot with; or why it is refused
+        (``malformed``: the request's own fields are inconsistent). Checked before the leader
+        records anything of the fetcher: a refusal changes nothing, and tells any replica where
+        the leader is."""
+        if not self._cluster_ok(request.cluster_id):
+            return Errors.INCONSISTENT_CLUSTER_ID
+        if malformed or request.replica_id < 0 or request.max_bytes <= 0:
+            return Errors.INVALID_REQUEST
+        if request.current_leader_epoch < self.epoch:
+            return Errors.FENCED_LEADER_EPOCH
+        if request.current_leader_epoch > self.epoch:
+            return Errors.UNKNOWN_LEADER_EPOCH
+        state = self._state
+        if not isinstance(state, _Leader):
+            return Errors.NOT_LEADER_OR_FOLLOWER
+        if request.replica_id not in self._fetcher_ids:
+            self._warn_limited(now_ms, "unknown-fetcher",
+                               "node %d: refused a fetch from replica %d: not an id of "
+                               "controller.quorum.voters", self.node_id, request.replica_id)
+            return Errors.INCONSISTENT_VOTER_SET
+        return state
+
+    def _fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
+        return self._response(FetchResponse, error, log_start_offset=self.log.start_offset,
+                              **fields)
 
     def _handle_fetch(
         self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
     ) -> FetchResponse | None:
-        if not self._cluster_ok(request.cluster_id):
-            return self._fetch_error(Errors.INCONSISTENT_CLUSTER_ID)
-        if (request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
-                or request.last_fetch_epoch > request.current_leader_epoch
-                or request.replica_id < 0 or request.max_bytes <= 0):
-            return self._fetch_error(Errors.INVALID_REQUEST)
-        if request.current_leader_epoch < self.epoch:
-            return self._fetch_error(Errors.FENCED_LEADER_EPOCH)
-        if request.current_leader_epoch > self.epoch:
-            return self._fetch_error(Errors.UNKNOWN_LEADER_EPOCH)
-        state = self._state
-        if not isinstance(state, _Leader):
-            return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
-        # At the leader, before it records anything of the fetcher (the errors above change
-        # nothing, and tell any replica where the leader is).
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_error(Errors.INCONSISTENT_VOTER_SET)
+        state = self._leader_serving(now_ms, request, malformed=(
+            request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
+            or request.last_fetch_epoch > request.current_leader_epoch))
+        if isinstance(state, Errors):
+            return self._fetch_response(state)
 
         replica = ReplicaKey(request.replica_id, request.replica_directory_id)
         snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
         if snapshot is not None:
             self._note_contact(now_ms, state, replica)
-            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
-                                 high_watermark=state.high_watermark,
-                                 log_start_offset=self.log.start_offset,
-                                 snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset,
-                                                             epoch=snapshot.epoch))
+            return self._fetch_response(
+                Errors.NONE, high_watermark=state.high_watermark,
+                snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
         diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
-            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
-                                 high_watermark=state.high_watermark,
-                                 log_start_offset=self.log.start_offset,
-                                 diverging_epoch=diverging)
+            return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                        diverging_epoch=diverging)
 
         self._record_fetch(now_ms, state, replica, request.fetch_offset)
         self._maybe_advance_leader_high_watermark(now_ms)
@@ -1581,11 +1591,6 @@ class RaftCore:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
         state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
         return None
-
-    def _refuse_fetcher(self, now_ms: int, replica_id: int) -> None:
-        self._warn_limited(now_ms, "unknown-fetcher",
-                           "node %d: refused a fetch from replica %d: not an id of "
-                           "controller.quorum.voters", self.node_id, replica_id)
 
     def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
         """KIP-630: the snapshot to send instead of records when the log the follower needs is
@@ -1612,11 +1617,8 @@ class RaftCore:
 
     def _valid_fetch_response(self, state: _Leader, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return FetchResponse(
-            leader_id=self.node_id, leader_epoch=state.epoch,
-            high_watermark=state.high_watermark, log_start_offset=self.log.start_offset,
-            records=self.log.read(request.fetch_offset, max_bytes),
-        )
+        return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                    records=self.log.read(request.fetch_offset, max_bytes))
 
     def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
         """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
@@ -1856,41 +1858,25 @@ class RaftCore:
 
     # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
 
-    def _fetch_snapshot_error(self, error: Errors) -> FetchSnapshotResponse:
-        return FetchSnapshotResponse(error_code=error, leader_id=self.leader_id,
-                                     leader_epoch=self.epoch)
-
     def _handle_fetch_snapshot(
         self, now_ms: int, request: FetchSnapshotRequest
     ) -> FetchSnapshotResponse:
-        if not self._cluster_ok(request.cluster_id):
-            return self._fetch_snapshot_error(Errors.INCONSISTENT_CLUSTER_ID)
-        if request.position < 0 or request.replica_id < 0 or request.max_bytes <= 0:
-            return self._fetch_snapshot_error(Errors.INVALID_REQUEST)
-        if request.current_leader_epoch < self.epoch:
-            return self._fetch_snapshot_error(Errors.FENCED_LEADER_EPOCH)
-        if request.current_leader_epoch > self.epoch:
-            return self._fetch_snapshot_error(Errors.UNKNOWN_LEADER_EPOCH)
-        state = self._state
-        if not isinstance(state, _Leader):
-            return self._fetch_snapshot_error(Errors.NOT_LEADER_OR_FOLLOWER)
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_snapshot_error(Errors.INCONSISTENT_VOTER_SET)
+        state = self._leader_serving(now_ms, request, malformed=request.position < 0)
+        if isinstance(state, Errors):
+            return self._response(FetchSnapshotResponse, state)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
         size = self.snapshots.size(snapshot_id)
         if size is None:
-            return self._fetch_snapshot_error(Errors.SNAPSHOT_NOT_FOUND)
+            return self._response(FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
         if request.position >= size:
-            return self._fetch_snapshot_error(Errors.POSITION_OUT_OF_RANGE)
+            return self._response(FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
         self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
                                                      request.replica_directory_id))
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return FetchSnapshotResponse(
-            leader_id=self.node_id, leader_epoch=state.epoch, snapshot_id=request.snapshot_id,
-            size=size, position=request.position,
-            records=self.snapshots.read(snapshot_id, request.position, max_bytes),
-        )
+        return self._response(
+            FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
+            position=request.position,
+            records=self.snapshots.read(snapshot_id, request.position, max_bytes))
 
     def _handle_fetch_snapshot_response(
         self, now_ms: int, source: int, response: FetchSnapshotResponse

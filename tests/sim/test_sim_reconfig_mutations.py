@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from quorum_node.raft.core import RaftCore, _Leader, _VoterChange
-from quorum_node.raft.messages import VoteRequest, VoteResponse
+from quorum_node.raft.core import OutboundResponse, RaftCore, _Leader, _VoterChange
+from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
@@ -81,9 +81,19 @@ class AnswersForAnyDirectory(RaftCore):
     def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
         return voter_id == self.node_id
 
-    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
-        response = super()._handle_vote(now_ms, request)
-        return response.model_copy(update={"voter_directory_id": request.voter_directory_id})
+    def handle_request(
+        self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
+    ) -> None:
+        super().handle_request(now_ms, source, correlation_id, request)
+        if not isinstance(request, VoteRequest):
+            return
+        messages = self._effects.messages
+        for i, message in enumerate(messages):
+            if (isinstance(message, OutboundResponse) and message.correlation_id == correlation_id
+                    and isinstance(message.message, VoteResponse)):
+                answer = message.message.model_copy(
+                    update={"voter_directory_id": request.voter_directory_id})
+                messages[i] = OutboundResponse(message.destination, correlation_id, answer)
 
 
 class DeletesTheSnapshotItLoaded(RaftCore):
