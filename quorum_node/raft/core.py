@@ -28,6 +28,21 @@ from typing import Any, TypeVar, assert_never
 
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
+from quorum_node.raft.leader import (
+    NEVER,
+    LeaderState,
+    ParkedFetch,
+    QuorumDescription,
+    ReadAbandoned,
+    ReadBarrier,
+    ReadConfirmed,
+    ReadOutcome,
+    ReadTimedOut,
+    ReplicaDescription,
+    ReplicaProgress,
+    VoterChange,
+    VoterChangeDone,
+)
 from quorum_node.raft.log import RaftLog
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
@@ -72,7 +87,21 @@ from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, vo
 
 logger = logging.getLogger(__name__)
 
-NEVER = 2**62
+# What the runtime, the simulator and the tests take from here (some defined in the role modules).
+__all__ = [
+    "Effects",
+    "OutboundRequest",
+    "OutboundResponse",
+    "QuorumDescription",
+    "RaftCore",
+    "ReadAbandoned",
+    "ReadBarrier",
+    "ReadConfirmed",
+    "ReadOutcome",
+    "ReadTimedOut",
+    "ReplicaDescription",
+    "VoterChangeDone",
+]
 
 _ResponseT = TypeVar("_ResponseT", VoteResponse, BeginQuorumEpochResponse, EndQuorumEpochResponse,
                      FetchResponse, FetchSnapshotResponse)
@@ -92,100 +121,9 @@ class OutboundResponse:
     message: RaftResponse
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaDescription:
-    key: ReplicaKey
-    log_end_offset: int | None
-    last_fetch_ms: int | None
-    last_caught_up_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumDescription:
-    """The leader's view of the quorum (DescribeQuorum)."""
-
-    leader_id: int
-    epoch: int
-    high_watermark: int | None
-    voters: tuple[ReplicaDescription, ...]
-    observers: tuple[ReplicaDescription, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadBarrier:
-    """A linearizable read in progress (ReadIndex): once a majority of voters has fetched from
-    this leader, in its epoch, after the barrier was taken, every write acknowledged before the
-    read began lies below ``read_index``. The core settles it with one ``ReadOutcome`` effect."""
-
-    id: int
-    epoch: int
-    read_index: int
-    fetch_sequence: int
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadConfirmed:
-    """A majority of voters fetched from this leader after the barrier: reading up to
-    ``read_index`` is linearizable."""
-
-    barrier_id: int
-    read_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadAbandoned:
-    """This replica stopped leading before the barrier was confirmed; ``leader_id`` and
-    ``epoch`` are what it knows now (where the reader may go instead)."""
-
-    barrier_id: int
-    leader_id: int | None
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadTimedOut:
-    """No majority fetched from this leader before the barrier's deadline."""
-
-    barrier_id: int
-
-
-ReadOutcome = ReadConfirmed | ReadAbandoned | ReadTimedOut
-
-
-# Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
-OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
-# At most this many observers are tracked. A new one beyond it evicts the one that fetched
-# least recently (never the subject of a pending AddVoter): a live observer fetches every
-# fetch.max.wait, so it is back in the table at its next fetch, whereas refusing newcomers
-# would lock a legitimate replacement replica out for a whole session timeout after any burst
-# of fetches with made-up keys. In this product observers are the replacements of lost disks
-# (one or two at a time), so a few dozen is plenty.
-MAX_OBSERVERS = 64
 # A warning that a peer can provoke on every request or fetch is logged at most this often
 # (per kind of warning).
 WARNING_INTERVAL_MS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class VoterChangeDone:
-    """The end of the voter change ``ticket``: committed (``error`` NONE) or failed. Emitted once
-    for every ticket ``add_voter``/``remove_voter`` returned, unless the process stops first."""
-
-    ticket: int
-    error: Errors
-    message: str
-
-
-@dataclass(slots=True)
-class _VoterChange:
-    """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
-
-    ticket: int
-    kind: VoterChangeKind
-    key: ReplicaKey
-    deadline_ms: int
-    record_offset: int | None = None  # once its VotersRecord is appended
 
 
 @dataclass(slots=True)
@@ -254,43 +192,6 @@ class _Follower:
 
 
 @dataclass(slots=True)
-class _ReplicaProgress:
-    end_offset: int | None = None  # last fetch offset: what the replica has durably
-    last_fetch_ms: int | None = None
-    last_caught_up_ms: int | None = None
-    leader_end_at_last_fetch: int = 0
-    acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
-    next_begin_quorum_ms: int = 0
-    last_fetch_sequence: int = 0  # the leader's fetch counter at this replica's last valid fetch
-    directory_id: uuid.UUID | None = None  # as the replica reports it in its fetches
-
-
-@dataclass(slots=True)
-class _ParkedFetch:
-    source: int
-    correlation_id: int
-    request: FetchRequest
-    deadline_ms: int
-
-
-@dataclass(slots=True)
-class _Leader:
-    epoch: int
-    voted_key: ReplicaKey | None
-    epoch_start_offset: int
-    check_quorum_deadline_ms: int
-    voters: dict[ReplicaKey, _ReplicaProgress]
-    observers: dict[ReplicaKey, _ReplicaProgress] = field(default_factory=dict)
-    high_watermark: int | None = None  # unknown until this epoch's LeaderChange is committed
-    fetched_voters: set[ReplicaKey] = field(default_factory=set)
-    pending: list[Record] = field(default_factory=list)
-    pending_bytes: int = 0
-    linger_deadline_ms: int = NEVER
-    parked: list[_ParkedFetch] = field(default_factory=list)
-    reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest sequence) first
-
-
-@dataclass(slots=True)
 class _Resigned:
     epoch: int
     voted_key: ReplicaKey | None
@@ -299,14 +200,14 @@ class _Resigned:
     unacknowledged: set[int]
 
 
-_State = _Unattached | _Prospective | _Candidate | _Follower | _Leader | _Resigned
+_State = _Unattached | _Prospective | _Candidate | _Follower | LeaderState | _Resigned
 
 _STATE_NAMES: dict[type, RaftState] = {
     _Unattached: RaftState.UNATTACHED,
     _Prospective: RaftState.PROSPECTIVE,
     _Candidate: RaftState.CANDIDATE,
     _Follower: RaftState.FOLLOWER,
-    _Leader: RaftState.LEADER,
+    LeaderState: RaftState.LEADER,
     _Resigned: RaftState.RESIGNED,
 }
 
@@ -354,7 +255,7 @@ class RaftCore:
         self._warned_at: dict[str, int] = {}
         self._load_voter_history()
         self._set_voters(self._history.latest())
-        self._voter_change: _VoterChange | None = None
+        self._voter_change: VoterChange | None = None
         self._next_ticket = 0
         self._next_read_id = 0
         self.config = config
@@ -365,7 +266,6 @@ class RaftCore:
         self._next_correlation_id = 0
         self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
         self._high_watermark: int | None = None
-        self._fetch_sequence = 0  # counts valid fetches at the leader, for read barriers
         self._shutting_down = False
         self._now_ms = now_ms
 
@@ -389,7 +289,7 @@ class RaftCore:
     @property
     def leader_id(self) -> int | None:
         state = self._state
-        if isinstance(state, _Leader | _Resigned):
+        if isinstance(state, LeaderState | _Resigned):
             return self.node_id
         if isinstance(state, _Candidate):
             return None
@@ -444,7 +344,7 @@ class RaftCore:
     def accepts_writes(self) -> bool:
         """A leader accepts client records once the bootstrap VotersRecord is in its log: that
         record goes first, in its own batch (KIP-856)."""
-        return (isinstance(self._state, _Leader) and not self._shutting_down
+        return (isinstance(self._state, LeaderState) and not self._shutting_down
                 and (self.bootstrapped or not self._reconfigurable))
 
     def voter_set_at(self, offset: int) -> VoterSet:
@@ -495,41 +395,20 @@ class RaftCore:
         logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
         self._set_voters(latest)
         state = self._state
-        if isinstance(state, _Leader):
-            self._regroup_replicas(state)
+        if isinstance(state, LeaderState):
+            state.regroup(self.voters, self.local_key)
         elif isinstance(state, _Unattached):
             state.election_deadline_ms = self._unattached_deadline(self._now_ms)
 
-    def _regroup_replicas(self, state: _Leader) -> None:
-        """Sort the leader's replica progress into voters and observers after a change of the
-        voter set, keeping what each has fetched; the high watermark stays (it never drops)."""
-        old = [*state.voters.items(), *state.observers.items()]
-        voters: dict[ReplicaKey, _ReplicaProgress] = {}
-        for key in self.voters:
-            # Exact key first: a static voter known by id only becomes the same replica's key.
-            found = next((kp for kp in old if kp[0] == key), None) or next(
-                (kp for kp in old if kp[0].matches(key)), None)
-            if found is not None:
-                old.remove(found)
-            voters[key] = found[1] if found is not None else _ReplicaProgress()
-        observers: dict[ReplicaKey, _ReplicaProgress] = {}
-        for key, progress in old:
-            if key.matches(self.local_key) or progress.last_fetch_ms is None:
-                continue  # the leader itself, or a voter that never fetched in this epoch
-            observers[ReplicaKey(key.id, key.directory_id or progress.directory_id)] = progress
-        state.voters = voters
-        state.observers = observers
-        state.fetched_voters &= set(voters)
-
     @property
     def epoch_start_offset(self) -> int | None:
-        return self._state.epoch_start_offset if isinstance(self._state, _Leader) else None
+        return self._state.epoch_start_offset if isinstance(self._state, LeaderState) else None
 
     @property
     def leader_has_committed(self) -> bool:
         """A leader whose LeaderChange is committed: its high watermark covers every write
         acknowledged in earlier epochs, so it can serve reads and writes."""
-        return isinstance(self._state, _Leader) and self._state.high_watermark is not None
+        return isinstance(self._state, LeaderState) and self._state.high_watermark is not None
 
     def take_effects(self) -> Effects:
         effects, self._effects = self._effects, Effects()
@@ -557,7 +436,7 @@ class RaftCore:
             if self._voter_change is not None:
                 times.append(self._voter_change.deadline_ms)
             times.extend(
-                max(self._next_begin_quorum_ms(state.voters[key]),
+                max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
                 for key in self._peer_voters
                 if not self._requests.has_in_flight(key.id)
@@ -628,7 +507,7 @@ class RaftCore:
         """The log is durable up to ``flushed_offset`` (the end offset the flush covered)."""
         self._now_ms = max(self._now_ms, now_ms)
         self._flushed_offset = max(self._flushed_offset, min(flushed_offset, self.log.end_offset))
-        if isinstance(self._state, _Leader):
+        if isinstance(self._state, LeaderState):
             self._maybe_advance_leader_high_watermark(now_ms)
         self._drive(now_ms)
 
@@ -638,7 +517,7 @@ class RaftCore:
         The offsets are committed once the high watermark passes them in this epoch."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if self._reconfigurable and not self.bootstrapped:
             raise LeaderNotReadyError(self.leader_id, self.epoch)
@@ -662,7 +541,7 @@ class RaftCore:
         """Graceful shutdown: a leader resigns at once and asks the voters to elect a successor."""
         self._now_ms = max(self._now_ms, now_ms)
         self._shutting_down = True
-        if isinstance(self._state, _Leader):
+        if isinstance(self._state, LeaderState):
             self._resign(now_ms)
         self._drive(now_ms)
 
@@ -676,64 +555,22 @@ class RaftCore:
         fetches are what confirm that this replica is still the leader."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if state.high_watermark is None:
             return None
         self._next_read_id += 1
-        barrier = ReadBarrier(self._next_read_id, state.epoch, state.high_watermark,
-                              self._fetch_sequence, now_ms + timeout_ms)
-        state.reads.append(barrier)
+        barrier = state.begin_read(self._next_read_id, state.high_watermark, now_ms + timeout_ms)
         self._complete_parked_fetches(state, lambda parked: True)
         self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
 
-    def _settle_reads(self, now_ms: int, state: _Leader) -> None:
-        """Confirm the barriers a majority of voters (this leader included) fetched after, and
-        time out the ones past their deadline."""
-        if not state.reads:
-            return
-        needed = len(state.voters) // 2 + 1
-        sequences = sorted(
-            (self._fetch_sequence + 1 if key.matches(self.local_key)
-             else progress.last_fetch_sequence for key, progress in state.voters.items()),
-            reverse=True)
-        # The newest fetch sequence a majority has passed: barriers taken before it are confirmed.
-        confirmed_below = sequences[needed - 1]
-        keep: list[ReadBarrier] = []
-        for barrier in state.reads:
-            if barrier.fetch_sequence < confirmed_below:
-                self._effects.reads.append(ReadConfirmed(barrier.id, barrier.read_index))
-            elif now_ms >= barrier.deadline_ms:
-                self._effects.reads.append(ReadTimedOut(barrier.id))
-            else:
-                keep.append(barrier)
-        state.reads = keep
-
     def describe_quorum(self, now_ms: int) -> QuorumDescription:
         """DescribeQuorum: the leader's record of every replica. Raises NotLeaderError elsewhere."""
         state = self._state
-        if not isinstance(state, _Leader):
+        if not isinstance(state, LeaderState):
             raise NotLeaderError(self.leader_id, self.epoch)
-
-        def row(key: ReplicaKey, progress: _ReplicaProgress) -> ReplicaDescription:
-            if key.matches(self.local_key):
-                return ReplicaDescription(self.local_key, self.log.end_offset, now_ms, now_ms)
-            # A static voter's uuid is not configured; report the one its fetches carry.
-            reported = ReplicaKey(key.id, key.directory_id or progress.directory_id)
-            return ReplicaDescription(reported, progress.end_offset, progress.last_fetch_ms,
-                                      progress.last_caught_up_ms)
-
-        observers = tuple(
-            row(key, progress) for key, progress in state.observers.items()
-            if progress.last_fetch_ms is not None
-            and now_ms - progress.last_fetch_ms < OBSERVER_SESSION_TIMEOUT_MS
-        )
-        return QuorumDescription(
-            leader_id=self.node_id, epoch=state.epoch, high_watermark=state.high_watermark,
-            voters=tuple(row(key, progress) for key, progress in state.voters.items()),
-            observers=observers,
-        )
+        return state.describe(now_ms, self.local_key, self.log.end_offset)
 
     def add_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
         """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket, which a
@@ -775,10 +612,10 @@ class RaftCore:
                 f"is decommissioned")
         return self._start_voter_change(now_ms, VoterChangeKind.REMOVE, key, timeout_ms)
 
-    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> _Leader:
+    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> LeaderState:
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if not self._reconfigurable:
             raise VoterChangeError(Errors.UNSUPPORTED_VERSION,
@@ -799,11 +636,11 @@ class RaftCore:
     def _start_voter_change(self, now_ms: int, kind: VoterChangeKind, key: ReplicaKey,
                             timeout_ms: int) -> int:
         self._next_ticket += 1
-        self._voter_change = _VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
+        self._voter_change = VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
         self._drive(now_ms)
         return self._next_ticket
 
-    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
         """Take the pending change through KIP-856's steps as far as it can go now."""
         hwm = state.high_watermark
         if change.record_offset is not None:
@@ -831,15 +668,12 @@ class RaftCore:
         change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
 
     def _voter_change_blocker(
-        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
     ) -> str | None:
         """What the change still waits for, in KIP-856's order; None when it can be appended."""
-        if change.kind is VoterChangeKind.ADD:
-            progress = state.observers.get(change.key)
-            caught_up = progress is not None and progress.last_caught_up_ms is not None \
-                and now_ms - progress.last_caught_up_ms <= self.config.fetch_timeout_ms
-            if not caught_up:
-                return f"waiting for {change.key} to catch up with the leader"
+        if change.kind is VoterChangeKind.ADD \
+                and not state.is_caught_up(change.key, now_ms, self.config.fetch_timeout_ms):
+            return f"waiting for {change.key} to catch up with the leader"
         if not self.bootstrapped:
             return "waiting for the leader to write the bootstrap voters"
         if hwm is None:
@@ -913,7 +747,7 @@ class RaftCore:
         for _ in range(8):
             before = self._state
             state = self._state
-            if isinstance(state, _Leader):
+            if isinstance(state, LeaderState):
                 self._poll_leader(now_ms, state)
             elif isinstance(state, _Candidate):
                 self._poll_candidate(now_ms, state)
@@ -928,7 +762,7 @@ class RaftCore:
             if self._state is before:
                 return
 
-    def _poll_leader(self, now_ms: int, state: _Leader) -> None:
+    def _poll_leader(self, now_ms: int, state: LeaderState) -> None:
         if self._shutting_down:
             # Elected while shutting down (a nominee keeps campaigning): hand over at once.
             self._resign(now_ms)
@@ -956,10 +790,10 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
-        self._settle_reads(now_ms, state)
+        self._effects.reads.extend(state.settle_reads(now_ms, self.local_key))
         for key in self._peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
-            if now_ms < self._next_begin_quorum_ms(progress):
+            if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
                 continue
             if not self._requests.is_ready(key.id, now_ms):
                 continue
@@ -969,7 +803,7 @@ class RaftCore:
                 voter_id=key.id, voter_directory_id=key.directory_id,
             ))
 
-    def _maybe_write_bootstrap_voters(self, now_ms: int, state: _Leader) -> None:
+    def _maybe_write_bootstrap_voters(self, now_ms: int, state: LeaderState) -> None:
         """KIP-856 bootstrapping: once the leader knows every configured voter's directory id
         (from their fetches), it writes them, in one batch of their own, before any client
         record. From then on the log defines the voter set."""
@@ -983,7 +817,7 @@ class RaftCore:
             keys.append(ReplicaKey(key.id, directory_id))
         self._append_control(now_ms, state, [voters_record(keys)])
 
-    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
         """Append a control batch after whatever client records are pending; its base offset."""
         if state.pending:
             self._append_pending(now_ms, state)  # proposals keep the offsets they were given
@@ -993,14 +827,6 @@ class RaftCore:
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return batch.base_offset
-
-    def _next_begin_quorum_ms(self, progress: _ReplicaProgress) -> int:
-        """BeginQuorumEpoch goes to a voter until it acknowledges the epoch, then again only
-        when it has not fetched for half the fetch timeout (the heartbeat)."""
-        due = progress.next_begin_quorum_ms
-        if progress.acknowledged and progress.last_fetch_ms is not None:
-            due = max(due, progress.last_fetch_ms + self._heartbeat_ms)
-        return due
 
     def _poll_candidate(self, now_ms: int, state: _Candidate) -> None:
         if state.election.is_granted:
@@ -1089,7 +915,7 @@ class RaftCore:
     # --- transitions -------------------------------------------------------------------------
 
     def _election_state_of(self, state: _State) -> ElectionState:
-        if isinstance(state, _Leader | _Resigned):
+        if isinstance(state, LeaderState | _Resigned):
             return ElectionState(state.epoch, self.node_id, state.voted_key)
         if isinstance(state, _Candidate):
             return ElectionState(state.epoch, None, self.local_key)
@@ -1111,7 +937,7 @@ class RaftCore:
             self._persisted = new_election
             self._effects.persist = new_election
         old, self._state = self._state, new
-        if isinstance(old, _Leader):
+        if isinstance(old, LeaderState):
             self._leave_leadership(old)
         elif isinstance(old, _Follower) and old.download is not None:
             old.download.abort()
@@ -1147,10 +973,10 @@ class RaftCore:
         return self._election_state_of(self._state).voted_key
 
     def _become_leader(self, now_ms: int, candidate: _Candidate) -> None:
-        remote = {k: _ReplicaProgress() for k in self._remote_voters}
-        voters = {self._local_voter_key(): _ReplicaProgress(), **remote}
+        remote = {k: ReplicaProgress() for k in self._remote_voters}
+        voters = {self._local_voter_key(): ReplicaProgress(), **remote}
         start = self.log.end_offset
-        leader = _Leader(candidate.epoch, self.local_key, start,
+        leader = LeaderState(candidate.epoch, self.local_key, start,
                          now_ms + self.config.check_quorum_timeout_ms, voters)
         self._transition(leader)
         logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
@@ -1171,24 +997,20 @@ class RaftCore:
 
     def _resign(self, now_ms: int) -> None:
         state = self._state
-        assert isinstance(state, _Leader)
-        remote = [(k, p) for k, p in state.voters.items() if k.id != self.node_id]
-        # Most caught-up first, so that the likeliest winner campaigns first.
-        remote.sort(key=lambda kp: -(kp[1].end_offset if kp[1].end_offset is not None else -1))
+        assert isinstance(state, LeaderState)
+        successors = state.successors(self.node_id)
         self._transition(_Resigned(
             state.epoch, state.voted_key, self._election_deadline(now_ms),
-            tuple(k for k, _ in remote), {k.id for k, _ in remote},
+            tuple(successors), {k.id for k in successors},
         ))
 
-    def _leave_leadership(self, leader: _Leader) -> None:
+    def _leave_leadership(self, leader: LeaderState) -> None:
         if self._voter_change is not None:
             self._finish_voter_change(Errors.NOT_LEADER_OR_FOLLOWER,
                                       f"node {self.node_id} lost the leadership of epoch "
                                       f"{leader.epoch}; the change may or may not commit")
         leader.pending.clear()
-        self._effects.reads.extend(ReadAbandoned(barrier.id, self.leader_id, self.epoch)
-                                   for barrier in leader.reads)
-        leader.reads.clear()
+        self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
             self._respond(parked.source, parked.correlation_id, self._fetch_response(
                 Errors.NOT_LEADER_OR_FOLLOWER))
@@ -1388,7 +1210,7 @@ class RaftCore:
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         """Kafka's grant matrix (KIP-595 + KIP-996 as shipped)."""
         state = self._state
-        if isinstance(state, _Leader):
+        if isinstance(state, LeaderState):
             return False
         if isinstance(state, _Candidate | _Resigned):
             return up_to_date if pre_vote else False
@@ -1476,7 +1298,7 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, _Leader):
+        if response.error_code == Errors.NONE and isinstance(state, LeaderState):
             for key, progress in state.voters.items():
                 if key.id == source:
                     progress.acknowledged = True
@@ -1530,7 +1352,7 @@ class RaftCore:
 
     def _leader_serving(
         self, now_ms: int, request: FetchRequest | FetchSnapshotRequest, *, malformed: bool
-    ) -> _Leader | Errors:
+    ) -> LeaderState | Errors:
         """The leader's state, to serve a Fetch or FetchSnapshot with; or why it is refused
         (``malformed``: the request's own fields are inconsistent). Checked before the leader
         records anything of the fetcher: a refusal changes nothing, and tells any replica where
@@ -1544,7 +1366,7 @@ class RaftCore:
         if request.current_leader_epoch > self.epoch:
             return Errors.UNKNOWN_LEADER_EPOCH
         state = self._state
-        if not isinstance(state, _Leader):
+        if not isinstance(state, LeaderState):
             return Errors.NOT_LEADER_OR_FOLLOWER
         if request.replica_id not in self._fetcher_ids:
             self._warn_limited(now_ms, "unknown-fetcher",
@@ -1589,7 +1411,7 @@ class RaftCore:
         wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
         if newer_hwm:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
-        state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
+        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))
         return None
 
     def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
@@ -1615,87 +1437,34 @@ class RaftCore:
             return EpochEndOffset(epoch=end.epoch, end_offset=end.offset)
         return None
 
-    def _valid_fetch_response(self, state: _Leader, request: FetchRequest) -> FetchResponse:
+    def _valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
         return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
                                     records=self.log.read(request.fetch_offset, max_bytes))
 
-    def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
-        """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
-        voter_key = next((k for k in state.voters if k.matches(replica)), None)
-        if voter_key is not None and voter_key.directory_id is None \
-                and replica.directory_id is not None:
-            # A voter known by id only (before the bootstrap VotersRecord names directories):
-            # the directory it first fetched under in this epoch is its own. Another one under
-            # its id is another replica (a replaced disk, or a forged fetch) and must not
-            # become the voter's directory in the bootstrap VotersRecord.
-            known = self.local_key.directory_id if voter_key.id == self.node_id \
-                else state.voters[voter_key].directory_id
-            if known is not None and known != replica.directory_id:
-                voter_key = None
-        if voter_key is None:
-            progress = state.observers.get(replica)
-            if progress is None:
-                progress = state.observers[replica] = self._new_observer(now_ms, state)
-            return progress
-        progress = state.voters[voter_key]
-        progress.acknowledged = True
-        if not voter_key.matches(self.local_key):
-            state.fetched_voters.add(voter_key)
-            # A leader counts itself, unless it is removing itself (KIP-856).
-            needed = len(state.voters) // 2 + 1 - (1 if self._is_voter else 0)
-            if len(state.fetched_voters) >= needed:
-                state.fetched_voters.clear()
-                state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
-        return progress
-
-    def _new_observer(self, now_ms: int, state: _Leader) -> _ReplicaProgress:
-        """Room for one more observer: the expired go, then (at MAX_OBSERVERS) the stalest."""
-        observers = state.observers
-        if observers:
-            for key in [k for k, p in observers.items()
-                        if p.last_fetch_ms is None
-                        or now_ms - p.last_fetch_ms >= OBSERVER_SESSION_TIMEOUT_MS]:
-                del observers[key]
+    def _note_contact(self, now_ms: int, state: LeaderState,
+                      replica: ReplicaKey) -> ReplicaProgress:
         change = self._voter_change
-        protected = change.key if change is not None and change.kind is VoterChangeKind.ADD \
+        adding = change.key if change is not None and change.kind is VoterChangeKind.ADD \
             else None
-        while len(observers) >= MAX_OBSERVERS:
-            stalest = min((k for k in observers if k != protected),
-                          key=lambda k: observers[k].last_fetch_ms or 0)
-            del observers[stalest]
-        return _ReplicaProgress()
+        return state.note_contact(now_ms, replica, local_key=self.local_key,
+                                  counts_itself=self._is_voter,
+                                  check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
+                                  protected=adding)
 
-    def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
+    def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
+                      offset: int) -> None:
         progress = self._note_contact(now_ms, state, replica)
-        leader_end = self.log.end_offset
-        if offset >= leader_end:
-            progress.last_caught_up_ms = now_ms
-        elif offset >= progress.leader_end_at_last_fetch and progress.last_fetch_ms is not None:
-            progress.last_caught_up_ms = progress.last_fetch_ms
-        progress.end_offset = offset
-        progress.directory_id = replica.directory_id
-        progress.last_fetch_ms = now_ms
-        progress.leader_end_at_last_fetch = leader_end
-        self._fetch_sequence += 1
-        progress.last_fetch_sequence = self._fetch_sequence
+        state.record_fetch(now_ms, progress, replica, offset, self.log.end_offset)
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
         """Raise the leader's high watermark to the offset a majority of voters holds, but only
         past this epoch's LeaderChange record (Raft: commit an entry of the current term), and
         never downwards. Returns True if it moved."""
         state = self._state
-        if not isinstance(state, _Leader):
+        if not isinstance(state, LeaderState):
             return False
-        ends = sorted(
-            (
-                self._flushed_offset if key.matches(self.local_key)
-                else (p.end_offset if p.end_offset is not None else -1)
-                for key, p in state.voters.items()
-            ),
-            reverse=True,
-        )
-        majority_end = ends[len(ends) // 2]
+        majority_end = state.majority_end(self.local_key, self._flushed_offset)
         if majority_end <= state.epoch_start_offset:
             return False
         if state.high_watermark is not None and majority_end <= state.high_watermark:
@@ -1712,7 +1481,7 @@ class RaftCore:
                 parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
         return True
 
-    def _append_pending(self, now_ms: int, state: _Leader) -> None:
+    def _append_pending(self, now_ms: int, state: LeaderState) -> None:
         self.log.append_as_leader(state.pending, state.epoch, now_ms)
         state.pending = []
         state.pending_bytes = 0
@@ -1721,13 +1490,13 @@ class RaftCore:
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
 
-    def _expire_parked_fetches(self, now_ms: int, state: _Leader) -> None:
+    def _expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
         self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
 
     def _complete_parked_fetches(
-        self, state: _Leader, done: Callable[[_ParkedFetch], bool]
+        self, state: LeaderState, done: Callable[[ParkedFetch], bool]
     ) -> None:
-        keep: list[_ParkedFetch] = []
+        keep: list[ParkedFetch] = []
         for parked in state.parked:
             if done(parked):
                 self._respond(parked.source, parked.correlation_id,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from quorum_node.raft.core import OutboundResponse, RaftCore, _Leader, _VoterChange
+from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore, VoterChange
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId
@@ -32,7 +32,7 @@ class ReplacesInOneStep(RaftCore):
     """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
     once, whose majorities need not overlap."""
 
-    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
         change = self._voter_change
         if change is not None and change.kind == "add" and change.record_offset is None:
             voters = parse_voters_record(records[0].value)
@@ -45,13 +45,13 @@ class DoesNotWaitForVoterChanges(RaftCore):
     """Answers a voter change as soon as its record is appended, and appends the next one without
     waiting for the previous one to commit."""
 
-    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
         super()._advance_voter_change(now_ms, state, change)
         if self._voter_change is change and change.record_offset is not None:
             self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: appended")
 
     def _voter_change_blocker(
-        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
     ) -> str | None:
         reason = super()._voter_change_blocker(now_ms, state, change, hwm)
         return None if reason == _WAITING_FOR_PREVIOUS else reason
@@ -63,7 +63,7 @@ class IgnoresTheVoterBeingAdded(RaftCore):
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
         change, state = self._voter_change, self._state
-        if change is None or change.kind != "add" or not isinstance(state, _Leader) \
+        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
                 or change.key not in state.voters:
             return super()._maybe_advance_leader_high_watermark(now_ms)
         progress = state.voters.pop(change.key)
