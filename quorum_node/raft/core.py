@@ -15,6 +15,13 @@ The driver's contract (``take_effects`` after every call):
    leader's own progress and only flushed data is acknowledged by a follower's next Fetch;
 3. hand ``Effects.voter_changes`` and ``Effects.reads`` to whoever waits for them: every voter
    change ticket and read barrier the core handed out is settled by exactly one of them.
+
+Each replica state lives with its role, as Kafka's ``EpochState`` classes do: ``leader.py``
+(``LeaderState``: replica progress, high watermark, check-quorum, observers, read barriers),
+``follower.py`` (``FollowerState``: the fetch timer, snapshot downloads, the checks of a leader's
+answers), ``candidate.py`` (Unattached, Prospective, Candidate, Resigned; whom each votes for).
+This module is the dispatcher (``match`` over every request and response) and what all states
+share: the log and voter set, transitions, timers and the RPC handlers.
 """
 
 from __future__ import annotations
@@ -26,10 +33,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, assert_never
 
+from quorum_node.raft.candidate import (
+    CandidateState,
+    ProspectiveState,
+    ResignedState,
+    UnattachedState,
+)
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
+from quorum_node.raft.follower import (
+    FollowerState,
+    diverging_point,
+    fetch_response_problem,
+    validated_batches,
+)
 from quorum_node.raft.leader import (
-    NEVER,
     LeaderState,
     ParkedFetch,
     QuorumDescription,
@@ -66,13 +84,13 @@ from quorum_node.raft.records import Record, RecordBatch, control_record, decode
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
-    PartialSnapshot,
     SnapshotId,
     SnapshotStore,
 )
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import (
     MAX_EPOCH,
+    NEVER,
     ControlRecordType,
     Errors,
     LeaderNotReadyError,
@@ -139,76 +157,17 @@ class Effects:
     reads: list[ReadOutcome] = field(default_factory=list)
 
 
-# --- replica states ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Unattached:
-    epoch: int
-    leader_id: int | None
-    voted_key: ReplicaKey | None
-    election_deadline_ms: int  # NEVER for observers
-    next_discovery_ms: int = 0
-
-
-@dataclass(slots=True)
-class _Prospective:
-    epoch: int
-    leader_id: int | None
-    voted_key: ReplicaKey | None
-    election: EpochElection
-    election_deadline_ms: int
-    # When the voters that rejected the pre-vote are asked again: a follower that still heard
-    # from its leader when asked (KAFKA-17641) grants once its own fetch timeout has passed.
-    # Without this, the one replica with the newest log may time out first, be told no, wait
-    # out its election timeout and a whole fetch timeout again while the others, behind it,
-    # cannot win.
-    ask_again_ms: int = NEVER
-
-
-@dataclass(slots=True)
-class _Candidate:
-    epoch: int
-    election: EpochElection
-    election_deadline_ms: int
-
-
-@dataclass(slots=True)
-class _Follower:
-    epoch: int
-    leader_id: int
-    voted_key: ReplicaKey | None
-    fetch_deadline_ms: int
-    # controller.quorum.fetch.timeout.ms plus up to a tenth more, drawn once per state: the
-    # followers of a leader hear from it in the same instant, and without the jitter they would
-    # time out in the same instant too, grant each other's pre-votes and split the vote.
-    fetch_timeout_ms: int
-    # KAFKA-17641: a follower grants pre-votes only until its first successful fetch in the epoch.
-    has_fetched_from_leader: bool = False
-    # KIP-630: the leader's snapshot being downloaded, instead of fetching, when the log it needs
-    # is gone from the leader.
-    download: PartialSnapshot | None = None
-    download_size: int | None = None
-
-
-@dataclass(slots=True)
-class _Resigned:
-    epoch: int
-    voted_key: ReplicaKey | None
-    election_deadline_ms: int
-    preferred_successors: tuple[ReplicaKey, ...]
-    unacknowledged: set[int]
-
-
-_State = _Unattached | _Prospective | _Candidate | _Follower | LeaderState | _Resigned
+# The replica states, each in the module of its role (leader, follower, candidate).
+_State = (UnattachedState | ProspectiveState | CandidateState | FollowerState | LeaderState
+          | ResignedState)
 
 _STATE_NAMES: dict[type, RaftState] = {
-    _Unattached: RaftState.UNATTACHED,
-    _Prospective: RaftState.PROSPECTIVE,
-    _Candidate: RaftState.CANDIDATE,
-    _Follower: RaftState.FOLLOWER,
+    UnattachedState: RaftState.UNATTACHED,
+    ProspectiveState: RaftState.PROSPECTIVE,
+    CandidateState: RaftState.CANDIDATE,
+    FollowerState: RaftState.FOLLOWER,
     LeaderState: RaftState.LEADER,
-    _Resigned: RaftState.RESIGNED,
+    ResignedState: RaftState.RESIGNED,
 }
 
 
@@ -289,9 +248,9 @@ class RaftCore:
     @property
     def leader_id(self) -> int | None:
         state = self._state
-        if isinstance(state, LeaderState | _Resigned):
+        if isinstance(state, LeaderState | ResignedState):
             return self.node_id
-        if isinstance(state, _Candidate):
+        if isinstance(state, CandidateState):
             return None
         return state.leader_id
 
@@ -397,7 +356,7 @@ class RaftCore:
         state = self._state
         if isinstance(state, LeaderState):
             state.regroup(self.voters, self.local_key)
-        elif isinstance(state, _Unattached):
+        elif isinstance(state, UnattachedState):
             state.election_deadline_ms = self._unattached_deadline(self._now_ms)
 
     @property
@@ -417,15 +376,15 @@ class RaftCore:
     def next_deadline_ms(self) -> int:
         state = self._state
         times = [self._requests.next_deadline_ms(self._now_ms) or NEVER]
-        if isinstance(state, _Unattached) and state.next_discovery_ms > self._now_ms:
+        if isinstance(state, UnattachedState) and state.next_discovery_ms > self._now_ms:
             times.append(state.next_discovery_ms)
-        if isinstance(state, _Resigned) and self._shutting_down:
+        if isinstance(state, ResignedState) and self._shutting_down:
             pass  # a stopping resigned leader stays resigned: its timer means nothing
-        elif isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
+        elif isinstance(state, UnattachedState | ProspectiveState | CandidateState | ResignedState):
             times.append(state.election_deadline_ms)
-            if isinstance(state, _Prospective):
+            if isinstance(state, ProspectiveState):
                 times.append(state.ask_again_ms)
-        elif isinstance(state, _Follower):
+        elif isinstance(state, FollowerState):
             times.append(state.fetch_deadline_ms)
         else:
             if self._remote_voters:  # a lone voter has no quorum to check
@@ -719,13 +678,13 @@ class RaftCore:
                 stored.epoch,
                 log_epoch,
             )
-            return _Unattached(log_epoch, None, None, self._unattached_deadline(now_ms))
+            return UnattachedState(log_epoch, None, None, self._unattached_deadline(now_ms))
         voter = self.is_voter
         if stored.leader_id == self.node_id and voter:
             # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
             # lost, and reusing an (offset, epoch) pair would break log matching.
             remote = {key.id for key in self._peer_voters}
-            return _Resigned(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
+            return ResignedState(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
                              (), remote)
         # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
         # which forgets the leader and campaigns in an epoch that already has one.
@@ -733,7 +692,8 @@ class RaftCore:
             return self._new_follower(stored.epoch, stored.leader_id, stored.voted_key, now_ms)
         if stored.voted_key is not None and stored.voted_key.matches(self.local_key) and voter:
             return self._new_candidate_state(stored.epoch, now_ms)
-        return _Unattached(stored.epoch, None, stored.voted_key, self._unattached_deadline(now_ms))
+        return UnattachedState(stored.epoch, None, stored.voted_key,
+                               self._unattached_deadline(now_ms))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -747,18 +707,21 @@ class RaftCore:
         for _ in range(8):
             before = self._state
             state = self._state
-            if isinstance(state, LeaderState):
-                self._poll_leader(now_ms, state)
-            elif isinstance(state, _Candidate):
-                self._poll_candidate(now_ms, state)
-            elif isinstance(state, _Prospective):
-                self._poll_prospective(now_ms, state)
-            elif isinstance(state, _Follower):
-                self._poll_follower(now_ms, state)
-            elif isinstance(state, _Resigned):
-                self._poll_resigned(now_ms, state)
-            else:
-                self._poll_unattached(now_ms, state)
+            match state:
+                case LeaderState():
+                    self._poll_leader(now_ms, state)
+                case CandidateState():
+                    self._poll_candidate(now_ms, state)
+                case ProspectiveState():
+                    self._poll_prospective(now_ms, state)
+                case FollowerState():
+                    self._poll_follower(now_ms, state)
+                case ResignedState():
+                    self._poll_resigned(now_ms, state)
+                case UnattachedState():
+                    self._poll_unattached(now_ms, state)
+                case _:  # a new state must get its poll: mypy checks this
+                    assert_never(state)
             if self._state is before:
                 return
 
@@ -828,7 +791,7 @@ class RaftCore:
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return batch.base_offset
 
-    def _poll_candidate(self, now_ms: int, state: _Candidate) -> None:
+    def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:
             self._become_leader(now_ms, state)
         elif now_ms >= state.election_deadline_ms:
@@ -838,17 +801,13 @@ class RaftCore:
         else:
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
-    def _poll_prospective(self, now_ms: int, state: _Prospective) -> None:
+    def _poll_prospective(self, now_ms: int, state: ProspectiveState) -> None:
         if state.election.is_granted and not self._epoch_exhausted(now_ms, state.epoch):
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
         else:
-            if now_ms >= state.ask_again_ms:
-                state.election.forget_rejections()
-                state.ask_again_ms = NEVER
-            if state.ask_again_ms == NEVER and state.election.has_rejections:
-                state.ask_again_ms = now_ms + self.config.election_timeout_ms // 4
+            state.ask_again_if_due(now_ms, self.config.election_timeout_ms // 4)
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
 
     def _epoch_exhausted(self, now_ms: int, epoch: int) -> bool:
@@ -861,26 +820,26 @@ class RaftCore:
                            self.node_id, epoch, MAX_EPOCH)
         return True
 
-    def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:
+    def _lose_pre_vote(self, now_ms: int, state: ProspectiveState) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
             self._transition(self._new_follower(state.epoch, state.leader_id, state.voted_key,
                                                 now_ms))
         else:
-            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key,
+            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key,
                                          self._election_deadline(now_ms)))
 
-    def _poll_follower(self, now_ms: int, state: _Follower) -> None:
+    def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
         if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
             if self.is_voter:
                 self._transition(self._new_prospective_state(
                     state.epoch, state.leader_id, state.voted_key, now_ms))
                 return
             # An observer cannot campaign: it looks for the leader through the other voters.
-            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key, NEVER))
+            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key, NEVER))
             return
         self._maybe_send_fetch(now_ms, state.leader_id)
 
-    def _poll_unattached(self, now_ms: int, state: _Unattached) -> None:
+    def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
         if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
             self._transition(self._new_prospective_state(
                 state.epoch, state.leader_id, state.voted_key, now_ms))
@@ -893,13 +852,13 @@ class RaftCore:
             if self._maybe_send_fetch(now_ms, target):
                 state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
 
-    def _poll_resigned(self, now_ms: int, state: _Resigned) -> None:
+    def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
         expired = now_ms >= state.election_deadline_ms or self._is_only_voter
         if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
             state.election_deadline_ms = self._election_deadline(now_ms)
         elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
-            self._transition(_Unattached(state.epoch + 1, None, None,
+            self._transition(UnattachedState(state.epoch + 1, None, None,
                                          self._unattached_deadline(now_ms)))
             return
         successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
@@ -915,9 +874,9 @@ class RaftCore:
     # --- transitions -------------------------------------------------------------------------
 
     def _election_state_of(self, state: _State) -> ElectionState:
-        if isinstance(state, LeaderState | _Resigned):
+        if isinstance(state, LeaderState | ResignedState):
             return ElectionState(state.epoch, self.node_id, state.voted_key)
-        if isinstance(state, _Candidate):
+        if isinstance(state, CandidateState):
             return ElectionState(state.epoch, None, self.local_key)
         return ElectionState(state.epoch, state.leader_id, state.voted_key)
 
@@ -930,8 +889,8 @@ class RaftCore:
         if new_election != self._persisted:
             # Entering Prospective or Resigned never changes the quorum-state; the one durable
             # change a Prospective makes is recording a standard vote it grants.
-            entering = isinstance(new, _Resigned) or (
-                isinstance(new, _Prospective) and not isinstance(self._state, _Prospective))
+            entering = isinstance(new, ResignedState) or (
+                isinstance(new, ProspectiveState) and not isinstance(self._state, ProspectiveState))
             if entering:
                 raise RaftInvariantError(f"{type(new).__name__} must not change the quorum-state")
             self._persisted = new_election
@@ -939,20 +898,20 @@ class RaftCore:
         old, self._state = self._state, new
         if isinstance(old, LeaderState):
             self._leave_leadership(old)
-        elif isinstance(old, _Follower) and old.download is not None:
-            old.download.abort()
+        elif isinstance(old, FollowerState):
+            old.abort_download()
         # Responses are matched to the state that sent the request (KRaft resets connections).
         self._requests.reset()
 
     def _new_prospective_state(
         self, epoch: int, leader_id: int | None, voted_key: ReplicaKey | None, now_ms: int
-    ) -> _Prospective:
-        return _Prospective(epoch, leader_id, voted_key,
+    ) -> ProspectiveState:
+        return ProspectiveState(epoch, leader_id, voted_key,
                             EpochElection(self.local_key, self.voters),
                             self._election_deadline(now_ms))
 
-    def _new_candidate_state(self, epoch: int, now_ms: int) -> _Candidate:
-        return _Candidate(epoch, EpochElection(self.local_key, self.voters),
+    def _new_candidate_state(self, epoch: int, now_ms: int) -> CandidateState:
+        return CandidateState(epoch, EpochElection(self.local_key, self.voters),
                           self._election_deadline(now_ms))
 
     def _become_follower(self, now_ms: int, epoch: int, leader_id: int) -> None:
@@ -960,19 +919,19 @@ class RaftCore:
         self._transition(self._new_follower(epoch, leader_id, voted, now_ms))
 
     def _new_follower(self, epoch: int, leader_id: int, voted_key: ReplicaKey | None,
-                      now_ms: int) -> _Follower:
+                      now_ms: int) -> FollowerState:
         timeout = self.config.fetch_timeout_ms
         timeout += self._random.randrange(timeout // 10 + 1)
-        return _Follower(epoch, leader_id, voted_key, now_ms + timeout, timeout)
+        return FollowerState(epoch, leader_id, voted_key, now_ms + timeout, timeout)
 
     def _become_unattached(self, now_ms: int, epoch: int) -> None:
         voted = self._state_voted_key() if epoch == self.epoch else None
-        self._transition(_Unattached(epoch, None, voted, self._unattached_deadline(now_ms)))
+        self._transition(UnattachedState(epoch, None, voted, self._unattached_deadline(now_ms)))
 
     def _state_voted_key(self) -> ReplicaKey | None:
         return self._election_state_of(self._state).voted_key
 
-    def _become_leader(self, now_ms: int, candidate: _Candidate) -> None:
+    def _become_leader(self, now_ms: int, candidate: CandidateState) -> None:
         remote = {k: ReplicaProgress() for k in self._remote_voters}
         voters = {self._local_voter_key(): ReplicaProgress(), **remote}
         start = self.log.end_offset
@@ -999,7 +958,7 @@ class RaftCore:
         state = self._state
         assert isinstance(state, LeaderState)
         successors = state.successors(self.node_id)
-        self._transition(_Resigned(
+        self._transition(ResignedState(
             state.epoch, state.voted_key, self._election_deadline(now_ms),
             tuple(successors), {k.id for k in successors},
         ))
@@ -1041,8 +1000,8 @@ class RaftCore:
             return
         # Follow a leader newly learned for this epoch. A Prospective that already knew it keeps
         # campaigning (its fetches failed); an Unattached that kept its id has rediscovered it.
-        if isinstance(self._state, _Unattached) or (
-            known is None and isinstance(self._state, _Prospective | _Candidate)
+        if isinstance(self._state, UnattachedState) or (
+            known is None and isinstance(self._state, ProspectiveState | CandidateState)
         ):
             self._become_follower(now_ms, epoch, leader_id)
 
@@ -1105,7 +1064,7 @@ class RaftCore:
         if self._flushed_offset < self.log.end_offset:
             return False
         state = self._state
-        if isinstance(state, _Follower) and state.download is not None:
+        if isinstance(state, FollowerState) and state.download is not None:
             download = state.download
             self._send(now_ms, target, FetchSnapshotRequest(
                 cluster_id=self.cluster_id, replica_id=self.node_id,
@@ -1164,15 +1123,16 @@ class RaftCore:
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
         state = self._state
-        if granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective) \
+        if granted and not request.pre_vote \
+                and isinstance(state, UnattachedState | ProspectiveState) \
                 and state.voted_key is None:
             # The vote is durable before the response leaves (Effects.persist goes first).
             deadline = self._election_deadline(now_ms)
-            if isinstance(state, _Prospective):
-                self._transition(_Prospective(state.epoch, state.leader_id, candidate,
+            if isinstance(state, ProspectiveState):
+                self._transition(ProspectiveState(state.epoch, state.leader_id, candidate,
                                               state.election, deadline))
             else:
-                self._transition(_Unattached(state.epoch, state.leader_id, candidate, deadline))
+                self._transition(UnattachedState(state.epoch, state.leader_id, candidate, deadline))
         return Errors.NONE, granted
 
     def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
@@ -1208,28 +1168,13 @@ class RaftCore:
         logger.warning(message, *args)
 
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
-        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped)."""
-        state = self._state
-        if isinstance(state, LeaderState):
-            return False
-        if isinstance(state, _Candidate | _Resigned):
-            return up_to_date if pre_vote else False
-        if isinstance(state, _Follower):
-            return pre_vote and up_to_date and not state.has_fetched_from_leader
-        if pre_vote:
-            return up_to_date
-        if state.voted_key is not None:
-            return state.voted_key.id == candidate.id and (
-                state.voted_key.directory_id is None
-                or state.voted_key.directory_id == candidate.directory_id
-            )
-        if state.leader_id is not None:
-            return False
-        return up_to_date
+        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped): each state answers for itself."""
+        return self._state.can_grant_vote(candidate, up_to_date, pre_vote)
 
     def _handle_vote_response(self, now_ms: int, source: int, response: VoteResponse) -> None:
         state = self._state
-        if (response.error_code == Errors.UNSUPPORTED_VERSION and isinstance(state, _Prospective)
+        if (response.error_code == Errors.UNSUPPORTED_VERSION
+                and isinstance(state, ProspectiveState)
                 and not self._epoch_exhausted(now_ms, state.epoch)):
             # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
@@ -1238,7 +1183,8 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.leader_epoch != state.epoch or not isinstance(state, _Prospective | _Candidate):
+        if response.leader_epoch != state.epoch \
+                or not isinstance(state, ProspectiveState | CandidateState):
             return
         if response.error_code == Errors.NONE:
             state.election.record(ReplicaKey(source, response.voter_directory_id),
@@ -1317,7 +1263,8 @@ class RaftCore:
         if error is not Errors.NONE:
             return error
         state = self._state
-        if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
+        if isinstance(state, FollowerState) and state.leader_id == request.leader_id \
+                and self.is_voter:
             logger.info("node %d: EndQuorumEpoch from %d: leader of epoch %d resigned",
                         self.node_id, request.leader_id, request.leader_epoch)
             successors = [info.key() for info in request.preferred_successors]
@@ -1345,7 +1292,7 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, _Resigned):
+        if response.error_code == Errors.NONE and isinstance(state, ResignedState):
             state.unacknowledged.discard(source)
 
     # --- Fetch, leader side ------------------------------------------------------------------
@@ -1512,20 +1459,20 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if (response.error_code != Errors.NONE or not isinstance(state, _Follower)
+        if (response.error_code != Errors.NONE or not isinstance(state, FollowerState)
                 or state.leader_id != source or response.leader_epoch != state.epoch):
             return
         # Everything is validated before anything changes: a response that is wrong in any part
         # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
         # leader that keeps answering nonsense is in the end replaced by an election.
-        problem = self._fetch_response_problem(response)
+        problem = fetch_response_problem(response, self._high_watermark)
         batches: list[RecordBatch] = []
         if problem is None and response.records and response.snapshot_id is None \
                 and response.diverging_epoch is None:
-            batches, problem = self._validated_batches(response)
+            batches, problem = validated_batches(response, self.log, self._static_ids)
         point: int | None = None
         if problem is None and response.diverging_epoch is not None:
-            point = self._diverging_point(response.diverging_epoch)
+            point = diverging_point(self.log, response.diverging_epoch)
             if self._high_watermark is not None and point < self._high_watermark:
                 problem = (f"it asks to truncate to {point}, below the high watermark "
                            f"{self._high_watermark}: committed data would be lost")
@@ -1547,83 +1494,16 @@ class RaftCore:
             high_watermark = min(response.high_watermark, self.log.end_offset)
             if self._high_watermark is None or high_watermark >= self._high_watermark:
                 self._advance_local_high_watermark(high_watermark)
-        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
-        state.has_fetched_from_leader = True
+        state.heard_from_leader(now_ms)
 
-    def _fetch_response_problem(self, response: FetchResponse) -> str | None:
-        """What makes a leader's answer unusable as a whole, if anything (its records apart)."""
-        epoch = response.leader_epoch
-        hwm = response.high_watermark
-        if hwm is not None and self._high_watermark is not None and hwm < self._high_watermark:
-            # A leader's high watermark covers every committed offset (Raft), so ours is never
-            # ahead of it: the answer is broken or forged.
-            return f"its high watermark {hwm} is below ours {self._high_watermark}"
-        if hwm is not None and hwm < 0:
-            return f"negative high watermark {hwm}"
-        snapshot = response.snapshot_id
-        if snapshot is not None:
-            if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
-                return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
-            if self._high_watermark is not None and snapshot.end_offset < self._high_watermark:
-                return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "
-                        f"high watermark {self._high_watermark}")
-        diverging = response.diverging_epoch
-        if diverging is not None and (diverging.end_offset < 0
-                                      or not 0 <= diverging.epoch <= epoch):
-            return f"invalid diverging epoch ({diverging.epoch}, {diverging.end_offset})"
-        return None
-
-    def _validated_batches(self, response: FetchResponse) -> tuple[list[RecordBatch], str | None]:
-        """The fetched batches, or why they cannot be appended: each must pass its CRC, start
-        where the previous one (the log, for the first) ends, and carry an epoch no older than
-        the one before it and no newer than the leader's."""
-        try:
-            batches = decode_batches(response.records)
-        except ValueError as error:
-            return [], f"corrupt records: {error}"
-        expected_offset = self.log.end_offset
-        previous_epoch = self.log.last_fetched_epoch()
-        for batch in batches:
-            if batch.base_offset != expected_offset:
-                return [], (f"a batch at offset {batch.base_offset} where {expected_offset} "
-                            f"was due")
-            if not previous_epoch <= batch.epoch <= response.leader_epoch:
-                return [], (f"a batch of epoch {batch.epoch} at offset {batch.base_offset} "
-                            f"(after epoch {previous_epoch}, leader epoch "
-                            f"{response.leader_epoch})")
-            if not batch.records:
-                return [], f"an empty batch at offset {batch.base_offset}"
-            if batch.is_control:
-                problem = self._voter_records_problem(batch)
-                if problem is not None:
-                    return [], problem
-            expected_offset = batch.next_offset
-            previous_epoch = batch.epoch
-        return batches, None
-
-    def _voter_records_problem(self, batch: RecordBatch) -> str | None:
-        """Why a fetched control batch's voter records cannot be adopted, if they cannot: once
-        in the log they define the voters, at once and at every start."""
-        try:
-            sets = voter_sets_in(batch)
-        except ValueError as error:
-            return f"an unreadable voter record at offset {batch.base_offset}: {error}"
-        for offset, voters in sets:
-            unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
-            if not voters or unknown:
-                return (f"a voter record at offset {offset} names voters {unknown or 'none'} "
-                        f"outside controller.quorum.voters")
-        return None
-
-    def _begin_download(self, state: _Follower, snapshot_id: SnapshotId) -> None:
+    def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
         if state.download is not None:
             if state.download.snapshot_id == snapshot_id:
                 return
-            state.download.abort()
+            state.abort_download()
         logger.info("node %d: the leader's log starts past ours; fetching snapshot %s",
                     self.node_id, snapshot_id)
         state.download = self.snapshots.begin_download(snapshot_id)
-        state.download_size = None
 
     # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
 
@@ -1654,13 +1534,13 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if (not isinstance(state, _Follower) or state.leader_id != source
+        if (not isinstance(state, FollowerState) or state.leader_id != source
                 or response.leader_epoch != state.epoch or state.download is None):
             return
         download = state.download
         if response.error_code in (Errors.SNAPSHOT_NOT_FOUND, Errors.POSITION_OUT_OF_RANGE):
             # The leader moved on to a newer snapshot: fetch again, which names it.
-            self._abort_download(state)
+            state.abort_download()
             return
         if response.error_code != Errors.NONE:
             return
@@ -1670,11 +1550,10 @@ class RaftCore:
                 != expected or response.position != download.written or not response.records):
             logger.warning("node %d: unexpected chunk of snapshot %s; starting over",
                            self.node_id, expected)
-            self._abort_download(state)
+            state.abort_download()
             return
         download.append(response.records)
-        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
-        state.has_fetched_from_leader = True
+        state.heard_from_leader(now_ms)
         if download.written < response.size:
             return
         state.download = None
@@ -1685,11 +1564,6 @@ class RaftCore:
                            self.node_id, expected, source, error)
             return
         self._load_snapshot(expected)
-
-    def _abort_download(self, state: _Follower) -> None:
-        if state.download is not None:
-            state.download.abort()
-        state.download = None
 
     def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Replace the log by a downloaded snapshot: the log restarts at its end offset, the
@@ -1703,14 +1577,6 @@ class RaftCore:
             self._advance_local_high_watermark(snapshot_id.end_offset)
         self.snapshots.delete_before(snapshot_id)
         self._effects.snapshot_loaded = snapshot_id
-
-    def _diverging_point(self, diverging: EpochEndOffset) -> int:
-        """Where the log is truncated to for a leader's diverging epoch (Kafka's rule)."""
-        if diverging.epoch == 0:
-            return min(diverging.end_offset, self.log.end_offset)
-        local = self.log.end_offset_for_epoch(diverging.epoch)
-        return min(local.offset, diverging.end_offset) if local.epoch == diverging.epoch \
-            else local.offset
 
     def _truncate_to(self, point: int) -> None:
         if self._high_watermark is not None and point < self._high_watermark:
@@ -1774,7 +1640,7 @@ class RaftCore:
         if leader_id is not None and self.leader_id is None:
             self._maybe_transition(now_ms, leader_id, epoch)
             return error != Errors.NONE
-        if (isinstance(self._state, _Unattached) and leader_id is not None
+        if (isinstance(self._state, UnattachedState) and leader_id is not None
                 and leader_id != self.node_id):
             # An unattached replica that kept the last leader's id rediscovered it.
             self._become_follower(now_ms, epoch, leader_id)

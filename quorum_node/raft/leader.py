@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 
 from quorum_node.raft.messages import FetchRequest
 from quorum_node.raft.records import Record
-from quorum_node.raft.types import Errors, ReplicaKey, VoterChangeKind
+from quorum_node.raft.types import NEVER, Errors, ReplicaKey, VoterChangeKind
 from quorum_node.raft.voters import VoterSet
-
-NEVER = 2**62
 
 # Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
 OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
@@ -159,6 +157,9 @@ class LeaderState:
     parked: list[ParkedFetch] = field(default_factory=list)
     reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest sequence) first
     fetch_sequence: int = 0  # counts valid fetches in this epoch, for read barriers
+
+    def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
+        return False  # a leader of this epoch votes for nobody
 
     # --- replicas ----------------------------------------------------------------------------
 

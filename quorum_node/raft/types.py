@@ -43,6 +43,10 @@ class ReplicaKey:
 MAX_EPOCH = 2**31 - 1
 
 
+# A deadline that never comes (a timer that is not running).
+NEVER = 2**62
+
+
 def epoch_in_bounds(epoch: int) -> bool:
     """Whether an epoch may be adopted: its successor is still an int32 (see MAX_EPOCH)."""
     return epoch < MAX_EPOCH
