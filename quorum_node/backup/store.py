@@ -84,8 +84,8 @@ def open_store(location: str, options: S3Options | None = None) -> BackupStore:
 
 
 def s3_client(options: S3Options) -> S3Client:
-    # Imported here, not at the top: boto3 is an optional extra, and importing it costs every
-    # quorum-node command (run included) over half a second.
+    # Imported here, not at the top: boto3 is an optional extra, and importing it is slow
+    # enough to be felt by every quorum-node command (run included).
     try:
         import boto3  # noqa: PLC0415
     except ImportError:

@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import (
 )
 
 from quorum_node.raft.state import RaftState
-from quorum_node.raft.types import NotLeaderError
+from quorum_node.raft.types import NotLeaderError, VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 if TYPE_CHECKING:
@@ -198,10 +198,10 @@ class _CoreCollector:
         pending = core.pending_voter_change
         pending_kind = None if pending is None else pending[0]
         yield gauge("quorum_pending_add_voter", "1 while an AddVoter is in progress, else 0.",
-                    1 if pending_kind == "add" else 0)
+                    1 if pending_kind is VoterChangeKind.ADD else 0)
         yield gauge("quorum_pending_remove_voter",
                     "1 while a RemoveVoter is in progress, else 0.",
-                    1 if pending_kind == "remove" else 0)
+                    1 if pending_kind is VoterChangeKind.REMOVE else 0)
         yield gauge("quorum_is_observer", "1 if this replica is not a voter.",
                     0 if core.is_voter else 1)
 

@@ -26,7 +26,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from aiohttp import web
 
@@ -45,7 +45,17 @@ from quorum_node.node.transport import (
     max_response_bytes,
 )
 from quorum_node.node.waits import WaitInterrupted, Waits
-from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore, VoterChangeOutcome
+from quorum_node.raft.core import (
+    OutboundRequest,
+    OutboundResponse,
+    RaftCore,
+    ReadAbandoned,
+    ReadBarrier,
+    ReadConfirmed,
+    ReadOutcome,
+    ReadTimedOut,
+    VoterChangeDone,
+)
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.messages import (
     RaftRequest,
@@ -191,6 +201,9 @@ class QuorumNode:
         # Callers waiting for a condition of the core (a commit, a confirmed read, a voter
         # change), woken by the step that makes it true.
         self.waits = Waits(lambda: self.core.high_watermark, self._stopped_error)
+        # The core's outcomes, by ticket and read barrier id, until their waiter takes them.
+        self._voter_changes_done: dict[int, VoterChangeDone] = {}
+        self._reads_settled: dict[int, ReadOutcome] = {}
         self._appends_waiting = 0  # appends waiting for their commit
         # Peers whose last request failed, or whose stream ended, since the shutdown began.
         self._unreachable: set[int] = set()
@@ -343,6 +356,12 @@ class QuorumNode:
         # The key-value applier sees that its store is behind the latest snapshot and loads it.
         logger.info("node %d: the log was replaced by snapshot %s from the leader",
                     self.config.node_id, snapshot_id)
+
+    def voter_change_done(self, done: VoterChangeDone) -> None:
+        self._voter_changes_done[done.ticket] = done  # its waiter wakes after the step
+
+    def read_settled(self, outcome: ReadOutcome) -> None:
+        self._reads_settled[outcome.barrier_id] = outcome
 
     def stepped(self, step: str, peer: int | None) -> None:
         self.story.after_step(step, peer)
@@ -542,20 +561,11 @@ class QuorumNode:
                              key: ReplicaKey, timeout_s: float) -> None:
         if self.failure is not None:
             raise NotLeaderError(None, self.core.epoch)
-        # The core gets a little less time: its own timeout says what the change waited for,
-        # and answering first it leaves no outcome behind.
-        timeout_ms = int(timeout_s * 1000)
-        ticket = self.driver.request(
-            lambda _: start(_now_ms(), key, max(1, timeout_ms - min(500, timeout_ms // 10))))
-        outcome: VoterChangeOutcome | None = None
-
-        def done() -> bool:
-            nonlocal outcome
-            outcome = self.core.voter_change_result(ticket)  # hands each outcome out once
-            return outcome is not None
-
+        core_timeout_ms = _core_timeout_ms(int(timeout_s * 1000))
+        ticket = self.driver.request(lambda _: start(_now_ms(), key, core_timeout_ms))
+        done = self._voter_changes_done
         try:
-            await self._wait_for(done, timeout_s)
+            await self._wait_for(lambda: ticket in done, timeout_s)
         except TimeoutError:
             raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
                                    f"not done within {timeout_s:g} s; it may still complete"
@@ -564,6 +574,8 @@ class QuorumNode:
             raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
                                    "the node is shutting down; the change may still complete"
                                    ) from None
+        finally:
+            outcome = done.pop(ticket, None)
         assert outcome is not None
         if outcome.error is not Errors.NONE:
             raise VoterChangeError(outcome.error, outcome.message)
@@ -579,13 +591,27 @@ class QuorumNode:
         before this call, confirmed by a majority to be read on the current leader.
         Raises NotLeaderError on a non-leader, TimeoutError if it cannot be confirmed in time."""
         deadline = asyncio.get_running_loop().time() + timeout_s
+        settled = self._reads_settled
         while True:
-            barrier = self.driver.request(lambda core: core.begin_read(_now_ms()))
             remaining = deadline - asyncio.get_running_loop().time()
+            barrier = self.driver.request(functools.partial(
+                _begin_read, timeout_ms=_core_timeout_ms(int(remaining * 1000))))
             if barrier is not None:
-                await self._wait_for(functools.partial(self.core.read_confirmed, barrier),
-                                     remaining)
-                return barrier.read_index
+                try:
+                    await self._wait_for(functools.partial(settled.__contains__, barrier.id),
+                                         remaining)
+                finally:
+                    outcome = settled.pop(barrier.id, None)
+                assert outcome is not None  # else the wait raised
+                match outcome:
+                    case ReadConfirmed():
+                        return outcome.read_index
+                    case ReadAbandoned():
+                        raise NotLeaderError(outcome.leader_id, outcome.epoch)
+                    case ReadTimedOut():
+                        raise TimeoutError
+                    case _:
+                        assert_never(outcome)
             # A new leader has no high watermark until its LeaderChange commits: wait for it.
             await self._wait_for(lambda: self.core.leader_has_committed, remaining)
 
@@ -611,6 +637,16 @@ class QuorumNode:
         """Where the leader serves clients (None while no leader is known)."""
         leader = self.core.leader_id
         return self.client_endpoints.get(leader) if leader is not None else None
+
+
+def _begin_read(core: RaftCore, timeout_ms: int) -> ReadBarrier | None:
+    return core.begin_read(_now_ms(), timeout_ms)
+
+
+def _core_timeout_ms(timeout_ms: int) -> int:
+    """The time the core gets for what a caller waits ``timeout_ms`` for: a little less, so that
+    its own timeout says what was waited for, and its outcome reaches the waiter."""
+    return max(1, timeout_ms - min(500, timeout_ms // 10))
 
 
 def _timed_flush(log: SegmentLog) -> tuple[int, float]:

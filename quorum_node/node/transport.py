@@ -136,7 +136,7 @@ def decode_frame(cls: type[M], data: bytes) -> M:
     if length > MAX_HEADER_BYTES or end > len(data):
         raise FrameError(f"invalid frame header length {length}")
     try:
-        # pydantic-core's JSON parser: a third of json.loads's time.
+        # pydantic-core's JSON parser: faster than json.loads on every frame header.
         fields = pydantic_core.from_json(data[_HEADER_LENGTH.size : end])
     except ValueError as error:
         raise FrameError(f"frame header is not JSON: {error}") from None

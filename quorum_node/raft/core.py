@@ -12,7 +12,16 @@ The driver's contract (``take_effects`` after every call):
 2. apply the log mutations the core made through the ``RaftLog`` it was given (they are already
    applied: the log is in-memory or page-cache state) and, when ``Effects.flush`` is set, flush the
    log and report the flushed end offset with ``handle_flushed``. Only flushed data counts as the
-   leader's own progress and only flushed data is acknowledged by a follower's next Fetch.
+   leader's own progress and only flushed data is acknowledged by a follower's next Fetch;
+3. hand ``Effects.voter_changes`` and ``Effects.reads`` to whoever waits for them: every voter
+   change ticket and read barrier the core handed out is settled by exactly one of them.
+
+Each replica state lives with its role, as Kafka's ``EpochState`` classes do: ``leader.py``
+(``LeaderState``: replica progress, high watermark, check-quorum, observers, read barriers),
+``follower.py`` (``FollowerState``: the fetch timer, snapshot downloads, the checks of a leader's
+answers), ``candidate.py`` (Unattached, Prospective, Candidate, Resigned; whom each votes for).
+This module is the dispatcher (``match`` over every request and response) and what all states
+share: the log and voter set, transitions, timers and the RPC handlers.
 """
 
 from __future__ import annotations
@@ -22,12 +31,37 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Any, TypeVar, assert_never
 
+from quorum_node.raft.candidate import (
+    CandidateState,
+    ProspectiveState,
+    ResignedState,
+    UnattachedState,
+)
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
+from quorum_node.raft.follower import (
+    FollowerState,
+    diverging_point,
+    fetch_response_problem,
+    validated_batches,
+)
+from quorum_node.raft.leader import (
+    LeaderState,
+    ParkedFetch,
+    QuorumDescription,
+    ReadAbandoned,
+    ReadBarrier,
+    ReadConfirmed,
+    ReadOutcome,
+    ReadTimedOut,
+    ReplicaDescription,
+    ReplicaProgress,
+    VoterChange,
+    VoterChangeDone,
+)
 from quorum_node.raft.log import RaftLog
-from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -50,13 +84,13 @@ from quorum_node.raft.records import Record, RecordBatch, control_record, decode
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
-    PartialSnapshot,
     SnapshotId,
     SnapshotStore,
 )
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import (
     MAX_EPOCH,
+    NEVER,
     ControlRecordType,
     Errors,
     LeaderNotReadyError,
@@ -64,13 +98,31 @@ from quorum_node.raft.types import (
     RaftInvariantError,
     ReplicaKey,
     VoterChangeError,
+    VoterChangeKind,
     epoch_in_bounds,
 )
 from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
 
 logger = logging.getLogger(__name__)
 
-NEVER = 2**62
+# What the runtime, the simulator and the tests take from here (some defined in the role modules).
+__all__ = [
+    "Effects",
+    "OutboundRequest",
+    "OutboundResponse",
+    "QuorumDescription",
+    "RaftCore",
+    "ReadAbandoned",
+    "ReadBarrier",
+    "ReadConfirmed",
+    "ReadOutcome",
+    "ReadTimedOut",
+    "ReplicaDescription",
+    "VoterChangeDone",
+]
+
+_ResponseT = TypeVar("_ResponseT", VoteResponse, BeginQuorumEpochResponse, EndQuorumEpochResponse,
+                     FetchResponse, FetchSnapshotResponse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,65 +139,9 @@ class OutboundResponse:
     message: RaftResponse
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaDescription:
-    key: ReplicaKey
-    log_end_offset: int | None
-    last_fetch_ms: int | None
-    last_caught_up_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumDescription:
-    """The leader's view of the quorum (DescribeQuorum)."""
-
-    leader_id: int
-    epoch: int
-    high_watermark: int | None
-    voters: tuple[ReplicaDescription, ...]
-    observers: tuple[ReplicaDescription, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ReadBarrier:
-    """A linearizable read in progress (ReadIndex): once a majority of voters has fetched from
-    this leader, in its epoch, after the barrier was taken, every write acknowledged before the
-    read began lies below ``read_index``."""
-
-    epoch: int
-    read_index: int
-    fetch_sequence: int
-
-
-# Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
-OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
-# At most this many observers are tracked. A new one beyond it evicts the one that fetched
-# least recently (never the subject of a pending AddVoter): a live observer fetches every
-# fetch.max.wait, so it is back in the table at its next fetch, whereas refusing newcomers
-# would lock a legitimate replacement replica out for a whole session timeout after any burst
-# of fetches with made-up keys. In this product observers are the replacements of lost disks
-# (one or two at a time), so a few dozen is plenty.
-MAX_OBSERVERS = 64
 # A warning that a peer can provoke on every request or fetch is logged at most this often
 # (per kind of warning).
 WARNING_INTERVAL_MS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class VoterChangeOutcome:
-    error: Errors
-    message: str
-
-
-@dataclass(slots=True)
-class _VoterChange:
-    """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
-
-    ticket: int
-    kind: str  # "add" | "remove"
-    key: ReplicaKey
-    deadline_ms: int
-    record_offset: int | None = None  # once its VotersRecord is appended
 
 
 @dataclass(slots=True)
@@ -156,114 +152,22 @@ class Effects:
     # The log was replaced by this snapshot (downloaded from the leader): the state machine must
     # load it and go on from its end offset.
     snapshot_loaded: SnapshotId | None = None
+    # Outcomes for the callers of add_voter/remove_voter and begin_read.
+    voter_changes: list[VoterChangeDone] = field(default_factory=list)
+    reads: list[ReadOutcome] = field(default_factory=list)
 
 
-# --- replica states ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Unattached:
-    epoch: int
-    leader_id: int | None
-    voted_key: ReplicaKey | None
-    election_deadline_ms: int  # NEVER for observers
-    next_discovery_ms: int = 0
-
-
-@dataclass(slots=True)
-class _Prospective:
-    epoch: int
-    leader_id: int | None
-    voted_key: ReplicaKey | None
-    election: EpochElection
-    election_deadline_ms: int
-    # When the voters that rejected the pre-vote are asked again: a follower that still heard
-    # from its leader when asked (KAFKA-17641) grants once its own fetch timeout has passed.
-    # Without this, the one replica with the newest log may time out first, be told no, wait
-    # out its election timeout and a whole fetch timeout again while the others, behind it,
-    # cannot win.
-    ask_again_ms: int = NEVER
-
-
-@dataclass(slots=True)
-class _Candidate:
-    epoch: int
-    election: EpochElection
-    election_deadline_ms: int
-
-
-@dataclass(slots=True)
-class _Follower:
-    epoch: int
-    leader_id: int
-    voted_key: ReplicaKey | None
-    fetch_deadline_ms: int
-    # controller.quorum.fetch.timeout.ms plus up to a tenth more, drawn once per state: the
-    # followers of a leader hear from it in the same instant, and without the jitter they would
-    # time out in the same instant too, grant each other's pre-votes and split the vote.
-    fetch_timeout_ms: int
-    # KAFKA-17641: a follower grants pre-votes only until its first successful fetch in the epoch.
-    has_fetched_from_leader: bool = False
-    # KIP-630: the leader's snapshot being downloaded, instead of fetching, when the log it needs
-    # is gone from the leader.
-    download: PartialSnapshot | None = None
-    download_size: int | None = None
-
-
-@dataclass(slots=True)
-class _ReplicaProgress:
-    end_offset: int | None = None  # last fetch offset: what the replica has durably
-    last_fetch_ms: int | None = None
-    last_caught_up_ms: int | None = None
-    leader_end_at_last_fetch: int = 0
-    acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
-    next_begin_quorum_ms: int = 0
-    last_fetch_sequence: int = 0  # the leader's fetch counter at this replica's last valid fetch
-    directory_id: uuid.UUID | None = None  # as the replica reports it in its fetches
-
-
-@dataclass(slots=True)
-class _ParkedFetch:
-    source: int
-    correlation_id: int
-    request: FetchRequest
-    deadline_ms: int
-
-
-@dataclass(slots=True)
-class _Leader:
-    epoch: int
-    voted_key: ReplicaKey | None
-    epoch_start_offset: int
-    check_quorum_deadline_ms: int
-    voters: dict[ReplicaKey, _ReplicaProgress]
-    observers: dict[ReplicaKey, _ReplicaProgress] = field(default_factory=dict)
-    high_watermark: int | None = None  # unknown until this epoch's LeaderChange is committed
-    fetched_voters: set[ReplicaKey] = field(default_factory=set)
-    pending: list[Record] = field(default_factory=list)
-    pending_bytes: int = 0
-    linger_deadline_ms: int = NEVER
-    parked: list[_ParkedFetch] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Resigned:
-    epoch: int
-    voted_key: ReplicaKey | None
-    election_deadline_ms: int
-    preferred_successors: tuple[ReplicaKey, ...]
-    unacknowledged: set[int]
-
-
-_State = _Unattached | _Prospective | _Candidate | _Follower | _Leader | _Resigned
+# The replica states, each in the module of its role (leader, follower, candidate).
+_State = (UnattachedState | ProspectiveState | CandidateState | FollowerState | LeaderState
+          | ResignedState)
 
 _STATE_NAMES: dict[type, RaftState] = {
-    _Unattached: RaftState.UNATTACHED,
-    _Prospective: RaftState.PROSPECTIVE,
-    _Candidate: RaftState.CANDIDATE,
-    _Follower: RaftState.FOLLOWER,
-    _Leader: RaftState.LEADER,
-    _Resigned: RaftState.RESIGNED,
+    UnattachedState: RaftState.UNATTACHED,
+    ProspectiveState: RaftState.PROSPECTIVE,
+    CandidateState: RaftState.CANDIDATE,
+    FollowerState: RaftState.FOLLOWER,
+    LeaderState: RaftState.LEADER,
+    ResignedState: RaftState.RESIGNED,
 }
 
 
@@ -286,7 +190,7 @@ class RaftCore:
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
-        snapshots: SnapshotStore | None = None,
+        snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
     ) -> None:
         """``voters`` are the statically configured voters (``controller.quorum.voters``, known
@@ -303,17 +207,16 @@ class RaftCore:
         self._reconfigurable = directory_id is not None
         self.cluster_id = cluster_id
         self.log = log
-        self.snapshots: SnapshotStore = snapshots if snapshots is not None \
-            else MemorySnapshotStore()
+        self.snapshots = snapshots
         self._history = VoterSetHistory(tuple(voters))
         self._static_ids = frozenset(key.id for key in self._history.static_voters)
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
         self._warned_at: dict[str, int] = {}
         self._load_voter_history()
         self._set_voters(self._history.latest())
-        self._voter_change: _VoterChange | None = None
-        self._voter_change_results: dict[int, VoterChangeOutcome] = {}
+        self._voter_change: VoterChange | None = None
         self._next_ticket = 0
+        self._next_read_id = 0
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
@@ -322,7 +225,6 @@ class RaftCore:
         self._next_correlation_id = 0
         self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
         self._high_watermark: int | None = None
-        self._fetch_sequence = 0  # counts valid fetches at the leader, for read barriers
         self._shutting_down = False
         self._now_ms = now_ms
 
@@ -346,9 +248,9 @@ class RaftCore:
     @property
     def leader_id(self) -> int | None:
         state = self._state
-        if isinstance(state, _Leader | _Resigned):
+        if isinstance(state, LeaderState | ResignedState):
             return self.node_id
-        if isinstance(state, _Candidate):
+        if isinstance(state, CandidateState):
             return None
         return state.leader_id
 
@@ -401,7 +303,7 @@ class RaftCore:
     def accepts_writes(self) -> bool:
         """A leader accepts client records once the bootstrap VotersRecord is in its log: that
         record goes first, in its own batch (KIP-856)."""
-        return (isinstance(self._state, _Leader) and not self._shutting_down
+        return (isinstance(self._state, LeaderState) and not self._shutting_down
                 and (self.bootstrapped or not self._reconfigurable))
 
     def voter_set_at(self, offset: int) -> VoterSet:
@@ -409,7 +311,7 @@ class RaftCore:
         return self._history.at(offset)
 
     @property
-    def pending_voter_change(self) -> tuple[str, ReplicaKey] | None:
+    def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
         change = self._voter_change
         return None if change is None else (change.kind, change.key)
 
@@ -452,41 +354,20 @@ class RaftCore:
         logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
         self._set_voters(latest)
         state = self._state
-        if isinstance(state, _Leader):
-            self._regroup_replicas(state)
-        elif isinstance(state, _Unattached):
+        if isinstance(state, LeaderState):
+            state.regroup(self.voters, self.local_key)
+        elif isinstance(state, UnattachedState):
             state.election_deadline_ms = self._unattached_deadline(self._now_ms)
-
-    def _regroup_replicas(self, state: _Leader) -> None:
-        """Sort the leader's replica progress into voters and observers after a change of the
-        voter set, keeping what each has fetched; the high watermark stays (it never drops)."""
-        old = [*state.voters.items(), *state.observers.items()]
-        voters: dict[ReplicaKey, _ReplicaProgress] = {}
-        for key in self.voters:
-            # Exact key first: a static voter known by id only becomes the same replica's key.
-            found = next((kp for kp in old if kp[0] == key), None) or next(
-                (kp for kp in old if kp[0].matches(key)), None)
-            if found is not None:
-                old.remove(found)
-            voters[key] = found[1] if found is not None else _ReplicaProgress()
-        observers: dict[ReplicaKey, _ReplicaProgress] = {}
-        for key, progress in old:
-            if key.matches(self.local_key) or progress.last_fetch_ms is None:
-                continue  # the leader itself, or a voter that never fetched in this epoch
-            observers[ReplicaKey(key.id, key.directory_id or progress.directory_id)] = progress
-        state.voters = voters
-        state.observers = observers
-        state.fetched_voters &= set(voters)
 
     @property
     def epoch_start_offset(self) -> int | None:
-        return self._state.epoch_start_offset if isinstance(self._state, _Leader) else None
+        return self._state.epoch_start_offset if isinstance(self._state, LeaderState) else None
 
     @property
     def leader_has_committed(self) -> bool:
         """A leader whose LeaderChange is committed: its high watermark covers every write
         acknowledged in earlier epochs, so it can serve reads and writes."""
-        return isinstance(self._state, _Leader) and self._state.high_watermark is not None
+        return isinstance(self._state, LeaderState) and self._state.high_watermark is not None
 
     def take_effects(self) -> Effects:
         effects, self._effects = self._effects, Effects()
@@ -495,25 +376,26 @@ class RaftCore:
     def next_deadline_ms(self) -> int:
         state = self._state
         times = [self._requests.next_deadline_ms(self._now_ms) or NEVER]
-        if isinstance(state, _Unattached) and state.next_discovery_ms > self._now_ms:
+        if isinstance(state, UnattachedState) and state.next_discovery_ms > self._now_ms:
             times.append(state.next_discovery_ms)
-        if isinstance(state, _Resigned) and self._shutting_down:
+        if isinstance(state, ResignedState) and self._shutting_down:
             pass  # a stopping resigned leader stays resigned: its timer means nothing
-        elif isinstance(state, _Unattached | _Prospective | _Candidate | _Resigned):
+        elif isinstance(state, UnattachedState | ProspectiveState | CandidateState | ResignedState):
             times.append(state.election_deadline_ms)
-            if isinstance(state, _Prospective):
+            if isinstance(state, ProspectiveState):
                 times.append(state.ask_again_ms)
-        elif isinstance(state, _Follower):
+        elif isinstance(state, FollowerState):
             times.append(state.fetch_deadline_ms)
         else:
             if self._remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
+            times.extend(read.deadline_ms for read in state.reads)
             if self._voter_change is not None:
                 times.append(self._voter_change.deadline_ms)
             times.extend(
-                max(self._next_begin_quorum_ms(state.voters[key]),
+                max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
                 for key in self._peer_voters
                 if not self._requests.has_in_flight(key.id)
@@ -535,13 +417,16 @@ class RaftCore:
                 if response is not None:  # else parked: answered when data arrives
                     self._respond(source, correlation_id, response)
             case VoteRequest():
-                self._respond(source, correlation_id, self._handle_vote(now_ms, request))
+                error, granted = self._handle_vote(now_ms, request)
+                self._respond(source, correlation_id, self._response(
+                    VoteResponse, error, vote_granted=granted,
+                    voter_directory_id=self.local_key.directory_id))
             case BeginQuorumEpochRequest():
-                self._respond(source, correlation_id,
-                              self._handle_begin_quorum_epoch(now_ms, request))
+                self._respond(source, correlation_id, self._response(
+                    BeginQuorumEpochResponse, self._handle_begin_quorum_epoch(now_ms, request)))
             case EndQuorumEpochRequest():
-                self._respond(source, correlation_id,
-                              self._handle_end_quorum_epoch(now_ms, request))
+                self._respond(source, correlation_id, self._response(
+                    EndQuorumEpochResponse, self._handle_end_quorum_epoch(now_ms, request)))
             case FetchSnapshotRequest():
                 self._respond(source, correlation_id,
                               self._handle_fetch_snapshot(now_ms, request))
@@ -581,7 +466,7 @@ class RaftCore:
         """The log is durable up to ``flushed_offset`` (the end offset the flush covered)."""
         self._now_ms = max(self._now_ms, now_ms)
         self._flushed_offset = max(self._flushed_offset, min(flushed_offset, self.log.end_offset))
-        if isinstance(self._state, _Leader):
+        if isinstance(self._state, LeaderState):
             self._maybe_advance_leader_high_watermark(now_ms)
         self._drive(now_ms)
 
@@ -591,7 +476,7 @@ class RaftCore:
         The offsets are committed once the high watermark passes them in this epoch."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if self._reconfigurable and not self.bootstrapped:
             raise LeaderNotReadyError(self.leader_id, self.epoch)
@@ -615,69 +500,44 @@ class RaftCore:
         """Graceful shutdown: a leader resigns at once and asks the voters to elect a successor."""
         self._now_ms = max(self._now_ms, now_ms)
         self._shutting_down = True
-        if isinstance(self._state, _Leader):
+        if isinstance(self._state, LeaderState):
             self._resign(now_ms)
         self._drive(now_ms)
 
-    def begin_read(self, now_ms: int) -> ReadBarrier | None:
-        """Start a linearizable read on the leader. None while the leader has no high watermark
-        yet (its LeaderChange is not committed): retry shortly. Raises NotLeaderError elsewhere.
+    def begin_read(self, now_ms: int, timeout_ms: int) -> ReadBarrier | None:
+        """Start a linearizable read on the leader: a ``ReadOutcome`` effect for the barrier's id
+        settles it (confirmed, abandoned with the leadership, or timed out after
+        ``timeout_ms``). None while the leader has no high watermark yet (its LeaderChange is
+        not committed): retry shortly. Raises NotLeaderError elsewhere.
 
         Parked fetches are answered at once so that followers fetch again right away: their next
         fetches are what confirm that this replica is still the leader."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if state.high_watermark is None:
             return None
-        barrier = ReadBarrier(state.epoch, state.high_watermark, self._fetch_sequence)
+        self._next_read_id += 1
+        barrier = state.begin_read(self._next_read_id, state.high_watermark, now_ms + timeout_ms)
         self._complete_parked_fetches(state, lambda parked: True)
+        self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
-
-    def read_confirmed(self, barrier: ReadBarrier) -> bool:
-        """Whether a majority of voters (this leader included) has fetched since the barrier.
-        Raises NotLeaderError once this replica no longer leads the barrier's epoch."""
-        state = self._state
-        if not isinstance(state, _Leader) or state.epoch != barrier.epoch:
-            raise NotLeaderError(self.leader_id, self.epoch)
-        confirmed = sum(
-            1 for key, progress in state.voters.items()
-            if key.matches(self.local_key) or progress.last_fetch_sequence > barrier.fetch_sequence
-        )
-        return confirmed >= len(state.voters) // 2 + 1
 
     def describe_quorum(self, now_ms: int) -> QuorumDescription:
         """DescribeQuorum: the leader's record of every replica. Raises NotLeaderError elsewhere."""
         state = self._state
-        if not isinstance(state, _Leader):
+        if not isinstance(state, LeaderState):
             raise NotLeaderError(self.leader_id, self.epoch)
-
-        def row(key: ReplicaKey, progress: _ReplicaProgress) -> ReplicaDescription:
-            if key.matches(self.local_key):
-                return ReplicaDescription(self.local_key, self.log.end_offset, now_ms, now_ms)
-            # A static voter's uuid is not configured; report the one its fetches carry.
-            reported = ReplicaKey(key.id, key.directory_id or progress.directory_id)
-            return ReplicaDescription(reported, progress.end_offset, progress.last_fetch_ms,
-                                      progress.last_caught_up_ms)
-
-        observers = tuple(
-            row(key, progress) for key, progress in state.observers.items()
-            if progress.last_fetch_ms is not None
-            and now_ms - progress.last_fetch_ms < OBSERVER_SESSION_TIMEOUT_MS
-        )
-        return QuorumDescription(
-            leader_id=self.node_id, epoch=state.epoch, high_watermark=state.high_watermark,
-            voters=tuple(row(key, progress) for key, progress in state.voters.items()),
-            observers=observers,
-        )
+        return state.describe(now_ms, self.local_key, self.log.end_offset)
 
     def add_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int) -> int:
-        """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket for
-        ``voter_change_result``; raises NotLeaderError on a non-leader and VoterChangeError for
-        a request refused at once. The change is appended once the observer has caught up, no
-        other voter change is uncommitted and this leader's LeaderChange is committed; it
-        succeeds once committed by a majority of the new voter set."""
+        """KIP-856 AddVoter: make the observer ``key`` a voter. Returns a ticket, which a
+        ``VoterChangeDone`` effect settles; raises NotLeaderError on a non-leader and
+        VoterChangeError for a request refused at once. The change is appended once the
+        observer has caught up, no other voter change is uncommitted and this leader's
+        LeaderChange is committed; it succeeds once committed by a majority of the new voter
+        set."""
         state = self._check_voter_change(now_ms, key)
         if any(voter == key for voter in self.voters):
             raise VoterChangeError(Errors.DUPLICATE_VOTER, f"{key} is already a voter")
@@ -685,7 +545,7 @@ class RaftCore:
         if progress is None or progress.last_fetch_ms is None:
             raise VoterChangeError(Errors.INVALID_REQUEST,
                                    f"{key} is not an observer: it has not fetched from the leader")
-        return self._start_voter_change(now_ms, "add", key, timeout_ms)
+        return self._start_voter_change(now_ms, VoterChangeKind.ADD, key, timeout_ms)
 
     def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int, *,
                      decommission: bool = False) -> int:
@@ -709,16 +569,12 @@ class RaftCore:
                 f"removing {key} would remove node {key.id} from the voters; only a replaced "
                 f"directory of a node can be removed (add the new one first), unless the node "
                 f"is decommissioned")
-        return self._start_voter_change(now_ms, "remove", key, timeout_ms)
+        return self._start_voter_change(now_ms, VoterChangeKind.REMOVE, key, timeout_ms)
 
-    def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:
-        """The outcome of a voter change (once, then forgotten); None while it is in progress."""
-        return self._voter_change_results.pop(ticket, None)
-
-    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> _Leader:
+    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> LeaderState:
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
-        if not isinstance(state, _Leader) or self._shutting_down:
+        if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
         if not self._reconfigurable:
             raise VoterChangeError(Errors.UNSUPPORTED_VERSION,
@@ -736,19 +592,20 @@ class RaftCore:
                                    f"{pending.key}); retry when it is done")
         return state
 
-    def _start_voter_change(self, now_ms: int, kind: str, key: ReplicaKey, timeout_ms: int) -> int:
+    def _start_voter_change(self, now_ms: int, kind: VoterChangeKind, key: ReplicaKey,
+                            timeout_ms: int) -> int:
         self._next_ticket += 1
-        self._voter_change = _VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
+        self._voter_change = VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
         self._drive(now_ms)
         return self._next_ticket
 
-    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
         """Take the pending change through KIP-856's steps as far as it can go now."""
         hwm = state.high_watermark
         if change.record_offset is not None:
             if hwm is not None and hwm > change.record_offset:
                 self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: committed")
-                if change.kind == "remove" and change.key.matches(self.local_key):
+                if change.kind is VoterChangeKind.REMOVE and change.key.matches(self.local_key):
                     logger.info("node %d: removed from the voters; resigning", self.node_id)
                     self._resign(now_ms)
             elif now_ms >= change.deadline_ms:
@@ -763,22 +620,19 @@ class RaftCore:
                 self._finish_voter_change(Errors.REQUEST_TIMED_OUT,
                                           f"{change.kind} {change.key}: timed out {waiting_for}")
             return
-        if change.kind == "add":
+        if change.kind is VoterChangeKind.ADD:
             new = tuple(sorted((*self.voters, change.key)))
         else:
             new = tuple(voter for voter in self.voters if voter != change.key)
         change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
 
     def _voter_change_blocker(
-        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
     ) -> str | None:
         """What the change still waits for, in KIP-856's order; None when it can be appended."""
-        if change.kind == "add":
-            progress = state.observers.get(change.key)
-            caught_up = progress is not None and progress.last_caught_up_ms is not None \
-                and now_ms - progress.last_caught_up_ms <= self.config.fetch_timeout_ms
-            if not caught_up:
-                return f"waiting for {change.key} to catch up with the leader"
+        if change.kind is VoterChangeKind.ADD \
+                and not state.is_caught_up(change.key, now_ms, self.config.fetch_timeout_ms):
+            return f"waiting for {change.key} to catch up with the leader"
         if not self.bootstrapped:
             return "waiting for the leader to write the bootstrap voters"
         if hwm is None:
@@ -792,17 +646,11 @@ class RaftCore:
         change = self._voter_change
         assert change is not None
         self._voter_change = None
-        self._voter_change_results[change.ticket] = VoterChangeOutcome(error, message)
+        self._effects.voter_changes.append(VoterChangeDone(change.ticket, error, message))
         if error != Errors.NONE:
             logger.warning("node %d: voter change failed: %s", self.node_id, message)
         else:
             logger.info("node %d: %s", self.node_id, message)
-
-    def resign(self, now_ms: int) -> None:
-        """Give up leadership of the current epoch (no-op unless leader)."""
-        if isinstance(self._state, _Leader):
-            self._resign(now_ms)
-            self._drive(now_ms)
 
     # --- start-up ----------------------------------------------------------------------------
 
@@ -830,13 +678,13 @@ class RaftCore:
                 stored.epoch,
                 log_epoch,
             )
-            return _Unattached(log_epoch, None, None, self._unattached_deadline(now_ms))
+            return UnattachedState(log_epoch, None, None, self._unattached_deadline(now_ms))
         voter = self.is_voter
         if stored.leader_id == self.node_id and voter:
             # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
             # lost, and reusing an (offset, epoch) pair would break log matching.
             remote = {key.id for key in self._peer_voters}
-            return _Resigned(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
+            return ResignedState(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
                              (), remote)
         # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
         # which forgets the leader and campaigns in an epoch that already has one.
@@ -844,7 +692,8 @@ class RaftCore:
             return self._new_follower(stored.epoch, stored.leader_id, stored.voted_key, now_ms)
         if stored.voted_key is not None and stored.voted_key.matches(self.local_key) and voter:
             return self._new_candidate_state(stored.epoch, now_ms)
-        return _Unattached(stored.epoch, None, stored.voted_key, self._unattached_deadline(now_ms))
+        return UnattachedState(stored.epoch, None, stored.voted_key,
+                               self._unattached_deadline(now_ms))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -858,22 +707,25 @@ class RaftCore:
         for _ in range(8):
             before = self._state
             state = self._state
-            if isinstance(state, _Leader):
-                self._poll_leader(now_ms, state)
-            elif isinstance(state, _Candidate):
-                self._poll_candidate(now_ms, state)
-            elif isinstance(state, _Prospective):
-                self._poll_prospective(now_ms, state)
-            elif isinstance(state, _Follower):
-                self._poll_follower(now_ms, state)
-            elif isinstance(state, _Resigned):
-                self._poll_resigned(now_ms, state)
-            else:
-                self._poll_unattached(now_ms, state)
+            match state:
+                case LeaderState():
+                    self._poll_leader(now_ms, state)
+                case CandidateState():
+                    self._poll_candidate(now_ms, state)
+                case ProspectiveState():
+                    self._poll_prospective(now_ms, state)
+                case FollowerState():
+                    self._poll_follower(now_ms, state)
+                case ResignedState():
+                    self._poll_resigned(now_ms, state)
+                case UnattachedState():
+                    self._poll_unattached(now_ms, state)
+                case _:  # a new state must get its poll: mypy checks this
+                    assert_never(state)
             if self._state is before:
                 return
 
-    def _poll_leader(self, now_ms: int, state: _Leader) -> None:
+    def _poll_leader(self, now_ms: int, state: LeaderState) -> None:
         if self._shutting_down:
             # Elected while shutting down (a nominee keeps campaigning): hand over at once.
             self._resign(now_ms)
@@ -901,9 +753,10 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
+        self._effects.reads.extend(state.settle_reads(now_ms, self.local_key))
         for key in self._peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
-            if now_ms < self._next_begin_quorum_ms(progress):
+            if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
                 continue
             if not self._requests.is_ready(key.id, now_ms):
                 continue
@@ -913,7 +766,7 @@ class RaftCore:
                 voter_id=key.id, voter_directory_id=key.directory_id,
             ))
 
-    def _maybe_write_bootstrap_voters(self, now_ms: int, state: _Leader) -> None:
+    def _maybe_write_bootstrap_voters(self, now_ms: int, state: LeaderState) -> None:
         """KIP-856 bootstrapping: once the leader knows every configured voter's directory id
         (from their fetches), it writes them, in one batch of their own, before any client
         record. From then on the log defines the voter set."""
@@ -927,7 +780,7 @@ class RaftCore:
             keys.append(ReplicaKey(key.id, directory_id))
         self._append_control(now_ms, state, [voters_record(keys)])
 
-    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
         """Append a control batch after whatever client records are pending; its base offset."""
         if state.pending:
             self._append_pending(now_ms, state)  # proposals keep the offsets they were given
@@ -938,15 +791,7 @@ class RaftCore:
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return batch.base_offset
 
-    def _next_begin_quorum_ms(self, progress: _ReplicaProgress) -> int:
-        """BeginQuorumEpoch goes to a voter until it acknowledges the epoch, then again only
-        when it has not fetched for half the fetch timeout (the heartbeat)."""
-        due = progress.next_begin_quorum_ms
-        if progress.acknowledged and progress.last_fetch_ms is not None:
-            due = max(due, progress.last_fetch_ms + self._heartbeat_ms)
-        return due
-
-    def _poll_candidate(self, now_ms: int, state: _Candidate) -> None:
+    def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:
             self._become_leader(now_ms, state)
         elif now_ms >= state.election_deadline_ms:
@@ -956,17 +801,13 @@ class RaftCore:
         else:
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
-    def _poll_prospective(self, now_ms: int, state: _Prospective) -> None:
+    def _poll_prospective(self, now_ms: int, state: ProspectiveState) -> None:
         if state.election.is_granted and not self._epoch_exhausted(now_ms, state.epoch):
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
         else:
-            if now_ms >= state.ask_again_ms:
-                state.election.forget_rejections()
-                state.ask_again_ms = NEVER
-            if state.ask_again_ms == NEVER and state.election.has_rejections:
-                state.ask_again_ms = now_ms + self.config.election_timeout_ms // 4
+            state.ask_again_if_due(now_ms, self.config.election_timeout_ms // 4)
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
 
     def _epoch_exhausted(self, now_ms: int, epoch: int) -> bool:
@@ -979,26 +820,26 @@ class RaftCore:
                            self.node_id, epoch, MAX_EPOCH)
         return True
 
-    def _lose_pre_vote(self, now_ms: int, state: _Prospective) -> None:
+    def _lose_pre_vote(self, now_ms: int, state: ProspectiveState) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
             self._transition(self._new_follower(state.epoch, state.leader_id, state.voted_key,
                                                 now_ms))
         else:
-            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key,
+            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key,
                                          self._election_deadline(now_ms)))
 
-    def _poll_follower(self, now_ms: int, state: _Follower) -> None:
+    def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
         if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
             if self.is_voter:
                 self._transition(self._new_prospective_state(
                     state.epoch, state.leader_id, state.voted_key, now_ms))
                 return
             # An observer cannot campaign: it looks for the leader through the other voters.
-            self._transition(_Unattached(state.epoch, state.leader_id, state.voted_key, NEVER))
+            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key, NEVER))
             return
         self._maybe_send_fetch(now_ms, state.leader_id)
 
-    def _poll_unattached(self, now_ms: int, state: _Unattached) -> None:
+    def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
         if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
             self._transition(self._new_prospective_state(
                 state.epoch, state.leader_id, state.voted_key, now_ms))
@@ -1011,13 +852,13 @@ class RaftCore:
             if self._maybe_send_fetch(now_ms, target):
                 state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
 
-    def _poll_resigned(self, now_ms: int, state: _Resigned) -> None:
+    def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
         expired = now_ms >= state.election_deadline_ms or self._is_only_voter
         if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
             state.election_deadline_ms = self._election_deadline(now_ms)
         elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
-            self._transition(_Unattached(state.epoch + 1, None, None,
+            self._transition(UnattachedState(state.epoch + 1, None, None,
                                          self._unattached_deadline(now_ms)))
             return
         successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
@@ -1033,9 +874,9 @@ class RaftCore:
     # --- transitions -------------------------------------------------------------------------
 
     def _election_state_of(self, state: _State) -> ElectionState:
-        if isinstance(state, _Leader | _Resigned):
+        if isinstance(state, LeaderState | ResignedState):
             return ElectionState(state.epoch, self.node_id, state.voted_key)
-        if isinstance(state, _Candidate):
+        if isinstance(state, CandidateState):
             return ElectionState(state.epoch, None, self.local_key)
         return ElectionState(state.epoch, state.leader_id, state.voted_key)
 
@@ -1048,29 +889,29 @@ class RaftCore:
         if new_election != self._persisted:
             # Entering Prospective or Resigned never changes the quorum-state; the one durable
             # change a Prospective makes is recording a standard vote it grants.
-            entering = isinstance(new, _Resigned) or (
-                isinstance(new, _Prospective) and not isinstance(self._state, _Prospective))
+            entering = isinstance(new, ResignedState) or (
+                isinstance(new, ProspectiveState) and not isinstance(self._state, ProspectiveState))
             if entering:
                 raise RaftInvariantError(f"{type(new).__name__} must not change the quorum-state")
             self._persisted = new_election
             self._effects.persist = new_election
         old, self._state = self._state, new
-        if isinstance(old, _Leader):
+        if isinstance(old, LeaderState):
             self._leave_leadership(old)
-        elif isinstance(old, _Follower) and old.download is not None:
-            old.download.abort()
+        elif isinstance(old, FollowerState):
+            old.abort_download()
         # Responses are matched to the state that sent the request (KRaft resets connections).
         self._requests.reset()
 
     def _new_prospective_state(
         self, epoch: int, leader_id: int | None, voted_key: ReplicaKey | None, now_ms: int
-    ) -> _Prospective:
-        return _Prospective(epoch, leader_id, voted_key,
+    ) -> ProspectiveState:
+        return ProspectiveState(epoch, leader_id, voted_key,
                             EpochElection(self.local_key, self.voters),
                             self._election_deadline(now_ms))
 
-    def _new_candidate_state(self, epoch: int, now_ms: int) -> _Candidate:
-        return _Candidate(epoch, EpochElection(self.local_key, self.voters),
+    def _new_candidate_state(self, epoch: int, now_ms: int) -> CandidateState:
+        return CandidateState(epoch, EpochElection(self.local_key, self.voters),
                           self._election_deadline(now_ms))
 
     def _become_follower(self, now_ms: int, epoch: int, leader_id: int) -> None:
@@ -1078,23 +919,23 @@ class RaftCore:
         self._transition(self._new_follower(epoch, leader_id, voted, now_ms))
 
     def _new_follower(self, epoch: int, leader_id: int, voted_key: ReplicaKey | None,
-                      now_ms: int) -> _Follower:
+                      now_ms: int) -> FollowerState:
         timeout = self.config.fetch_timeout_ms
         timeout += self._random.randrange(timeout // 10 + 1)
-        return _Follower(epoch, leader_id, voted_key, now_ms + timeout, timeout)
+        return FollowerState(epoch, leader_id, voted_key, now_ms + timeout, timeout)
 
     def _become_unattached(self, now_ms: int, epoch: int) -> None:
         voted = self._state_voted_key() if epoch == self.epoch else None
-        self._transition(_Unattached(epoch, None, voted, self._unattached_deadline(now_ms)))
+        self._transition(UnattachedState(epoch, None, voted, self._unattached_deadline(now_ms)))
 
     def _state_voted_key(self) -> ReplicaKey | None:
         return self._election_state_of(self._state).voted_key
 
-    def _become_leader(self, now_ms: int, candidate: _Candidate) -> None:
-        remote = {k: _ReplicaProgress() for k in self._remote_voters}
-        voters = {self._local_voter_key(): _ReplicaProgress(), **remote}
+    def _become_leader(self, now_ms: int, candidate: CandidateState) -> None:
+        remote = {k: ReplicaProgress() for k in self._remote_voters}
+        voters = {self._local_voter_key(): ReplicaProgress(), **remote}
         start = self.log.end_offset
-        leader = _Leader(candidate.epoch, self.local_key, start,
+        leader = LeaderState(candidate.epoch, self.local_key, start,
                          now_ms + self.config.check_quorum_timeout_ms, voters)
         self._transition(leader)
         logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
@@ -1115,23 +956,22 @@ class RaftCore:
 
     def _resign(self, now_ms: int) -> None:
         state = self._state
-        assert isinstance(state, _Leader)
-        remote = [(k, p) for k, p in state.voters.items() if k.id != self.node_id]
-        # Most caught-up first, so that the likeliest winner campaigns first.
-        remote.sort(key=lambda kp: -(kp[1].end_offset if kp[1].end_offset is not None else -1))
-        self._transition(_Resigned(
+        assert isinstance(state, LeaderState)
+        successors = state.successors(self.node_id)
+        self._transition(ResignedState(
             state.epoch, state.voted_key, self._election_deadline(now_ms),
-            tuple(k for k, _ in remote), {k.id for k, _ in remote},
+            tuple(successors), {k.id for k in successors},
         ))
 
-    def _leave_leadership(self, leader: _Leader) -> None:
+    def _leave_leadership(self, leader: LeaderState) -> None:
         if self._voter_change is not None:
             self._finish_voter_change(Errors.NOT_LEADER_OR_FOLLOWER,
                                       f"node {self.node_id} lost the leadership of epoch "
                                       f"{leader.epoch}; the change may or may not commit")
         leader.pending.clear()
+        self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
-            self._respond(parked.source, parked.correlation_id, self._fetch_error(
+            self._respond(parked.source, parked.correlation_id, self._fetch_response(
                 Errors.NOT_LEADER_OR_FOLLOWER))
         leader.parked.clear()
 
@@ -1160,8 +1000,8 @@ class RaftCore:
             return
         # Follow a leader newly learned for this epoch. A Prospective that already knew it keeps
         # campaigning (its fetches failed); an Unattached that kept its id has rediscovered it.
-        if isinstance(self._state, _Unattached) or (
-            known is None and isinstance(self._state, _Prospective | _Candidate)
+        if isinstance(self._state, UnattachedState) or (
+            known is None and isinstance(self._state, ProspectiveState | CandidateState)
         ):
             self._become_follower(now_ms, epoch, leader_id)
 
@@ -1195,6 +1035,13 @@ class RaftCore:
     def _respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
         self._effects.messages.append(OutboundResponse(destination, correlation_id, message))
 
+    def _response(self, kind: type[_ResponseT], error: Errors, **fields: Any) -> _ResponseT:
+        """This replica's answer to a peer's request: ``error``, the epoch and the leader it
+        knows now (every answer carries them: how a peer learns of a newer epoch and finds the
+        leader), and the RPC's own ``fields``."""
+        return kind(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
+                    **fields)
+
     def _request_votes(
         self, now_ms: int, election: EpochElection, epoch: int, *, pre_vote: bool
     ) -> None:
@@ -1217,7 +1064,7 @@ class RaftCore:
         if self._flushed_offset < self.log.end_offset:
             return False
         state = self._state
-        if isinstance(state, _Follower) and state.download is not None:
+        if isinstance(state, FollowerState) and state.download is not None:
             download = state.download
             self._send(now_ms, target, FetchSnapshotRequest(
                 cluster_id=self.cluster_id, replica_id=self.node_id,
@@ -1245,13 +1092,10 @@ class RaftCore:
     def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
         return ReplicaKey(voter_id, voter_directory_id).matches(self.local_key)
 
-    def _vote_response(self, error: Errors, granted: bool = False) -> VoteResponse:
-        return VoteResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                            vote_granted=granted, voter_directory_id=self.local_key.directory_id)
-
-    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
+    def _handle_vote(self, now_ms: int, request: VoteRequest) -> tuple[Errors, bool]:
+        """The answer to a Vote (pre-vote or standard): its error, and whether it is granted."""
         if not self._cluster_ok(request.cluster_id):
-            return self._vote_response(Errors.INCONSISTENT_CLUSTER_ID)
+            return Errors.INCONSISTENT_CLUSTER_ID, False
         last_epoch_ok = (
             request.last_offset_epoch <= request.replica_epoch
             if request.pre_vote
@@ -1259,9 +1103,9 @@ class RaftCore:
         )
         if (request.last_offset < 0 or request.last_offset_epoch < 0 or request.replica_id < 0
                 or not last_epoch_ok or not epoch_in_bounds(request.replica_epoch)):
-            return self._vote_response(Errors.INVALID_REQUEST)
+            return Errors.INVALID_REQUEST, False
         if request.replica_epoch < self.epoch:
-            return self._vote_response(Errors.FENCED_LEADER_EPOCH)
+            return Errors.FENCED_LEADER_EPOCH, False
         candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
         if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
             # Checked before the epoch is adopted: a non-member's vote must not move it.
@@ -1269,26 +1113,27 @@ class RaftCore:
                                "node %d: refused a %s from %s, not a voter (epoch %d)",
                                self.node_id, "pre-vote" if request.pre_vote else "vote",
                                candidate, request.replica_epoch)
-            return self._vote_response(Errors.INCONSISTENT_VOTER_SET)
+            return Errors.INCONSISTENT_VOTER_SET, False
         if request.replica_epoch > self.epoch:
             self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
             self._become_unattached(now_ms, request.replica_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._vote_response(Errors.INVALID_VOTER_KEY)
+            return Errors.INVALID_VOTER_KEY, False
         up_to_date = (request.last_offset_epoch, request.last_offset) >= (
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
         state = self._state
-        if granted and not request.pre_vote and isinstance(state, _Unattached | _Prospective) \
+        if granted and not request.pre_vote \
+                and isinstance(state, UnattachedState | ProspectiveState) \
                 and state.voted_key is None:
             # The vote is durable before the response leaves (Effects.persist goes first).
             deadline = self._election_deadline(now_ms)
-            if isinstance(state, _Prospective):
-                self._transition(_Prospective(state.epoch, state.leader_id, candidate,
+            if isinstance(state, ProspectiveState):
+                self._transition(ProspectiveState(state.epoch, state.leader_id, candidate,
                                               state.election, deadline))
             else:
-                self._transition(_Unattached(state.epoch, state.leader_id, candidate, deadline))
-        return self._vote_response(Errors.NONE, granted)
+                self._transition(UnattachedState(state.epoch, state.leader_id, candidate, deadline))
+        return Errors.NONE, granted
 
     def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
         """Whether a candidate may be a voter: a member of our voter set, or a configured id
@@ -1323,28 +1168,13 @@ class RaftCore:
         logger.warning(message, *args)
 
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
-        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped)."""
-        state = self._state
-        if isinstance(state, _Leader):
-            return False
-        if isinstance(state, _Candidate | _Resigned):
-            return up_to_date if pre_vote else False
-        if isinstance(state, _Follower):
-            return pre_vote and up_to_date and not state.has_fetched_from_leader
-        if pre_vote:
-            return up_to_date
-        if state.voted_key is not None:
-            return state.voted_key.id == candidate.id and (
-                state.voted_key.directory_id is None
-                or state.voted_key.directory_id == candidate.directory_id
-            )
-        if state.leader_id is not None:
-            return False
-        return up_to_date
+        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped): each state answers for itself."""
+        return self._state.can_grant_vote(candidate, up_to_date, pre_vote)
 
     def _handle_vote_response(self, now_ms: int, source: int, response: VoteResponse) -> None:
         state = self._state
-        if (response.error_code == Errors.UNSUPPORTED_VERSION and isinstance(state, _Prospective)
+        if (response.error_code == Errors.UNSUPPORTED_VERSION
+                and isinstance(state, ProspectiveState)
                 and not self._epoch_exhausted(now_ms, state.epoch)):
             # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
             self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
@@ -1353,7 +1183,8 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.leader_epoch != state.epoch or not isinstance(state, _Prospective | _Candidate):
+        if response.leader_epoch != state.epoch \
+                or not isinstance(state, ProspectiveState | CandidateState):
             return
         if response.error_code == Errors.NONE:
             state.election.record(ReplicaKey(source, response.voter_directory_id),
@@ -1366,34 +1197,45 @@ class RaftCore:
 
     # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
 
-    def _bqe_response(self, error: Errors) -> BeginQuorumEpochResponse:
-        return BeginQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
-                                        leader_epoch=self.epoch)
-
-    def _handle_begin_quorum_epoch(
-        self, now_ms: int, request: BeginQuorumEpochRequest
-    ) -> BeginQuorumEpochResponse:
+    def _leader_request_refusal(
+        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
+    ) -> Errors | None:
+        """Why a request in which a leader speaks of its epoch (it began, or it ends) is refused,
+        if it is; checked before anything changes."""
         if not self._cluster_ok(request.cluster_id):
-            return self._bqe_response(Errors.INCONSISTENT_CLUSTER_ID)
+            return Errors.INCONSISTENT_CLUSTER_ID
         if request.leader_epoch < self.epoch:
-            return self._bqe_response(Errors.FENCED_LEADER_EPOCH)
+            return Errors.FENCED_LEADER_EPOCH
         if request.leader_id < 0 or request.leader_id == self.node_id \
                 or not epoch_in_bounds(request.leader_epoch):
-            return self._bqe_response(Errors.INVALID_REQUEST)
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return self._bqe_response(Errors.INVALID_REQUEST)
+            return Errors.INVALID_REQUEST
         if not self._is_voter_id(request.leader_id):
-            self._warn_limited(now_ms, "bqe-non-voter",
-                               "node %d: refused BeginQuorumEpoch naming %d, not a voter, leader "
-                               "of epoch %d", self.node_id, request.leader_id,
-                               request.leader_epoch)
-            return self._bqe_response(Errors.INCONSISTENT_VOTER_SET)
-        self._log_moved_by(request.leader_id, "BeginQuorumEpoch", request.leader_epoch,
-                           request.leader_id)
+            rpc = type(request).__name__.removesuffix("Request")
+            self._warn_limited(now_ms, f"{rpc}-non-voter",
+                               "node %d: refused %s naming %d, not a voter, leader of epoch %d",
+                               self.node_id, rpc, request.leader_id, request.leader_epoch)
+            return Errors.INCONSISTENT_VOTER_SET
+        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
+            return Errors.INVALID_REQUEST
+        return None
+
+    def _follow_requesting_leader(
+        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
+    ) -> Errors:
+        """Adopt the epoch and leader a request that passed ``_leader_request_refusal`` names;
+        INVALID_VOTER_KEY if it was meant for another directory of this node's id."""
+        rpc = type(request).__name__.removesuffix("Request")
+        self._log_moved_by(request.leader_id, rpc, request.leader_epoch, request.leader_id)
         self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._bqe_response(Errors.INVALID_VOTER_KEY)
-        return self._bqe_response(Errors.NONE)
+            return Errors.INVALID_VOTER_KEY
+        return Errors.NONE
+
+    def _handle_begin_quorum_epoch(self, now_ms: int, request: BeginQuorumEpochRequest) -> Errors:
+        refusal = self._leader_request_refusal(now_ms, request)
+        if refusal is not None:
+            return refusal
+        return self._follow_requesting_leader(now_ms, request)
 
     def _handle_begin_quorum_epoch_response(
         self, now_ms: int, source: int, response: BeginQuorumEpochResponse
@@ -1402,51 +1244,33 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, _Leader):
+        if response.error_code == Errors.NONE and isinstance(state, LeaderState):
             for key, progress in state.voters.items():
                 if key.id == source:
                     progress.acknowledged = True
 
-    def _eqe_response(self, error: Errors) -> EndQuorumEpochResponse:
-        return EndQuorumEpochResponse(error_code=error, leader_id=self.leader_id,
-                                      leader_epoch=self.epoch)
-
-    def _handle_end_quorum_epoch(
-        self, now_ms: int, request: EndQuorumEpochRequest
-    ) -> EndQuorumEpochResponse:
-        if not self._cluster_ok(request.cluster_id):
-            return self._eqe_response(Errors.INCONSISTENT_CLUSTER_ID)
-        if request.leader_epoch < self.epoch:
-            return self._eqe_response(Errors.FENCED_LEADER_EPOCH)
-        if request.leader_id < 0 or request.leader_id == self.node_id \
-                or not epoch_in_bounds(request.leader_epoch):
-            return self._eqe_response(Errors.INVALID_REQUEST)
-        if not self._is_voter_id(request.leader_id):
-            self._warn_limited(now_ms, "eqe-non-voter",
-                               "node %d: refused EndQuorumEpoch from %d, not a voter (epoch %d)",
-                               self.node_id, request.leader_id, request.leader_epoch)
-            return self._eqe_response(Errors.INCONSISTENT_VOTER_SET)
+    def _handle_end_quorum_epoch(self, now_ms: int, request: EndQuorumEpochRequest) -> Errors:
+        refusal = self._leader_request_refusal(now_ms, request)
+        if refusal is not None:
+            return refusal
         if request.leader_epoch > self.epoch:
             # KIP-595: an EndQuorumEpoch for an epoch not known here is rejected. Adopting the
             # epoch (and at once campaigning past it, Kafka's way) would let one message from
             # any voter id start an election in a quorum with a healthy leader.
-            return self._eqe_response(Errors.UNKNOWN_LEADER_EPOCH)
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return self._eqe_response(Errors.INVALID_REQUEST)
+            return Errors.UNKNOWN_LEADER_EPOCH
         # Our epoch, whose leader we did not know (Kafka: follow it, then elect a successor).
-        self._log_moved_by(request.leader_id, "EndQuorumEpoch", request.leader_epoch,
-                           request.leader_id)
-        self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
-        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return self._eqe_response(Errors.INVALID_VOTER_KEY)
+        error = self._follow_requesting_leader(now_ms, request)
+        if error is not Errors.NONE:
+            return error
         state = self._state
-        if isinstance(state, _Follower) and state.leader_id == request.leader_id and self.is_voter:
+        if isinstance(state, FollowerState) and state.leader_id == request.leader_id \
+                and self.is_voter:
             logger.info("node %d: EndQuorumEpoch from %d: leader of epoch %d resigned",
                         self.node_id, request.leader_id, request.leader_epoch)
             successors = [info.key() for info in request.preferred_successors]
             backoff = self._end_epoch_backoff_ms(successors)
             state.fetch_deadline_ms = now_ms + backoff
-        return self._eqe_response(Errors.NONE)
+        return Errors.NONE
 
     def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
         """Kafka's strict exponential back-off by position in the preferred-successor list: the
@@ -1468,52 +1292,60 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, _Resigned):
+        if response.error_code == Errors.NONE and isinstance(state, ResignedState):
             state.unacknowledged.discard(source)
 
     # --- Fetch, leader side ------------------------------------------------------------------
 
-    def _fetch_error(self, error: Errors) -> FetchResponse:
-        return FetchResponse(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                             log_start_offset=self.log.start_offset)
+    def _leader_serving(
+        self, now_ms: int, request: FetchRequest | FetchSnapshotRequest, *, malformed: bool
+    ) -> LeaderState | Errors:
+        """The leader's state, to serve a Fetch or FetchSnapshot with; or why it is refused
+        (``malformed``: the request's own fields are inconsistent). Checked before the leader
+        records anything of the fetcher: a refusal changes nothing, and tells any replica where
+        the leader is."""
+        if not self._cluster_ok(request.cluster_id):
+            return Errors.INCONSISTENT_CLUSTER_ID
+        if malformed or request.replica_id < 0 or request.max_bytes <= 0:
+            return Errors.INVALID_REQUEST
+        if request.current_leader_epoch < self.epoch:
+            return Errors.FENCED_LEADER_EPOCH
+        if request.current_leader_epoch > self.epoch:
+            return Errors.UNKNOWN_LEADER_EPOCH
+        state = self._state
+        if not isinstance(state, LeaderState):
+            return Errors.NOT_LEADER_OR_FOLLOWER
+        if request.replica_id not in self._fetcher_ids:
+            self._warn_limited(now_ms, "unknown-fetcher",
+                               "node %d: refused a fetch from replica %d: not an id of "
+                               "controller.quorum.voters", self.node_id, request.replica_id)
+            return Errors.INCONSISTENT_VOTER_SET
+        return state
+
+    def _fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
+        return self._response(FetchResponse, error, log_start_offset=self.log.start_offset,
+                              **fields)
 
     def _handle_fetch(
         self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
     ) -> FetchResponse | None:
-        if not self._cluster_ok(request.cluster_id):
-            return self._fetch_error(Errors.INCONSISTENT_CLUSTER_ID)
-        if (request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
-                or request.last_fetch_epoch > request.current_leader_epoch
-                or request.replica_id < 0 or request.max_bytes <= 0):
-            return self._fetch_error(Errors.INVALID_REQUEST)
-        if request.current_leader_epoch < self.epoch:
-            return self._fetch_error(Errors.FENCED_LEADER_EPOCH)
-        if request.current_leader_epoch > self.epoch:
-            return self._fetch_error(Errors.UNKNOWN_LEADER_EPOCH)
-        state = self._state
-        if not isinstance(state, _Leader):
-            return self._fetch_error(Errors.NOT_LEADER_OR_FOLLOWER)
-        # At the leader, before it records anything of the fetcher (the errors above change
-        # nothing, and tell any replica where the leader is).
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_error(Errors.INCONSISTENT_VOTER_SET)
+        state = self._leader_serving(now_ms, request, malformed=(
+            request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
+            or request.last_fetch_epoch > request.current_leader_epoch))
+        if isinstance(state, Errors):
+            return self._fetch_response(state)
 
         replica = ReplicaKey(request.replica_id, request.replica_directory_id)
         snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
         if snapshot is not None:
             self._note_contact(now_ms, state, replica)
-            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
-                                 high_watermark=state.high_watermark,
-                                 log_start_offset=self.log.start_offset,
-                                 snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset,
-                                                             epoch=snapshot.epoch))
+            return self._fetch_response(
+                Errors.NONE, high_watermark=state.high_watermark,
+                snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
         diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
-            return FetchResponse(leader_id=self.node_id, leader_epoch=state.epoch,
-                                 high_watermark=state.high_watermark,
-                                 log_start_offset=self.log.start_offset,
-                                 diverging_epoch=diverging)
+            return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                        diverging_epoch=diverging)
 
         self._record_fetch(now_ms, state, replica, request.fetch_offset)
         self._maybe_advance_leader_high_watermark(now_ms)
@@ -1526,13 +1358,8 @@ class RaftCore:
         wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
         if newer_hwm:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
-        state.parked.append(_ParkedFetch(source, correlation_id, request, now_ms + wait))
+        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))
         return None
-
-    def _refuse_fetcher(self, now_ms: int, replica_id: int) -> None:
-        self._warn_limited(now_ms, "unknown-fetcher",
-                           "node %d: refused a fetch from replica %d: not an id of "
-                           "controller.quorum.voters", self.node_id, replica_id)
 
     def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
         """KIP-630: the snapshot to send instead of records when the log the follower needs is
@@ -1557,89 +1384,34 @@ class RaftCore:
             return EpochEndOffset(epoch=end.epoch, end_offset=end.offset)
         return None
 
-    def _valid_fetch_response(self, state: _Leader, request: FetchRequest) -> FetchResponse:
+    def _valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return FetchResponse(
-            leader_id=self.node_id, leader_epoch=state.epoch,
-            high_watermark=state.high_watermark, log_start_offset=self.log.start_offset,
-            records=self.log.read(request.fetch_offset, max_bytes),
-        )
+        return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                    records=self.log.read(request.fetch_offset, max_bytes))
 
-    def _note_contact(self, now_ms: int, state: _Leader, replica: ReplicaKey) -> _ReplicaProgress:
-        """A Fetch or FetchSnapshot from ``replica``: it follows this leader (check-quorum)."""
-        voter_key = next((k for k in state.voters if k.matches(replica)), None)
-        if voter_key is not None and voter_key.directory_id is None \
-                and replica.directory_id is not None:
-            # A voter known by id only (before the bootstrap VotersRecord names directories):
-            # the directory it first fetched under in this epoch is its own. Another one under
-            # its id is another replica (a replaced disk, or a forged fetch) and must not
-            # become the voter's directory in the bootstrap VotersRecord.
-            known = self.local_key.directory_id if voter_key.id == self.node_id \
-                else state.voters[voter_key].directory_id
-            if known is not None and known != replica.directory_id:
-                voter_key = None
-        if voter_key is None:
-            progress = state.observers.get(replica)
-            if progress is None:
-                progress = state.observers[replica] = self._new_observer(now_ms, state)
-            return progress
-        progress = state.voters[voter_key]
-        progress.acknowledged = True
-        if not voter_key.matches(self.local_key):
-            state.fetched_voters.add(voter_key)
-            # A leader counts itself, unless it is removing itself (KIP-856).
-            needed = len(state.voters) // 2 + 1 - (1 if self._is_voter else 0)
-            if len(state.fetched_voters) >= needed:
-                state.fetched_voters.clear()
-                state.check_quorum_deadline_ms = now_ms + self.config.check_quorum_timeout_ms
-        return progress
-
-    def _new_observer(self, now_ms: int, state: _Leader) -> _ReplicaProgress:
-        """Room for one more observer: the expired go, then (at MAX_OBSERVERS) the stalest."""
-        observers = state.observers
-        if observers:
-            for key in [k for k, p in observers.items()
-                        if p.last_fetch_ms is None
-                        or now_ms - p.last_fetch_ms >= OBSERVER_SESSION_TIMEOUT_MS]:
-                del observers[key]
+    def _note_contact(self, now_ms: int, state: LeaderState,
+                      replica: ReplicaKey) -> ReplicaProgress:
         change = self._voter_change
-        protected = change.key if change is not None and change.kind == "add" else None
-        while len(observers) >= MAX_OBSERVERS:
-            stalest = min((k for k in observers if k != protected),
-                          key=lambda k: observers[k].last_fetch_ms or 0)
-            del observers[stalest]
-        return _ReplicaProgress()
+        adding = change.key if change is not None and change.kind is VoterChangeKind.ADD \
+            else None
+        return state.note_contact(now_ms, replica, local_key=self.local_key,
+                                  counts_itself=self._is_voter,
+                                  check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
+                                  protected=adding)
 
-    def _record_fetch(self, now_ms: int, state: _Leader, replica: ReplicaKey, offset: int) -> None:
+    def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
+                      offset: int) -> None:
         progress = self._note_contact(now_ms, state, replica)
-        leader_end = self.log.end_offset
-        if offset >= leader_end:
-            progress.last_caught_up_ms = now_ms
-        elif offset >= progress.leader_end_at_last_fetch and progress.last_fetch_ms is not None:
-            progress.last_caught_up_ms = progress.last_fetch_ms
-        progress.end_offset = offset
-        progress.directory_id = replica.directory_id
-        progress.last_fetch_ms = now_ms
-        progress.leader_end_at_last_fetch = leader_end
-        self._fetch_sequence += 1
-        progress.last_fetch_sequence = self._fetch_sequence
+        state.record_fetch(now_ms, progress, replica, offset, self.log.end_offset)
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
         """Raise the leader's high watermark to the offset a majority of voters holds, but only
         past this epoch's LeaderChange record (Raft: commit an entry of the current term), and
         never downwards. Returns True if it moved."""
         state = self._state
-        if not isinstance(state, _Leader):
+        if not isinstance(state, LeaderState):
             return False
-        ends = sorted(
-            (
-                self._flushed_offset if key.matches(self.local_key)
-                else (p.end_offset if p.end_offset is not None else -1)
-                for key, p in state.voters.items()
-            ),
-            reverse=True,
-        )
-        majority_end = ends[len(ends) // 2]
+        majority_end = state.majority_end(self.local_key, self._flushed_offset)
         if majority_end <= state.epoch_start_offset:
             return False
         if state.high_watermark is not None and majority_end <= state.high_watermark:
@@ -1656,7 +1428,7 @@ class RaftCore:
                 parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
         return True
 
-    def _append_pending(self, now_ms: int, state: _Leader) -> None:
+    def _append_pending(self, now_ms: int, state: LeaderState) -> None:
         self.log.append_as_leader(state.pending, state.epoch, now_ms)
         state.pending = []
         state.pending_bytes = 0
@@ -1665,13 +1437,13 @@ class RaftCore:
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
 
-    def _expire_parked_fetches(self, now_ms: int, state: _Leader) -> None:
+    def _expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
         self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
 
     def _complete_parked_fetches(
-        self, state: _Leader, done: Callable[[_ParkedFetch], bool]
+        self, state: LeaderState, done: Callable[[ParkedFetch], bool]
     ) -> None:
-        keep: list[_ParkedFetch] = []
+        keep: list[ParkedFetch] = []
         for parked in state.parked:
             if done(parked):
                 self._respond(parked.source, parked.correlation_id,
@@ -1687,20 +1459,20 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if (response.error_code != Errors.NONE or not isinstance(state, _Follower)
+        if (response.error_code != Errors.NONE or not isinstance(state, FollowerState)
                 or state.leader_id != source or response.leader_epoch != state.epoch):
             return
         # Everything is validated before anything changes: a response that is wrong in any part
         # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
         # leader that keeps answering nonsense is in the end replaced by an election.
-        problem = self._fetch_response_problem(response)
+        problem = fetch_response_problem(response, self._high_watermark)
         batches: list[RecordBatch] = []
         if problem is None and response.records and response.snapshot_id is None \
                 and response.diverging_epoch is None:
-            batches, problem = self._validated_batches(response)
+            batches, problem = validated_batches(response, self.log, self._static_ids)
         point: int | None = None
         if problem is None and response.diverging_epoch is not None:
-            point = self._diverging_point(response.diverging_epoch)
+            point = diverging_point(self.log, response.diverging_epoch)
             if self._high_watermark is not None and point < self._high_watermark:
                 problem = (f"it asks to truncate to {point}, below the high watermark "
                            f"{self._high_watermark}: committed data would be lost")
@@ -1722,121 +1494,38 @@ class RaftCore:
             high_watermark = min(response.high_watermark, self.log.end_offset)
             if self._high_watermark is None or high_watermark >= self._high_watermark:
                 self._advance_local_high_watermark(high_watermark)
-        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
-        state.has_fetched_from_leader = True
+        state.heard_from_leader(now_ms)
 
-    def _fetch_response_problem(self, response: FetchResponse) -> str | None:
-        """What makes a leader's answer unusable as a whole, if anything (its records apart)."""
-        epoch = response.leader_epoch
-        hwm = response.high_watermark
-        if hwm is not None and self._high_watermark is not None and hwm < self._high_watermark:
-            # A leader's high watermark covers every committed offset (Raft), so ours is never
-            # ahead of it: the answer is broken or forged.
-            return f"its high watermark {hwm} is below ours {self._high_watermark}"
-        if hwm is not None and hwm < 0:
-            return f"negative high watermark {hwm}"
-        snapshot = response.snapshot_id
-        if snapshot is not None:
-            if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
-                return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
-            if self._high_watermark is not None and snapshot.end_offset < self._high_watermark:
-                return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "
-                        f"high watermark {self._high_watermark}")
-        diverging = response.diverging_epoch
-        if diverging is not None and (diverging.end_offset < 0
-                                      or not 0 <= diverging.epoch <= epoch):
-            return f"invalid diverging epoch ({diverging.epoch}, {diverging.end_offset})"
-        return None
-
-    def _validated_batches(self, response: FetchResponse) -> tuple[list[RecordBatch], str | None]:
-        """The fetched batches, or why they cannot be appended: each must pass its CRC, start
-        where the previous one (the log, for the first) ends, and carry an epoch no older than
-        the one before it and no newer than the leader's."""
-        try:
-            batches = decode_batches(response.records)
-        except ValueError as error:
-            return [], f"corrupt records: {error}"
-        expected_offset = self.log.end_offset
-        previous_epoch = self.log.last_fetched_epoch()
-        for batch in batches:
-            if batch.base_offset != expected_offset:
-                return [], (f"a batch at offset {batch.base_offset} where {expected_offset} "
-                            f"was due")
-            if not previous_epoch <= batch.epoch <= response.leader_epoch:
-                return [], (f"a batch of epoch {batch.epoch} at offset {batch.base_offset} "
-                            f"(after epoch {previous_epoch}, leader epoch "
-                            f"{response.leader_epoch})")
-            if not batch.records:
-                return [], f"an empty batch at offset {batch.base_offset}"
-            if batch.is_control:
-                problem = self._voter_records_problem(batch)
-                if problem is not None:
-                    return [], problem
-            expected_offset = batch.next_offset
-            previous_epoch = batch.epoch
-        return batches, None
-
-    def _voter_records_problem(self, batch: RecordBatch) -> str | None:
-        """Why a fetched control batch's voter records cannot be adopted, if they cannot: once
-        in the log they define the voters, at once and at every start."""
-        try:
-            sets = voter_sets_in(batch)
-        except ValueError as error:
-            return f"an unreadable voter record at offset {batch.base_offset}: {error}"
-        for offset, voters in sets:
-            unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
-            if not voters or unknown:
-                return (f"a voter record at offset {offset} names voters {unknown or 'none'} "
-                        f"outside controller.quorum.voters")
-        return None
-
-    def _begin_download(self, state: _Follower, snapshot_id: SnapshotId) -> None:
+    def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
         if state.download is not None:
             if state.download.snapshot_id == snapshot_id:
                 return
-            state.download.abort()
+            state.abort_download()
         logger.info("node %d: the leader's log starts past ours; fetching snapshot %s",
                     self.node_id, snapshot_id)
         state.download = self.snapshots.begin_download(snapshot_id)
-        state.download_size = None
 
     # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
-
-    def _fetch_snapshot_error(self, error: Errors) -> FetchSnapshotResponse:
-        return FetchSnapshotResponse(error_code=error, leader_id=self.leader_id,
-                                     leader_epoch=self.epoch)
 
     def _handle_fetch_snapshot(
         self, now_ms: int, request: FetchSnapshotRequest
     ) -> FetchSnapshotResponse:
-        if not self._cluster_ok(request.cluster_id):
-            return self._fetch_snapshot_error(Errors.INCONSISTENT_CLUSTER_ID)
-        if request.position < 0 or request.replica_id < 0 or request.max_bytes <= 0:
-            return self._fetch_snapshot_error(Errors.INVALID_REQUEST)
-        if request.current_leader_epoch < self.epoch:
-            return self._fetch_snapshot_error(Errors.FENCED_LEADER_EPOCH)
-        if request.current_leader_epoch > self.epoch:
-            return self._fetch_snapshot_error(Errors.UNKNOWN_LEADER_EPOCH)
-        state = self._state
-        if not isinstance(state, _Leader):
-            return self._fetch_snapshot_error(Errors.NOT_LEADER_OR_FOLLOWER)
-        if request.replica_id not in self._fetcher_ids:
-            self._refuse_fetcher(now_ms, request.replica_id)
-            return self._fetch_snapshot_error(Errors.INCONSISTENT_VOTER_SET)
+        state = self._leader_serving(now_ms, request, malformed=request.position < 0)
+        if isinstance(state, Errors):
+            return self._response(FetchSnapshotResponse, state)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
         size = self.snapshots.size(snapshot_id)
         if size is None:
-            return self._fetch_snapshot_error(Errors.SNAPSHOT_NOT_FOUND)
+            return self._response(FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
         if request.position >= size:
-            return self._fetch_snapshot_error(Errors.POSITION_OUT_OF_RANGE)
+            return self._response(FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
         self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
                                                      request.replica_directory_id))
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return FetchSnapshotResponse(
-            leader_id=self.node_id, leader_epoch=state.epoch, snapshot_id=request.snapshot_id,
-            size=size, position=request.position,
-            records=self.snapshots.read(snapshot_id, request.position, max_bytes),
-        )
+        return self._response(
+            FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
+            position=request.position,
+            records=self.snapshots.read(snapshot_id, request.position, max_bytes))
 
     def _handle_fetch_snapshot_response(
         self, now_ms: int, source: int, response: FetchSnapshotResponse
@@ -1845,13 +1534,13 @@ class RaftCore:
                                         response.leader_epoch):
             return
         state = self._state
-        if (not isinstance(state, _Follower) or state.leader_id != source
+        if (not isinstance(state, FollowerState) or state.leader_id != source
                 or response.leader_epoch != state.epoch or state.download is None):
             return
         download = state.download
         if response.error_code in (Errors.SNAPSHOT_NOT_FOUND, Errors.POSITION_OUT_OF_RANGE):
             # The leader moved on to a newer snapshot: fetch again, which names it.
-            self._abort_download(state)
+            state.abort_download()
             return
         if response.error_code != Errors.NONE:
             return
@@ -1861,11 +1550,10 @@ class RaftCore:
                 != expected or response.position != download.written or not response.records):
             logger.warning("node %d: unexpected chunk of snapshot %s; starting over",
                            self.node_id, expected)
-            self._abort_download(state)
+            state.abort_download()
             return
         download.append(response.records)
-        state.fetch_deadline_ms = now_ms + state.fetch_timeout_ms
-        state.has_fetched_from_leader = True
+        state.heard_from_leader(now_ms)
         if download.written < response.size:
             return
         state.download = None
@@ -1876,11 +1564,6 @@ class RaftCore:
                            self.node_id, expected, source, error)
             return
         self._load_snapshot(expected)
-
-    def _abort_download(self, state: _Follower) -> None:
-        if state.download is not None:
-            state.download.abort()
-        state.download = None
 
     def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Replace the log by a downloaded snapshot: the log restarts at its end offset, the
@@ -1894,14 +1577,6 @@ class RaftCore:
             self._advance_local_high_watermark(snapshot_id.end_offset)
         self.snapshots.delete_before(snapshot_id)
         self._effects.snapshot_loaded = snapshot_id
-
-    def _diverging_point(self, diverging: EpochEndOffset) -> int:
-        """Where the log is truncated to for a leader's diverging epoch (Kafka's rule)."""
-        if diverging.epoch == 0:
-            return min(diverging.end_offset, self.log.end_offset)
-        local = self.log.end_offset_for_epoch(diverging.epoch)
-        return min(local.offset, diverging.end_offset) if local.epoch == diverging.epoch \
-            else local.offset
 
     def _truncate_to(self, point: int) -> None:
         if self._high_watermark is not None and point < self._high_watermark:
@@ -1965,7 +1640,7 @@ class RaftCore:
         if leader_id is not None and self.leader_id is None:
             self._maybe_transition(now_ms, leader_id, epoch)
             return error != Errors.NONE
-        if (isinstance(self._state, _Unattached) and leader_id is not None
+        if (isinstance(self._state, UnattachedState) and leader_id is not None
                 and leader_id != self.node_id):
             # An unattached replica that kept the last leader's id rediscovered it.
             self._become_follower(now_ms, epoch, leader_id)

@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore
+from quorum_node.raft.core import (
+    OutboundRequest,
+    OutboundResponse,
+    RaftCore,
+    ReadOutcome,
+    VoterChangeDone,
+)
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState
@@ -60,6 +66,14 @@ class DriverHost(Protocol):
     def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
         """The core replaced the log by this snapshot, downloaded from the leader: the state
         machine starts over from it."""
+        ...
+
+    def voter_change_done(self, done: VoterChangeDone) -> None:
+        """A voter change the core took a ticket for has ended (committed or failed)."""
+        ...
+
+    def read_settled(self, outcome: ReadOutcome) -> None:
+        """A read barrier the core handed out is confirmed, abandoned or timed out."""
         ...
 
     def stepped(self, step: str, peer: int | None) -> None:
@@ -179,6 +193,10 @@ class CoreDriver:
                 host.answer(message)
         if effects.flush:
             host.flush()
+        for done in effects.voter_changes:
+            host.voter_change_done(done)
+        for outcome in effects.reads:
+            host.read_settled(outcome)
         self._schedule(polled=polled)
         host.stepped(name, peer)
 

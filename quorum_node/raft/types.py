@@ -43,6 +43,10 @@ class ReplicaKey:
 MAX_EPOCH = 2**31 - 1
 
 
+# A deadline that never comes (a timer that is not running).
+NEVER = 2**62
+
+
 def epoch_in_bounds(epoch: int) -> bool:
     """Whether an epoch may be adopted: its successor is still an int32 (see MAX_EPOCH)."""
     return epoch < MAX_EPOCH
@@ -68,6 +72,13 @@ class Errors(enum.IntEnum):
     INVALID_VOTER_KEY = 125
     DUPLICATE_VOTER = 126
     VOTER_NOT_FOUND = 127
+
+
+class VoterChangeKind(enum.StrEnum):
+    """KIP-856's two voter changes (AddVoter, RemoveVoter); the value is how messages name it."""
+
+    ADD = "add"
+    REMOVE = "remove"
 
 
 class ControlRecordType(enum.IntEnum):

@@ -3,10 +3,10 @@ sends voter changes at random, and the state machine's housekeeping (snapshots, 
 
 The operator follows KIP-856's disk failure recovery: DescribeQuorum at the leader shows an
 observer (id, new directory) whose id is a voter under another directory; once it has caught up
-it is added, and the voter its lost directory was is removed. One change at a time, polled with
-``voter_change_result``. Random requests go to any running node and may be invalid; the core must
-refuse them (NotLeaderError, VoterChangeError), never fail. Both stop being issued when told, so
-that the quorum can settle.
+it is added, and the voter its lost directory was is removed. One change at a time, each ended
+by the core's ``VoterChangeDone``. Random requests go to any running node and may be invalid;
+the core must refuse them (NotLeaderError, VoterChangeError), never fail. Both stop being issued
+when told, so that the quorum can settle.
 """
 
 from __future__ import annotations
@@ -15,8 +15,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quorum_node.raft.core import QuorumDescription
-from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.raft.core import QuorumDescription, VoterChangeDone
+from quorum_node.raft.types import (
+    Errors,
+    NotLeaderError,
+    ReplicaKey,
+    VoterChangeError,
+    VoterChangeKind,
+)
 from quorum_node.raft.voters import VoterSet
 from quorum_node.sim.cluster import Cluster
 from quorum_node.sim.node import SimNode, random_uuid
@@ -27,11 +33,19 @@ OPERATOR_TIMEOUT_MS = 5000
 CAUGHT_UP_MS = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A voter change's ticket at one process of one node."""
+
+    node_id: int
+    incarnation: int
+    ticket: int
+
+
 @dataclass(slots=True)
 class _Pending:
     node: SimNode
-    incarnation: int
-    ticket: int
+    ticket: _Ticket
     label: str
 
 
@@ -40,8 +54,11 @@ class Operator:
         self._cluster = cluster
         self._loop = cluster.loop
         self._rng = rng
-        self._pending: list[_Pending] = []
+        self._pending: dict[_Ticket, _Pending] = {}
+        # Changes that ended in the very step that started them, until ``_send`` claims them.
+        self._ended_at_once: dict[_Ticket, VoterChangeDone] = {}
         self._ours: _Pending | None = None  # the remediation step in progress
+        cluster.voter_change_listeners.append(self._voter_change_done)
         self.outcomes: list[tuple[str, Errors]] = []  # what the core answered, in order
         self.refusals: list[tuple[str, Errors | None]] = []  # refused at once (None: not leader)
 
@@ -75,13 +92,15 @@ class Operator:
         self._ours = self._send(leader, kind, key, OPERATOR_TIMEOUT_MS)
         return True
 
-    def _next_step(self, description: QuorumDescription) -> tuple[str, ReplicaKey] | None:
+    def _next_step(
+        self, description: QuorumDescription
+    ) -> tuple[VoterChangeKind, ReplicaKey] | None:
         nodes = self._cluster.nodes
         voters = [row.key for row in description.voters]
         for key in voters:
             current = ReplicaKey(key.id, nodes[key.id].directory_id)
             if key.directory_id not in (None, current.directory_id) and current in voters:
-                return "remove", key  # the lost directory, now replaced
+                return VoterChangeKind.REMOVE, key  # the lost directory, now replaced
         configured = set(self._cluster.voter_ids)
         for row in description.observers:
             key = row.key
@@ -89,34 +108,35 @@ class Operator:
                 self._loop.now_ms - row.last_caught_up_ms <= CAUGHT_UP_MS)
             if (key.id in configured and key.directory_id == nodes[key.id].directory_id
                     and key not in voters and caught_up):
-                return "add", key
+                return VoterChangeKind.ADD, key
         return None
 
     def _collect(self) -> None:
-        """Take the outcomes of finished changes; forget those whose process is gone."""
-        still: list[_Pending] = []
-        for pending in self._pending:
+        """Forget the changes whose process is gone: they end without an outcome."""
+        for ticket, pending in list(self._pending.items()):
             node = pending.node
-            if node.incarnation != pending.incarnation or node.core is None:
-                outcome = None
-                done = True
-            else:
-                result = node.voter_change_result(pending.ticket)
-                outcome = result.error if result is not None else None
-                done = result is not None
-            if outcome is not None:
-                self.outcomes.append((pending.label, outcome))
-            if done:
-                if pending is self._ours:
-                    self._ours = None
-            else:
-                still.append(pending)
-        self._pending = still
+            if node.incarnation != ticket.incarnation or node.core is None:
+                self._forget(ticket)
 
-    def _send(self, node: SimNode, kind: str, key: ReplicaKey, timeout_ms: int) -> _Pending | None:
+    def _voter_change_done(self, node: SimNode, done: VoterChangeDone) -> None:
+        ticket = _Ticket(node.node_id, node.incarnation, done.ticket)
+        pending = self._pending.get(ticket)
+        if pending is None:
+            self._ended_at_once[ticket] = done
+            return
+        self.outcomes.append((pending.label, done.error))
+        self._forget(ticket)
+
+    def _forget(self, ticket: _Ticket) -> None:
+        pending = self._pending.pop(ticket)
+        if pending is self._ours:
+            self._ours = None
+
+    def _send(self, node: SimNode, kind: VoterChangeKind, key: ReplicaKey,
+              timeout_ms: int) -> _Pending | None:
         label = f"{kind} {key} at node {node.node_id}"
         request: Callable[[ReplicaKey, int], int | None] = (
-            node.add_voter if kind == "add" else node.remove_voter)
+            node.add_voter if kind is VoterChangeKind.ADD else node.remove_voter)
         try:
             ticket = request(key, timeout_ms)
         except NotLeaderError:
@@ -127,8 +147,12 @@ class Operator:
             return None
         if ticket is None:
             return None
-        pending = _Pending(node, node.incarnation, ticket, label)
-        self._pending.append(pending)
+        taken = _Ticket(node.node_id, node.incarnation, ticket)
+        ended = self._ended_at_once.pop(taken, None)
+        if ended is not None:
+            self.outcomes.append((label, ended.error))
+            return None
+        pending = self._pending[taken] = _Pending(node, taken, label)
         return pending
 
     # -- the careless admin -------------------------------------------------------------------
@@ -147,4 +171,4 @@ class Operator:
         if target.core is not None:
             directories += [key.directory_id for key in target.core.voters if key.id == node_id]
         key = ReplicaKey(node_id, rng.choice(directories))
-        self._send(target, rng.choice(("add", "remove")), key, rng.randint(50, 5000))
+        self._send(target, rng.choice(list(VoterChangeKind)), key, rng.randint(50, 5000))

@@ -4,10 +4,10 @@ verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss).""
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from quorum_node.raft.config import QuorumConfig
-from quorum_node.raft.core import OutboundRequest, OutboundResponse
+from quorum_node.raft.core import OutboundRequest, OutboundResponse, VoterChangeDone
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.sim.events import EventLoop
@@ -37,6 +37,8 @@ class Cluster:
         self.loop = loop
         self._rng = rng
         self.network = Network(loop, rng)
+        # Told of every voter change a node's core finished (the administrators who asked).
+        self.voter_change_listeners: list[Callable[[SimNode, VoterChangeDone], None]] = []
         self.voter_ids = list(range(voters))
         self.observer_ids = list(range(voters, voters + observers))
         directories = {node_id: random_uuid(rng) for node_id in self.voter_ids + self.observer_ids}
@@ -114,6 +116,10 @@ class Cluster:
                 return True
 
             self.network.send(source.node_id, message.destination, deliver_response)
+
+    def voter_change_done(self, source: SimNode, done: VoterChangeDone) -> None:
+        for listener in self.voter_change_listeners:
+            listener(source, done)
 
     def _refuse(self, source: SimNode, incarnation: int, request: OutboundRequest) -> None:
         """Tell the sender its connection failed, as a refused or reset TCP connection would."""

@@ -21,7 +21,8 @@ from quorum_node.raft.core import (
     OutboundResponse,
     QuorumDescription,
     RaftCore,
-    VoterChangeOutcome,
+    ReadOutcome,
+    VoterChangeDone,
 )
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.log import MemoryLog, RaftLog
@@ -61,7 +62,7 @@ class CoreFactory(Protocol):
         config: QuorumConfig,
         random: random.Random,
         now_ms: int,
-        snapshots: SnapshotStore | None = None,
+        snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
     ) -> RaftCore: ...
 
@@ -72,6 +73,8 @@ class NodeHost(Protocol):
     loop: EventLoop
 
     def send(self, source: SimNode, message: OutboundRequest | OutboundResponse) -> None: ...
+
+    def voter_change_done(self, source: SimNode, done: VoterChangeDone) -> None: ...
 
 
 class CoreMonitor(Protocol):
@@ -263,9 +266,6 @@ class SimNode:
         """RemoveVoter to this node, as ``add_voter``."""
         return self._request(lambda c: c.remove_voter(self._loop.now_ms, key, timeout_ms))
 
-    def voter_change_result(self, ticket: int) -> VoterChangeOutcome | None:
-        return self.core.voter_change_result(ticket) if self.core is not None else None
-
     def describe_quorum(self) -> QuorumDescription | None:
         """DescribeQuorum, if this node is a running leader."""
         try:
@@ -352,6 +352,12 @@ class SimNode:
         # over from it (a snapshot the store cannot give back fails the node: a finding).
         self.snapshots_loaded += 1
         self.state_machine.load(self.snapshots, snapshot_id)
+
+    def voter_change_done(self, done: VoterChangeDone) -> None:
+        self._host.voter_change_done(self, done)
+
+    def read_settled(self, outcome: ReadOutcome) -> None:
+        pass  # the simulated clients take no read barriers
 
     def stepped(self, step: str, peer: int | None) -> None:
         core = self.core

@@ -1,6 +1,5 @@
 """Durable storage for a quorum node: the log directory's lock and identity (``meta.properties``),
-the segmented replicated log (and its repair), group commit of its fsyncs, and the
-``quorum-state`` file."""
+the segmented replicated log (and its repair), and the ``quorum-state`` file."""
 
 from quorum_node.storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directory
 from quorum_node.storage.errors import (
@@ -10,7 +9,6 @@ from quorum_node.storage.errors import (
     QuorumStateError,
     StorageError,
 )
-from quorum_node.storage.group_commit import GroupCommitter
 from quorum_node.storage.meta_properties import (
     MetaProperties,
     format_log_dir,
@@ -26,7 +24,6 @@ __all__ = [
     "DirectoryInUseError",
     "DirectoryLock",
     "FileSnapshotStore",
-    "GroupCommitter",
     "LogDamage",
     "MetaProperties",
     "MetaPropertiesError",

@@ -76,7 +76,7 @@ class LogDirectory:
         latest = snapshots.latest()
         if latest is not None:
             snapshots.check(latest)
-        log = SegmentLog.open(partition, segment_bytes, latest)
+        log = SegmentLog(partition, segment_bytes, latest)
         return cls(root, meta, log, QuorumStateStore(partition), snapshots, lock)
 
     def close(self) -> None:

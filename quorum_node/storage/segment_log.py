@@ -143,7 +143,7 @@ class _Damage:
 
 
 class SegmentLog:
-    """A ``DurableLog`` in segment files. Open with ``SegmentLog.open(directory)``."""
+    """A ``DurableLog`` in segment files."""
 
     def __init__(
         self,
@@ -151,7 +151,19 @@ class SegmentLog:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         snapshot_id: SnapshotId | None = None,
     ) -> None:
-        """Open (creating if needed) the log in ``directory`` and recover it; see ``open``."""
+        """Open (creating if needed) the log in ``directory``, cutting a torn or corrupt tail off
+        the last segment (logged as a warning).
+
+        Every batch of every segment has its header and CRC32C checked (records are not parsed,
+        which keeps this at disk speed). Raises ``CorruptLogError`` and modifies nothing when the
+        damage is not confined to the tail of the last segment. What it finds is fsynced, so
+        ``end_offset`` after opening is durable.
+
+        ``snapshot_id`` is the latest snapshot, if any. One ending past the log end (a crash
+        between freezing a downloaded snapshot and truncating the log to it) has the log
+        truncated to it; one ending at the log start gives the log its base epoch. A log that
+        starts past it (or past 0 without one) is refused: the offsets between are in neither.
+        """
         self._init_state(directory, segment_bytes)
         try:
             self._recover()
@@ -174,27 +186,6 @@ class SegmentLog:
         self._closed = False
         self._failure: BaseException | None = None
         self.fsync_count = 0
-
-    @classmethod
-    def open(
-        cls,
-        directory: str | os.PathLike[str],
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        snapshot_id: SnapshotId | None = None,
-    ) -> SegmentLog:
-        """Open the log, cutting a torn or corrupt tail off the last segment (logged as a warning).
-
-        Every batch of every segment has its header and CRC32C checked (records are not parsed,
-        which keeps this at disk speed). Raises ``CorruptLogError`` and modifies nothing when the
-        damage is not confined to the tail of the last segment. What it finds is fsynced, so
-        ``end_offset`` after opening is durable.
-
-        ``snapshot_id`` is the latest snapshot, if any. One ending past the log end (a crash
-        between freezing a downloaded snapshot and truncating the log to it) has the log
-        truncated to it; one ending at the log start gives the log its base epoch. A log that
-        starts past it (or past 0 without one) is refused: the offsets between are in neither.
-        """
-        return cls(directory, segment_bytes, snapshot_id)
 
     @classmethod
     def find_damage(cls, directory: str | os.PathLike[str]) -> LogDamage | None:

@@ -148,7 +148,7 @@ def test_repair_log_leaves_a_torn_tail_to_the_node(tmp_path: Path) -> None:
     log_dir = tmp_path / "node-1"
     format_log_dir(log_dir, random_cluster_id(), 1)
     partition = log_dir / METADATA_PARTITION_DIR
-    with SegmentLog.open(partition) as log:
+    with SegmentLog(partition) as log:
         for n in range(3):
             log.append_as_leader([Record(value=b"v%d" % n)], 1, 1000)
         log.flush()

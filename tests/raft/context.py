@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import Effects, OutboundRequest, OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -127,6 +128,7 @@ class RaftTestContext:
             config=quorum_config,
             random=rng if rng is not None else ZeroRandom(0),
             now_ms=now_ms,
+            snapshots=MemorySnapshotStore(),
             observer_ids=observer_ids,
         )
         ctx = cls(local_id, keys, log, quorum_config, core, now_ms, election_state)

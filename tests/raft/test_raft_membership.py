@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quorum_node.raft.core import MAX_OBSERVERS, OBSERVER_SESSION_TIMEOUT_MS
+from quorum_node.raft.leader import MAX_OBSERVERS, OBSERVER_SESSION_TIMEOUT_MS
 from quorum_node.raft.messages import (
     BeginQuorumEpochResponse,
     EndQuorumEpochResponse,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from quorum_node.raft.core import ReadAbandoned, ReadConfirmed, ReadOutcome, ReadTimedOut
 from quorum_node.raft.messages import FetchRequest, FetchResponse
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
@@ -33,45 +34,76 @@ def _leader_with_hwm(make_ctx: MakeCtx) -> RaftTestContext:
     return ctx
 
 
+def _read_outcomes(ctx: RaftTestContext) -> list[ReadOutcome]:
+    return [outcome for effects in ctx.history for outcome in effects.reads]
+
+
 def test_read_barrier_needs_a_fetch_from_a_majority_after_it(make_ctx: MakeCtx) -> None:
     ctx = _leader_with_hwm(make_ctx)
     parked = ctx.fetch_request(2, 1, 1, 1, high_watermark=1)
     assert ctx.deliver_request(2, parked) == []  # parked: nothing new
-    barrier = ctx.core.begin_read(ctx.now_ms)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
     ctx.collect()
     assert barrier is not None and barrier.read_index == 1
     # Taking the barrier releases the parked fetch, so that the follower fetches again now.
     assert [r.error_code for r in ctx.take_responses(2)] == [0]
     # Fetches that happened before the barrier do not confirm it.
-    assert not ctx.core.read_confirmed(barrier)
+    assert _read_outcomes(ctx) == []
     _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0))
-    assert ctx.core.read_confirmed(barrier)
+    assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0))
+    assert len(_read_outcomes(ctx)) == 1  # settled once
 
 
 def test_read_barrier_waits_for_the_leaders_own_commit(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3])
     ctx.become_leader()
     assert ctx.core.high_watermark is None
-    assert ctx.core.begin_read(ctx.now_ms) is None  # no HWM of its own epoch yet
+    assert ctx.core.begin_read(ctx.now_ms, 1000) is None  # no HWM of its own epoch yet
 
 
-def test_read_barrier_fails_once_leadership_is_lost(make_ctx: MakeCtx) -> None:
+def test_read_barrier_is_abandoned_once_leadership_is_lost(make_ctx: MakeCtx) -> None:
     ctx = _leader_with_hwm(make_ctx)
-    barrier = ctx.core.begin_read(ctx.now_ms)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
     assert barrier is not None
     ctx.deliver_request(2, ctx.begin_quorum_request(2, 5))
     assert ctx.core.state is RaftState.FOLLOWER
+    # The reader learns where the leadership went.
+    assert _read_outcomes(ctx) == [ReadAbandoned(barrier.id, leader_id=2, epoch=5)]
     with pytest.raises(NotLeaderError):
-        ctx.core.read_confirmed(barrier)
-    with pytest.raises(NotLeaderError):
-        ctx.core.begin_read(ctx.now_ms)
+        ctx.core.begin_read(ctx.now_ms, 1000)
+
+
+def test_read_barrier_is_abandoned_when_the_leader_shuts_down(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
+    assert barrier is not None
+    ctx.core.begin_shutdown(ctx.now_ms)
+    ctx.collect()
+    assert _read_outcomes(ctx) == [ReadAbandoned(barrier.id, leader_id=1, epoch=1)]
+
+
+def test_read_barrier_times_out_without_a_majority(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    barrier = ctx.core.begin_read(ctx.now_ms, 100)
+    ctx.collect()
+    assert barrier is not None
+    assert ctx.core.next_deadline_ms() <= barrier.deadline_ms  # the core wakes for it
+    ctx.advance(99)
+    assert _read_outcomes(ctx) == []
+    ctx.advance(1)
+    assert _read_outcomes(ctx) == [ReadTimedOut(barrier.id)]
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0))
+    assert _read_outcomes(ctx) == [ReadTimedOut(barrier.id)]  # settled once
 
 
 def test_single_voter_read_is_confirmed_at_once(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1])
     ctx.flush()
-    barrier = ctx.core.begin_read(ctx.now_ms)
-    assert barrier is not None and ctx.core.read_confirmed(barrier)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
+    ctx.collect()
+    assert barrier is not None
+    assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, barrier.read_index)]
 
 
 def test_describe_quorum(make_ctx: MakeCtx) -> None:

@@ -79,8 +79,10 @@ def leader(make_ctx: Callable[..., Any]) -> Any:
 
 
 def outcome(ctx: Any, ticket: int) -> tuple[Errors, str] | None:
-    result = ctx.core.voter_change_result(ticket)
-    return None if result is None else (result.error, result.message)
+    """How the change ``ticket`` ended (its one VoterChangeDone effect); None while it runs."""
+    done = [d for effects in ctx.history for d in effects.voter_changes if d.ticket == ticket]
+    assert len(done) <= 1, done
+    return (done[0].error, done[0].message) if done else None
 
 
 # --- bootstrapping (41) ------------------------------------------------------------------------

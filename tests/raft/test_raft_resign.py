@@ -249,8 +249,7 @@ def test_resigned_state_bumps_epoch_when_its_timer_fires(make_ctx: MakeCtx) -> N
     elected again in a later epoch."""
     ctx = make_ctx(1, [1, 2, 3])
     ctx.become_leader()
-    ctx.core.resign(ctx.now_ms)
-    ctx.collect()
+    ctx.advance(ctx.config.check_quorum_timeout_ms)  # no voter fetched: it resigns
     assert ctx.core.state is RaftState.RESIGNED
     assert ctx.last_effects.persist is None
     assert set(_end_quorum_requests(ctx)) == {2, 3}
@@ -268,25 +267,12 @@ def test_resigned_answers_fetch_with_not_leader(make_ctx: MakeCtx) -> None:
     """A Resigned replica serves no fetch."""
     ctx = make_ctx(1, [1, 2, 3])
     ctx.become_leader()
-    ctx.core.resign(ctx.now_ms)
-    ctx.collect()
+    ctx.advance(ctx.config.check_quorum_timeout_ms)
+    assert ctx.core.state is RaftState.RESIGNED
     response = ctx.deliver_one(2, ctx.fetch_request(2, 1, 1, 1))
     assert isinstance(response, FetchResponse)
     assert response.error_code is Errors.NOT_LEADER_OR_FOLLOWER
     assert response.records == b""
-
-
-def test_single_voter_resign_elects_itself_in_a_later_epoch(make_ctx: MakeCtx) -> None:
-    """Single-voter quorum: a resigned lone voter leaves its epoch at once and is leader again,
-    in a new epoch (Resigned -> Unattached(e + 1) -> Prospective -> Candidate(e + 2))."""
-    ctx = make_ctx(1, [1])
-    ctx.flush()
-    ctx.core.resign(ctx.now_ms)
-    ctx.collect()
-    assert ctx.core.state is RaftState.LEADER
-    assert ctx.core.epoch == 3
-    ctx.assert_persisted(3, leader_id=1, voted=1)
-    assert ctx.log_layout() == [(0, 0, 1), (1, 1, 3)]
 
 
 def test_single_voter_restart_as_resigned_leads_a_new_epoch(make_ctx: MakeCtx) -> None:

@@ -244,15 +244,12 @@ def test_prospective_and_resigned_never_persist(make_ctx: MakeCtx) -> None:
     assert ctx.core.state is RaftState.PROSPECTIVE
     assert effects.persist is None
     assert ctx.core.election_state == ElectionState(2, None, ReplicaKey(1))
-    # Leader -> Resigned (check-quorum, resign() and begin_shutdown())
-    for how in ("check-quorum", "resign", "shutdown"):
+    # Leader -> Resigned (check-quorum and begin_shutdown())
+    for how in ("check-quorum", "shutdown"):
         ctx = make_ctx(1, [1, 2, 3])
         ctx.become_leader()
         if how == "check-quorum":
             effects = ctx.advance(ctx.config.check_quorum_timeout_ms)
-        elif how == "resign":
-            ctx.core.resign(ctx.now_ms)
-            effects = ctx.collect()
         else:
             ctx.core.begin_shutdown(ctx.now_ms)
             effects = ctx.collect()

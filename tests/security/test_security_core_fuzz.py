@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     EndQuorumEpochRequest,
@@ -87,7 +88,8 @@ def leader_core() -> tuple[RaftCore, int]:
     fetch as observers."""
     core = RaftCore(node_id=1, directory_id=DIRS[1], cluster_id=CLUSTER,
                     voters=[ReplicaKey(1)], log=MemoryLog(), election_state=None,
-                    config=CONFIG, random=random.Random(7), now_ms=0)
+                    config=CONFIG, random=random.Random(7), now_ms=0,
+                    snapshots=MemorySnapshotStore())
     now = 0
     for _ in range(100):
         now = min(max(now + 1, core.next_deadline_ms()), now + 1000)
@@ -105,7 +107,7 @@ def follower_core() -> tuple[RaftCore, int]:
     core = RaftCore(node_id=1, directory_id=DIRS[1], cluster_id=CLUSTER,
                     voters=[ReplicaKey(i) for i in (1, 2, 3)], log=MemoryLog(),
                     election_state=ElectionState(3, 2, None), config=CONFIG,
-                    random=random.Random(7), now_ms=0)
+                    random=random.Random(7), now_ms=0, snapshots=MemorySnapshotStore())
     settle(core, 0)
     return core, 0
 

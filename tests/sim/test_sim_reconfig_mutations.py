@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from quorum_node.raft.core import RaftCore, _Leader, _VoterChange
-from quorum_node.raft.messages import VoteRequest, VoteResponse
+from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore, VoterChange
+from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
@@ -32,7 +32,7 @@ class ReplacesInOneStep(RaftCore):
     """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
     once, whose majorities need not overlap."""
 
-    def _append_control(self, now_ms: int, state: _Leader, records: Sequence[Record]) -> int:
+    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
         change = self._voter_change
         if change is not None and change.kind == "add" and change.record_offset is None:
             voters = parse_voters_record(records[0].value)
@@ -45,13 +45,13 @@ class DoesNotWaitForVoterChanges(RaftCore):
     """Answers a voter change as soon as its record is appended, and appends the next one without
     waiting for the previous one to commit."""
 
-    def _advance_voter_change(self, now_ms: int, state: _Leader, change: _VoterChange) -> None:
+    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
         super()._advance_voter_change(now_ms, state, change)
         if self._voter_change is change and change.record_offset is not None:
             self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: appended")
 
     def _voter_change_blocker(
-        self, now_ms: int, state: _Leader, change: _VoterChange, hwm: int | None
+        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
     ) -> str | None:
         reason = super()._voter_change_blocker(now_ms, state, change, hwm)
         return None if reason == _WAITING_FOR_PREVIOUS else reason
@@ -63,7 +63,7 @@ class IgnoresTheVoterBeingAdded(RaftCore):
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
         change, state = self._voter_change, self._state
-        if change is None or change.kind != "add" or not isinstance(state, _Leader) \
+        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
                 or change.key not in state.voters:
             return super()._maybe_advance_leader_high_watermark(now_ms)
         progress = state.voters.pop(change.key)
@@ -81,9 +81,19 @@ class AnswersForAnyDirectory(RaftCore):
     def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
         return voter_id == self.node_id
 
-    def _handle_vote(self, now_ms: int, request: VoteRequest) -> VoteResponse:
-        response = super()._handle_vote(now_ms, request)
-        return response.model_copy(update={"voter_directory_id": request.voter_directory_id})
+    def handle_request(
+        self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
+    ) -> None:
+        super().handle_request(now_ms, source, correlation_id, request)
+        if not isinstance(request, VoteRequest):
+            return
+        messages = self._effects.messages
+        for i, message in enumerate(messages):
+            if (isinstance(message, OutboundResponse) and message.correlation_id == correlation_id
+                    and isinstance(message.message, VoteResponse)):
+                answer = message.message.model_copy(
+                    update={"voter_directory_id": request.voter_directory_id})
+                messages[i] = OutboundResponse(message.destination, correlation_id, answer)
 
 
 class DeletesTheSnapshotItLoaded(RaftCore):

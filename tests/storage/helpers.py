@@ -20,7 +20,7 @@ def build_log(
     segment_bytes: int = 1 << 20,
 ) -> list[RecordBatch]:
     """A flushed and closed log with one batch per entry of ``epochs``."""
-    with SegmentLog.open(directory, segment_bytes) as log:
+    with SegmentLog(directory, segment_bytes) as log:
         batches = [
             log.append_as_leader(make_records(per_batch, size, n), epoch, 1000 + n)
             for n, epoch in enumerate(epochs)

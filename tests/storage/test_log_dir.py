@@ -24,7 +24,7 @@ def _open_core(log_dir: LogDirectory, now_ms: int) -> RaftCore:
         node_id=1, directory_id=log_dir.meta.directory_id, cluster_id=CLUSTER,
         voters=[ReplicaKey(1, log_dir.meta.directory_id)], log=log_dir.log,
         election_state=log_dir.quorum_state.read(), config=QuorumConfig(append_linger_ms=0),
-        random=random.Random(7), now_ms=now_ms,
+        random=random.Random(7), now_ms=now_ms, snapshots=log_dir.snapshots,
     )
 
 

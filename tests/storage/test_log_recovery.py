@@ -21,7 +21,7 @@ END = 28
 
 
 def _open(directory: Path) -> SegmentLog:
-    return SegmentLog.open(directory, SEGMENT_BYTES)
+    return SegmentLog(directory, SEGMENT_BYTES)
 
 
 def _flip(path: Path, position: int, mask: int = 0x10) -> None:

@@ -31,7 +31,7 @@ def zero(path: Path, start: int, count: int) -> None:
 
 
 def read_all(directory: Path) -> tuple[int, bytes]:
-    with SegmentLog.open(directory, SEGMENT_BYTES) as log:
+    with SegmentLog(directory, SEGMENT_BYTES) as log:
         return log.end_offset, log.read(0, 1 << 20)
 
 
@@ -42,7 +42,7 @@ def test_zeroed_bytes_in_the_middle_of_the_last_segment(log_dir: Path) -> None:
     zero(last, second, size)  # its second batch (offsets 22-23); the two after it stay whole
     with pytest.raises(CorruptLogError, match=r"invalid batch length 0, followed by a valid batch"
                                               r".*see 'quorum-node repair-log --help'"):
-        SegmentLog.open(log_dir, SEGMENT_BYTES)
+        SegmentLog(log_dir, SEGMENT_BYTES)
 
     before = snapshot(log_dir)
     damage = SegmentLog.find_damage(log_dir)

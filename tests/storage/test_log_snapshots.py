@@ -36,7 +36,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DurableLog]:
     if request.param == "memory":
         yield MemoryLog()
         return
-    opened = SegmentLog.open(tmp_path, segment_bytes=200)  # about one batch per segment
+    opened = SegmentLog(tmp_path, segment_bytes=200)  # about one batch per segment
     yield opened
     opened.close()
 
@@ -126,29 +126,29 @@ def test_delete_before_never_empties_below_the_active_data(log: DurableLog) -> N
 def test_segment_log_restart_after_truncate_to_snapshot(tmp_path: Path) -> None:
     build_log(tmp_path, EPOCHS, per_batch=5, segment_bytes=200)
     snapshot = SnapshotId(500, 6)
-    with SegmentLog.open(tmp_path, 200) as log:
+    with SegmentLog(tmp_path, 200) as log:
         fsyncs = log.fsync_count
         log.truncate_to_snapshot(snapshot)
         assert log.fsync_count == fsyncs + 2  # the new segment and the directory, at once
         assert [path.name for path in segment_files(tmp_path)] == ["00000000000000000500.log"]
-    with SegmentLog.open(tmp_path, 200, snapshot) as log:
+    with SegmentLog(tmp_path, 200, snapshot) as log:
         assert (log.start_offset, log.end_offset, log.last_fetched_epoch()) == (500, 500, 6)
         assert log.end_offset_for_epoch(6) == OffsetAndEpoch(500, 6)
         log.append_as_leader(make_records(2, 5), 8, 0)
         log.flush()
-    with SegmentLog.open(tmp_path, 200, snapshot) as log:
+    with SegmentLog(tmp_path, 200, snapshot) as log:
         assert _epoch_answers(log, range(5, 10)) == [(500, 0), (500, 6), (500, 6), (502, 8),
                                                      (502, 8)]
     # Without the snapshot, the offsets below 500 are in neither the log nor a snapshot.
     with pytest.raises(StorageError, match="starts at offset 500 but there is no snapshot"):
-        SegmentLog.open(tmp_path, 200)
+        SegmentLog(tmp_path, 200)
     with pytest.raises(StorageError, match=r"latest snapshot \(400-6\) ends at 400"):
-        SegmentLog.open(tmp_path, 200, SnapshotId(400, 6))
+        SegmentLog(tmp_path, 200, SnapshotId(400, 6))
 
 
 def test_segment_log_restart_after_delete_before(tmp_path: Path) -> None:
     batches = build_log(tmp_path, EPOCHS, per_batch=5, segment_bytes=200)
-    with SegmentLog.open(tmp_path, 200) as log:
+    with SegmentLog(tmp_path, 200) as log:
         assert len(log.segment_paths) == 6
         fsyncs = log.fsync_count
         log.delete_before(20)
@@ -156,7 +156,7 @@ def test_segment_log_restart_after_delete_before(tmp_path: Path) -> None:
         assert [int(path.stem) for path in segment_files(tmp_path)] == [20, 25]
         before = (log.start_offset, log.end_offset, _epoch_answers(log))
     for snapshot, based in [(SnapshotId(20, 3), True), (SnapshotId(25, 4), False)]:
-        with SegmentLog.open(tmp_path, 200, snapshot) as log:
+        with SegmentLog(tmp_path, 200, snapshot) as log:
             assert (log.start_offset, log.end_offset) == before[:2]
             assert decode_batches(log.read(0, 1 << 20)) == []
             assert decode_batches(log.read(20, 1 << 20)) == batches[4:]
@@ -169,19 +169,19 @@ def test_segment_log_crash_during_delete_before_leaves_a_suffix(tmp_path: Path) 
     build_log(tmp_path, EPOCHS, per_batch=5, segment_bytes=200)
     # Deletion goes oldest first: a crash after the first unlink leaves the log from 5 on.
     segment_files(tmp_path)[0].unlink()
-    with SegmentLog.open(tmp_path, 200, SnapshotId(20, 3)) as log:
+    with SegmentLog(tmp_path, 200, SnapshotId(20, 3)) as log:
         assert (log.start_offset, log.end_offset) == (5, 30)
         log.delete_before(20)
         assert log.start_offset == 20
 
 
 def test_segment_log_refuses_a_snapshot_the_log_does_not_continue(tmp_path: Path) -> None:
-    with SegmentLog.open(tmp_path) as log:
+    with SegmentLog(tmp_path) as log:
         log.truncate_to_snapshot(SnapshotId(10, 2))
         log.append_as_leader(make_records(1, 5), 2, 0)
         log.flush()
     with pytest.raises(StorageError, match="does not continue snapshot 10-5"):
-        SegmentLog.open(tmp_path, snapshot_id=SnapshotId(10, 5))
+        SegmentLog(tmp_path, snapshot_id=SnapshotId(10, 5))
 
 
 # -- the crash between freezing a downloaded snapshot and truncating the log ----------------------
@@ -199,12 +199,12 @@ def test_open_finishes_a_truncation_to_a_snapshot(
     for path in doomed:
         path.unlink()
     snapshot = SnapshotId(40, 5)  # past the log end, as every snapshot a follower downloads
-    with caplog.at_level(logging.WARNING), SegmentLog.open(tmp_path, 200, snapshot) as log:
+    with caplog.at_level(logging.WARNING), SegmentLog(tmp_path, 200, snapshot) as log:
         assert (log.start_offset, log.end_offset, log.last_fetched_epoch()) == (40, 40, 5)
         assert log.end_offset_for_epoch(5) == OffsetAndEpoch(40, 5)
     assert "before the latest snapshot 40-5" in caplog.text
     assert [path.name for path in segment_files(tmp_path)] == ["00000000000000000040.log"]
-    with SegmentLog.open(tmp_path, 200, snapshot) as log:
+    with SegmentLog(tmp_path, 200, snapshot) as log:
         assert (log.start_offset, log.end_offset, log.last_fetched_epoch()) == (40, 40, 5)
 
 

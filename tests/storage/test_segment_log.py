@@ -128,11 +128,11 @@ def _segment_subject(segment_bytes: int) -> Subject:
         assert isinstance(log, SegmentLog)
         log.flush()
         log.close()
-        return SegmentLog.open(directory, segment_bytes, snapshot)
+        return SegmentLog(directory, segment_bytes, snapshot)
 
     return Subject(
         f"SegmentLog(segment_bytes={segment_bytes})",
-        lambda directory: SegmentLog.open(directory, segment_bytes),
+        lambda directory: SegmentLog(directory, segment_bytes),
         restart,
     )
 
@@ -291,7 +291,7 @@ def test_conformance_with_reference_model(
 
 
 def test_is_a_durable_log(tmp_path: Path) -> None:
-    log: DurableLog = SegmentLog.open(tmp_path)  # mypy checks the protocol here
+    log: DurableLog = SegmentLog(tmp_path)  # mypy checks the protocol here
     assert (log.start_offset, log.end_offset, log.last_fetched_epoch()) == (0, 0, 0)
     assert log.end_offset_for_epoch(3) == OffsetAndEpoch(0, 0)
     assert log.read(0, 100) == b""
@@ -319,14 +319,14 @@ def test_segments_roll_when_full(tmp_path: Path) -> None:
 
 
 def test_batch_larger_than_a_segment_gets_its_own(tmp_path: Path) -> None:
-    with SegmentLog.open(tmp_path, segment_bytes=100) as log:
+    with SegmentLog(tmp_path, segment_bytes=100) as log:
         for n in range(3):
             log.append_as_leader(make_records(2, 200, n), 1, 0)
         assert [path.stat().st_size > 100 for path in segment_files(tmp_path)] == [True] * 3
 
 
 def test_reopen_after_flush_restores_everything(tmp_path: Path) -> None:
-    with SegmentLog.open(tmp_path, segment_bytes=400) as log:
+    with SegmentLog(tmp_path, segment_bytes=400) as log:
         for n in range(30):
             log.append_as_leader(make_records(1 + n % 3, 25, n), 1 + n // 10, n, n % 7 == 0)
         assert log.flush() == log.end_offset
@@ -334,7 +334,7 @@ def test_reopen_after_flush_restores_everything(tmp_path: Path) -> None:
                  [log.end_offset_for_epoch(epoch) for epoch in range(6)])
         bases = [batch.base_offset for batch in decode_batches(state[2])]
         reads = [log.read(base, 150) for base in bases]
-    with SegmentLog.open(tmp_path, segment_bytes=400) as log:
+    with SegmentLog(tmp_path, segment_bytes=400) as log:
         assert (log.end_offset, log.last_fetched_epoch(), log.read(0, 1 << 20),
                 [log.end_offset_for_epoch(epoch) for epoch in range(6)]) == state
         assert [log.read(base, 150) for base in bases] == reads
@@ -347,7 +347,7 @@ def test_epoch_cache_after_reopen_and_truncate(tmp_path: Path) -> None:
     # Epoch 1 at offsets 0-9, epoch 3 at 10-19, epoch 4 at 20-29 (batches of 5).
     build_log(tmp_path, [1, 1, 3, 3, 4, 4], per_batch=5, segment_bytes=300)
     expected = {0: (0, 0), 1: (10, 1), 2: (10, 1), 3: (20, 3), 4: (30, 4), 9: (30, 4)}
-    with SegmentLog.open(tmp_path, segment_bytes=300) as log:
+    with SegmentLog(tmp_path, segment_bytes=300) as log:
         assert len(log.segment_paths) > 1
         for epoch, answer in expected.items():
             assert log.end_offset_for_epoch(epoch) == OffsetAndEpoch(*answer)
@@ -355,7 +355,7 @@ def test_epoch_cache_after_reopen_and_truncate(tmp_path: Path) -> None:
         assert (log.end_offset, log.last_fetched_epoch()) == (15, 3)
         assert log.end_offset_for_epoch(4) == OffsetAndEpoch(15, 3)
         log.flush()
-    with SegmentLog.open(tmp_path, segment_bytes=300) as log:
+    with SegmentLog(tmp_path, segment_bytes=300) as log:
         assert (log.end_offset, log.last_fetched_epoch()) == (15, 3)
         assert log.end_offset_for_epoch(3) == OffsetAndEpoch(15, 3)
         log.truncate_to(10)
@@ -365,14 +365,14 @@ def test_epoch_cache_after_reopen_and_truncate(tmp_path: Path) -> None:
         assert log.end_offset_for_epoch(4) == OffsetAndEpoch(10, 1)
         assert log.end_offset_for_epoch(5) == OffsetAndEpoch(12, 5)
         log.flush()
-    with SegmentLog.open(tmp_path, segment_bytes=300) as log:
+    with SegmentLog(tmp_path, segment_bytes=300) as log:
         assert [log.end_offset_for_epoch(e) for e in (1, 4, 5)] == [
             OffsetAndEpoch(10, 1), OffsetAndEpoch(10, 1), OffsetAndEpoch(12, 5)]
 
 
 def test_truncate_deletes_whole_segments_and_cuts_files(tmp_path: Path) -> None:
     build_log(tmp_path, [1] * 12, per_batch=2, size=40, segment_bytes=250)
-    with SegmentLog.open(tmp_path, segment_bytes=250) as log:
+    with SegmentLog(tmp_path, segment_bytes=250) as log:
         before = segment_files(tmp_path)
         assert len(before) >= 4
         cut_segment = before[1]
@@ -386,14 +386,14 @@ def test_truncate_deletes_whole_segments_and_cuts_files(tmp_path: Path) -> None:
         assert [path.name for path in segment_files(tmp_path)] == ["00000000000000000000.log"]
         assert (log.end_offset, log.last_fetched_epoch(), log.read(0, 100)) == (0, 0, b"")
         log.flush()
-    with SegmentLog.open(tmp_path, segment_bytes=250) as log:
+    with SegmentLog(tmp_path, segment_bytes=250) as log:
         assert log.end_offset == 0
 
 
 def test_read_returns_whole_batches_across_segments(tmp_path: Path) -> None:
     batches = build_log(tmp_path, [1] * 10, per_batch=1, size=50, segment_bytes=200)
     sizes = [len(batch.encode()) for batch in batches]
-    with SegmentLog.open(tmp_path, segment_bytes=200) as log:
+    with SegmentLog(tmp_path, segment_bytes=200) as log:
         assert len(log.segment_paths) > 2
         assert log.read(0, 1) == batches[0].encode()  # always at least one batch
         three = sum(sizes[:3])
@@ -405,17 +405,17 @@ def test_read_returns_whole_batches_across_segments(tmp_path: Path) -> None:
 
 
 def test_open_makes_what_it_found_durable(tmp_path: Path) -> None:
-    with SegmentLog.open(tmp_path) as log:
+    with SegmentLog(tmp_path) as log:
         assert log.fsync_count == 2  # the new segment and the directory
         log.append_as_leader(make_records(2, 5), 1, 0)
     # Closed without a flush, as by a process crash: the OS still holds the write.
-    with SegmentLog.open(tmp_path) as log:
+    with SegmentLog(tmp_path) as log:
         assert log.end_offset == 2
         assert log.fsync_count == 2
 
 
 def test_flush_counts_and_returns_the_end(tmp_path: Path) -> None:
-    with SegmentLog.open(tmp_path, segment_bytes=100) as log:
+    with SegmentLog(tmp_path, segment_bytes=100) as log:
         fsyncs = log.fsync_count
         assert log.flush() == 0
         assert log.fsync_count == fsyncs  # nothing to sync
@@ -449,7 +449,7 @@ def _blocking_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading
 def test_flush_concurrent_with_truncation_never_overstates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with SegmentLog.open(tmp_path) as log, _blocking_fsync(monkeypatch) as (entered, release):
+    with SegmentLog(tmp_path) as log, _blocking_fsync(monkeypatch) as (entered, release):
         for n in range(5):
             log.append_as_leader(make_records(2, 5), 1, n)
         result: list[int] = []
@@ -466,7 +466,7 @@ def test_flush_concurrent_with_truncation_never_overstates(
 
 
 def test_failed_fsync_poisons_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = SegmentLog.open(tmp_path)
+    log = SegmentLog(tmp_path)
     log.append_as_leader(make_records(1, 5), 1, 0)
 
     def failing_fsync(fd: int) -> None:
@@ -481,12 +481,12 @@ def test_failed_fsync_poisons_the_log(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(StorageError, match="earlier I/O error"):
         log.flush()
     log.close()
-    with SegmentLog.open(tmp_path) as reopened:
+    with SegmentLog(tmp_path) as reopened:
         assert reopened.end_offset == 1
 
 
 def test_closed_log_refuses_use(tmp_path: Path) -> None:
-    log = SegmentLog.open(tmp_path)
+    log = SegmentLog(tmp_path)
     log.close()
     log.close()
     with pytest.raises(StorageError, match="closed"):
@@ -497,7 +497,7 @@ def test_closed_log_refuses_use(tmp_path: Path) -> None:
 
 def test_oversized_follower_batch_is_refused(tmp_path: Path) -> None:
     huge = RecordBatch(0, 1, tuple(make_records(1, 9 * 1024 * 1024)), 0)
-    with SegmentLog.open(tmp_path) as log:
+    with SegmentLog(tmp_path) as log:
         with pytest.raises(ValueError, match="exceeds"):
             log.append_as_follower([huge])
         assert log.end_offset == 0

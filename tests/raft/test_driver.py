@@ -1,0 +1,82 @@
+"""The driver hands the core's outcomes (read barriers, voter changes) to its host."""
+
+from __future__ import annotations
+
+import random
+
+from quorum_node.raft.config import QuorumConfig
+from quorum_node.raft.core import (
+    OutboundRequest,
+    OutboundResponse,
+    RaftCore,
+    ReadConfirmed,
+    ReadOutcome,
+    VoterChangeDone,
+)
+from quorum_node.raft.driver import CoreDriver
+from quorum_node.raft.log import MemoryLog
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
+from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.state import ElectionState, RaftState
+from quorum_node.raft.types import ReplicaKey
+
+
+class RecordingHost:
+    """A DriverHost on a fixed clock that keeps what the driver hands it."""
+
+    def __init__(self) -> None:
+        self.flush_wanted = False
+        self.reads: list[ReadOutcome] = []
+        self.voter_changes: list[VoterChangeDone] = []
+
+    def now_ms(self) -> int:
+        return 0
+
+    def persist(self, state: ElectionState) -> None:
+        pass
+
+    def send(self, request: OutboundRequest) -> None:
+        raise AssertionError("a lone voter sends nothing")
+
+    def answer(self, response: OutboundResponse) -> None:
+        raise AssertionError("a lone voter answers nothing")
+
+    def flush(self) -> None:
+        self.flush_wanted = True
+
+    def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
+        raise AssertionError("no snapshot to load")
+
+    def voter_change_done(self, done: VoterChangeDone) -> None:
+        self.voter_changes.append(done)
+
+    def read_settled(self, outcome: ReadOutcome) -> None:
+        self.reads.append(outcome)
+
+    def stepped(self, step: str, peer: int | None) -> None:
+        pass
+
+    def set_timer(self, at_ms: int) -> None:
+        pass
+
+    def core_failed(self, error: Exception) -> None:
+        raise error
+
+    def core_spinning(self, polls: int) -> None:
+        raise AssertionError(f"spinning after {polls} polls")
+
+
+def test_a_read_barrier_is_settled_through_the_host() -> None:
+    log = MemoryLog()
+    core = RaftCore(node_id=1, directory_id=None, cluster_id="c", voters=[ReplicaKey(1)],
+                    log=log, election_state=None, config=QuorumConfig(),
+                    random=random.Random(0), now_ms=0, snapshots=MemorySnapshotStore())
+    host = RecordingHost()
+    driver = CoreDriver(core, host)
+    driver.after_step()
+    assert core.state is RaftState.LEADER and host.flush_wanted
+    driver.handle_flushed(log.flush())  # its LeaderChange commits
+    barrier = driver.request(lambda c: c.begin_read(0, 1000))
+    assert barrier is not None
+    assert host.reads == [ReadConfirmed(barrier.id, barrier.read_index)]
+    assert host.voter_changes == []
