@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from quorum_node.node.admin_api import MAX_VOTER_TIMEOUT_MS
-from quorum_node.node.client_api import (
+from quorum_node.node.kv_service import (
     MAX_LIST_LIMIT,
     MAX_READ_RECORDS,
     MAX_TIMEOUT_MS,

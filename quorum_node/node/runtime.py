@@ -36,6 +36,7 @@ from aiohttp import web
 
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import BoundedSite, start_site
+from quorum_node.node.state_machine import KvStateMachine
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import (
     PeerClient,
@@ -171,6 +172,9 @@ class QuorumNode:
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next
             raise
+        # The key-value store the committed log is applied to, with its snapshots: run with the
+        # node, whatever it serves.
+        self.state_machine = KvStateMachine(self)
         self.driver = CoreDriver(self.core, self)
         # Where each voter serves clients: a non-leader redirects clients to the leader's.
         self.client_endpoints = {
@@ -257,6 +261,7 @@ class QuorumNode:
             self.set_timer(self._timer_wanted_ms)
         self._spawn(self._flush_loop())
         self._spawn(self.security.reload_forever())
+        self.state_machine.start()
         logger.info("node %d listening for peers on %s and clients on %s", config.node_id,
                     ", ".join(str(listener) for listener in controllers),
                     ", ".join(str(listener) for listener in config.client_listeners))
@@ -318,8 +323,12 @@ class QuorumNode:
             self._answer_inbound(correlation_id, None)
         for peer_server in self._peer_servers:
             await peer_server.close()
+        # Requests still waiting are answered now: the servers wait for them to finish.
+        self.interrupt_waits()
+        self.state_machine.begin_closing()
         for runner in self._runners:
             await runner.cleanup()
+        await self.state_machine.stop()
         await self._peers.close()
         if self.failure is None:
             self.log_dir.log.flush()
@@ -370,6 +379,7 @@ class QuorumNode:
             self._wake_commit_waiters()
         if self._waiters:
             self._wake_waiters()
+        self.state_machine.after_step()
         for hook in self.step_hooks:
             hook()
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from quorum_node.node.kv import KvStore
 from quorum_node.raft.records import Record, read_batch_header
@@ -25,7 +25,9 @@ from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
 
 if TYPE_CHECKING:
-    from quorum_node.node.runtime import QuorumNode
+    from quorum_node.node.config import NodeConfig
+    from quorum_node.raft.core import RaftCore
+    from quorum_node.storage.log_dir import LogDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,21 @@ def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
     return interval > 0 and records_since >= max(interval, keys)
 
 
+class SnapshotHost(Protocol):
+    """What snapshots need of the node (``QuorumNode``): its settings, log directory and core."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def log_dir(self) -> LogDirectory: ...
+
+    @property
+    def core(self) -> RaftCore: ...
+
+
 class KvSnapshots:
-    def __init__(self, node: QuorumNode, store: KvStore) -> None:
+    def __init__(self, node: SnapshotHost, store: KvStore) -> None:
         self.node = node
         self.store = store
         latest = node.log_dir.snapshots.latest()

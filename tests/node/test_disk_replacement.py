@@ -205,10 +205,4 @@ def test_disk_failure_recovery_scenario(cluster: ProcessCluster, victim_is_leade
 
 
 def _log_start(cluster: ProcessCluster, node_id: int) -> int:
-    try:
-        http_json("GET", f"{cluster.nodes[node_id].url}/v1/records?offset=0&max_records=1")
-    except urllib.error.HTTPError as error:
-        if error.code == 416:
-            return int(json.loads(error.read())["log_start_offset"])
-        raise
-    return 0
+    return int(http_json("GET", f"{cluster.nodes[node_id].url}/v1/node")["log_start_offset"])

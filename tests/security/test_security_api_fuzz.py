@@ -30,7 +30,6 @@ from schemathesis.specs.openapi.checks import (
 )
 from secured_cluster import InProcessCluster, plain_configs
 
-from quorum_node.node.client_api import CLIENT_API_KEY
 from quorum_node.node.openapi import openapi_document
 
 load_all_checks()
@@ -105,7 +104,7 @@ def test_fuzz_api(case: schemathesis.Case, quorum: InProcessCluster) -> None:
 def test_replicas_agree_after_the_fuzz(quorum: InProcessCluster) -> None:
     nodes = list(quorum.nodes.values())
     # The client API's application is the last one a node starts (the only one here).
-    stores = [node._runners[-1].app[CLIENT_API_KEY].store for node in nodes]
+    stores = [node.state_machine.store for node in nodes]
     high_watermark = assert_replicas_consistent(nodes, stores)
     TALLY["high watermark"] = high_watermark
     report("API fuzz")

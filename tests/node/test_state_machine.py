@@ -1,0 +1,79 @@
+"""The KV state machine is the runtime's: a node that serves no HTTP API at all applies the
+committed log to its store, snapshots it and compacts its log, and KvService works on it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from test_admin_api import FAST, free_port, shutdown
+
+from quorum_node.node.config import NodeConfig
+from quorum_node.node.errors import ErrorCode, ServiceError
+from quorum_node.node.kv import Put, encode_op
+from quorum_node.node.kv_service import KvService
+from quorum_node.node.runtime import QuorumNode
+from quorum_node.raft.config import VoterEndpoint
+from quorum_node.raft.state import RaftState
+from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
+
+
+async def _wait(condition: object, what: str, timeout_s: float = 10) -> None:
+    assert callable(condition)
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def _single_node(tmp_path: Path, **settings: int) -> QuorumNode:
+    cluster_id = random_cluster_id()
+    log_dir = tmp_path / "node-1"
+    format_log_dir(log_dir, cluster_id, 1)
+    port = free_port()
+    return QuorumNode(NodeConfig(
+        node_id=1, cluster_id=cluster_id, log_dir=log_dir, listeners=f"127.0.0.1:{port}",
+        voters=(VoterEndpoint(id=1, host="127.0.0.1", port=port),), quorum=FAST, **settings))
+
+
+async def test_a_node_without_an_api_applies_snapshots_and_compacts(tmp_path: Path) -> None:
+    node = _single_node(tmp_path, snapshot_interval_records=10, segment_bytes=512)
+    await node.start()  # no application: peers' routes only
+    try:
+        await _wait(lambda: node.core.state is RaftState.LEADER
+                    and node.core.high_watermark is not None, "a leader")
+        for index in range(30):
+            await node.append([encode_op(Put(f"key-{index}", "value"))], timeout_s=5)
+        store = node.state_machine.store
+        await _wait(lambda: store.get("key-29") == "value", "the store to apply every put")
+        await _wait(lambda: node.log_dir.snapshots.latest() is not None, "a snapshot")
+        await _wait(lambda: node.log_dir.log.start_offset > 0, "the log compacted")
+    finally:
+        await shutdown(node, timeout_s=2)
+
+
+async def test_kv_service_raises_plain_errors(tmp_path: Path) -> None:
+    node = _single_node(tmp_path)
+    await node.start()
+    try:
+        await _wait(lambda: node.core.state is RaftState.LEADER
+                    and node.core.high_watermark is not None, "a leader")
+        service = KvService(node)
+        written = await service.put("colour", "blue", timeout_s=5)
+        assert written.applied and written.key == "colour"
+        found = await service.get("colour", stale=False, timeout_s=5)
+        assert found.value == "blue" and found.applied_offset >= written.offset
+        assert (await service.get("absent", stale=True, timeout_s=5)).value is None
+        cas = await service.cas("colour", "red", "green", timeout_s=5)
+        assert not cas.applied
+        with pytest.raises(ServiceError) as bad:
+            await service.put("", "x", timeout_s=5)
+        assert bad.value.code is ErrorCode.BAD_REQUEST
+        with pytest.raises(ServiceError) as compacted:
+            node.state_machine.store.events_start = 10**6
+            await service.watch(0, key="colour")
+        assert compacted.value.code is ErrorCode.COMPACTED
+    finally:
+        await shutdown(node, timeout_s=2)
