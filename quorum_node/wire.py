@@ -31,6 +31,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
+# How a client may talk to the nodes: this protocol, or the HTTP API.
+CLIENT_PROTOCOLS: Final = ("binary", "http")
+DEFAULT_CLIENT_PROTOCOL: Final = "binary"
 PATH: Final = "/v1/stream"
 SUBPROTOCOL: Final = "quorum-client.v1"
 # The largest request: an append of up to 4 MiB of records, each with its 4-byte length.

@@ -26,6 +26,7 @@ from quorum_node.cli.common import (
     CliError,
     CliParser,
     add_connection_options,
+    add_protocol_option,
     add_standard_options,
     bootstrap_from,
     emit_json,
@@ -61,6 +62,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_standard_options(parser)
     add_connection_options(parser, top=True, default_timeout_s=DEFAULT_TIMEOUT_S)
+    add_protocol_option(parser, top=True)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     def command(name: str, run: Callable[[QuorumClient, argparse.Namespace], int],
@@ -68,6 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary, epilog=_EPILOG,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         add_connection_options(sub, top=False, default_timeout_s=DEFAULT_TIMEOUT_S)
+        add_protocol_option(sub, top=False)
         sub.set_defaults(run=run)
         return sub
 
@@ -151,7 +154,8 @@ def _run(args: argparse.Namespace) -> int:
     run: Callable[[QuorumClient, argparse.Namespace], int] = args.run
     try:
         with QuorumClient(servers, timeout_s=timeout_from(args, DEFAULT_TIMEOUT_S),
-                          credentials=credentials, fail_fast=True) as client:
+                          credentials=credentials, fail_fast=True,
+                          protocol=args.protocol) as client:
             try:
                 return run(client, args)
             except KeyboardInterrupt:

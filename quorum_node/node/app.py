@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from quorum_node.node.admin_api import admin_routes
+from quorum_node.node.api.stream import install_stream
 from quorum_node.node.client_api import install_client_api
 from quorum_node.node.metrics import metrics_for, metrics_routes
 from quorum_node.node.openapi import openapi_routes
@@ -45,7 +46,7 @@ def is_ready(node: QuorumNode) -> tuple[bool, str]:
 
 def build_app(node: QuorumNode) -> web.Application:
     app = web.Application(client_max_size=16 * 1024 * 1024)
-    install_client_api(app, node)
+    install_stream(app, install_client_api(app, node).service)  # the binary client protocol
 
     async def healthz(_: web.Request) -> web.Response:
         failure = failure_of(node)

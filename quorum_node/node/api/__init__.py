@@ -1,0 +1,1 @@
+"""The node's client protocols over HTTP and WebSocket."""
