@@ -1,4 +1,4 @@
-"""A synchronous Python client for the quorum's client API (``quorum_node.node.client_api``).
+"""A synchronous Python client for the quorum's client API (``quorum_node.node.api.client``).
 
     with QuorumClient("127.0.0.1:9091,127.0.0.1:9092") as client:
         client.put("colour", "blue")
@@ -728,7 +728,7 @@ def _stream_refused(server: str, problem: StreamNotOpened) -> QuorumClientError:
                                  f"use the HTTP protocol", code="UNSUPPORTED_PROTOCOL",
                                  status=404)
     if isinstance(body, dict) and isinstance(body.get("code"), str):
-        message = body.get("message") or body.get("error") or f"HTTP {problem.status}"
+        message = body.get("message") or f"HTTP {problem.status}"
         return QuorumClientError(str(message), code=body["code"], status=problem.status,
                                  body=body)
     return QuorumClientError(f"{server} refused the stream: HTTP {problem.status}",
@@ -755,8 +755,8 @@ def _describe(error: BaseException) -> str:
 
 
 def _error_message(answer: _Answer) -> str:
-    # The client API says "error", the admin API "message" (Kafka's error name is the code).
-    message = answer.body.get("error") or answer.body.get("message")
+    # Every error body is {"code", "message"} (quorum_node.node.api.http).
+    message = answer.body.get("message")
     return str(message) if message else f"HTTP {answer.status}"
 
 
@@ -792,8 +792,8 @@ def _http_answer(answer: _WireAnswer) -> dict[str, Any]:
     if op is wire.Op.GET:
         value, applied_offset = fields
         if value is None:
-            return {"code": "KEY_NOT_FOUND", "message": f"key {key!r} not found", "key": key,
-                    "applied_offset": applied_offset}
+            return {"code": "KEY_NOT_FOUND", "message": f"key {key!r} not found (applied up to "
+                                                        f"offset {applied_offset})"}
         return {"key": key, "value": value, "applied_offset": applied_offset}
     if op is wire.Op.APPEND:
         first, last, epoch = fields

@@ -8,11 +8,10 @@ request carries them). Each binary WebSocket message is one request or one respo
     response  correlation uint32 | status uint8 (0: ok, 1: error) | fields
 
 all big-endian. A request's fields, and an ok response's, are the op's (REQUEST_FIELDS and
-RESPONSE_FIELDS); an error's are ERROR_FIELDS, the one error contract of the HTTP APIs (code,
-message, and on NOT_LEADER or NO_LEADER the leader's id and URL) plus integer details
-(``applied_offset``, ``events_start``, ``log_start_offset``). Many requests may be in flight on
-one stream; each is answered when it completes, so answers come in any order and the correlation
-id pairs them up.
+RESPONSE_FIELDS); an error's are ERROR_FIELDS, the one error contract of the HTTP APIs: code,
+message, and on NOT_LEADER or NO_LEADER the leader's id and URL. Many requests may be in flight
+on one stream; each is answered when it completes, so answers come in any order and the
+correlation id pairs them up.
 
 Field kinds: ``bool`` one byte 0 or 1; ``u32``, ``u64``, ``i64`` fixed width; ``str`` a uint32
 length and UTF-8; ``bytes`` a uint32 length and the bytes; ``opt_*`` a presence byte (0 or 1) and,
@@ -98,9 +97,8 @@ RESPONSE_FIELDS: Final[dict[Op, Schema]] = {
     # events (offset, key, value; None: deleted), next_offset, applied_offset
     Op.WATCH: (("list", ("u64", "str", "opt_str")), "u64", "i64"),
 }
-# code, message, leader (present on NOT_LEADER and NO_LEADER): id, url; details (name, value)
-ERROR_FIELDS: Final[Schema] = ("str", "str", "bool", "opt_i64", "opt_str",
-                               ("list", ("str", "i64")))
+# code, message, leader (present on NOT_LEADER and NO_LEADER): id, url
+ERROR_FIELDS: Final[Schema] = ("str", "str", "bool", "opt_i64", "opt_str")
 
 
 # --- encoding ----------------------------------------------------------------------------------
@@ -164,8 +162,8 @@ def encode_error(correlation: int, error: ErrorAnswer) -> bytes:
     leader = error.leader
     _encode_fields(ERROR_FIELDS, (
         error.code, error.message, leader is not None,
-        leader[0] if leader is not None else None, leader[1] if leader is not None else None,
-        sorted(error.details.items())), out)
+        leader[0] if leader is not None else None, leader[1] if leader is not None else None),
+        out)
     return b"".join(out)
 
 
@@ -276,22 +274,19 @@ def decode_response_fields(op: Op, data: bytes) -> tuple[Any, ...]:
 
 
 class ErrorAnswer:
-    """An error response: the error contract's code, message and leader (id, url), and integer
-    details."""
+    """An error response: the error contract's code, message and leader (id, url)."""
 
-    __slots__ = ("code", "details", "leader", "message")
+    __slots__ = ("code", "leader", "message")
 
     def __init__(self, code: str, message: str, *,
-                 leader: tuple[int | None, str | None] | None = None,
-                 details: dict[str, int] | None = None) -> None:
+                 leader: tuple[int | None, str | None] | None = None) -> None:
         self.code = code
         self.message = message
         self.leader = leader
-        self.details = details or {}
 
     def body(self) -> dict[str, Any]:
         """The error as the HTTP APIs' JSON error body says it."""
-        body: dict[str, Any] = {"code": self.code, "message": self.message, **self.details}
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.leader is not None:
             body["leader"] = {"id": self.leader[0], "url": self.leader[1]}
         return body
@@ -301,8 +296,6 @@ class ErrorAnswer:
 
 
 def decode_error(data: bytes) -> ErrorAnswer:
-    code, message, has_leader, leader_id, leader_url, details = decode_fields(
+    code, message, has_leader, leader_id, leader_url = decode_fields(
         ERROR_FIELDS, data, RESPONSE_HEAD.size)
-    return ErrorAnswer(code, message,
-                       leader=(leader_id, leader_url) if has_leader else None,
-                       details=dict(details))
+    return ErrorAnswer(code, message, leader=(leader_id, leader_url) if has_leader else None)

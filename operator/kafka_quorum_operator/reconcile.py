@@ -68,7 +68,9 @@ from quorum_node.storage.meta_properties import random_cluster_id
 
 logger = logging.getLogger(__name__)
 CR_API = (f"/apis/{GROUP}/{VERSION}", PLURAL)
-# A refused voter change (INVALID_REQUEST) is not retried before this.
+# A refused voter change (Kafka's INVALID_REQUEST, or BAD_REQUEST: a request the node cannot
+# parse) is not retried before this.
+_REFUSED = frozenset({"INVALID_REQUEST", "BAD_REQUEST"})
 REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
@@ -476,7 +478,7 @@ class Reconciler:
             decided = replace(decided, members=members)
             verb = "VoterAdded" if action.kind == ADD_VOTER else "VoterRemoved"
             await self.event(owner, verb, f"{what}: committed")
-        elif outcome.code == "INVALID_REQUEST":
+        elif outcome.code in _REFUSED:
             pending = None
             memory.refused[action.node_id] = (now + REFUSAL_BACKOFF_S, outcome.message)
             await self.event(owner, "VoterChangeRefused", f"{what}: {outcome.message}",

@@ -4,7 +4,8 @@ streamed as a tar archive laid out as the backup format says, ``backup.json`` la
 log is the quorum's. The response headers name the backup before its body is read
 (``X-Backup-Cluster-Id``, ``X-Backup-Node-Id``, ``X-Backup-Created-At``,
 ``X-Backup-End-Offset``), so that a writer can choose where it goes. 503 ``BACKUP_UNAVAILABLE``
-when the node cannot take one now (no committed offset known yet, a failed node).
+when the node cannot take one now (no committed offset known yet, a failed node), in the one
+error body of ``quorum_node.node.api.http``.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from quorum_node.backup.capture import pin, prepare, stream
 from quorum_node.backup.manifest import BackupError, rfc3339
-
-if TYPE_CHECKING:
-    from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.api.http import ApiError
+from quorum_node.node.errors import ErrorCode
+from quorum_node.node.runtime import QuorumNode
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +37,14 @@ def backup_routes(node: QuorumNode) -> list[web.RouteDef]:
         try:
             pinned = pin(node)  # one event-loop turn: nothing else runs meanwhile
         except BackupError as error:
-            return web.json_response({"code": "BACKUP_UNAVAILABLE", "message": str(error)},
-                                     status=503)
+            raise ApiError.of(ErrorCode.BACKUP_UNAVAILABLE, str(error)) from None
         pinned_ms = (time.perf_counter() - started) * 1000
         try:
             await asyncio.to_thread(prepare, pinned)
         except BaseException as error:
             pinned.close()
             if isinstance(error, BackupError):
-                return web.json_response({"code": "BACKUP_UNAVAILABLE",
-                                          "message": str(error)}, status=503)
+                raise ApiError.of(ErrorCode.BACKUP_UNAVAILABLE, str(error)) from None
             raise
         logger.info("backup of node %d: offsets below %d pinned in %.3f ms of the event loop "
                     "(%d segments), cut in %.3f s", pinned.node_id, pinned.end_offset,

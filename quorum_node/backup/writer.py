@@ -159,5 +159,5 @@ def _message(body: bytes) -> str:
     except ValueError:
         return body[:200].decode("utf-8", "replace").strip()
     if isinstance(document, dict):
-        return str(document.get("message") or document.get("error") or document)
+        return str(document.get("message") or document)
     return str(document)

@@ -8,7 +8,8 @@
   leader during an election, a node shutting down) are retried across the list until the
   timeout; when no server of the list accepts a connection at all, the command fails at once.
 - ``--json`` prints the API's own JSON answer, and on failure the API's error body
-  (``{"error": message, "code": CODE, ...}``) on stdout as well.
+  (``{"code": CODE, "message": message}``, the one error body of every endpoint) on stdout
+  as well.
 - A value argument of ``-`` is read from stdin; ``--file PATH`` (``--value-file`` for cas) reads
   it from a file. A literal ``-`` is given on stdin (``printf - | quorum-client put k -``).
 - ``--version``, and ``--print-completion SHELL`` for shell completion (shtab: bash, zsh, tcsh,
@@ -267,7 +268,7 @@ def fail(prog: str, message: str, code: int, *, json_errors: bool = False,
          api_code: str = "ERROR", body: Mapping[str, Any] | None = None) -> int:
     """Report a failure: one line on stderr; under --json also the error body on stdout."""
     if json_errors:
-        emit_json(dict(body) if body else {"error": message, "code": api_code})
+        emit_json(dict(body) if body else {"code": api_code, "message": message})
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
 

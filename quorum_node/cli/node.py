@@ -325,7 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     # Imported here: the runtime pulls in aiohttp and the whole node, which the other commands
     # (and a refused configuration) do not need.
-    from quorum_node.node.runtime import run_node  # noqa: PLC0415
+    from quorum_node.node.main import run_node  # noqa: PLC0415
 
     try:
         return run_node(config)

@@ -1,64 +1,34 @@
-"""The HTTP application of a node: peer RPCs (added by the runtime), health probes, and the client
-and admin APIs."""
+"""The HTTP application of a node: health probes, metrics, the client and admin APIs, and the
+binary client protocol's stream (the
+runtime adds the peer RPCs where they share a listener). Only ``quorum_node.node.main`` (and
+tests) build it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
-from quorum_node.node.admin_api import admin_routes
+from quorum_node.node.api.admin import admin_routes
+from quorum_node.node.api.client import client_routes
+from quorum_node.node.api.http import error_middleware
+from quorum_node.node.api.metrics import metrics_routes, probe_routes
+from quorum_node.node.api.openapi import openapi_routes
 from quorum_node.node.api.stream import install_stream
-from quorum_node.node.client_api import install_client_api
-from quorum_node.node.metrics import metrics_for, metrics_routes
-from quorum_node.node.openapi import openapi_routes
-from quorum_node.raft.state import RaftState
-
-if TYPE_CHECKING:
-    from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.kv_service import KvService
+from quorum_node.node.metrics import metrics_for
+from quorum_node.node.runtime import QuorumNode
 
 
-def failure_of(node: QuorumNode) -> str | None:
-    """Why the node cannot serve any more, if it cannot: the core stopped, or the KV applier did
-    (every KV read and write would then fail or go stale)."""
-    if node.failure is not None:
-        return f"stopped after a failure: {node.failure}"
-    if node.state_machine.failure is not None:
-        return f"the KV state machine stopped: {node.state_machine.failure}"
-    return None
-
-
-def is_ready(node: QuorumNode) -> tuple[bool, str]:
-    """Ready means able to serve: the leader once its high watermark is known (its LeaderChange
-    is committed), or a follower that has learned the committed offset from its leader."""
-    core = node.core
-    failure = failure_of(node)
-    if failure is not None:
-        return False, failure
-    if core.high_watermark is None:
-        return False, f"{core.state} in epoch {core.epoch}, no committed offset known yet"
-    if core.leader_has_committed:
-        return True, f"leader of epoch {core.epoch}"
-    if core.state is RaftState.FOLLOWER:
-        return True, f"following {core.leader_id} in epoch {core.epoch}"
-    return False, f"{core.state} in epoch {core.epoch}"
-
-
-def build_app(node: QuorumNode) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024)
-    install_stream(app, install_client_api(app, node).service)  # the binary client protocol
-
-    async def healthz(_: web.Request) -> web.Response:
-        failure = failure_of(node)
-        if failure is not None:
-            return web.Response(status=503, text=f"failed: {failure}\n")
-        return web.Response(text="ok\n")
-
-    async def readyz(_: web.Request) -> web.Response:
-        ready, why = is_ready(node)
-        return web.Response(status=200 if ready else 503, text=f"{why}\n")
-
-    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+def build_app(node: QuorumNode, service: KvService | None = None) -> web.Application:
+    """The application serving ``node``; ``service``: the node's KvService, if other
+    transports share it (and its bound on waiting calls)."""
+    # The error middleware first: outermost, it answers every error of every route (the
+    # security middlewares the runtime adds answer refusals in the same body themselves).
+    app = web.Application(client_max_size=16 * 1024 * 1024,
+                          middlewares=[error_middleware(node)])
+    kv_service = service if service is not None else KvService(node)
+    app.add_routes(client_routes(kv_service))
+    install_stream(app, kv_service)  # the binary client protocol, over the same service
+    app.add_routes(probe_routes(node))
     app.add_routes(admin_routes(node))
     metrics = metrics_for(node)
     node.step_hooks.append(metrics.on_step)

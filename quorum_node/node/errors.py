@@ -16,7 +16,7 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     NOT_FOUND = "NOT_FOUND"  # no such endpoint
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
-    UNAUTHORIZED = "UNAUTHORIZED"  # no or wrong credentials
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # no or wrong credentials
     FORBIDDEN = "FORBIDDEN"  # credentials without the role the endpoint needs
     NOT_LEADER = "NOT_LEADER"  # another node leads: redirected to it
     NO_LEADER = "NO_LEADER"  # no leader known (an election): retry shortly

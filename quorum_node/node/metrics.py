@@ -15,19 +15,17 @@ Wiring (``app.build_app``)::
     metrics = metrics_for(node)
     node.step_hooks.append(metrics.on_step)                  # after every call into the core
     node.commit_hooks.append(metrics.observe_commit_latency)  # once per committed append
-    app.add_routes(metrics_routes(node))
+    app.add_routes(metrics_routes(node))  # quorum_node.node.api.metrics
 """
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING, Final, Protocol
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -35,7 +33,6 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from quorum_node.node.admin_api import could_be_voter
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
 from quorum_node.storage.kafka_uuid import to_kafka_string
@@ -264,6 +261,12 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
+def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> bool:
+    """Whether AddVoter could make this observer a voter: it fetches with a directory id, and
+    its id is a configured voter's (the leader refuses any other id, KIP-856)."""
+    return observer.key.directory_id is not None and observer.key.id in voter_ids
+
+
 # Keyed weakly by node; a NodeMetrics refers to the core only, never back to the node, so a
 # stopped node and its metrics can be collected.
 _BY_NODE: weakref.WeakKeyDictionary[QuorumNode, NodeMetrics] = weakref.WeakKeyDictionary()
@@ -275,13 +278,3 @@ def metrics_for(node: QuorumNode) -> NodeMetrics:
     if metrics is None:
         metrics = _BY_NODE[node] = NodeMetrics(node.core, frozenset(node.endpoints))
     return metrics
-
-
-def metrics_routes(node: QuorumNode) -> list[web.RouteDef]:
-    metrics = metrics_for(node)
-
-    async def scrape(_: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    return [web.get("/metrics", scrape)]

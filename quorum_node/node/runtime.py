@@ -21,19 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import heapq
 import logging
 import os
 import random
-import signal
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import uvloop
 from aiohttp import web
 
+from quorum_node.node.clock import now_ms as _now_ms
+from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import BoundedSite, start_site
 from quorum_node.node.state_machine import KvStateMachine
@@ -64,9 +63,6 @@ from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
 from quorum_node.storage.segment_log import SegmentLog
 
-if TYPE_CHECKING:
-    from quorum_node.node.config import Listener, NodeConfig
-
 logger = logging.getLogger(__name__)
 
 
@@ -88,17 +84,8 @@ class WaitInterrupted(Exception):
 INLINE_FSYNC_S = 0.002
 
 
-# Allocations between two collections of the youngest generation (Python's default: 700).
-GC_YOUNG_THRESHOLD = 20_000
-
 # Waiters by offset kept before the timed-out ones among them are let go.
 _COMMIT_WAITERS_PRUNED_AT = 1024
-
-
-def _now_ms() -> int:
-    # Wall-clock milliseconds: batch timestamps and DescribeQuorum report wall-clock times, as in
-    # Kafka. The core never lets time go backwards, so a clock step only fires timers early.
-    return time.time_ns() // 1_000_000
 
 
 def open_log_directory(config: NodeConfig) -> LogDirectory:
@@ -150,9 +137,6 @@ class QuorumNode:
         try:
             self.security = NodeSecurity(config)
         except SecuritySetupError as error:
-            # Imported here: the config module is only needed for its error type.
-            from quorum_node.node.config import ConfigError  # noqa: PLC0415
-
             raise ConfigError(str(error)) from None
         self.log_dir = open_log_directory(config)
         try:
@@ -712,52 +696,3 @@ def _timed_flush(log: SegmentLog) -> tuple[int, float]:
     started = time.perf_counter()
     flushed = log.flush()
     return flushed, time.perf_counter() - started
-
-
-async def serve(config: NodeConfig) -> int:
-    """Run a node until SIGTERM/SIGINT (graceful) or a fatal failure; return the exit code."""
-    # Imported here: the API modules build on this one (an import cycle at module level).
-    from quorum_node.node.app import build_app  # noqa: PLC0415
-
-    node = QuorumNode(config)
-    await node.start(build_app(node))
-    _tune_garbage_collector()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    received: list[signal.Signals] = []
-
-    def on_signal(signum: signal.Signals) -> None:
-        received.append(signum)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    stopping = asyncio.ensure_future(stop.wait())
-    failed = asyncio.ensure_future(node.wait_stopped())
-    await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    failed.cancel()
-    if node.failure is None:
-        node.story.stopping(f"{received[0].name} received" if received else "stopped")
-    await node.shutdown()
-    node.story.stopped(node.failure)
-    return 1 if node.failure is not None else 0
-
-
-def _tune_garbage_collector() -> None:
-    """Every request allocates a few hundred objects, nearly all freed by reference counting;
-    at the default threshold (700) the cyclic collector runs every few requests and walks every
-    young survivor, about 5% of a busy leader's CPU. What start-up built lives for good: frozen,
-    the collector never walks it again."""
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-
-
-def run_node(config: NodeConfig) -> int:
-    """Blocking entry point of ``quorum-node run``."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # uvloop (libuv) runs the same asyncio code with a fraction of the event loop's overhead,
-    # which is most of the time a commit takes on a fast disk.
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(config))

@@ -204,8 +204,8 @@ class Authorizer:
 
 
 def refusal_response(refusal: Refused) -> web.Response:
-    # Both APIs' error shapes: the client API reads "error", the admin API "message".
-    body = {"code": refusal.code, "error": refusal.message, "message": refusal.message}
+    # The error body of every endpoint (quorum_node.node.api.http).
+    body = {"code": refusal.code, "message": refusal.message}
     headers = {"WWW-Authenticate": 'Bearer realm="quorum-node"'} if refusal.status == 401 else {}
     return web.json_response(body, status=refusal.status, headers=headers)
 

@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorum_node.node.admin_api import admin_routes
+from quorum_node.node.api.admin import admin_routes
+from quorum_node.node.api.metrics import metrics_routes
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.metrics import metrics_for, metrics_routes
+from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.raft.records import Record
@@ -182,7 +183,8 @@ async def test_a_follower_redirects_to_the_leader(tmp_path: Path) -> None:
         assert status == 307
         assert location == cluster.url(leader.config.node_id) + "/v1/quorum?x=1"
         assert body["code"] == "NOT_LEADER"
-        assert body["leader_id"] == leader.config.node_id
+        assert body["leader"] == {"id": leader.config.node_id,
+                                  "url": cluster.url(leader.config.node_id)}
 
         status, quorum, _ = await get_json(cluster.url(follower) + "/v1/quorum")
         assert (status, quorum["leader_id"]) == (200, leader.config.node_id)
@@ -195,7 +197,8 @@ async def test_without_a_leader_the_answer_is_503_no_leader(tmp_path: Path) -> N
         status, body, _ = await get_json(cluster.url(1) + "/v1/quorum")
         assert status == 503
         assert body["code"] == "NO_LEADER"
-        assert body["epoch"] == cluster.nodes[1].core.epoch
+        assert body["leader"] == {"id": None, "url": None}
+        assert f"epoch {cluster.nodes[1].core.epoch}" in body["message"]
 
 
 async def test_after_a_failover_the_new_leader_describes_the_quorum(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ async def test_without_a_leader_it_waits_then_gives_up(
     assert (code, out) == (1, "")
     assert err.count("\n") == 1
     assert err.startswith(f"quorum-admin: error: cannot describe the quorum: "
-                          f"{cluster.url(1)}/v1/quorum: no leader known in epoch ")
+                          f"{cluster.url(1)}/v1/quorum: no leader is known in epoch ")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

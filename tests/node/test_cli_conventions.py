@@ -263,7 +263,7 @@ def test_a_local_quorum_needs_no_extra(tmp_path: Path) -> None:
     for module in EXTRA_MODULES:
         (tmp_path / f"{module}.py").write_text(f"raise ImportError('{module}: an extra')\n")
     code = ("import quorum_node.cli.node, quorum_node.cli.client, quorum_node.cli.admin, "
-            "quorum_node.node.runtime, quorum_node.node.app, quorum_node.client, quorum_audit.cli")
+            "quorum_node.node.runtime, quorum_node.node.main, quorum_node.client, quorum_audit.cli")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=False,
                             env={**os.environ, "PYTHONPATH": str(tmp_path)})

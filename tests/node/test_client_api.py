@@ -29,7 +29,6 @@ import pytest
 from quorum_node.cli.client import main as client_main
 from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError, WatchResult
 from quorum_node.node.app import build_app
-from quorum_node.node.client_api import ClientApi, install_client_api
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from quorum_node.node.kv_service import (
@@ -58,7 +57,6 @@ def free_port() -> int:
 @dataclass
 class Member:
     node: QuorumNode
-    api: ClientApi
 
     @property
     def url(self) -> str:
@@ -106,10 +104,8 @@ class Cluster:
     async def _start(self) -> None:
         for config in self.configs:
             node = QuorumNode(config)
-            app = build_app(node)
-            api = install_client_api(app, node)  # the one build_app installed, if it does
-            await node.start(app)
-            self.members[config.node_id] = Member(node, api)
+            await node.start(build_app(node))
+            self.members[config.node_id] = Member(node)
 
     def run(self, coroutine: Coroutine[Any, Any, _T], timeout_s: float = 15) -> _T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
@@ -248,7 +244,8 @@ def test_missing_key_is_404(single: Cluster) -> None:
     got = call(single.leader().url, "GET", kv("never-written"))
     assert got.status == 404
     assert got.code == "KEY_NOT_FOUND"
-    assert got.body["key"] == "never-written"
+    assert set(got.body) == {"code", "message"}
+    assert "'never-written' not found" in got.body["message"]
 
 
 def test_delete(single: Cluster) -> None:
@@ -326,7 +323,7 @@ def test_kv_bad_input_is_refused_and_nothing_is_appended(single: Cluster) -> Non
     ]
     for reply, status, message in cases:
         assert reply.status == status, reply.body
-        assert message in reply.body["error"], reply.body
+        assert message in reply.body["message"], reply.body
         assert reply.code == ("TOO_LARGE" if status == 413 else "BAD_REQUEST")
     assert high_watermark(leader) == before
 
@@ -447,7 +444,7 @@ def test_records_bad_input_is_refused_and_nothing_is_appended(single: Cluster) -
     ]
     for reply, status, message in cases:
         assert reply.status == status, (message, reply.body)
-        assert message in reply.body["error"], (message, reply.body)
+        assert message in reply.body["message"], (message, reply.body)
     assert high_watermark(leader) == before
 
 
@@ -545,10 +542,10 @@ def test_a_leader_cut_off_from_its_quorum_times_out_then_knows_no_leader(tmp_pat
         # commit a write.
         got = call(leader.url, "GET", kv("k") + "?timeout_ms=200")
         assert got.status == 504 and got.code == "TIMEOUT", got.body
-        assert "not confirmed by a majority" in got.body["error"]
+        assert "not confirmed by a majority" in got.body["message"]
         put = call(leader.url, "PUT", kv("k") + "?timeout_ms=200", "v")
         assert put.status == 504 and put.code == "TIMEOUT", put.body
-        assert "may still commit" in put.body["error"]
+        assert "may still commit" in put.body["message"]
         deadline = time.monotonic() + 5
         while (got := call(leader.url, "GET", kv("k"))).status != 503:
             assert time.monotonic() < deadline, got.body
@@ -629,7 +626,7 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
         self.send_response(307)  # "loop": a leader that points at itself
         self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}{self.path}")
         self.send_header("Content-Type", "application/json")
-        body = b'{"error": "not the leader", "code": "NOT_LEADER"}'
+        body = b'{"code": "NOT_LEADER", "message": "not the leader"}'
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -736,7 +733,7 @@ def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster, protocol: str)
                            ("key=k&offset=0&max_events=0", "max_events must be at least 1")]:
         bad = call(url, "GET", f"/v1/watch?{query}")
         assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST"), query
-        assert message in bad.body["error"]
+        assert message in bad.body["message"]
 
 
 def test_watch_below_the_changes_kept_is_compacted(single: Cluster) -> None:
@@ -748,7 +745,7 @@ def test_watch_below_the_changes_kept_is_compacted(single: Cluster) -> None:
     finally:
         store.events_start = 0
     assert (gone.status, gone.body["code"]) == (410, "COMPACTED")
-    assert f"watch from {10**6}" in gone.body["error"]
+    assert f"watch from {10**6}" in gone.body["message"]
 
 
 # --- the CLI -----------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ def node_flags(log_dir: Path) -> list[str]:
 
 @pytest.fixture
 def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
-    """Stand in for ``quorum_node.node.runtime``; returns the configs run_node was called with."""
+    """Stand in for ``quorum_node.node.main``; returns the configs run_node was called with."""
     calls: list[NodeConfig] = []
 
     def run_node(config: NodeConfig) -> int:
@@ -177,9 +177,9 @@ def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
             raise NotFormattedError(f"{config.log_dir / 'meta.properties'}: not found")
         return 0
 
-    module = types.ModuleType("quorum_node.node.runtime")
+    module = types.ModuleType("quorum_node.node.main")
     module.run_node = run_node  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "quorum_node.node.runtime", module)
+    monkeypatch.setitem(sys.modules, "quorum_node.node.main", module)
     for name in [n for n in os.environ if n.startswith("QUORUM_")]:
         monkeypatch.delenv(name)
     return calls
@@ -444,7 +444,7 @@ def test_supervisor_kills_a_node_that_ignores_sigterm(tmp_path: Path) -> None:
 
 # -- local: the whole command as a process -------------------------------------------------------
 
-# Provides quorum_node.node.runtime.run_node in every process started with it on PYTHONPATH: a
+# Provides quorum_node.node.main.run_node in every process started with it on PYTHONPATH: a
 # node that answers GET /healthz, stops on SIGTERM/SIGINT, and exits with 3 at once if it is the
 # node named by FAKE_FAIL_NODE.
 FAKE_RUNTIME = '''
@@ -473,9 +473,9 @@ def run_node(config):
     server.shutdown()
     return 0
 
-_module = types.ModuleType("quorum_node.node.runtime")
+_module = types.ModuleType("quorum_node.node.main")
 _module.run_node = run_node
-sys.modules["quorum_node.node.runtime"] = _module
+sys.modules["quorum_node.node.main"] = _module
 '''
 
 
@@ -495,10 +495,10 @@ def free_port_range(count: int) -> int:
 
 def has_real_runtime() -> bool:
     try:
-        from quorum_node.node import runtime  # noqa: PLC0415
+        from quorum_node.node import main  # noqa: PLC0415
     except ImportError:
         return False
-    return callable(getattr(runtime, "run_node", None))
+    return callable(getattr(main, "run_node", None))
 
 
 class LocalProcess:
@@ -589,7 +589,7 @@ def test_local_runs_a_quorum_until_sigint(
     tmp_path: Path, local_process: list[LocalProcess], runtime: str
 ) -> None:
     if runtime == "real" and not has_real_runtime():
-        pytest.skip("quorum_node.node.runtime.run_node is not there yet")
+        pytest.skip("quorum_node.node.main.run_node is not there yet")
     identity: list[str] = []
     # The second start reuses the data directory: same cluster id and directory ids. (Once over
     # the real runtime: the stand-in covers the restart, and a real start costs seconds.)
@@ -659,7 +659,7 @@ def test_local_failover_and_disk_replacement_on_one_machine(
     (with a new leader) when the leader is killed, and a node is given a new disk and put back
     with the add-voter and remove-voter lines that local prints."""
     if not has_real_runtime():
-        pytest.skip("quorum_node.node.runtime.run_node is not there yet")
+        pytest.skip("quorum_node.node.main.run_node is not there yet")
     local = LocalProcess(tmp_path, 3, fake=False, args=["--log-format", "json"])
     local_process.append(local)
     pids = local.node_pids(3)
@@ -782,7 +782,7 @@ def test_a_second_local_on_a_data_directory_in_use_is_refused_and_writes_nothing
     tmp_path: Path, local_process: list[LocalProcess]
 ) -> None:
     if not has_real_runtime():
-        pytest.skip("quorum_node.node.runtime.run_node is not there yet")
+        pytest.skip("quorum_node.node.main.run_node is not there yet")
     first = LocalProcess(tmp_path, 3, fake=False, name="first")
     local_process.append(first)
     first.node_pids(3)

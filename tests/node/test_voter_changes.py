@@ -99,7 +99,7 @@ async def lone(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalC
     ("POST", "", b'{"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ", "x": 1}',
      "unknown field 'x'"),
     ("POST", "?timeout_ms=0", b'{"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
-     "timeout_ms must be an integer from 1 to 600000, got 0"),
+     "timeout_ms must be at least 1, got 0"),
     ("POST", "?timeout_ms=5", b'{"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ", '
                               b'"timeout_ms": 5}', "timeout_ms is given more than once"),
     ("POST", "?wait=1", b'{"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
@@ -108,16 +108,16 @@ async def lone(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalC
     ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?decommission=yes", None,
      "decommission must be true or false, got 'yes'"),
     ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?decommission=true&decommission=true", None,
-     "decommission is given more than once"),
+     "query parameter 'decommission' is given more than once"),
     ("DELETE", "/3/AAAAAAAAAAAAAAAAAAAAAQ?force=true", None,
-     "unknown query parameter 'force' (allowed: timeout_ms, decommission)"),
+     "unknown query parameter 'force' (allowed: decommission, timeout_ms)"),
     ("DELETE", "/3/AAAA", None, "directory_id: 'AAAA' is neither"),
 ])
 @module_loop
-async def test_malformed_requests_are_invalid_request(
+async def test_malformed_requests_are_bad_request(
         lone: LocalCluster, method: str, path: str, body: bytes | None, message: str) -> None:
     status, answer, _ = await request(method, lone.url(1) + VOTERS + path, raw=body)
-    assert (status, answer["code"]) == (400, "INVALID_REQUEST")
+    assert (status, answer["code"]) == (400, "BAD_REQUEST")
     assert message in answer["message"]
 
 

@@ -65,12 +65,10 @@ def test_responses_round_trip(case: tuple[Op, tuple[Any, ...]], correlation: int
 
 
 @settings(max_examples=100, deadline=None)
-@given(text, text, st.none() | st.tuples(st.none() | i64, st.none() | text),
-       st.dictionaries(text, i64, max_size=3))
+@given(text, text, st.none() | st.tuples(st.none() | i64, st.none() | text))
 def test_errors_round_trip_as_the_http_error_body(
-        code: str, message: str, leader: tuple[int | None, str | None] | None,
-        details: dict[str, int]) -> None:
-    sent = wire.ErrorAnswer(code, message, leader=leader, details=details)
+        code: str, message: str, leader: tuple[int | None, str | None] | None) -> None:
+    sent = wire.ErrorAnswer(code, message, leader=leader)
     data = wire.encode_error(7, sent)
     assert wire.decode_response_head(data) == (7, wire.STATUS_ERROR)
     received = wire.decode_error(data)
@@ -78,7 +76,7 @@ def test_errors_round_trip_as_the_http_error_body(
     if leader is not None:
         assert received.body()["leader"] == {"id": leader[0], "url": leader[1]}
     else:
-        assert "leader" not in received.body()
+        assert set(received.body()) == {"code", "message"}
 
 
 @settings(max_examples=200, deadline=None)

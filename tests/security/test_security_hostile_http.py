@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from secured_cluster import InProcessCluster, plain_configs
 
-from quorum_node.node.client_api import MAX_APPEND_BODY_BYTES
+from quorum_node.node.api.client import MAX_APPEND_BODY_BYTES
 from quorum_node.node.transport import (
     MAX_HEADER_BYTES,
     REQUEST_TYPES,
@@ -115,9 +115,9 @@ MALFORMED = [
     ("POST", "/v1/records", NESTED_65, "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/kv/k/cas", DEEP, "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/kv/k/cas", DEEP_OBJECT, "application/json", 400, "BAD_REQUEST"),
-    ("POST", "/v1/quorum/voters", DEEP_SMALL, "application/json", 400, "INVALID_REQUEST"),
+    ("POST", "/v1/quorum/voters", DEEP_SMALL, "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/quorum/voters", b'{"id": ' + DEEP_SMALL + b"}", "application/json", 400,
-     "INVALID_REQUEST"),
+     "BAD_REQUEST"),
     # (method, path, body, content type, status, code)
     ("POST", "/v1/records", b"[", "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/records", b"{}", "application/json", 400, "BAD_REQUEST"),
@@ -149,20 +149,20 @@ MALFORMED = [
     ("POST", "/v1/kv/k/cas", b'{"expected": null, "value": "x", "more": 1}',
      "application/json", 400, "BAD_REQUEST"),
     ("GET", "/v1/kv/k?stale=maybe", None, None, 400, "BAD_REQUEST"),
-    ("POST", "/v1/quorum/voters", b"not json", "application/json", 400, "INVALID_REQUEST"),
+    ("POST", "/v1/quorum/voters", b"not json", "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/quorum/voters", b'{"id": -1, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
-     "application/json", 400, "INVALID_REQUEST"),
+     "application/json", 400, "BAD_REQUEST"),
     ("POST", "/v1/quorum/voters", b'{"id": 1, "directory_id": "nope"}', "application/json", 400,
-     "INVALID_REQUEST"),
+     "BAD_REQUEST"),
     ("POST", "/v1/quorum/voters", b'{"id": true, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
-     "application/json", 400, "INVALID_REQUEST"),
-    ("POST", "/v1/quorum/voters", b"x" * 70_000, "application/json", 413, "INVALID_REQUEST"),
+     "application/json", 400, "BAD_REQUEST"),
+    ("POST", "/v1/quorum/voters", b"x" * 70_000, "application/json", 413, "TOO_LARGE"),
     ("POST", "/v1/quorum/voters", b'{"id": 7, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"}',
      "application/json", 400, "INVALID_REQUEST"),  # not a configured voter id
     ("DELETE", "/v1/quorum/voters/1/AAAAAAAAAAAAAAAAAAAAAQ", None, None, 409, "VOTER_NOT_FOUND"),
-    ("DELETE", "/v1/quorum/voters/x/AAAAAAAAAAAAAAAAAAAAAQ", None, None, 400, "INVALID_REQUEST"),
+    ("DELETE", "/v1/quorum/voters/x/AAAAAAAAAAAAAAAAAAAAAQ", None, None, 400, "BAD_REQUEST"),
     ("DELETE", "/v1/quorum/voters/1/AAAAAAAAAAAAAAAAAAAAAQ?timeout_ms=0", None, None, 400,
-     "INVALID_REQUEST"),
+     "BAD_REQUEST"),
 ]
 
 
@@ -185,7 +185,7 @@ def test_deeply_nested_json_is_refused_for_its_depth(node: InProcessCluster, pat
                                                       body: bytes) -> None:
     status, answer = call(node, "POST", path, body, {"Content-Type": "application/json"})
     assert status == 400
-    assert "nests deeper than 64 levels" in answer.get("error", answer.get("message")), answer
+    assert "nests deeper than 64 levels" in answer["message"], answer
 
 
 @pytest.mark.parametrize(

@@ -166,7 +166,7 @@ def test_no_credential_is_refused_and_changes_nothing(
                                           credentials=ClientCredentials(ca_file=pki.ca_path))
     assert status == 401
     assert answer["code"] == "UNAUTHENTICATED"
-    assert "authentication required" in answer["error"]
+    assert "authentication required" in answer["message"]
     assert headers["www-authenticate"].startswith("Bearer")
     time.sleep(0.2)  # anything it had started would have reached the logs by now
     assert state_of(cluster) == before

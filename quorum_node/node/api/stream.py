@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from quorum_node import wire
-from quorum_node.node.config import format_address
+from quorum_node.node.api.http import bad_request, not_leader
 from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.kv_service import (
     DEFAULT_TIMEOUT_MS,
@@ -83,16 +83,15 @@ class StreamServer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         if wire.SUBPROTOCOL not in offered:
-            return web.json_response(
-                {"code": ErrorCode.BAD_REQUEST.value,
-                 "message": f"a stream speaks the subprotocol {wire.SUBPROTOCOL!r}: offer it in "
-                            f"Sec-WebSocket-Protocol"}, status=400)
+            bad_request(f"a stream speaks the subprotocol {wire.SUBPROTOCOL!r}: offer it in "
+                        f"Sec-WebSocket-Protocol")
         identity = request.get(IDENTITY_KEY)
         idle_s = request.config_dict.get(READ_TIMEOUT_KEY)
         socket = web.WebSocketResponse(protocols=(wire.SUBPROTOCOL,),
                                        max_msg_size=wire.MAX_REQUEST_BYTES, compress=False)
         await socket.prepare(request)
-        stream = _Stream(socket, may_write=identity is None or Role.WRITE in identity.roles,
+        stream = _Stream(request, socket,
+                         may_write=identity is None or Role.WRITE in identity.roles,
                          max_in_flight=self.max_in_flight)
         self._sockets.add(socket)
         try:
@@ -164,7 +163,7 @@ class StreamServer:
         except ServiceError as error:
             reply = wire.encode_error(correlation, ErrorAnswer(error.code.value, error.message))
         except NotLeaderError as error:
-            reply = wire.encode_error(correlation, self._not_leader(error))
+            reply = wire.encode_error(correlation, self._not_leader(stream, error))
         except Exception as error:
             logger.exception("node %d: a stream's %s failed", self.service.node.config.node_id,
                              op.name)
@@ -176,18 +175,13 @@ class StreamServer:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await stream.socket.send_bytes(reply)  # the client may be gone
 
-    def _not_leader(self, error: NotLeaderError) -> ErrorAnswer:
-        node = self.service.node
-        leader_id = error.leader_id
-        endpoint = node.client_endpoints.get(leader_id) if leader_id is not None else None
-        if leader_id is None or endpoint is None:
-            return ErrorAnswer(ErrorCode.NO_LEADER.value,
-                               f"no leader is known in epoch {error.epoch}; retry shortly",
-                               leader=(None, None))
-        url = f"{node.config.url_scheme}://{format_address(*endpoint)}"
-        return ErrorAnswer(ErrorCode.NOT_LEADER.value,
-                           f"node {node.config.node_id} is not the leader; node {leader_id} is",
-                           leader=(leader_id, url))
+    def _not_leader(self, stream: _Stream, error: NotLeaderError) -> ErrorAnswer:
+        """NOT_LEADER with the leader's id and URL (the HTTP API's redirect, without its
+        Location), or NO_LEADER."""
+        refusal = not_leader(self.service.node, stream.request, error.leader_id)
+        leader = refusal.leader
+        return ErrorAnswer(refusal.code.value, refusal.message,
+                           leader=(leader.id, leader.url) if leader is not None else None)
 
     async def close(self) -> None:
         """Close every stream (at shutdown: they would hold the server open)."""
@@ -260,10 +254,12 @@ def _checked_offset(offset: int) -> int:
 
 
 class _Stream:
-    """One client's stream: its socket, what its credential may do, its requests in flight."""
+    """One client's stream: its upgrade request and socket, what its credential may do, its
+    requests in flight."""
 
-    def __init__(self, socket: web.WebSocketResponse, *, may_write: bool,
+    def __init__(self, request: web.Request, socket: web.WebSocketResponse, *, may_write: bool,
                  max_in_flight: int) -> None:
+        self.request = request
         self.socket = socket
         self.may_write = may_write
         self.slots = asyncio.Semaphore(max_in_flight)

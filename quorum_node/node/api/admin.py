@@ -7,7 +7,8 @@
 
 Only the leader keeps the progress of every replica and changes the voter set, so only the leader
 answers (as in Kafka). Elsewhere a request is redirected (307, same path and query) to the leader
-when its address is known, or refused with 503 ``{"code": "NO_LEADER"}`` during an election.
+when its address is known, or refused with 503 ``NO_LEADER`` during an election (the one error
+body of ``quorum_node.node.api.http``, ``"leader": {"id", "url"}`` on both).
 
 DescribeQuorum answers::
 
@@ -29,49 +30,48 @@ ids AddVoter accepts (KIP-856's CouldBeVoters).
 
 A voter change takes ``timeout_ms`` (query, or the POST body; default 30000, at most 600000) and
 answers once the new voter set is committed: 200 ``{"error": "NONE", "id", "directory_id",
-"voters": [{"id", "directory_id"}, ...]}``. Refusals are ``{"code": KAFKA_ERROR, "message"}``:
-409 ``DUPLICATE_VOTER`` (already a voter), 409 ``VOTER_NOT_FOUND`` (not a voter), 400
+"voters": [{"id", "directory_id"}, ...]}``. Refusals of the change carry Kafka's error name as
+their code: 409 ``DUPLICATE_VOTER`` (already a voter), 409 ``VOTER_NOT_FOUND`` (not a voter), 400
 ``INVALID_REQUEST`` (not an observer, an id not configured, removing an id's last directory
-without ``?decommission=true``, removing the only voter, or a malformed request), 504
+without ``?decommission=true``, removing the only voter); a malformed request is 400
+``BAD_REQUEST``, as on every endpoint; 504
 ``REQUEST_TIMED_OUT`` (another change is pending, or this one was not done in time: it may still
-complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry).
-"""
+complete), 503 ``NO_LEADER`` / ``NOT_LEADER_OR_FOLLOWER`` (retry)."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Container
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from quorum_node.backup.endpoint import backup_routes
-from quorum_node.node.config import format_address
-from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json, read_body
+from quorum_node.node.api.http import (
+    ApiError,
+    Query,
+    bad_request,
+    endpoint_url,
+    node_failed,
+    parse_integer,
+    read_json,
+)
+from quorum_node.node.clock import now_ms
+from quorum_node.node.errors import ErrorCode
+from quorum_node.node.metrics import could_be_voter
+from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
-from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.raft.types import Errors, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
-
-if TYPE_CHECKING:
-    from quorum_node.node.runtime import QuorumNode
 
 QUORUM_PATH = "/v1/quorum"
 VOTERS_PATH = QUORUM_PATH + "/voters"
-# Long enough for a new voter to catch up with the leader's log before it is added.
 NODE_PATH = "/v1/node"
+# Long enough for a new voter to catch up with the leader's log before it is added.
 DEFAULT_VOTER_TIMEOUT_MS = 30_000
 MAX_VOTER_TIMEOUT_MS = 600_000
 MAX_BODY_BYTES = 64 * 1024  # {"id", "directory_id", "timeout_ms"}: a few dozen bytes
-
-
-def _now_ms() -> int:
-    # The same wall clock the runtime hands the core, so that "now" matches its timestamps.
-    return time.time_ns() // 1_000_000
-
-
-def endpoint_url(endpoint: tuple[str, int] | None, scheme: str) -> str | None:
-    return None if endpoint is None else f"{scheme}://{format_address(*endpoint)}"
+_ADD_VOTER_BODY = '{"id": N, "directory_id": "..."}'
 
 
 def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> dict[str, Any]:
@@ -106,12 +106,6 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
     }
 
 
-def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> bool:
-    """Whether AddVoter could make this observer a voter: it fetches with a directory id, and
-    its id is a configured voter's (the leader refuses any other id, KIP-856)."""
-    return observer.key.directory_id is not None and observer.key.id in voter_ids
-
-
 def _key_id(key: ReplicaKey) -> int:
     return key.id
 
@@ -122,31 +116,6 @@ def _by_id(row: ReplicaDescription) -> int:
 
 def _or_unknown(value: int | None) -> int:
     return -1 if value is None else value
-
-
-def _not_leader(node: QuorumNode, request: web.Request) -> web.Response:
-    """307 to the leader, same path and query (and, for a POST or DELETE, method and body), or
-    503 NO_LEADER while none is known."""
-    core = node.core
-    leader = core.leader_id
-    location = endpoint_url(node.leader_endpoint(), node.config.url_scheme)
-    # A resigned leader still names itself: no one to redirect to until a successor wins.
-    if leader is not None and leader != node.config.node_id and location is not None:
-        return web.json_response(
-            {"code": "NOT_LEADER", "leader_id": leader, "leader_url": location},
-            status=307, headers={"Location": location + request.path_qs})
-    return web.json_response(
-        {"code": "NO_LEADER", "epoch": core.epoch,
-         "message": f"no leader known in epoch {core.epoch} (state {core.state})"},
-        status=503)
-
-
-def _failed(node: QuorumNode) -> web.Response | None:
-    if node.failure is None:
-        return None
-    return web.json_response(
-        {"code": "NODE_FAILED", "message": f"node stopped after a failure: {node.failure}"},
-        status=503)
 
 
 def node_status_json(node: QuorumNode) -> dict[str, Any]:
@@ -181,64 +150,55 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
         return web.json_response(node_status_json(node))
 
     async def describe_quorum(request: web.Request) -> web.Response:
-        failed = _failed(node)
-        if failed is not None:
-            return failed
-        try:
-            description = node.core.describe_quorum(_now_ms())
-        except NotLeaderError:
-            return _not_leader(node, request)
+        node_failed(node)
+        description = node.core.describe_quorum(now_ms())  # NotLeaderError: redirected
         return web.json_response(describe_quorum_json(node, description))
 
     async def add_voter(request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        query = Query.of(request, frozenset({"timeout_ms"}))
+        body = await read_json(request, MAX_BODY_BYTES, _ADD_VOTER_BODY)
+        if not isinstance(body, dict):
+            bad_request(f"expected a JSON object {_ADD_VOTER_BODY}")
         key = ReplicaKey(_voter_id(body.pop("id", None)),
                          _directory_id(body.pop("directory_id", None)))
         body_timeout = body.pop("timeout_ms", None)
         if body:
-            raise _InvalidRequest(f"unknown field {sorted(body)[0]!r} (expected id, directory_id, "
-                           f"timeout_ms)")
-        return await change_voters(request, node.add_voter, key,
-                                   _timeout_ms(request, body_timeout))
+            bad_request(f"unknown field {sorted(body)[0]!r} (expected id, directory_id, "
+                        f"timeout_ms)")
+        return await change_voters(node.add_voter, key, _timeout_ms(query, body_timeout))
 
     async def remove_voter(request: web.Request) -> web.Response:
+        query = Query.of(request, frozenset({"timeout_ms", "decommission"}))
         key = ReplicaKey(_voter_id(request.match_info["id"]),
                          _directory_id(request.match_info["directory_id"]))
-        decommission = _decommission(request)
-        timeout_ms = _timeout_ms(request, None, also_allowed=("decommission",))
+        decommission = query.boolean("decommission")
 
         async def remove(key: ReplicaKey, timeout_s: float) -> None:
             await node.remove_voter(key, timeout_s, decommission=decommission)
 
-        return await change_voters(request, remove, key, timeout_ms)
+        return await change_voters(remove, key, _timeout_ms(query, None))
 
-    async def change_voters(request: web.Request,
-                            change: Callable[[ReplicaKey, float], Awaitable[None]],
+    async def change_voters(change: Callable[[ReplicaKey, float], Awaitable[None]],
                             key: ReplicaKey, timeout_ms: int) -> web.Response:
-        failed = _failed(node)
-        if failed is not None:
-            return failed
+        node_failed(node)
         try:
-            await change(key, timeout_ms / 1000)
-        except NotLeaderError:
-            return _not_leader(node, request)
+            await change(key, timeout_ms / 1000)  # NotLeaderError: redirected
         except VoterChangeError as error:
-            return web.json_response(
-                {"code": error.error.name, "message": error.message},
-                status=_VOTER_CHANGE_STATUS.get(error.error, 500))
+            raise _refused(error) from None
         return web.json_response({"error": "NONE", **_key_json(key),
                                   "voters": [_key_json(voter) for voter in node.core.voters]})
 
     return [
         web.get(NODE_PATH, node_status),
         web.get(QUORUM_PATH, describe_quorum),
-        web.post(VOTERS_PATH, _refusing_invalid(add_voter)),
-        web.delete(VOTERS_PATH + "/{id}/{directory_id}", _refusing_invalid(remove_voter)),
+        web.post(VOTERS_PATH, add_voter),
+        web.delete(VOTERS_PATH + "/{id}/{directory_id}", remove_voter),
         *backup_routes(node),
     ]
 
 
-# Kafka's error of a refused voter change -> the HTTP status that says the same.
+# Kafka's errors of a refused voter change that are codes of ours (the same name) -> the HTTP
+# status that says the same.
 _VOTER_CHANGE_STATUS: dict[Errors, int] = {
     Errors.DUPLICATE_VOTER: 409,
     Errors.VOTER_NOT_FOUND: 409,
@@ -248,92 +208,44 @@ _VOTER_CHANGE_STATUS: dict[Errors, int] = {
 }
 
 
-class _InvalidRequest(Exception):
-    """A malformed voter change request, answered 400 INVALID_REQUEST (or, for a body too large
-    or too slow, 413 or 408, closing the connection)."""
-
-    def __init__(self, message: str, *, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-Handler = Callable[[web.Request], Awaitable[web.Response]]
-
-
-def _refusing_invalid(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except _InvalidRequest as error:
-            response = web.json_response({"code": Errors.INVALID_REQUEST.name,
-                                          "message": str(error)}, status=error.status)
-            if error.status != 400:
-                response.force_close()
-            return response
-
-    return wrapped
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        raw = await read_body(request, MAX_BODY_BYTES)
-    except BodyRefused as refusal:
-        raise _InvalidRequest(refusal.message, status=refusal.status) from None
-    try:
-        body = parse_json(raw)
-    except JsonRefused as error:
-        raise _InvalidRequest(f'{error}: expected {{"id": N, "directory_id": "..."}}') from None
-    if not isinstance(body, dict):
-        raise _InvalidRequest('expected a JSON object {"id": N, "directory_id": "..."}')
-    return body
+def _refused(error: VoterChangeError) -> ApiError:
+    status = _VOTER_CHANGE_STATUS.get(error.error)
+    if status is None:
+        return ApiError.of(ErrorCode.INTERNAL, f"{error.error.name}: {error.message}")
+    return ApiError(status, ErrorCode(error.error.name), error.message)
 
 
 def _voter_id(value: object) -> int:
     if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)  # from the path
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
-        raise _InvalidRequest(f"id must be a node id (an integer >= 0), got {value!r}")
+        bad_request(f"id must be a node id (an integer >= 0), got {value!r}")
     return value
 
 
 def _directory_id(value: object) -> uuid.UUID:
     if not isinstance(value, str):
-        raise _InvalidRequest(f"directory_id must be a directory id string, got {value!r}")
+        bad_request(f"directory_id must be a directory id string, got {value!r}")
     try:
         return parse_uuid(value)
     except ValueError as error:
-        raise _InvalidRequest(f"directory_id: {error}") from None
+        bad_request(f"directory_id: {error}")
 
 
-def _timeout_ms(request: web.Request, from_body: object,
-                also_allowed: tuple[str, ...] = ()) -> int:
-    allowed = ("timeout_ms", *also_allowed)
-    unknown = sorted(set(request.query) - set(allowed))
-    if unknown:
-        raise _InvalidRequest(f"unknown query parameter {unknown[0]!r} "
-                              f"(allowed: {', '.join(allowed)})")
-    raw = request.query.getall("timeout_ms", [])
-    if len(raw) + (from_body is not None) > 1:
-        raise _InvalidRequest("timeout_ms is given more than once")
-    value = from_body if from_body is not None else (raw[0] if raw else DEFAULT_VOTER_TIMEOUT_MS)
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) \
-            or not 1 <= value <= MAX_VOTER_TIMEOUT_MS:
-        raise _InvalidRequest(f"timeout_ms must be an integer from 1 to {MAX_VOTER_TIMEOUT_MS}, "
-                       f"got {value!r}")
-    return value
-
-
-def _decommission(request: web.Request) -> bool:
-    raw = request.query.getall("decommission", [])
-    if len(raw) > 1:
-        raise _InvalidRequest("decommission is given more than once")
-    if not raw:
-        return False
-    if raw[0] not in ("true", "false"):
-        raise _InvalidRequest(f"decommission must be true or false, got {raw[0]!r}")
-    return raw[0] == "true"
+def _timeout_ms(query: Query, from_body: object) -> int:
+    """The query's or the body's ``timeout_ms`` (not both), or the default."""
+    raw = query.string("timeout_ms")
+    if raw is not None and from_body is not None:
+        bad_request("timeout_ms is given more than once")
+    if raw is not None:
+        return parse_integer("timeout_ms", raw, minimum=1, maximum=MAX_VOTER_TIMEOUT_MS)
+    if from_body is None:
+        return DEFAULT_VOTER_TIMEOUT_MS
+    if not isinstance(from_body, int) or isinstance(from_body, bool) \
+            or not 1 <= from_body <= MAX_VOTER_TIMEOUT_MS:
+        bad_request(f"timeout_ms must be an integer from 1 to {MAX_VOTER_TIMEOUT_MS}, "
+                    f"got {from_body!r}")
+    return from_body
 
 
 def _key_json(key: ReplicaKey) -> dict[str, Any]:

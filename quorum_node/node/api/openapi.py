@@ -1,5 +1,5 @@
 """The OpenAPI 3.0 description of the client and admin APIs, served at ``GET /v1/openapi.json``
-and kept as ``docs/openapi.json`` (``python -m quorum_node.node.openapi > docs/openapi.json``;
+and kept as ``docs/openapi.json`` (``python -m quorum_node.node.api.openapi > docs/openapi.json``;
 a test keeps the two equal). Schemathesis fuzzes the API from it (tests/security)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.node.admin_api import MAX_VOTER_TIMEOUT_MS
+from quorum_node.node.api.admin import MAX_VOTER_TIMEOUT_MS
+from quorum_node.node.errors import ErrorCode
 from quorum_node.node.kv_service import (
     MAX_LIST_LIMIT,
     MAX_READ_RECORDS,
@@ -51,19 +52,22 @@ _KEY = {"name": "key", "in": "path", "required": True,
         "description": "UTF-8, up to 1 KiB (percent-encode '/')",
         "schema": {"type": "string", "minLength": 1, "maxLength": 1024}}
 # A request line or header over 8 KiB is refused by the HTTP layer, in plain text.
-_BAD_REQUEST = {"description": "BAD_REQUEST (INVALID_REQUEST for voter changes); plain text "
-                               "when the HTTP layer refuses a request line or header over 8 KiB.",
+_BAD_REQUEST = {"description": "BAD_REQUEST: a malformed request (INVALID_REQUEST: a voter "
+                               "change Kafka refuses); plain text when the HTTP layer refuses a "
+                               "request line or header over 8 KiB.",
                 "content": {"application/json": {"schema": _ref("Error")},
                             "text/plain": {"schema": {"type": "string"}}}}
 # Answers every protected operation may give besides its own.
 _COMMON = {
     "400": _BAD_REQUEST,
-    "307": {"description": "Not the leader: the same request to the Location header's URL.",
+    "307": {"description": "NOT_LEADER: the same request to the Location header's URL (the "
+                           "leader's, also in the body's leader.url).",
             **_json(_ref("Error"))},
     "401": _error("No valid credential (UNAUTHENTICATED)."),
     "403": _error("The credential lacks the role (FORBIDDEN)."),
     "413": _error("TOO_LARGE: a key over 1 KiB, or a body over its limit."),
-    "503": _error("NO_LEADER, NODE_FAILED, SHUTTING_DOWN or APPEND_LOST: retry."),
+    "503": _error("NO_LEADER, NODE_FAILED, SHUTTING_DOWN, OUTCOME_UNKNOWN or APPEND_LOST: "
+                  "retry."),
 }
 _WRITE = {**_COMMON,
           "408": _error("The body did not arrive in time (REQUEST_TIMEOUT)."),
@@ -81,11 +85,18 @@ _VOTER_CHANGE = {
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
-        "description": "The client API says error, the admin API message; code is the "
-                       "machine-readable one (Kafka's error name for voter changes).",
-        "properties": {"code": {"type": "string"}, "error": {"type": "string"},
-                       "message": {"type": "string"}},
-        "required": ["code"],
+        "description": "Every error of every endpoint: a stable machine code (Kafka's error "
+                       "name for a refused voter change) and one human line; leader only on "
+                       "NOT_LEADER (307) and NO_LEADER (503).",
+        "required": ["code", "message"], "additionalProperties": False,
+        "properties": {
+            "code": {"type": "string", "enum": [str(code) for code in ErrorCode]},
+            "message": {"type": "string"},
+            "leader": {"type": "object", "required": ["id", "url"],
+                       "additionalProperties": False,
+                       "properties": {"id": {"type": "integer", "nullable": True},
+                                      "url": {"type": "string", "nullable": True}}},
+        },
     },
     "AppendResult": {
         "type": "object", "required": ["first_offset", "last_offset", "epoch"],
@@ -279,8 +290,8 @@ PATHS: dict[str, Any] = {
             ],
             "responses": {**_COMMON,
                           "200": _answer("The changes.", _ref("KvEvents")),
-                          "410": _error("COMPACTED: changes before events_start are no longer "
-                                        "known."),
+                          "410": _error("COMPACTED: the changes before an offset (the "
+                                        "message says which) are no longer known."),
                           "429": _error("TOO_MANY_LONG_POLLS.")},
         },
     },
@@ -382,10 +393,11 @@ PATHS: dict[str, Any] = {
     },
     "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness", "security": [],
                          "responses": {"200": {"description": "Alive.", **_TEXT},
-                                       "503": {"description": "Failed.", **_TEXT}}}},
+                                       "503": _error("Failed (NODE_FAILED).")}}},
     "/readyz": {"get": {"operationId": "readyz", "summary": "Readiness", "security": [],
-                        "responses": {"200": {"description": "Ready.", **_TEXT},
-                                      "503": {"description": "Not ready.", **_TEXT}}}},
+                        "responses": {"200": {"description": "Ready: why, in text.", **_TEXT},
+                                      "503": _error("Not ready (NOT_READY), or failed "
+                                                    "(NODE_FAILED).")}}},
     "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
                          "security": [],
                          "responses": {"200": {"description": "Text exposition format.",
@@ -397,7 +409,8 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {"title": "quorum-node client and admin API", "version": "1",
-                 "description": "Every node serves it. Errors are JSON with a code. With security "
+                 "description": "Every node serves it. Every error is the Error schema: "
+                                "{code, message}. With security "
                                 "on (docs/security.md) a bearer token or a client certificate "
                                 "is required: read for reads, write for writes, admin for "
                                 "/v1/quorum."},
