@@ -20,7 +20,8 @@ from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from quorum_node import wire
-from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.cli.client import main as client_main
+from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError
 from quorum_node.node.api.stream import MAX_IN_FLIGHT
 from quorum_node.wire import Op
 
@@ -315,3 +316,49 @@ def test_a_node_without_the_stream_is_said_so() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_open_streams_are_closed_when_the_node_shuts_down(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 1)
+    try:
+        cluster.leader()
+        with open_stream(cluster) as idle, open_stream(cluster) as polling:
+            polling.send(wire.encode_request(1, Op.WATCH, 0, (True, "shutdown", 0, 30_000, 1)))
+            started = time.monotonic()
+            cluster.shut_down(*cluster.members.values())
+            assert time.monotonic() - started < 5  # not held by the streams
+            assert closed_with(idle) == (1001, "the node is shutting down")
+            # The waiting watch is answered (or cut off) by the shutdown, not after 30 s.
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    polling.recv(timeout=5)
+            assert time.monotonic() - started < 5
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cli_load_puts_what_list_prints(single: Cluster, protocol: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--bootstrap-server", single.bootstrap, "--protocol", protocol]
+    values = {f"load-{protocol}/{i:03}": f"value {i}" for i in range(150)}
+    values[f"load-{protocol}/odd"] = "tab\there\nnewline \\ backslash\r"
+    dump = tmp_path / "dump.tsv"
+    lines = [f"{key}\t{_escaped(value)}" for key, value in sorted(values.items())]
+    dump.write_text("\n".join(lines) + "\n")
+    assert client_main([*common, "load", str(dump), "--window", "16"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith(f"OK {len(values)} keys (offsets ")
+    assert client_main([*common, "list", f"load-{protocol}/", "--all", "--limit", "40"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.splitlines() == lines  # what list prints, load puts back
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("no tab here\n")
+    assert client_main([*common, "load", str(bad)]) == 2
+    _, err = capsys.readouterr()
+    assert "line 1: expected KEY<TAB>VALUE" in err
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") \
+        .replace("\r", "\\r")
