@@ -103,7 +103,9 @@ def test_clients_with_a_token_do_everything(cluster: InProcessCluster, pki: Pki,
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_clients_with_a_certificate_get_its_roles(cluster: InProcessCluster, pki: Pki,
-                                                  protocol: str) -> None:
+                                                  protocol: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="quorum_node.audit")
     with QuorumClient(cluster.bootstrap, credentials=pki.credentials(certificate="app-writer"),
                       protocol=protocol) as writer:
         writer.put("by-certificate", "ok")
@@ -122,6 +124,8 @@ def test_clients_with_a_certificate_get_its_roles(cluster: InProcessCluster, pki
                 "FORBIDDEN", 403 if protocol == "http" else None)
             assert "needs the write role" in str(refused.value)
         assert state_of(cluster) == before
+    denied = [r.getMessage() for r in caplog.records if "denied status=403" in r.getMessage()]
+    assert len(denied) >= 4, denied  # each refused write audited, over either protocol
 
 
 @pytest.mark.parametrize(("credential", "status"), [(None, 401), ("bad-token", 401),

@@ -40,7 +40,7 @@ from quorum_node.node.kv_service import (
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.transport import start_now
 from quorum_node.raft.types import NotLeaderError
-from quorum_node.security.authorization import IDENTITY_KEY
+from quorum_node.security.authorization import IDENTITY_KEY, audit_log
 from quorum_node.security.roles import Role
 from quorum_node.wire import ErrorAnswer, Op
 
@@ -144,9 +144,14 @@ class StreamServer:
             return f"malformed {op.name} request: {error}"
         if op in _WRITES and not stream.may_write:
             stream.finished()
+            message = (f"this stream's credential may not {op.name}: it needs the "
+                       f"{Role.WRITE.value} role")
+            if op not in stream.refused:  # audited once per stream and op, not per request
+                stream.refused.add(op)
+                audit_log.warning("denied status=403 method=%s path=%s remote=%s reason=%r",
+                                  op.name, wire.PATH, stream.request.remote or "-", message)
             stream.send_now(wire.encode_error(correlation, ErrorAnswer(
-                ErrorCode.FORBIDDEN.value, f"this stream's credential may not {op.name}: it "
-                f"needs the {Role.WRITE.value} role")))
+                ErrorCode.FORBIDDEN.value, message)))
             return None
         timeout_s = min(timeout_ms or DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
         # A task of its own, not run inline as transport.start_now does: the service's waits
@@ -264,6 +269,7 @@ class _Stream:
         self.may_write = may_write
         self.slots = asyncio.Semaphore(max_in_flight)
         self.in_flight = 0
+        self.refused: set[Op] = set()  # the writes refused so far (audited once each)
         self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
 
     def track(self, task: asyncio.Task[None]) -> None:
