@@ -27,8 +27,9 @@ QuorumClientError with code UNAUTHENTICATED (401) or FORBIDDEN (403), never retr
 
 Two protocols, the same calls, retries and errors: ``protocol="binary"`` (the default) sends the
 key-value and record calls over one WebSocket stream per node (``GET /v1/stream``,
-``quorum_node.wire``), where a call costs a fraction of an HTTP request; ``protocol="http"`` uses
-the HTTP API (``http.client`` with keep-alive connections). Voter changes (the admin API) are
+``quorum_node.wire``, ``quorum_node.client_stream``: websockets' Sans-I/O protocol on a socket),
+where a call costs a fraction of an HTTP request; ``protocol="http"`` uses the HTTP API
+(``http.client`` with keep-alive connections). Voter changes (the admin API) are
 always HTTP. ``put_many`` pipelines puts over the stream (many in flight, answered as they
 complete). A client is not thread-safe: use one per thread.
 """
