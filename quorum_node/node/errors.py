@@ -37,6 +37,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_REQUEST = "INVALID_REQUEST"
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
     NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"  # a static quorum (kraft.version 0) changes none
     INTERNAL = "INTERNAL"  # a failure of the node's own
 
 

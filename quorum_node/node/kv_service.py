@@ -43,18 +43,14 @@ from typing import TypeVar
 
 from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.kv import Cas, Delete, KvEvent, KvOp, KvOpError, Put, check_key, encode_op
-from quorum_node.node.runtime import (
-    AppendLostError,
-    CommitUnknownError,
-    QuorumNode,
-    WaitInterrupted,
-)
+from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
 from quorum_node.node.state_machine import (
     READ_CHUNK_BYTES,
     KvStateMachine,
     StateMachineClosing,
     StateMachineFailed,
 )
+from quorum_node.node.waits import WaitInterrupted
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.types import NotLeaderError
 

@@ -14,6 +14,7 @@ import uvloop
 
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
+from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
 
 # Allocations between two collections of the youngest generation (Python's default: 700).
@@ -23,7 +24,9 @@ GC_YOUNG_THRESHOLD = 20_000
 async def serve(config: NodeConfig) -> int:
     """Run a node until SIGTERM/SIGINT (graceful) or a fatal failure; return the exit code."""
     node = QuorumNode(config)
-    await node.start(build_app(node))
+    # One service for every client transport: they share its bound on waiting calls.
+    service = KvService(node)
+    await node.start(build_app(node, service))
     _tune_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

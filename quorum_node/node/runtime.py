@@ -21,12 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
 import logging
 import os
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +44,7 @@ from quorum_node.node.transport import (
     claimed_node_id,
     max_response_bytes,
 )
+from quorum_node.node.waits import WaitInterrupted, Waits
 from quorum_node.raft.core import OutboundRequest, OutboundResponse, RaftCore, VoterChangeOutcome
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.messages import (
@@ -74,18 +74,11 @@ class AppendLostError(Exception):
     """An append was truncated away by a new leader: it will never commit."""
 
 
-class WaitInterrupted(Exception):
-    """The wait was cut short: the node's server is shutting down (``interrupt_waits``)."""
-
-
 # Flushes that take less than this (on average) run on the event loop's thread; slower ones in a
 # worker thread, so that a slow disk never stalls the loop. A hop to a thread and back costs
 # about 0.1 ms and a contended GIL: a large share of a fast disk's fsync (0.2-0.5 ms on an SSD).
 INLINE_FSYNC_S = 0.002
 
-
-# Waiters by offset kept before the timed-out ones among them are let go.
-_COMMIT_WAITERS_PRUNED_AT = 1024
 
 
 def open_log_directory(config: NodeConfig) -> LogDirectory:
@@ -195,16 +188,10 @@ class QuorumNode:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_wanted_ms: int | None = None  # a time the driver asked for before start()
         self._flush_wanted = asyncio.Event()
-        # Callers waiting for a condition of the core, checked after every step, and whether
-        # shutting the server down cuts the wait short.
-        self._waiters: dict[asyncio.Future[None], tuple[Callable[[], bool], bool]] = {}
-        # Callers waiting for the high watermark to pass an offset (every append does): by
-        # offset, so that a step looks at those it settles only. (offset, sequence, future,
-        # interruptible); a timed-out waiter's entry goes when the high watermark passes it.
-        self._commit_waiters: list[tuple[int, int, asyncio.Future[None], bool]] = []
-        self._commit_waiter_sequence = 0
+        # Callers waiting for a condition of the core (a commit, a confirmed read, a voter
+        # change), woken by the step that makes it true.
+        self.waits = Waits(lambda: self.core.high_watermark, self._stopped_error)
         self._appends_waiting = 0  # appends waiting for their commit
-        self._waits_interrupted = False
         # Peers whose last request failed, or whose stream ended, since the shutdown began.
         self._unreachable: set[int] = set()
         self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
@@ -359,10 +346,7 @@ class QuorumNode:
 
     def stepped(self, step: str, peer: int | None) -> None:
         self.story.after_step(step, peer)
-        if self._commit_waiters:
-            self._wake_commit_waiters()
-        if self._waiters:
-            self._wake_waiters()
+        self.waits.after_step()
         self.state_machine.after_step()
         for hook in self.step_hooks:
             hook()
@@ -388,41 +372,16 @@ class QuorumNode:
         logger.error("node %d: the core asked to be polled again at once %d times in a row",
                      self.config.node_id, polls)
 
-    def _wake_commit_waiters(self) -> None:
-        high_watermark = self.core.high_watermark
-        if high_watermark is None:
-            return
-        waiters = self._commit_waiters
-        while waiters and waiters[0][0] < high_watermark:
-            future = heapq.heappop(waiters)[2]
-            if not future.done():
-                future.set_result(None)
-
-    def _all_waiters(self) -> Iterator[tuple[asyncio.Future[None], bool]]:
-        """Every waiting future, with whether it is interruptible."""
-        for future, (_, interruptible) in self._waiters.items():
-            yield future, interruptible
-        for _, _, future, interruptible in self._commit_waiters:
-            yield future, interruptible
-
-    def _wake_waiters(self) -> None:
-        for future, (condition, _) in list(self._waiters.items()):
-            if future.done():
-                continue
-            try:
-                if condition():
-                    future.set_result(None)
-            except Exception as error:  # the waiter's own error, raised to it
-                future.set_exception(error)
-
     def _fail(self, error: BaseException) -> None:
         logger.critical("node %d stopping: %s", self.config.node_id, error)
         self.failure = error
         self.driver.stop()  # nothing drives the core past a failure (a failed fsync too)
         self._stopped.set()
-        for future, _ in self._all_waiters():
-            if not future.done():
-                future.set_exception(NotLeaderError(None, self.core.epoch))
+        self.waits.fail()
+
+    def _stopped_error(self) -> BaseException | None:
+        """What a wait raises once the node has stopped after a failure."""
+        return None if self.failure is None else NotLeaderError(None, self.core.epoch)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -450,8 +409,7 @@ class QuorumNode:
 
     def _peer_lost(self, node_id: int) -> None:
         self._unreachable.add(node_id)
-        if self._waiters:
-            self._wake_waiters()  # a stopping leader may be waiting for this peer
+        self.waits.check_conditions()  # a stopping leader may be waiting for this peer
 
     def handle_peer_request(self, request: RaftRequest, reply: Reply) -> RaftResponse | None:
         """The core's answer to a peer's request: at once when it has one (most do), else None
@@ -513,51 +471,19 @@ class QuorumNode:
         """Cut every wait for the core short, now and from now on, with WaitInterrupted: the
         server is shutting down and waits for its requests to end. (The node's own shutdown
         still waits for a successor.)"""
-        self._waits_interrupted = True
-        for future, interruptible in self._all_waiters():
-            if interruptible and not future.done():
-                future.set_exception(WaitInterrupted())
+        self.waits.interrupt()
 
     async def _wait_for(self, condition: Callable[[], bool], timeout_s: float, *,
                         interruptible: bool = True, committed: int | None = None) -> None:
-        """Wait until ``condition()`` holds (checked now and after every step of the core).
-        Raises TimeoutError after ``timeout_s``, NotLeaderError once the node has failed,
-        WaitInterrupted once ``interrupt_waits`` was called (if ``interruptible``).
-        ``committed``: the condition is that the high watermark passed this offset."""
-        if condition():
-            return
-        if self.failure is not None:
-            raise NotLeaderError(None, self.core.epoch)
-        if interruptible and self._waits_interrupted:
-            raise WaitInterrupted
-        if timeout_s <= 0:
-            raise TimeoutError
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if committed is None:
-            self._waiters[future] = (condition, interruptible)
-        else:
-            self._commit_waiter_sequence += 1
-            heapq.heappush(self._commit_waiters, (committed, self._commit_waiter_sequence,
-                                                  future, interruptible))
-        try:
-            # asyncio.timeout rather than wait_for: no task per wait, and on Python 3.11
-            # wait_for can swallow a cancellation.
-            async with asyncio.timeout(timeout_s):
-                await future
-        finally:
-            if committed is None:
-                del self._waiters[future]
-            elif len(self._commit_waiters) > _COMMIT_WAITERS_PRUNED_AT:
-                # Timed-out waits pile up while the high watermark stands still (an idle
-                # quorum, no leader): let them go.
-                self._commit_waiters = [w for w in self._commit_waiters if not w[2].done()]
-                heapq.heapify(self._commit_waiters)
+        """``Waits.wait``: raises TimeoutError after ``timeout_s``, NotLeaderError once the node
+        has failed, WaitInterrupted once ``interrupt_waits`` was called (if ``interruptible``)."""
+        await self.waits.wait(condition, timeout_s, interruptible=interruptible,
+                              committed=committed)
 
     async def _wait_committed(self, offset: int, timeout_s: float, *,
                               interruptible: bool = True) -> None:
         """``_wait_for`` the high watermark to pass ``offset``."""
-        await self._wait_for(lambda: self._is_settled(offset), timeout_s,
-                             interruptible=interruptible, committed=offset)
+        await self.waits.wait_committed(offset, timeout_s, interruptible=interruptible)
 
     # --- what the client and admin APIs build on ---------------------------------------------
 
@@ -641,10 +567,6 @@ class QuorumNode:
         assert outcome is not None
         if outcome.error is not Errors.NONE:
             raise VoterChangeError(outcome.error, outcome.message)
-
-    def _is_settled(self, offset: int) -> bool:
-        high_watermark = self.core.high_watermark
-        return high_watermark is not None and high_watermark > offset
 
     def _committed_in_epoch(self, offset: int, epoch: int) -> bool:
         # Epochs hold contiguous offset ranges: the offset is still ours iff our epoch ends after

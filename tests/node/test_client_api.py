@@ -879,3 +879,23 @@ def test_a_stopped_kv_applier_fails_the_probes(tmp_path: Path) -> None:
             assert "KV state machine stopped: the log cannot be read" in text, text
     finally:
         cluster.stop()
+
+
+# --- the one error body ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("method", "path", "status", "code"), [
+    ("GET", "/v1/nothing-here", 404, "NOT_FOUND"),
+    ("PATCH", kv("k"), 405, "METHOD_NOT_ALLOWED"),
+    ("GET", kv("k") + "?stale=1", 400, "BAD_REQUEST"),  # true or false only
+    ("GET", kv("k") + "?stale", 400, "BAD_REQUEST"),
+    ("GET", "/v1/kv?limit=0", 400, "BAD_REQUEST"),
+    ("DELETE", "/v1/quorum/voters/1/AAAAAAAAAAAAAAAAAAAAAQ?decommission=yes", 400, "BAD_REQUEST"),
+])
+def test_every_refusal_is_the_one_error_body(single: Cluster, method: str, path: str,
+                                             status: int, code: str) -> None:
+    """aiohttp's own refusals (no route, wrong method) included: {"code", "message"}, JSON."""
+    reply = call(single.leader().url, method, path)
+    assert (reply.status, reply.headers["content-type"].split(";")[0]) == (status,
+                                                                          "application/json")
+    assert set(reply.body) == {"code", "message"} and reply.body["code"] == code, reply.body
+    assert reply.body["message"] and "\n" not in reply.body["message"]

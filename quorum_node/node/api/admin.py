@@ -205,6 +205,7 @@ _VOTER_CHANGE_STATUS: dict[Errors, int] = {
     Errors.INVALID_REQUEST: 400,
     Errors.REQUEST_TIMED_OUT: 504,
     Errors.NOT_LEADER_OR_FOLLOWER: 503,  # leadership lost while the change was under way
+    Errors.UNSUPPORTED_VERSION: 500,
 }
 
 

@@ -50,6 +50,7 @@ STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.OFFSET_OUT_OF_RANGE: 416,
     ErrorCode.TOO_MANY_LONG_POLLS: 429,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.UNSUPPORTED_VERSION: 500,
     ErrorCode.NO_LEADER: 503,
     ErrorCode.NOT_LEADER_OR_FOLLOWER: 503,
     ErrorCode.OUTCOME_UNKNOWN: 503,
