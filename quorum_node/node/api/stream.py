@@ -70,6 +70,9 @@ def install_stream(app: web.Application, service: KvService) -> StreamServer:
 
 
 class StreamServer:
+    """Serves every stream of one application: reads each stream's requests in order and
+    answers each (a task of its own) when the service has."""
+
     def __init__(self, service: KvService, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.service = service
         self.max_in_flight = max_in_flight
