@@ -1,7 +1,8 @@
 """The binary client protocol (``GET /v1/stream``, quorum_node.wire) against real in-process
 nodes: answers out of order, the stream's bounds (in flight, idle, size), malformed messages
-refused with a reason and never a crash, redirects and failover over the stream, and the
-client's outcome-unknown rule on a stream that hangs up."""
+refused with a reason and never a crash, redirects and failover over the stream, streams closed
+at shutdown, the client's outcome-unknown rule on a stream that hangs up, pings and fragmented
+answers, and ``quorum-client load`` (pipelined puts) over both protocols."""
 
 from __future__ import annotations
 
