@@ -50,6 +50,7 @@ from quorum_node.node.kv_service import (
     KvService,
     Written,
     check_record_size,
+    checked_key,
 )
 
 # Body size read at most for an append (base64 and JSON quoting inflate the records).
@@ -126,7 +127,7 @@ class ClientApi:
 
     async def kv_put(self, request: web.Request) -> web.Response:
         timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
-        key = request.match_info["key"]
+        key = checked_key(request.match_info["key"])  # refused before its body is read
         body = await read_body(request, MAX_VALUE_BYTES)
         try:
             value = body.decode("utf-8")
@@ -141,7 +142,7 @@ class ClientApi:
 
     async def kv_cas(self, request: web.Request) -> web.Response:
         timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
-        key = request.match_info["key"]
+        key = checked_key(request.match_info["key"])  # refused before its body is read
         document = parse_json_body(await read_body(request, MAX_CAS_BODY_BYTES))
         if not isinstance(document, dict):
             bad_request('expected a JSON object {"expected": ..., "value": ...}')
