@@ -25,8 +25,13 @@ bearer token, and the CA (and optionally a client certificate) for ``https://`` 
 are the default scheme once a CA or certificate is given. A refused credential raises
 QuorumClientError with code UNAUTHENTICATED (401) or FORBIDDEN (403), never retried.
 
-Only the standard library is used (``http.client`` with keep-alive connections). A client is
-not thread-safe: use one per thread.
+Two protocols, the same calls, retries and errors: ``protocol="binary"`` (the default) sends the
+key-value and record calls over one WebSocket stream per node (``GET /v1/stream``,
+``quorum_node.wire``, ``quorum_node.client_stream``: websockets' Sans-I/O protocol on a socket),
+where a call costs a fraction of an HTTP request; ``protocol="http"`` uses the HTTP API
+(``http.client`` with keep-alive connections). Voter changes (the admin API) are
+always HTTP. ``put_many`` pipelines puts over the stream (many in flight, answered as they
+complete). A client is not thread-safe: use one per thread.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ import socket
 import ssl
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
+from quorum_node import wire
+from quorum_node.client_stream import ClientStream, StreamBroken, StreamNotOpened
 from quorum_node.security.client_credentials import ClientCredentials
 
 _T = TypeVar("_T")
@@ -60,6 +67,12 @@ _SERVER_TIMEOUT_MARGIN_S = 0.25
 _RETRYABLE_CODES = frozenset({"NO_LEADER", "NODE_FAILED", "SHUTTING_DOWN", "APPEND_LOST"})
 # ... and, for reads, which change nothing.
 _RETRYABLE_READ_CODES = _RETRYABLE_CODES | {"TIMEOUT"}
+PROTOCOLS: Final = wire.CLIENT_PROTOCOLS
+DEFAULT_PROTOCOL: Final = wire.DEFAULT_CLIENT_PROTOCOL
+# Requests put_many keeps in flight on a stream (the node bounds them per stream too).
+DEFAULT_WINDOW = 64
+_READ_OPS = frozenset({wire.Op.GET, wire.Op.READ, wire.Op.LIST, wire.Op.WATCH})
+_IDEMPOTENT_OPS = _READ_OPS | {wire.Op.PUT, wire.Op.DELETE}
 
 
 class QuorumClientError(Exception):
@@ -184,18 +197,40 @@ class _Answer:
     location: str | None
 
 
+@dataclass
+class _Refusal:
+    """An error answer (either protocol)."""
+
+    code: str
+    message: str
+    status: int | None  # HTTP's; None over the stream
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _WireAnswer:
+    """A stream call's answer, turned into the HTTP API's JSON only when asked for."""
+
+    op: wire.Op
+    key: str | None
+    fields: tuple[Any, ...]
+
+
 class QuorumClient:
     def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
                  *, credentials: ClientCredentials | None = None,
-                 fail_fast: bool = False) -> None:
+                 fail_fast: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
         """``fail_fast``: give up at once when no server of the list accepts a connection
         (the command-line tools' policy: nothing is running there); otherwise keep trying
-        until the timeout (a program that starts with its nodes)."""
+        until the timeout (a program that starts with its nodes). ``protocol``: "binary"
+        (the stream) or "http"."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
         self.fail_fast = fail_fast
-        # The JSON answer of the last call that succeeded (or found no key): what the API said.
-        self.last_answer: dict[str, Any] = {}
+        self._last_answer: dict[str, Any] | _WireAnswer = {}
         self.credentials = credentials or ClientCredentials()
         self.servers = parse_bootstrap(bootstrap,
                                        "https" if self.credentials.uses_tls else "http")
@@ -203,6 +238,14 @@ class QuorumClient:
         self._ssl_context: ssl.SSLContext | None = None
         self._preferred = self.servers[0]  # the last server that answered (the leader, once found)
         self._connections: dict[str, http.client.HTTPConnection] = {}
+        self._streams: dict[str, ClientStream] = {}
+
+    @property
+    def last_answer(self) -> dict[str, Any]:
+        """The JSON answer of the last call that succeeded (or found no key): what the API said
+        (over the stream: what the HTTP API would have said)."""
+        answer = self._last_answer
+        return _http_answer(answer) if isinstance(answer, _WireAnswer) else answer
 
     def __enter__(self) -> QuorumClient:
         return self
@@ -215,10 +258,17 @@ class QuorumClient:
         for connection in self._connections.values():
             connection.close()
         self._connections.clear()
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
 
     # --- key-value store ---------------------------------------------------------------------
 
     def put(self, key: str, value: str) -> WriteResult:
+        if self.protocol == "binary":
+            offset, epoch, applied = self._call_stream(wire.Op.PUT, (_checked_key(key), value),
+                                                       key=key)
+            return WriteResult(key, offset, epoch, applied)
         body = self._call("PUT", _kv_path(key), body=value.encode("utf-8"),
                           content_type="text/plain; charset=utf-8")
         return _write_result(body, "applied")
@@ -226,6 +276,10 @@ class QuorumClient:
     def get(self, key: str, stale: bool = False) -> str | None:
         """The key's value, None if absent. Linearizable unless ``stale`` (then any node's
         local copy, possibly behind)."""
+        if self.protocol == "binary":
+            value, _ = self._call_stream(wire.Op.GET, (_checked_key(key), stale), key=key,
+                                         server_timeout=not stale)
+            return value  # type: ignore[no-any-return]
         body = self._call("GET", _kv_path(key), query={"stale": "true"} if stale else {},
                           server_timeout=not stale, absent_ok=True)
         if body.get("code") == "KEY_NOT_FOUND":
@@ -233,11 +287,19 @@ class QuorumClient:
         return _field(body, "value", str)
 
     def delete(self, key: str) -> WriteResult:
+        if self.protocol == "binary":
+            offset, epoch, applied = self._call_stream(wire.Op.DELETE, (_checked_key(key),),
+                                                       key=key)
+            return WriteResult(key, offset, epoch, applied)
         return _write_result(self._call("DELETE", _kv_path(key)), "deleted")
 
     def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
         """Set ``key`` to ``value`` (None: delete it) only if its value is ``expected`` (None:
         only if it is absent); ``applied`` tells whether it did."""
+        if self.protocol == "binary":
+            offset, epoch, applied = self._call_stream(
+                wire.Op.CAS, (_checked_key(key), expected, value), key=key)
+            return WriteResult(key, offset, epoch, applied)
         body = json.dumps({"expected": expected, "value": value}).encode()
         return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
                                         content_type="application/json"), "applied")
@@ -246,6 +308,11 @@ class QuorumClient:
                   stale: bool = False) -> KeyPage:
         """A page of the keys starting with ``prefix``, in key order, after ``start_after``
         (linearizable unless ``stale``)."""
+        if self.protocol == "binary":
+            entries, after, applied_offset = self._call_stream(
+                wire.Op.LIST, (prefix, start_after, _u32(limit, "limit"), stale),
+                server_timeout=not stale)
+            return KeyPage([tuple(entry) for entry in entries], after, applied_offset)
         query = {"prefix": prefix, "limit": str(limit)}
         if start_after is not None:
             query["start_after"] = start_after
@@ -268,6 +335,14 @@ class QuorumClient:
         ``next_offset``. Raises QuorumClientError COMPACTED when they are no longer known."""
         if (key is None) == (prefix is None):
             raise ValueError("watch a key or a prefix")
+        if self.protocol == "binary":
+            watched = key if key is not None else prefix or ""
+            events, next_offset, applied_offset = self._call_stream(
+                wire.Op.WATCH, (key is not None, watched, _u64(offset, "offset"),
+                                _u32(wait_ms, "wait_ms"), _u32(max_events, "max_events")),
+                server_timeout=False, extra_time_s=max(wait_ms, 0) / 1000)
+            return WatchResult([KvEvent(*event) for event in events], next_offset,
+                               applied_offset)
         query = {"offset": str(offset), "wait_ms": str(wait_ms),
                  "max_events": str(max_events)}
         query.update({"key": key} if key is not None else {"prefix": prefix or ""})
@@ -289,6 +364,9 @@ class QuorumClient:
         """Append records as one batch; their (first, last) offsets once committed."""
         if not values:
             raise ValueError("nothing to append")
+        if self.protocol == "binary":
+            first, last, _ = self._call_stream(wire.Op.APPEND, ([bytes(v) for v in values],))
+            return first, last
         body = b"".join(len(value).to_bytes(4, "big") + bytes(value) for value in values)
         answer = self._call("POST", "/v1/records", body=body,
                             content_type="application/octet-stream")
@@ -296,6 +374,15 @@ class QuorumClient:
 
     def read(self, offset: int, max_records: int = 100, wait_ms: int = 0) -> ReadResult:
         """Committed records from ``offset``, waiting up to ``wait_ms`` for the first one."""
+        if self.protocol == "binary":
+            high_watermark, next_offset, entries = self._call_stream(
+                wire.Op.READ, (_u64(offset, "offset"), _u32(max_records, "max_records"),
+                               _u32(wait_ms, "wait_ms")),
+                server_timeout=False, extra_time_s=max(wait_ms, 0) / 1000)
+            records = [ReadRecord(offset=record_offset, value=value, key=record_key,
+                                  timestamp_ms=timestamp_ms)
+                       for record_offset, timestamp_ms, record_key, value in entries]
+            return ReadResult(records, high_watermark, next_offset)
         query = {"offset": str(offset), "max_records": str(max_records), "wait_ms": str(wait_ms)}
         body = self._call("GET", "/v1/records", query=query, server_timeout=False,
                           extra_time_s=max(wait_ms, 0) / 1000)
@@ -333,27 +420,109 @@ class QuorumClient:
         query = {"decommission": "true"} if decommission else None
         return _voters(self._call("DELETE", path, query=query))
 
+    # --- pipelining -------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[str, str]], *,
+                 window: int = DEFAULT_WINDOW) -> list[WriteResult]:
+        """Put each (key, value); their results, in the order given. Over the stream up to
+        ``window`` puts are in flight at once (one round trip for many puts); a put refused or
+        cut off there is tried again alone, with ``put``'s redirects and retries. The puts
+        are not applied in a guaranteed order: put a key once per call."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        for key, _ in items:
+            _checked_key(key)
+        if self.protocol != "binary":
+            return [self.put(key, value) for key, value in items]
+        results: list[WriteResult] = []
+        for start in range(0, len(items), window):
+            chunk = items[start:start + window]
+            answers = self._pipeline(wire.Op.PUT, [(key, value) for key, value in chunk])
+            for (key, value), answer in zip(chunk, answers, strict=True):
+                if answer is None:
+                    results.append(self.put(key, value))
+                else:
+                    offset, epoch, applied = answer
+                    results.append(WriteResult(key, offset, epoch, applied))
+        return results
+
+    def _pipeline(self, op: wire.Op,
+                  requests: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...] | None]:
+        """Send ``requests`` on the preferred server's stream, all before the first answer is
+        awaited; each one's answer, or None where it has none (an error answer, or the stream
+        failed: the caller retries those alone)."""
+        answers: list[tuple[Any, ...] | None] = [None] * len(requests)
+        deadline = time.monotonic() + self.timeout_s
+        budget_ms = _server_budget_ms(self.timeout_s)
+        try:
+            stream = self._stream(self._preferred, self.timeout_s)
+        except (_NotSent, QuorumClientError):
+            return answers
+        sent: list[tuple[int, int]] = []
+        try:
+            for index, fields in enumerate(requests):
+                sent.append((index, stream.send(op, budget_ms, fields)))
+            for index, correlation in sent:
+                answer = stream.wait(correlation, max(0.0, deadline - time.monotonic()))
+                if not isinstance(answer, wire.ErrorAnswer):
+                    answers[index] = answer
+        except StreamBroken:
+            self._drop_stream(stream)
+        return answers
+
     # --- transport ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
               body: bytes | None = None, content_type: str | None = None,
               server_timeout: bool = True, absent_ok: bool = False,
               extra_time_s: float = 0.0) -> dict[str, Any]:
-        """One API call with redirects and retries; the JSON answer of a success."""
-        read = method == "GET"  # changes nothing: any failure may be retried
-        idempotent = method in ("GET", "PUT", "DELETE")  # applying twice = applying once
+        """One HTTP API call with redirects and retries; the JSON answer of a success."""
         request = _Request(method, path, dict(query or {}), body, content_type, server_timeout)
+
+        def attempt(server: str, deadline: float) -> tuple[dict[str, Any] | _Refusal, str]:
+            answer, server = self._follow(request, server, deadline)
+            code = answer.body.get("code") if isinstance(answer.body, dict) else None
+            if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
+                return answer.body, server
+            return _Refusal(code or "ERROR", _error_message(answer), answer.status,
+                            answer.body), server
+
+        answer: dict[str, Any] = self._retrying(
+            attempt, read=method == "GET", idempotent=method in ("GET", "PUT", "DELETE"),
+            extra_time_s=extra_time_s)
+        self._last_answer = answer
+        return answer
+
+    def _call_stream(self, op: wire.Op, fields: tuple[Any, ...], *, key: str | None = None,
+                     server_timeout: bool = True,
+                     extra_time_s: float = 0.0) -> tuple[Any, ...]:
+        """One call over the stream with redirects and retries; the answer's fields."""
+
+        def attempt(server: str, deadline: float) -> tuple[tuple[Any, ...] | _Refusal, str]:
+            return self._follow_stream(op, fields, server, deadline, server_timeout)
+
+        answer: tuple[Any, ...] = self._retrying(
+            attempt, read=op in _READ_OPS, idempotent=op in _IDEMPOTENT_OPS,
+            extra_time_s=extra_time_s)
+        self._last_answer = _WireAnswer(op, key, answer)
+        return answer
+
+    def _retrying(self, attempt: Callable[[str, float], tuple[Any, str]], *, read: bool,
+                  idempotent: bool, extra_time_s: float) -> Any:
+        """Run ``attempt(server, deadline)`` across the servers until it succeeds, fails in a
+        way a retry cannot mend, or the time is up. ``read``: it changes nothing, any failure
+        may be retried; ``idempotent``: applying it twice is applying it once."""
         start = time.monotonic()
         deadline = start + self.timeout_s + extra_time_s
         candidates = [self._preferred] + [s for s in self.servers if s != self._preferred]
-        attempt = 0
+        tries = 0
         last_problem = "no attempt made"
         unreachable: dict[str, str] = {}  # servers that refused a connection, since an answer
         while True:
-            server = candidates[attempt % len(candidates)]
-            attempt += 1
+            server = candidates[tries % len(candidates)]
+            tries += 1
             try:
-                answer, server = self._follow(request, server, deadline)
+                answer, server = attempt(server, deadline)
             except _OutOfTime:
                 break
             except _NotSent as problem:
@@ -371,18 +540,15 @@ class QuorumClient:
                         code="OUTCOME_UNKNOWN") from None
                 last_problem = str(problem)
             else:
-                code = answer.body.get("code") if isinstance(answer.body, dict) else None
                 unreachable.clear()
-                if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
+                if not isinstance(answer, _Refusal):
                     self._preferred = server
-                    self.last_answer = answer.body
-                    return answer.body  # type: ignore[no-any-return]
-                message = _error_message(answer)
-                if code not in (_RETRYABLE_READ_CODES if read else _RETRYABLE_CODES):
-                    raise QuorumClientError(message, code=code or "ERROR", status=answer.status,
-                                            body=answer.body)
-                last_problem = f"{server}: {message}"
-            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(attempt - 1, 10))
+                    return answer
+                if answer.code not in (_RETRYABLE_READ_CODES if read else _RETRYABLE_CODES):
+                    raise QuorumClientError(answer.message, code=answer.code,
+                                            status=answer.status, body=answer.body)
+                last_problem = f"{server}: {answer.message}"
+            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(tries - 1, 10))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -390,6 +556,65 @@ class QuorumClient:
         raise QuorumClientError(f"no node served the request within "
                                 f"{time.monotonic() - start:.1f} s (last: {last_problem})",
                                 code="UNAVAILABLE")
+
+    def _follow_stream(self, op: wire.Op, fields: tuple[Any, ...], server: str,
+                       deadline: float, server_timeout: bool
+                       ) -> tuple[tuple[Any, ...] | _Refusal, str]:
+        """Send over ``server``'s stream, following NOT_LEADER to the leader; the answer and
+        who gave it."""
+        first = server
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _OutOfTime
+            try:
+                stream = self._stream(server, remaining)
+            except _NotSent as problem:
+                if server == first:
+                    raise
+                raise _NotSent(str(problem)) from None  # as _follow: the list is reachable
+            timeout_ms = _server_budget_ms(remaining) if server_timeout else 0
+            try:
+                answer = stream.wait(stream.send(op, timeout_ms, fields), remaining)
+            except StreamBroken as broken:
+                self._drop_stream(stream)
+                raise _Interrupted(str(broken)) from None
+            if not isinstance(answer, wire.ErrorAnswer):
+                return answer, server
+            leader_url = answer.leader[1] if answer.leader is not None else None
+            if answer.code != "NOT_LEADER" or not leader_url:
+                return _Refusal(answer.code, answer.message, None, answer.body()), server
+            location = urllib.parse.urlsplit(leader_url)
+            server = f"{location.scheme}://{location.netloc}"
+        raise _NotSent(f"redirected more than {MAX_REDIRECTS} times (last to {server})")
+
+    def _stream(self, server: str, timeout_s: float) -> ClientStream:
+        """An open stream to ``server``; a new one if the node closed the last one."""
+        stream = self._streams.get(server)
+        if stream is not None and stream.usable:
+            return stream
+        if stream is not None:
+            self._drop_stream(stream)
+        parts = urllib.parse.urlsplit(server)
+        if parts.scheme == "https" and self._ssl_context is None:
+            self._ssl_context = self.credentials.ssl_context()
+        try:
+            stream = ClientStream.open(server, headers=self.credentials.headers(),
+                                       ssl_context=self._ssl_context, timeout_s=timeout_s)
+        except ssl.SSLCertVerificationError as error:
+            raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
+                                    code="TLS_ERROR") from None
+        except StreamNotOpened as problem:
+            if problem.status is None:
+                raise _NotSent(str(problem), unreachable=problem.unreachable) from None
+            raise _stream_refused(server, problem) from None
+        self._streams[server] = stream
+        return stream
+
+    def _drop_stream(self, stream: ClientStream) -> None:
+        stream.close()
+        if self._streams.get(stream.server) is stream:
+            del self._streams[stream.server]
 
     def _follow(self, request: _Request, server: str, deadline: float) -> tuple[_Answer, str]:
         """Send to ``server``, following redirects to the leader; the answer and who gave it."""
@@ -401,8 +626,7 @@ class QuorumClient:
             query = dict(request.query)
             if request.server_timeout:
                 # The node gives up (and says so) before this client stops waiting for it.
-                budget_ms = int((remaining - _SERVER_TIMEOUT_MARGIN_S) * 1000)
-                query["timeout_ms"] = str(max(1, min(budget_ms, 60_000)))
+                query["timeout_ms"] = str(_server_budget_ms(remaining))
             target = request.path + ("?" + urllib.parse.urlencode(query) if query else "")
             try:
                 answer = self._send(server, request, target, remaining)
@@ -488,6 +712,30 @@ class QuorumClient:
         return connection
 
 
+def _server_budget_ms(remaining_s: float) -> int:
+    """How long the node may take: it gives up (and says so) before this client stops
+    waiting for it."""
+    return max(1, min(int((remaining_s - _SERVER_TIMEOUT_MARGIN_S) * 1000), 60_000))
+
+
+def _stream_refused(server: str, problem: StreamNotOpened) -> QuorumClientError:
+    """A node's HTTP answer to the stream's upgrade, as an error."""
+    try:
+        body = json.loads(problem.body) if problem.body else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = None
+    if problem.status == 404:
+        return QuorumClientError(f"{server} does not serve the binary protocol ({wire.PATH}); "
+                                 f"use the HTTP protocol", code="UNSUPPORTED_PROTOCOL",
+                                 status=404)
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        message = body.get("message") or f"HTTP {problem.status}"
+        return QuorumClientError(str(message), code=body["code"], status=problem.status,
+                                 body=body)
+    return QuorumClientError(f"{server} refused the stream: HTTP {problem.status}",
+                             code="ERROR", status=problem.status)
+
+
 def _is_dropped(sock: socket.socket) -> bool:
     # An idle keep-alive connection has nothing to read unless the server closed it.
     try:
@@ -513,10 +761,64 @@ def _error_message(answer: _Answer) -> str:
     return str(message) if message else f"HTTP {answer.status}"
 
 
-def _kv_path(key: str) -> str:
+def _checked_key(key: str) -> str:
     if not key:
         raise ValueError("a key must not be empty")
-    return "/v1/kv/" + urllib.parse.quote(key, safe="")
+    return key
+
+
+def _kv_path(key: str) -> str:
+    return "/v1/kv/" + urllib.parse.quote(_checked_key(key), safe="")
+
+
+def _u32(value: int, name: str) -> int:
+    if not 0 <= value < 2**32:
+        raise ValueError(f"{name} must be between 0 and {2**32 - 1}, got {value}")
+    return value
+
+
+def _u64(value: int, name: str) -> int:
+    if not 0 <= value < 2**63:
+        raise ValueError(f"{name} must be between 0 and {2**63 - 1}, got {value}")
+    return value
+
+
+def _http_answer(answer: _WireAnswer) -> dict[str, Any]:
+    """A stream call's answer as the HTTP API's JSON answer to the same call."""
+    op, key, fields = answer.op, answer.key, answer.fields
+    if op in (wire.Op.PUT, wire.Op.CAS, wire.Op.DELETE):
+        offset, epoch, applied = fields
+        return {"key": key, "offset": offset, "epoch": epoch,
+                ("deleted" if op is wire.Op.DELETE else "applied"): applied}
+    if op is wire.Op.GET:
+        value, applied_offset = fields
+        if value is None:
+            return {"code": "KEY_NOT_FOUND", "message": f"key {key!r} not found (applied up to "
+                                                        f"offset {applied_offset})"}
+        return {"key": key, "value": value, "applied_offset": applied_offset}
+    if op is wire.Op.APPEND:
+        first, last, epoch = fields
+        return {"first_offset": first, "last_offset": last, "epoch": epoch}
+    if op is wire.Op.READ:
+        high_watermark, next_offset, records = fields
+        entries = []
+        for offset, timestamp_ms, record_key, value in records:
+            entry = {"offset": offset, "value": base64.b64encode(value).decode("ascii"),
+                     "timestamp_ms": timestamp_ms}
+            if record_key is not None:
+                entry["key"] = base64.b64encode(record_key).decode("ascii")
+            entries.append(entry)
+        return {"records": entries, "high_watermark": high_watermark,
+                "next_offset": next_offset}
+    if op is wire.Op.LIST:
+        page, next_start_after, applied_offset = fields
+        return {"entries": [{"key": k, "value": v} for k, v in page],
+                "next_start_after": next_start_after, "applied_offset": applied_offset}
+    events, next_offset, applied_offset = fields
+    return {"events": [{"offset": offset, "key": event_key,
+                        "type": "put" if value is not None else "delete", "value": value}
+                       for offset, event_key, value in events],
+            "next_offset": next_offset, "applied_offset": applied_offset}
 
 
 def _field(body: Mapping[str, Any], name: str, kind: type[_T]) -> _T:

@@ -26,6 +26,7 @@ from quorum_node.cli.common import (
     CliError,
     CliParser,
     add_connection_options,
+    add_protocol_option,
     add_standard_options,
     bootstrap_from,
     emit_json,
@@ -38,6 +39,7 @@ from quorum_node.cli.common import (
 from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import (
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WINDOW,
     QuorumClient,
     QuorumClientError,
     WriteResult,
@@ -61,6 +63,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_standard_options(parser)
     add_connection_options(parser, top=True, default_timeout_s=DEFAULT_TIMEOUT_S)
+    add_protocol_option(parser, top=True)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     def command(name: str, run: Callable[[QuorumClient, argparse.Namespace], int],
@@ -68,6 +71,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary, epilog=_EPILOG,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         add_connection_options(sub, top=False, default_timeout_s=DEFAULT_TIMEOUT_S)
+        add_protocol_option(sub, top=False)
         sub.set_defaults(run=run)
         return sub
 
@@ -80,6 +84,12 @@ def _build_parser() -> argparse.ArgumentParser:
     get.add_argument("key")
     get.add_argument("--stale", action="store_true",
                      help="read the contacted node's copy, which may be behind")
+
+    load = command("load", _load, "Put many keys at once, pipelined: one KEY<TAB>VALUE line each "
+                                  "(values escaped as list prints them: \\n, \\t, \\r, \\\\).")
+    load.add_argument("file", metavar="FILE", help="the lines ('-': stdin)")
+    load.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW, metavar="N",
+                      help=f"puts in flight at once (default: {DEFAULT_WINDOW})")
 
     delete = command("delete", _delete, "Delete a key.")
     delete.add_argument("key")
@@ -151,11 +161,12 @@ def _run(args: argparse.Namespace) -> int:
     run: Callable[[QuorumClient, argparse.Namespace], int] = args.run
     try:
         with QuorumClient(servers, timeout_s=timeout_from(args, DEFAULT_TIMEOUT_S),
-                          credentials=credentials, fail_fast=True) as client:
+                          credentials=credentials, fail_fast=True,
+                          protocol=args.protocol) as client:
             try:
                 return run(client, args)
             except KeyboardInterrupt:
-                if args.run in (_put, _delete, _cas, _append):
+                if args.run in (_put, _load, _delete, _cas, _append):
                     raise CliError("interrupted: the write may still commit (read it back to "
                                    "know)", EXIT_INTERRUPTED, api_code="OUTCOME_UNKNOWN") \
                         from None
@@ -178,6 +189,47 @@ def _write_answer(client: QuorumClient, args: argparse.Namespace, result: WriteR
 def _put(client: QuorumClient, args: argparse.Namespace) -> int:
     value = read_value(args.value, args.file)
     return _write_answer(client, args, client.put(args.key, value), "OK", "not applied")
+
+
+def _load(client: QuorumClient, args: argparse.Namespace) -> int:
+    text = read_value(args.file, None) if args.file == STDIN_VALUE \
+        else read_value(None, Path(args.file))
+    items: list[tuple[str, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line:
+            continue
+        key, tab, value = line.partition("\t")
+        if not tab or not key:
+            raise CliError(f"line {number}: expected KEY<TAB>VALUE, got {line[:60]!r}",
+                           EXIT_USAGE, api_code="BAD_REQUEST")
+        items.append((key, _unescape(value)))
+    if not items:
+        raise CliError("nothing to load (no KEY<TAB>VALUE line)", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    results = client.put_many(items, window=args.window)
+    if args.json:
+        for result in results:
+            emit_json({"key": result.key, "applied": result.applied, "offset": result.offset,
+                       "epoch": result.epoch})
+    else:
+        offsets = [result.offset for result in results]
+        print(f"OK {len(results)} key{'s' if len(results) != 1 else ''} (offsets "
+              f"{min(offsets)}-{max(offsets)})")
+    return EXIT_OK
+
+
+def _unescape(text: str) -> str:
+    """``_escape`` undone."""
+    out: list[str] = []
+    characters = iter(text)
+    for character in characters:
+        if character != "\\":
+            out.append(character)
+            continue
+        following = next(characters, "")
+        out.append({"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}.get(
+            following, "\\" + following))
+    return "".join(out)
 
 
 def _delete(client: QuorumClient, args: argparse.Namespace) -> int:

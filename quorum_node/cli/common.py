@@ -36,6 +36,7 @@ from typing import Any, NoReturn, TextIO
 import shtab
 
 from quorum_node.cli.credentials import add_credential_options
+from quorum_node.wire import CLIENT_PROTOCOLS, DEFAULT_CLIENT_PROTOCOL
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -124,6 +125,15 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool,
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the API's JSON answer (errors too)")
     add_credential_options(parser, top=top)
+
+
+def add_protocol_option(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--protocol binary|http``: how a client talks to the nodes (the client's default: the
+    binary stream). As add_connection_options, accepted before and after the command."""
+    parser.add_argument("--protocol", choices=CLIENT_PROTOCOLS,
+                        default=DEFAULT_CLIENT_PROTOCOL if top else argparse.SUPPRESS,
+                        help=f"the client protocol (default: {DEFAULT_CLIENT_PROTOCOL}; http: "
+                             f"the HTTP API, as curl speaks it)")
 
 
 def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:

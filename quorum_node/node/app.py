@@ -1,4 +1,5 @@
-"""The HTTP application of a node: health probes, metrics, and the client and admin APIs (the
+"""The HTTP application of a node: health probes, metrics, the client and admin APIs, and the
+binary client protocol's stream (the
 runtime adds the peer RPCs where they share a listener). Only ``quorum_node.node.main`` (and
 tests) build it."""
 
@@ -11,6 +12,7 @@ from quorum_node.node.api.client import client_routes
 from quorum_node.node.api.http import error_middleware
 from quorum_node.node.api.metrics import metrics_routes, probe_routes
 from quorum_node.node.api.openapi import openapi_routes
+from quorum_node.node.api.stream import install_stream
 from quorum_node.node.kv_service import KvService
 from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
@@ -23,7 +25,9 @@ def build_app(node: QuorumNode, service: KvService | None = None) -> web.Applica
     # security middlewares the runtime adds answer refusals in the same body themselves).
     app = web.Application(client_max_size=16 * 1024 * 1024,
                           middlewares=[error_middleware(node)])
-    app.add_routes(client_routes(service if service is not None else KvService(node)))
+    kv_service = service if service is not None else KvService(node)
+    app.add_routes(client_routes(kv_service))
+    install_stream(app, kv_service)  # the binary client protocol, over the same service
     app.add_routes(probe_routes(node))
     app.add_routes(admin_routes(node))
     metrics = metrics_for(node)

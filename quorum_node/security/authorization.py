@@ -45,6 +45,8 @@ ROUTE_ROLES: Final[dict[tuple[str, str], Role | None]] = {
     ("PUT", "/v1/kv/{key}"): Role.WRITE,
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
     ("POST", "/v1/kv/{key}/cas"): Role.WRITE,
+    # The binary client protocol: opening a stream needs read; each write on it, write.
+    ("GET", "/v1/stream"): Role.READ,
     ("GET", "/v1/node"): Role.ADMIN,
     ("GET", "/v1/quorum"): Role.ADMIN,
     ("POST", "/v1/quorum/voters"): Role.ADMIN,
@@ -66,6 +68,11 @@ class Identity:
     principal: str
     roles: frozenset[Role]
     via: str  # "token" or "certificate"
+
+
+# The identity the middleware let a request through with (absent when credentials are not
+# required): a stream checks each operation on it against its roles.
+IDENTITY_KEY: Final = web.RequestKey("identity", Identity)
 
 
 class Refused(Exception):
@@ -187,6 +194,7 @@ class Authorizer:
             except Refused as refusal:
                 self._audit.denied(request, refusal)
                 return refusal_response(refusal)
+            request[IDENTITY_KEY] = identity
             response = await handler(request)
             if role is Role.ADMIN:
                 self._audit.granted(request, identity, response.status)

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from quorum_node.cli.client import main as client_main
-from quorum_node.client import QuorumClient, QuorumClientError, WatchResult
+from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError, WatchResult
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES
@@ -176,6 +176,12 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest) -> str:
+    """Each client test runs over both of the client's protocols."""
+    return str(request.param)
 
 
 @dataclass
@@ -490,10 +496,11 @@ def test_stale_read_on_a_follower_once_committed(trio: Cluster) -> None:
     assert records.body["records"][0]["key"] == base64.b64encode(b"\x00kv").decode()
 
 
-def test_client_follows_redirects_and_retries_across_the_bootstrap_list(trio: Cluster) -> None:
+def test_client_follows_redirects_and_retries_across_the_bootstrap_list(
+        trio: Cluster, protocol: str) -> None:
     follower = trio.follower()
     dead = f"127.0.0.1:{free_port()}"
-    with QuorumClient([dead, follower.address], timeout_s=10) as client:
+    with QuorumClient([dead, follower.address], timeout_s=10, protocol=protocol) as client:
         result = client.put("client-key", "one")
         assert result.applied and result.key == "client-key"
         assert client.get("client-key") == "one"
@@ -510,13 +517,15 @@ def test_client_follows_redirects_and_retries_across_the_bootstrap_list(trio: Cl
         assert got.next_offset == last + 1
         with pytest.raises(QuorumClientError) as refused:
             client.put("k" * (MAX_KEY_BYTES + 1), "v")
-        assert refused.value.code == "TOO_LARGE" and refused.value.status == 413
+        assert refused.value.code == "TOO_LARGE"
+        assert refused.value.status == (413 if protocol == "http" else None)
 
 
-def test_client_gives_up_within_its_timeout() -> None:
+def test_client_gives_up_within_its_timeout(protocol: str) -> None:
     dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     started = time.monotonic()
-    with pytest.raises(QuorumClientError) as failed, QuorumClient(dead, timeout_s=0.5) as client:
+    with pytest.raises(QuorumClientError) as failed, \
+            QuorumClient(dead, timeout_s=0.5, protocol=protocol) as client:
         client.put("k", "v")
     assert failed.value.code == "UNAVAILABLE"
     assert "connection refused" in str(failed.value)
@@ -545,10 +554,11 @@ def test_a_leader_cut_off_from_its_quorum_times_out_then_knows_no_leader(tmp_pat
         assert call(leader.url, "PUT", kv("k"), "v").code == "NO_LEADER"
         # The local copy stays readable.
         assert call(leader.url, "GET", kv("k") + "?stale=true").code == "KEY_NOT_FOUND"
-        with pytest.raises(QuorumClientError) as failed, \
-                QuorumClient(leader.address, timeout_s=0.5) as client:
-            client.get("k")
-        assert failed.value.code == "UNAVAILABLE" and "no leader" in str(failed.value)
+        for protocol in PROTOCOLS:
+            with pytest.raises(QuorumClientError) as failed, \
+                    QuorumClient(leader.address, timeout_s=0.5, protocol=protocol) as client:
+                client.get("k")
+            assert failed.value.code == "UNAVAILABLE" and "no leader" in str(failed.value)
         # A long poll in progress is answered when the node shuts down, not when it expires.
         polls: list[Reply] = []
         poller = threading.Thread(target=lambda: polls.append(
@@ -564,10 +574,10 @@ def test_a_leader_cut_off_from_its_quorum_times_out_then_knows_no_leader(tmp_pat
         cluster.stop()
 
 
-def test_the_store_is_rebuilt_from_the_log_at_restart(tmp_path: Path) -> None:
+def test_the_store_is_rebuilt_from_the_log_at_restart(tmp_path: Path, protocol: str) -> None:
     cluster = Cluster(tmp_path, 1)
     try:
-        with QuorumClient(cluster.bootstrap) as client:
+        with QuorumClient(cluster.bootstrap, protocol=protocol) as client:
             client.put("a", "1")
             client.cas("a", "1", "2")
             client.put("b", "1")
@@ -578,7 +588,7 @@ def test_the_store_is_rebuilt_from_the_log_at_restart(tmp_path: Path) -> None:
     restarted = Cluster(tmp_path, 1, configs=cluster.configs)
     try:
         leader = restarted.leader()
-        with QuorumClient(restarted.bootstrap) as client:
+        with QuorumClient(restarted.bootstrap, protocol=protocol) as client:
             assert client.get("a") == "2"
             assert client.get("b") is None
             # The new epoch's LeaderChange ends the log: a read there skips it and moves on.
@@ -640,7 +650,9 @@ def misbehaving() -> Iterator[_MisbehavingServer]:
 def test_client_never_repeats_a_cas_or_append_whose_outcome_is_unknown(
         misbehaving: _MisbehavingServer) -> None:
     misbehaving.mode = "hang-up"
-    with QuorumClient(f"127.0.0.1:{misbehaving.server_port}", timeout_s=0.3) as client:
+    # Over HTTP; test_client_stream has the stream's counterpart.
+    with QuorumClient(f"127.0.0.1:{misbehaving.server_port}", timeout_s=0.3,
+                      protocol="http") as client:
         for write in (lambda: client.cas("k", None, "v"), lambda: client.append([b"r"])):
             with pytest.raises(QuorumClientError) as unknown:
                 write()
@@ -658,7 +670,8 @@ def test_client_never_repeats_a_cas_or_append_whose_outcome_is_unknown(
 def test_client_gives_up_on_a_redirect_loop(misbehaving: _MisbehavingServer) -> None:
     misbehaving.mode = "loop"
     with pytest.raises(QuorumClientError) as failed, \
-            QuorumClient(f"127.0.0.1:{misbehaving.server_port}", timeout_s=0.3) as client:
+            QuorumClient(f"127.0.0.1:{misbehaving.server_port}", timeout_s=0.3,
+                         protocol="http") as client:
         client.cas("k", None, "v")
     assert failed.value.code == "UNAVAILABLE"
     assert "redirected more than 5 times" in str(failed.value)
@@ -666,8 +679,8 @@ def test_client_gives_up_on_a_redirect_loop(misbehaving: _MisbehavingServer) -> 
 
 # --- listing and watching keys ----------------------------------------------------------------
 
-def test_list_keys_by_prefix_in_pages(single: Cluster) -> None:
-    with QuorumClient(single.bootstrap) as client:
+def test_list_keys_by_prefix_in_pages(single: Cluster, protocol: str) -> None:
+    with QuorumClient(single.bootstrap, protocol=protocol) as client:
         for name in ("list/b", "list/a", "list/c", "listx", "other"):
             client.put(name, name.upper())
         first = client.list_keys("list/", limit=2)
@@ -681,8 +694,8 @@ def test_list_keys_by_prefix_in_pages(single: Cluster) -> None:
     assert (bad.status, bad.body["code"]) == (400, "BAD_REQUEST")
 
 
-def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster) -> None:
-    with QuorumClient(single.bootstrap) as client:
+def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster, protocol: str) -> None:
+    with QuorumClient(single.bootstrap, protocol=protocol) as client:
         start = client.put("w/a", "1").offset
         client.put("w/b", "x")
         client.cas("w/a", "nope", "no")  # not applied: no change
@@ -698,8 +711,8 @@ def test_watch_a_key_and_a_prefix_from_an_offset(single: Cluster) -> None:
         # A long-poll answers as soon as a change commits.
         result: list[object] = []
         poller = threading.Thread(target=lambda: result.append(
-            QuorumClient(single.bootstrap).watch(changes.next_offset, key="w/a",
-                                                 wait_ms=MAX_WAIT_MS)))
+            QuorumClient(single.bootstrap, protocol=protocol).watch(
+                changes.next_offset, key="w/a", wait_ms=MAX_WAIT_MS)))
         started = time.monotonic()
         poller.start()
         time.sleep(0.3)
@@ -738,8 +751,9 @@ def test_watch_below_the_changes_kept_is_compacted(single: Cluster) -> None:
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_cli_against_a_running_node(single: Cluster, capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    server = ["--bootstrap-server", single.bootstrap]
+                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                    protocol: str) -> None:
+    server = ["--bootstrap-server", single.bootstrap, "--protocol", protocol]
 
     def run(*argv: str) -> tuple[int, str, str]:
         code = client_main([*server, *argv])

@@ -18,6 +18,7 @@ from fuzz_support import FUZZ_EXAMPLES, TALLY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quorum_node import wire
 from quorum_node.node.api import admin as admin_api
 from quorum_node.node.api import client as client_api
 from quorum_node.node.api.http import ApiError
@@ -83,6 +84,23 @@ def test_frames_of_random_fields(cls: Any, header: dict[str, Any], records: byte
     body = json.dumps(header).encode()
     with contextlib.suppress(FrameError):
         decode_frame(cls, len(body).to_bytes(4, "big") + body + records)
+
+
+# --- the binary client protocol (quorum_node.wire) -------------------------------------------
+
+
+@FUZZ
+@given(op=st.sampled_from(list(wire.Op)), tail=st.binary(max_size=300))
+def test_client_stream_messages_of_random_bytes(op: wire.Op, tail: bytes) -> None:
+    tally("client stream message")
+    for decode in (
+            lambda: wire.decode_request_fields(op, wire.REQUEST_HEAD.pack(1, op, 0) + tail),
+            lambda: wire.decode_response_fields(op, wire.RESPONSE_HEAD.pack(1, 0) + tail),
+            lambda: wire.decode_error(wire.RESPONSE_HEAD.pack(1, 1) + tail),
+            lambda: wire.decode_request_head(tail),
+            lambda: wire.decode_response_head(tail)):
+        with contextlib.suppress(wire.WireError):
+            decode()
 
 
 # --- record batches, snapshots, VotersRecord, KV operations ---------------------------------

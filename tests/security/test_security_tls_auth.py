@@ -21,7 +21,7 @@ from secured_cluster import InProcessCluster, Pki, secured_configs
 
 from quorum_node.cli.admin import main as admin_main
 from quorum_node.cli.client import main as client_main
-from quorum_node.client import QuorumClient, QuorumClientError
+from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError
 from quorum_node.security.authorization import RAFT_PREFIX, ROUTE_ROLES, required_role
 from quorum_node.security.client_credentials import ClientCredentials
 from quorum_node.security.roles import Role
@@ -84,8 +84,11 @@ def state_of(cluster: InProcessCluster) -> tuple[Any, ...]:
 # --- clients ---------------------------------------------------------------------------------
 
 
-def test_clients_with_a_token_do_everything(cluster: InProcessCluster, pki: Pki) -> None:
-    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(token="writer")) as client:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_clients_with_a_token_do_everything(cluster: InProcessCluster, pki: Pki,
+                                            protocol: str) -> None:
+    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(token="writer"),
+                      protocol=protocol) as client:
         assert client.servers[0].startswith("https://")
         client.put("colour", "blue")
         assert client.get("colour") == "blue"
@@ -93,21 +96,53 @@ def test_clients_with_a_token_do_everything(cluster: InProcessCluster, pki: Pki)
         assert client.delete("colour").applied
         first, _ = client.append([b"a", b"b"])
         assert [r.value for r in client.read(first, wait_ms=1000).records][:2] == [b"a", b"b"]
-    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(token="admin")) as admin:
+    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(token="admin"),
+                      protocol=protocol) as admin:
         admin.put("admin-may-write", "yes")  # admin implies write
 
 
-def test_clients_with_a_certificate_get_its_roles(cluster: InProcessCluster, pki: Pki) -> None:
-    with QuorumClient(cluster.bootstrap,
-                      credentials=pki.credentials(certificate="app-writer")) as writer:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_clients_with_a_certificate_get_its_roles(cluster: InProcessCluster, pki: Pki,
+                                                  protocol: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="quorum_node.audit")
+    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(certificate="app-writer"),
+                      protocol=protocol) as writer:
         writer.put("by-certificate", "ok")
-    with QuorumClient(cluster.bootstrap,
-                      credentials=pki.credentials(certificate="app-reader")) as reader:
+    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(certificate="app-reader"),
+                      protocol=protocol) as reader:
         assert reader.get("by-certificate") == "ok"
-        with pytest.raises(QuorumClientError) as refused:
-            reader.put("by-certificate", "no")
-        assert (refused.value.code, refused.value.status) == ("FORBIDDEN", 403)
-        assert "needs the write role" in str(refused.value)
+        before = state_of(cluster)
+        for write in (lambda: reader.put("by-certificate", "no"),
+                      lambda: reader.delete("by-certificate"),
+                      lambda: reader.cas("by-certificate", "ok", "no"),
+                      lambda: reader.append([b"no"])):
+            with pytest.raises(QuorumClientError) as refused:
+                write()
+            # Over the stream, the write on a stream its credential may open (read).
+            assert (refused.value.code, refused.value.status) == (
+                "FORBIDDEN", 403 if protocol == "http" else None)
+            assert "needs the write role" in str(refused.value)
+        assert state_of(cluster) == before
+    denied = [r.getMessage() for r in caplog.records if "denied status=403" in r.getMessage()]
+    assert len(denied) >= 4, denied  # each refused write audited, over either protocol
+
+
+@pytest.mark.parametrize(("credential", "status"), [(None, 401), ("bad-token", 401),
+                                                    ("cert:stranger", 403)])
+def test_a_stream_without_a_good_credential_is_not_opened(
+        cluster: InProcessCluster, pki: Pki, credential: str | None, status: int) -> None:
+    if credential is None:
+        credentials = ClientCredentials(ca_file=pki.ca_path)
+    elif credential == "bad-token":
+        credentials = ClientCredentials("not-a-token-of-this-quorum", pki.ca_path)
+    else:
+        credentials = pki.credentials(certificate=credential.removeprefix("cert:"))
+    with pytest.raises(QuorumClientError) as refused, \
+            QuorumClient(cluster.bootstrap, credentials=credentials, protocol="binary") as client:
+        client.get("k", stale=True)
+    assert refused.value.status == status
+    assert refused.value.code == ("FORBIDDEN" if status == 403 else "UNAUTHENTICATED")
 
 
 PROTECTED = [

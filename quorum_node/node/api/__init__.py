@@ -1,2 +1,3 @@
-"""The node's HTTP APIs: thin handlers over the runtime and ``KvService``, one convention
-(``http``). They import the runtime; the runtime imports none of them."""
+"""The node's APIs: thin handlers over the runtime and ``KvService``, the HTTP ones with one
+convention (``http``), and the binary client protocol's stream (``stream``). They import the
+runtime; the runtime imports none of them."""

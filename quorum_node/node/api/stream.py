@@ -1,0 +1,299 @@
+"""The binary client protocol (``quorum_node.wire``) on a node's client listeners: ``GET
+/v1/stream``, upgraded to a WebSocket, serves the client API's operations through the node's
+KvService, many requests in flight per stream, each answered as soon as it completes.
+
+TLS, tokens and client certificates are the HTTP API's: the upgrade request passes the same
+authorization (the route needs the read role), and a write on the stream needs the write role
+of the identity that opened it.
+
+Bounds: a message larger than ``wire.MAX_REQUEST_BYTES`` closes the stream (1009); at most
+``MAX_IN_FLIGHT`` requests of a stream are served at once, the next message is not read before
+one ends (the client's writes wait in TCP's buffers); a stream with nothing in flight that stays
+silent for the read timeout (``http.read.timeout.ms``) is closed (1001). A message that is not a
+request of this protocol (text, a cut head, fields that do not decode) closes the stream with
+1002 or 1003 and the reason; an unknown op is answered BAD_REQUEST and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+
+from quorum_node import wire
+from quorum_node.node.api.http import bad_request, not_leader
+from quorum_node.node.errors import ErrorCode, ServiceError
+from quorum_node.node.kv_service import (
+    DEFAULT_TIMEOUT_MS,
+    MAX_LIST_LIMIT,
+    MAX_READ_RECORDS,
+    MAX_TIMEOUT_MS,
+    MAX_WAIT_MS,
+    MAX_WATCH_EVENTS,
+    KvService,
+)
+from quorum_node.node.limits import READ_TIMEOUT_KEY
+from quorum_node.node.transport import start_now
+from quorum_node.raft.types import NotLeaderError
+from quorum_node.security.authorization import IDENTITY_KEY, audit_log
+from quorum_node.security.roles import Role
+from quorum_node.wire import ErrorAnswer, Op
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT: Final = 256
+# A WebSocket close reason fits in a control frame (125 bytes, 2 of them the code).
+_MAX_REASON_BYTES: Final = 123
+_WRITES: Final = frozenset({Op.PUT, Op.DELETE, Op.CAS, Op.APPEND})
+_OPS: Final = {op.value: op for op in Op}
+
+Serve = Callable[[tuple[Any, ...], float], Awaitable[tuple[Any, ...]]]
+
+
+def install_stream(app: web.Application, service: KvService) -> StreamServer:
+    """Serve the stream on ``app`` (the client listeners' application) with ``service`` (the
+    HTTP API's own, so that bounds such as the long polls hold across both); its streams are
+    closed when the app shuts down (an idle one would hold the shutdown)."""
+    server = StreamServer(service)
+    app.add_routes([web.get(wire.PATH, server.handle)])
+
+    async def on_shutdown(_: web.Application) -> None:
+        await server.close()
+
+    app.on_shutdown.append(on_shutdown)
+    return server
+
+
+class StreamServer:
+    """Serves every stream of one application: reads each stream's requests in order and
+    answers each (a task of its own) when the service has."""
+
+    def __init__(self, service: KvService, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.service = service
+        self.max_in_flight = max_in_flight
+        self._sockets: set[web.WebSocketResponse] = set()
+        self._serve: dict[Op, Serve] = {
+            Op.PUT: self._put, Op.GET: self._get, Op.DELETE: self._delete, Op.CAS: self._cas,
+            Op.APPEND: self._append, Op.READ: self._read, Op.LIST: self._list,
+            Op.WATCH: self._watch,
+        }
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if wire.SUBPROTOCOL not in offered:
+            bad_request(f"a stream speaks the subprotocol {wire.SUBPROTOCOL!r}: offer it in "
+                        f"Sec-WebSocket-Protocol")
+        identity = request.get(IDENTITY_KEY)
+        idle_s = request.config_dict.get(READ_TIMEOUT_KEY)
+        socket = web.WebSocketResponse(protocols=(wire.SUBPROTOCOL,),
+                                       max_msg_size=wire.MAX_REQUEST_BYTES, compress=False)
+        await socket.prepare(request)
+        stream = _Stream(request, socket,
+                         may_write=identity is None or Role.WRITE in identity.roles,
+                         max_in_flight=self.max_in_flight)
+        self._sockets.add(socket)
+        try:
+            while not socket.closed:
+                await stream.slots.acquire()  # the next read waits for a free slot
+                stream.in_flight += 1
+                try:
+                    message = await socket.receive(timeout=idle_s)
+                except TimeoutError:
+                    stream.finished()
+                    if stream.in_flight:  # a long poll or a slow write: not idle
+                        continue
+                    await _close(socket, aiohttp.WSCloseCode.GOING_AWAY,
+                                 f"idle for {idle_s:g} s")
+                    break
+                if message.type is aiohttp.WSMsgType.BINARY:
+                    refusal = self._start(stream, message.data)
+                    if refusal is not None:
+                        await _close(socket, aiohttp.WSCloseCode.PROTOCOL_ERROR, refusal)
+                        break
+                    continue
+                stream.finished()
+                if message.type is aiohttp.WSMsgType.TEXT:
+                    await _close(socket, aiohttp.WSCloseCode.UNSUPPORTED_DATA,
+                                 "binary messages only (quorum_node.wire)")
+                break  # closed, closing, or an error aiohttp closed the stream for
+        finally:
+            self._sockets.discard(socket)
+        return socket
+
+    def _start(self, stream: _Stream, data: bytes) -> str | None:
+        """Start serving one request (its slot taken); why the stream must close instead, if
+        it must."""
+        try:
+            correlation, number, timeout_ms = wire.decode_request_head(data)
+        except wire.WireError as error:
+            stream.finished()
+            return f"malformed request: {error}"
+        op = _OPS.get(number)
+        if op is None:
+            stream.finished()
+            stream.send_now(wire.encode_error(correlation, ErrorAnswer(
+                ErrorCode.BAD_REQUEST.value, f"unknown op {number} (known: "
+                f"{', '.join(f'{o.value} {o.name}' for o in Op)})")))
+            return None
+        try:
+            fields = wire.decode_request_fields(op, data)
+        except wire.WireError as error:
+            stream.finished()
+            return f"malformed {op.name} request: {error}"
+        if op in _WRITES and not stream.may_write:
+            stream.finished()
+            message = (f"this stream's credential may not {op.name}: it needs the "
+                       f"{Role.WRITE.value} role")
+            if op not in stream.refused:  # audited once per stream and op, not per request
+                stream.refused.add(op)
+                audit_log.warning("denied status=403 method=%s path=%s remote=%s reason=%r",
+                                  op.name, wire.PATH, stream.request.remote or "-", message)
+            stream.send_now(wire.encode_error(correlation, ErrorAnswer(
+                ErrorCode.FORBIDDEN.value, message)))
+            return None
+        timeout_s = min(timeout_ms or DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS) / 1000
+        # A task of its own, not run inline as transport.start_now does: the service's waits
+        # (asyncio.timeout) cancel the task they run in, which must not be the stream's.
+        stream.track(asyncio.get_running_loop().create_task(
+            self._answer(stream, correlation, op, fields, timeout_s)))
+        return None
+
+    async def _answer(self, stream: _Stream, correlation: int, op: Op,
+                      fields: tuple[Any, ...], timeout_s: float) -> None:
+        try:
+            answer = await self._serve[op](fields, timeout_s)
+            reply = wire.encode_response(correlation, op, answer)
+        except ServiceError as error:
+            reply = wire.encode_error(correlation, ErrorAnswer(error.code.value, error.message))
+        except NotLeaderError as error:
+            reply = wire.encode_error(correlation, self._not_leader(stream, error))
+        except Exception as error:
+            logger.exception("node %d: a stream's %s failed", self.service.node.config.node_id,
+                             op.name)
+            reply = wire.encode_error(correlation, ErrorAnswer(
+                ErrorCode.INTERNAL.value, f"{op.name} failed on the node: {error!r}"))
+        finally:
+            stream.finished()
+        if not stream.socket.closed:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await stream.socket.send_bytes(reply)  # the client may be gone
+
+    def _not_leader(self, stream: _Stream, error: NotLeaderError) -> ErrorAnswer:
+        """NOT_LEADER with the leader's id and URL (the HTTP API's redirect, without its
+        Location), or NO_LEADER."""
+        refusal = not_leader(self.service.node, stream.request, error.leader_id)
+        leader = refusal.leader
+        return ErrorAnswer(refusal.code.value, refusal.message,
+                           leader=(leader.id, leader.url) if leader is not None else None)
+
+    async def close(self) -> None:
+        """Close every stream (at shutdown: they would hold the server open)."""
+        for socket in list(self._sockets):
+            await _close(socket, aiohttp.WSCloseCode.GOING_AWAY, "the node is shutting down")
+
+    # --- the operations: the wire's fields to the service's arguments and back -----------------
+
+    async def _put(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        key, value = fields
+        written = await self.service.put(key, value, timeout_s)
+        return written.offset, written.epoch, written.applied
+
+    async def _delete(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        (key,) = fields
+        written = await self.service.delete(key, timeout_s)
+        return written.offset, written.epoch, written.applied
+
+    async def _cas(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        key, expected, value = fields
+        written = await self.service.cas(key, expected, value, timeout_s)
+        return written.offset, written.epoch, written.applied
+
+    async def _get(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        key, stale = fields
+        found = await self.service.get(key, stale=stale, timeout_s=timeout_s)
+        return found.value, found.applied_offset
+
+    async def _append(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        (values,) = fields
+        appended = await self.service.append(values, timeout_s)
+        return appended.first_offset, appended.last_offset, appended.epoch
+
+    async def _read(self, fields: tuple[Any, ...], _: float) -> tuple[Any, ...]:
+        offset, max_records, wait_ms = fields
+        _check_range("max_records", max_records, 1, MAX_READ_RECORDS)
+        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        page = await self.service.read(_checked_offset(offset), max_records, wait_ms / 1000)
+        return page.high_watermark, page.next_offset, [
+            (record.offset, record.timestamp_ms, record.key, record.value)
+            for record in page.records]
+
+    async def _list(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        prefix, start_after, limit, stale = fields
+        _check_range("limit", limit, 1, MAX_LIST_LIMIT)
+        page = await self.service.list_keys(prefix, start_after, limit, stale=stale,
+                                            timeout_s=timeout_s)
+        return page.entries, page.next_start_after, page.applied_offset
+
+    async def _watch(self, fields: tuple[Any, ...], _: float) -> tuple[Any, ...]:
+        exact, watched, offset, wait_ms, max_events = fields
+        _check_range("wait_ms", wait_ms, 0, MAX_WAIT_MS)
+        _check_range("max_events", max_events, 1, MAX_WATCH_EVENTS)
+        changes = await self.service.watch(
+            _checked_offset(offset), **({"key": watched} if exact else {"prefix": watched}),
+            wait_s=wait_ms / 1000, max_events=max_events)
+        return ([(event.offset, event.key, event.value) for event in changes.events],
+                changes.next_offset, changes.applied_offset)
+
+
+def _check_range(name: str, value: int, minimum: int, maximum: int) -> None:
+    if not minimum <= value <= maximum:
+        raise ServiceError(ErrorCode.BAD_REQUEST,
+                           f"{name} must be between {minimum} and {maximum}, got {value}")
+
+
+def _checked_offset(offset: int) -> int:
+    _check_range("offset", offset, 0, 2**63 - 1)
+    return offset
+
+
+class _Stream:
+    """One client's stream: its upgrade request and socket, what its credential may do, its
+    requests in flight."""
+
+    def __init__(self, request: web.Request, socket: web.WebSocketResponse, *, may_write: bool,
+                 max_in_flight: int) -> None:
+        self.request = request
+        self.socket = socket
+        self.may_write = may_write
+        self.slots = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0
+        self.refused: set[Op] = set()  # the writes refused so far (audited once each)
+        self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def finished(self) -> None:
+        """A request (or a read that brought none) is over: its slot is free."""
+        self.in_flight -= 1
+        self.slots.release()
+
+    def send_now(self, reply: bytes) -> None:
+        if not self.socket.closed:
+            start_now(self.socket.send_bytes(reply), _ignore)
+
+
+async def _close(socket: web.WebSocketResponse, code: int, reason: str) -> None:
+    encoded = reason.encode("utf-8")[:_MAX_REASON_BYTES]
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await socket.close(code=code, message=encoded.decode("utf-8", "ignore").encode())
+
+
+def _ignore(_: BaseException) -> None:
+    pass
