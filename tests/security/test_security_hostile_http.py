@@ -203,8 +203,10 @@ def test_deeply_nested_json_is_refused_for_its_depth(node: InProcessCluster, pat
         ("Fetch", {"ClusterId": None, "ReplicaId": 2, "MaxWaitMs": 0,
                    "CurrentLeaderEpoch": 1, "FetchOffset": -5, "LastFetchEpoch": 0},
          "INVALID_REQUEST"),
+        # Another leader for the epoch this node leads; the one node of this quorum is its only
+        # voter, so the named leader is refused first for not being one (as EndQuorumEpoch's).
         ("BeginQuorumEpoch", {"ClusterId": None, "LeaderId": 2, "LeaderEpoch": 1,
-                              "VoterId": 1}, "INVALID_REQUEST"),  # another leader, same epoch
+                              "VoterId": 1}, "INCONSISTENT_VOTER_SET"),
         ("Vote", {"ClusterId": None, "VoterId": 1,
                   "VoterDirectoryId": "00000000-0000-0000-0000-00000000abcd",
                   "ReplicaEpoch": 1, "ReplicaId": 1, "LastOffsetEpoch": 0, "LastOffset": 0},
