@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import shutil
 import sys
@@ -68,8 +69,16 @@ def serves(port: int, key: str) -> bool:
         return False
 
 
-def restart_time(system: System, port: int, ready: Callable[[], bool]) -> float:
-    """Stop the member on ``port`` gracefully, start it, and time it until ``ready()``."""
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) a process has used: unlike the wall time,
+    not stretched by other processes on a shared machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def restart_time(system: System, port: int, ready: Callable[[], bool]) -> tuple[float, float]:
+    """Stop the member on ``port`` gracefully, start it, and time it until ``ready()``: wall
+    seconds, and the CPU seconds the new process used by then."""
     system.stop_member(port)
     started = time.monotonic()
     system.start_member(port)
@@ -77,7 +86,7 @@ def restart_time(system: System, port: int, ready: Callable[[], bool]) -> float:
         if time.monotonic() - started > 600:
             raise RuntimeError(f"{system.name}: the member did not come back in 600 s")
         time.sleep(0.02)
-    return time.monotonic() - started
+    return time.monotonic() - started, cpu_s(system.pids[port])
 
 
 def follower(system: System, leader: int) -> int:
@@ -117,9 +126,10 @@ def log_growth(base_port: int, mib: int) -> dict[str, Any]:
             time.sleep(0.05)
         size = log_bytes(system.local_nodes[port].config.log_dir)
         print("quorum: restarting a follower", file=sys.stderr, flush=True)
-        restart_s = restart_time(system, port, lambda: serves(port, "growth-end"))
+        restart_s, restart_cpu_s = restart_time(system, port,
+                                                lambda: serves(port, "growth-end"))
         return {"log_bytes": size, "write_s": write_s, "write_mb_s": size / write_s / 1e6,
-                "restart_s": restart_s,
+                "restart_s": restart_s, "restart_cpu_s": restart_cpu_s,
                 "rss_after_restart_mb": rss_mb([system.pids[port]])[0]}
 
 
@@ -146,7 +156,8 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         last = f"k{keys - 1}"
         print("quorum: restarting a follower", file=sys.stderr, flush=True)
         node.log_path.write_text("")
-        result["restart_s"] = restart_time(system, port, lambda: serves(port, last))
+        result["restart_s"], result["restart_cpu_s"] = restart_time(
+            system, port, lambda: serves(port, last))
         result["restart_log"] = [line for line in node.log_path.read_text().splitlines()
                                  if "loaded snapshot" in line]
         result["rss_after_restart_mb"] = rss_mb([system.pids[port]])[0]
@@ -157,6 +168,7 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         sent = size + log_bytes(leader_dir)
         caught_up = replace_and_catch_up(node, lambda: system.stop_member(port),
                                          lambda: system.start_member(port), last, size)
+        caught_up["cpu_s"] = cpu_s(system.pids[port])
         caught_up["sent_bytes"] = sent
         caught_up["caught_up_mb_s"] = sent / caught_up["restart_to_caught_up_s"] / 1e6
         if "download_s" in caught_up:
@@ -181,7 +193,8 @@ def etcd_growth(base_port: int, keys: int, seconds: float, processes: int) -> di
         port = follower(system, leader)
         last = f"k{keys - 1}"
         print("etcd: restarting a follower", file=sys.stderr, flush=True)
-        result["restart_s"] = restart_time(system, port, lambda: etcd_member_has(port, last))
+        result["restart_s"], result["restart_cpu_s"] = restart_time(
+            system, port, lambda: etcd_member_has(port, last))
         result["rss_after_restart_mb"] = rss_mb([system.pids[port]])[0]
         return result
 
@@ -209,9 +222,49 @@ def main() -> int:
         results["etcd"] = etcd_growth(args.base_port + 200, args.keys, args.seconds,
                                       args.client_processes)
         print(json.dumps(results["etcd"]), flush=True)
+    print_summary(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    log, kv, etcd = results.get("log"), results.get("kv"), results.get("etcd")
+
+    def pick(part: dict[str, Any] | None, *path: str) -> float | None:
+        value: Any = part
+        for name in path:
+            if not isinstance(value, dict) or name not in value:
+                return None
+            value = value[name]
+        return float(value)
+
+    keys = f"{kv['keys']:,} keys" if kv else "the keys"
+    rows = [
+        ("start over the log (s)", pick(log, "restart_s"), None),
+        ("  CPU until serving (s)", pick(log, "restart_cpu_s"), None),
+        (f"start over {keys} (s)", pick(kv, "restart_s"), pick(etcd, "restart_s")),
+        ("  CPU until serving (s)", pick(kv, "restart_cpu_s"), pick(etcd, "restart_cpu_s")),
+        (f"RSS with {keys}, largest (MB)", max(kv["rss_mb"]) if kv else None,
+         max(etcd["rss_mb"]) if etcd else None),
+        ("linearizable reads/s, 64 clients", pick(kv, "reads_64", "per_s"),
+         pick(etcd, "reads_64", "per_s")),
+        ("  p50 (ms)", pick(kv, "reads_64", "p50_ms"), pick(etcd, "reads_64", "p50_ms")),
+        ("  p99 (ms)", pick(kv, "reads_64", "p99_ms"), pick(etcd, "reads_64", "p99_ms")),
+        ("new replica caught up (s)", pick(kv, "catch_up", "restart_to_caught_up_s"), None),
+        ("  keys/s", pick(kv, "catch_up", "caught_up_keys_per_s"), None),
+        ("  MB/s (snapshot and log sent)", pick(kv, "catch_up", "caught_up_mb_s"), None),
+    ]
+    print(f"{'':36}{'quorum-node':>14}{'etcd':>12}{'ratio':>8}")
+    for label, mine, other in rows:
+        ratio = f"{mine / other:.2f}x" if mine is not None and other else "-"
+        print(f"{label:36}{_number(mine):>14}{_number(other):>12}{ratio:>8}")
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
 
 
 if __name__ == "__main__":
