@@ -5,8 +5,8 @@ the snapshots, loads it with KEYS values of VALUE_BYTES, then replaces a followe
 wipe, format with a new directory id, restart). The new replica is sent the leader's snapshot,
 downloads it, checks it and loads it. Reported: the snapshot's size; the download (from the
 "fetching snapshot" to the "loaded snapshot" log line of the new node) and the whole catch-up
-(restart until it serves the last key) in MB/s; and, for scale, this machine's fsynced disk write
-speed and loopback TCP speed for the same number of bytes.
+(restart until it serves the last key) in MB/s and records/s; and, for scale, this machine's
+fsynced disk write speed and loopback TCP speed for the same number of bytes.
 
     python bench/snapshot_catchup.py [--keys 20000] [--value-bytes 4096] [--json out.json]
 
@@ -215,6 +215,9 @@ def run(keys: int, value_bytes: int, directory: Path, base_port: int = BASE_PORT
 
         caught_up = replace_and_catch_up(victim, stop_victim, start_victim,
                                          f"k{keys - 1}", size)
+        if "download_s" in caught_up:
+            caught_up["download_records_per_s"] = round(keys / caught_up["download_s"])
+        caught_up["caught_up_records_per_s"] = round(keys / caught_up["restart_to_caught_up_s"])
         return {
             "keys": keys, "value_bytes": value_bytes, "load_s": round(load_s, 2),
             **caught_up,
