@@ -25,7 +25,6 @@ import contextlib
 import http.client
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -45,6 +44,7 @@ from drivers import (
     Load,
     Target,
     grpc_available,
+    pick_base_port,
     rss_mb,
     sequential_latency,
     timed_load,
@@ -71,6 +71,7 @@ class System:
     start_member: Callable[[int], None]
     directories: dict[int, Path] = field(default_factory=dict)  # client port -> data directory
     local_nodes: dict[int, LocalNode] = field(default_factory=dict)  # quorum: client port ->
+    logs: list[Path] = field(default_factory=list)  # the members' output
 
     def target(self, kind: str, port: int) -> Target:
         return Target(kind, port, tuple(self.ports))
@@ -114,6 +115,7 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None = None
 
     system.start_member = start_member
     system.local_nodes = {node.config.client_listeners[0].port: node for node in nodes}
+    system.logs = [node.log_path for node in nodes]
     system.pids.update({port: cluster.processes[ids[port]].pid for port in ports})
     return system
 
@@ -189,6 +191,7 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
     system = System("etcd", client_ports, {}, leader_port, stop, stop_member, start_member,
                     {port: directory / name for port, name in zip(client_ports, names,
                                                                   strict=True)})
+    system.logs = [directory / f"{name}.log" for name in names]
     for port in client_ports:
         start_member(port)
     return system
@@ -196,7 +199,7 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
 
 # --- workloads ---------------------------------------------------------------------------------
 
-def wait_for_leader(system: System, kind: str, timeout_s: float = 30) -> int:
+def wait_for_leader(system: System, kind: str, timeout_s: float = 60) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         port = system.leader_port()
@@ -210,7 +213,10 @@ def wait_for_leader(system: System, kind: str, timeout_s: float = 30) -> int:
             finally:
                 client.close()
         time.sleep(0.05)
-    raise RuntimeError(f"{system.name}: no leader within {timeout_s} s")
+    tails = "".join(f"\n--- {log}\n" + "\n".join(log.read_text(errors="replace")
+                                                   .splitlines()[-5:])
+                    for log in system.logs if log.exists())
+    raise RuntimeError(f"{system.name}: no leader within {timeout_s} s{tails}")
 
 
 def failover(system: System, kind: str, port: int) -> float:
@@ -254,14 +260,16 @@ def measure(kind: str, start: Callable[[Path], System | None], seconds: float,
         port = wait_for_leader(system, kind)
         target = system.target(kind, port)
         print(f"{kind}: sequential puts", file=sys.stderr, flush=True)
+        servers = list(system.pids.values())
         result: dict[str, Any] = {"sequential": sequential_latency(target, sequential)}
         for clients in CONCURRENCY:
             print(f"{kind}: puts from {clients} clients", file=sys.stderr, flush=True)
             result[f"puts_{clients}"] = timed_load(target, Load("put"), clients, seconds,
-                                                   processes)
+                                                   processes, server_pids=servers)
         print(f"{kind}: batched append", file=sys.stderr, flush=True)
         result["batched_append"] = timed_load(target, Load("append", batch=APPEND_BATCH),
-                                              APPEND_CLIENTS, seconds, processes)
+                                              APPEND_CLIENTS, seconds, processes,
+                                              server_pids=servers)
         result["rss_mb"] = rss_mb(list(system.pids.values()))
         result["failover_s"] = failover(system, kind, port)
         return result
@@ -281,9 +289,12 @@ def main() -> int:
     parser.add_argument("--client-processes", type=int, default=4,
                         help="client processes that share the concurrent clients")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--base-port", type=int, default=random.randrange(20000, 40000, 1000),
-                        help="first of the loopback ports used (600 above it are used too)")
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="first of the loopback ports used (600 above it are used too); "
+                             "default: a random one with those free")
     args = parser.parse_args()
+    if args.base_port is None:
+        args.base_port = pick_base_port()
     base = args.base_port
     have_etcd = shutil.which("etcd") is not None
     if have_etcd and not grpc_available():
@@ -322,7 +333,9 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
         load = result[f"puts_{clients}"]
         rows += [(f"puts/s, {clients} clients", load["per_s"]),
                  (f"  put p50 at {clients} (ms)", load["p50_ms"]),
-                 (f"  put p99 at {clients} (ms)", load["p99_ms"])]
+                 (f"  put p99 at {clients} (ms)", load["p99_ms"]),
+                 ("  server CPU per put (us)", load.get("server_cpu_us_per_call")),
+                 ("  client CPU per put (us)", load.get("client_cpu_us_per_call"))]
     rows += [
         ("batched append records/s", result["batched_append"]["per_s"]),
         ("failover, default timeouts (s)", result["failover_s"]),

@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import statistics
 import threading
 import time
@@ -280,6 +281,25 @@ def etcd_member_has(port: int, key: str) -> bool:
         channel.close()
 
 
+def pick_base_port(span: int = 600, attempts: int = 50) -> int:
+    """A random base port in 20000-40000 with the ``span`` ports from it all free now (other
+    programs on the machine take ports too)."""
+    for _ in range(attempts):
+        base = random.randrange(20000, 40000 - span, 10)
+        if all(_port_free(port) for port in range(base, base + span)):
+            return base
+    raise RuntimeError(f"no {span} free ports in a row found in 20000-40000")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def grpc_available() -> bool:
     return grpc is not None
 
@@ -290,26 +310,54 @@ def client_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor:
         processes, mp_context=multiprocessing.get_context("spawn"))
 
 
+def _run_threads_timed(target: Target, load: Load, threads: int, *, start_at: float,
+                       seconds: float, tag: str) -> tuple[int, int, list[float], float]:
+    """``_run_threads``, and the CPU seconds this client process used (its connections and one
+    call per client before the clock starts included: little beside the run)."""
+    before = time.process_time()
+    done, errors, latencies = _run_threads(target, load, threads, start_at=start_at,
+                                           seconds=seconds, tag=tag)
+    return done, errors, latencies, time.process_time() - before
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) a process has used so far; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed_load(target: Target, load: Load, clients: int, seconds: float,
-               processes: int) -> dict[str, Any]:
+               processes: int, *, server_pids: Sequence[int] = ()) -> dict[str, Any]:
     """``clients`` clients over ``processes`` processes run ``load`` for ``seconds``: the rate
-    of operations (records, for appends) per second and the calls' p50/p99 latency."""
+    of operations (records, for appends) per second, the calls' p50/p99 latency, and the CPU
+    per call of the clients and of the servers (``server_pids``): on a machine with few cores
+    clients and servers share them, so what a client library costs counts too."""
     spread = _spread(clients, processes)
     with client_pool(len(spread)) as pool:
         # Started a moment later than now, so that every process has connected by then.
         start_at = time.time() + 2.0 + 0.5 * len(spread)
-        futures = [pool.submit(_run_threads, target, load, threads, start_at=start_at,
+        futures = [pool.submit(_run_threads_timed, target, load, threads, start_at=start_at,
                                seconds=seconds, tag=f"{load.op}-{time.time_ns()}-{i}")
                    for i, threads in enumerate(spread)]
+        time.sleep(max(0.0, start_at - time.time()))
+        servers_before = sum(process_cpu_s(pid) for pid in server_pids)
         results = [future.result() for future in futures]
+        servers_cpu = sum(process_cpu_s(pid) for pid in server_pids) - servers_before
     operations = sum(r[0] for r in results)
     latencies = sorted(x for r in results for x in r[2])
+    calls = max(1, len(latencies))
     return {
         "clients": clients, "processes": len(spread),
         "per_s": operations / seconds,
         "p50_ms": statistics.median(latencies) if latencies else None,
         "p99_ms": percentile(latencies, 0.99),
         "calls": len(latencies), "errors": sum(r[1] for r in results),
+        "client_cpu_us_per_call": sum(r[3] for r in results) / calls * 1e6,
+        "server_cpu_us_per_call": servers_cpu / calls * 1e6 if server_pids else None,
     }
 
 

@@ -26,7 +26,6 @@ import argparse
 import http.client
 import json
 import os
-import random
 import shutil
 import sys
 import threading
@@ -43,6 +42,7 @@ from drivers import (
     etcd_member_has,
     grpc_available,
     load_keys,
+    pick_base_port,
     rss_mb,
     timed_load,
 )
@@ -150,7 +150,8 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
                                   "rss_mb": rss_mb(list(system.pids.values()))}
         print("quorum: linearizable reads", file=sys.stderr, flush=True)
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
-                                        seconds, processes)
+                                        seconds, processes,
+                                        server_pids=list(system.pids.values()))
         port = follower(system, leader)
         node = system.local_nodes[port]
         last = f"k{keys - 1}"
@@ -189,7 +190,8 @@ def etcd_growth(base_port: int, keys: int, seconds: float, processes: int) -> di
                                   "rss_mb": rss_mb(list(system.pids.values()))}
         print("etcd: linearizable ranges", file=sys.stderr, flush=True)
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
-                                        seconds, processes)
+                                        seconds, processes,
+                                        server_pids=list(system.pids.values()))
         port = follower(system, leader)
         last = f"k{keys - 1}"
         print("etcd: restarting a follower", file=sys.stderr, flush=True)
@@ -208,8 +210,12 @@ def main() -> int:
     parser.add_argument("--skip", action="append", default=[], choices=["log", "kv", "etcd"],
                         help="leave a part out (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--base-port", type=int, default=random.randrange(20000, 40000, 1000))
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="first of the loopback ports used (300 above it are used too); "
+                             "default: a random one with those free")
     args = parser.parse_args()
+    if args.base_port is None:
+        args.base_port = pick_base_port()
     results: dict[str, Any] = {}
     if "log" not in args.skip:
         results["log"] = log_growth(args.base_port, args.log_mib)
@@ -251,6 +257,10 @@ def print_summary(results: dict[str, Any]) -> None:
          pick(etcd, "reads_64", "per_s")),
         ("  p50 (ms)", pick(kv, "reads_64", "p50_ms"), pick(etcd, "reads_64", "p50_ms")),
         ("  p99 (ms)", pick(kv, "reads_64", "p99_ms"), pick(etcd, "reads_64", "p99_ms")),
+        ("  server CPU per read (us)", pick(kv, "reads_64", "server_cpu_us_per_call"),
+         pick(etcd, "reads_64", "server_cpu_us_per_call")),
+        ("  client CPU per read (us)", pick(kv, "reads_64", "client_cpu_us_per_call"),
+         pick(etcd, "reads_64", "client_cpu_us_per_call")),
         ("new replica caught up (s)", pick(kv, "catch_up", "restart_to_caught_up_s"), None),
         ("  keys/s", pick(kv, "catch_up", "caught_up_keys_per_s"), None),
         ("  MB/s (snapshot and log sent)", pick(kv, "catch_up", "caught_up_mb_s"), None),
