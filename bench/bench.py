@@ -10,10 +10,12 @@ records, 1000 per call from 4 clients; etcd: transactions of 128 puts, its large
 failover (kill -9 of the leader until the next successful write) with default timeouts and
 with election/fetch timeouts of 500/1000 ms; each node's RSS after the loads. Concurrent
 clients run in several client processes (threads with one client each), so that one Python
-process's GIL is not what is measured. The quorum is driven through the product client
-(``quorum_node.client.QuorumClient``). etcd runs when an ``etcd`` binary is on PATH (Debian's
-etcd-server) and its gRPC columns when the ``bench`` extra is installed. Prints a table
-(ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and writes JSON.
+process's GIL is not what is measured. The systems run at the same time and take turns at each
+workload, so that a shared machine's changing load falls on all of them alike. The quorum is
+driven through the product client (``quorum_node.client.QuorumClient``). etcd runs when an
+``etcd`` binary is on PATH (Debian's etcd-server) and its gRPC columns when the ``bench`` extra
+is installed. Prints a table (ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and
+writes JSON.
 
 This is a measurement, not a test: nothing here asserts a number.
 """
@@ -252,27 +254,34 @@ def running(start: Callable[[Path], System | None]) -> Iterator[System | None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def measure(kind: str, start: Callable[[Path], System | None], seconds: float,
-            sequential: int, processes: int) -> dict[str, Any] | None:
-    with running(start) as system:
-        if system is None:
-            return None
-        port = wait_for_leader(system, kind)
-        target = system.target(kind, port)
-        print(f"{kind}: sequential puts", file=sys.stderr, flush=True)
-        servers = list(system.pids.values())
-        result: dict[str, Any] = {"sequential": sequential_latency(target, sequential)}
+def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
+            sequential: int, processes: int) -> dict[str, dict[str, Any]]:
+    """Every system runs at once and each workload runs on each system in turn before the next
+    workload, so that a change in what else the machine runs weighs on all of them alike."""
+    with contextlib.ExitStack() as stack:
+        systems: dict[str, tuple[System, int]] = {}
+        for kind, start in starts.items():
+            system = stack.enter_context(running(start))
+            if system is not None:
+                systems[kind] = (system, wait_for_leader(system, kind))
+        results: dict[str, dict[str, Any]] = {kind: {} for kind in systems}
+
+        def each(name: str, run: Callable[[System, Target], Any]) -> None:
+            for kind, (system, port) in systems.items():
+                print(f"{kind}: {name}", file=sys.stderr, flush=True)
+                results[kind][name] = run(system, system.target(kind, port))
+
+        each("sequential", lambda _, target: sequential_latency(target, sequential))
         for clients in CONCURRENCY:
-            print(f"{kind}: puts from {clients} clients", file=sys.stderr, flush=True)
-            result[f"puts_{clients}"] = timed_load(target, Load("put"), clients, seconds,
-                                                   processes, server_pids=servers)
-        print(f"{kind}: batched append", file=sys.stderr, flush=True)
-        result["batched_append"] = timed_load(target, Load("append", batch=APPEND_BATCH),
-                                              APPEND_CLIENTS, seconds, processes,
-                                              server_pids=servers)
-        result["rss_mb"] = rss_mb(list(system.pids.values()))
-        result["failover_s"] = failover(system, kind, port)
-        return result
+            each(f"puts_{clients}", lambda system, target, n=clients: timed_load(
+                target, Load("put"), n, seconds, processes,
+                server_pids=list(system.pids.values())))
+        each("batched_append", lambda system, target: timed_load(
+            target, Load("append", batch=APPEND_BATCH), APPEND_CLIENTS, seconds, processes,
+            server_pids=list(system.pids.values())))
+        each("rss_mb", lambda system, _: rss_mb(list(system.pids.values())))
+        each("failover_s", lambda system, target: failover(system, target.kind, target.port))
+        return results
 
 
 def failover_only(kind: str, start: Callable[[Path], System | None]) -> float | None:
@@ -290,7 +299,7 @@ def main() -> int:
                         help="client processes that share the concurrent clients")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--base-port", type=int, default=None,
-                        help="first of the loopback ports used (600 above it are used too); "
+                        help="first of the loopback ports used (up to 600 above it are used too); "
                              "default: a random one with those free")
     args = parser.parse_args()
     if args.base_port is None:
@@ -313,11 +322,11 @@ def main() -> int:
                                 lambda d: start_etcd(d, base + 500, 500))
     results: dict[str, Any] = {"clients_processes": args.client_processes,
                                "seconds": args.seconds}
-    for kind, (start, start_fast) in starts.items():
-        measured = measure(kind, start, args.seconds, args.sequential, args.client_processes)
-        assert measured is not None
-        measured["failover_fast_s"] = failover_only(kind, start_fast)
-        results[kind] = measured
+    results.update(measure({kind: start for kind, (start, _) in starts.items()}, args.seconds,
+                           args.sequential, args.client_processes))
+    for kind, (_, start_fast) in starts.items():
+        print(f"{kind}: failover, 500/1000 ms", file=sys.stderr, flush=True)
+        results[kind]["failover_fast_s"] = failover_only(kind, start_fast)
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

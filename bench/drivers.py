@@ -281,18 +281,28 @@ def etcd_member_has(port: int, key: str) -> bool:
         channel.close()
 
 
-def pick_base_port(span: int = 600, attempts: int = 50) -> int:
-    """A random base port in 20000-40000 with the ``span`` ports from it all free now (other
-    programs on the machine take ports too)."""
+# The ports a benchmark takes above its base port: a cluster every 100 ports, each on the first
+# six (the quorum: three client and three controller ports; etcd: three client ports, and three
+# peer ports from the tenth).
+CLUSTER_PORTS = (*range(6), *range(10, 13))
+
+
+def pick_base_port(clusters: int = 6, attempts: int = 200) -> int:
+    """A random base port whose clusters' ports are all free now (other programs on the machine
+    take ports too), below Linux's default ephemeral range (32768 up), which outgoing
+    connections take from."""
     for _ in range(attempts):
-        base = random.randrange(20000, 40000 - span, 10)
-        if all(_port_free(port) for port in range(base, base + span)):
+        base = random.randrange(20000, 32768 - 100 * clusters, 10)
+        ports = [base + 100 * c + p for c in range(clusters) for p in CLUSTER_PORTS]
+        if all(_port_free(port) for port in ports):
             return base
-    raise RuntimeError(f"no {span} free ports in a row found in 20000-40000")
+    raise RuntimeError("no free ports found in 20000-32767")
 
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        # As the servers bind: a port left in TIME_WAIT by a closed connection is free to them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -211,7 +211,7 @@ def main() -> int:
                         help="leave a part out (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--base-port", type=int, default=None,
-                        help="first of the loopback ports used (300 above it are used too); "
+                        help="first of the loopback ports used (up to 300 above it are used too); "
                              "default: a random one with those free")
     args = parser.parse_args()
     if args.base_port is None:
