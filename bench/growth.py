@@ -1,7 +1,7 @@
 """Cost growth: what a larger log and a larger store cost the quorum, with etcd beside it.
 
     python bench/growth.py [--keys 1000000] [--log-mib 1024] [--json growth.json]
-    python bench/growth.py --keys 100000 --log-mib 100     # a quick run (a few minutes)
+    python bench/growth.py --keys 100000 --log-mib 100     # a quick run (1.5 min here)
 
 Each figure is a measurement, printed and written as JSON; nothing asserts one.
 
@@ -9,15 +9,18 @@ Each figure is a measurement, printed and written as JSON; nothing asserts one.
   (batches of 1000), then one follower is stopped (SIGTERM) and started again: the seconds from
   its start until its own store serves a key written after the records (a stale read on it).
 - ``kv``: a 3-voter quorum (a snapshot every 200,000 records, fewer for fewer keys; 8 MiB
-  segments) is loaded with ``--keys`` keys of 100-byte
-  values; then each node's RSS; linearizable reads/s (and p50/p99) from 64 clients in
-  ``--client-processes`` processes; a follower restarted over its snapshot and log tail (start
+  segments) is loaded with ``--keys`` keys of 100-byte values; then each node's RSS;
+  linearizable reads/s (p50/p99, CPU per read) from 64 clients in ``--client-processes``
+  processes; a follower restarted over its snapshot and log tail (start
   until it serves the last key; its log's "loaded snapshot" line says how long the snapshot
   took), and its RSS after that; and a new replica's catch-up through the leader's snapshot
   (``snapshot_catchup.replace_and_catch_up``) in keys/s and MB/s.
 - ``etcd`` (when ``etcd`` and the bench extra are installed): a 3-member etcd given the same keys
   (over gRPC, transactions of 128 puts), its RSS, linearizable ranges/s from 64 clients over
   gRPC, and a member's restart until it serves the last key (a serializable range on it).
+
+Restarts also report the CPU seconds the new process used until it served: a shared machine
+stretches the wall time, much less that.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import shutil
 import sys
 import threading
@@ -43,6 +45,7 @@ from drivers import (
     grpc_available,
     load_keys,
     pick_base_port,
+    process_cpu_s,
     rss_mb,
     timed_load,
 )
@@ -69,13 +72,6 @@ def serves(port: int, key: str) -> bool:
         return False
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system, every thread) a process has used: unlike the wall time,
-    not stretched by other processes on a shared machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def restart_time(system: System, port: int, ready: Callable[[], bool]) -> tuple[float, float]:
     """Stop the member on ``port`` gracefully, start it, and time it until ``ready()``: wall
     seconds, and the CPU seconds the new process used by then."""
@@ -86,7 +82,7 @@ def restart_time(system: System, port: int, ready: Callable[[], bool]) -> tuple[
         if time.monotonic() - started > 600:
             raise RuntimeError(f"{system.name}: the member did not come back in 600 s")
         time.sleep(0.02)
-    return time.monotonic() - started, cpu_s(system.pids[port])
+    return time.monotonic() - started, process_cpu_s(system.pids[port])
 
 
 def follower(system: System, leader: int) -> int:
@@ -169,7 +165,7 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         sent = size + log_bytes(leader_dir)
         caught_up = replace_and_catch_up(node, lambda: system.stop_member(port),
                                          lambda: system.start_member(port), last, size)
-        caught_up["cpu_s"] = cpu_s(system.pids[port])
+        caught_up["cpu_s"] = process_cpu_s(system.pids[port])
         caught_up["sent_bytes"] = sent
         caught_up["caught_up_mb_s"] = sent / caught_up["restart_to_caught_up_s"] / 1e6
         if "download_s" in caught_up:
