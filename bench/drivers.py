@@ -236,20 +236,18 @@ def _run_threads(target: Target, load: Load, threads: int, *, start_at: float, s
             operation(-1)
         time.sleep(max(0.0, start_at - time.time()))
         n = 0
-        while True:
-            started = time.time()
-            if started >= end_at:
-                return
+        while time.time() < end_at:  # the wall clock: the processes share the window
+            started = time.perf_counter()
             try:
                 count = operation(n)
             except Exception:  # counted: a refused or timed-out call is not a success
                 errors[index] += 1
                 time.sleep(0.01)
                 continue
-            finished = time.time()
-            if finished <= end_at:
+            latency_ms = (time.perf_counter() - started) * 1000
+            if time.time() <= end_at:
                 done[index] += count
-                latencies[index].append((finished - started) * 1000)
+                latencies[index].append(latency_ms)
             n += 1
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
