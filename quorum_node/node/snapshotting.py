@@ -1,8 +1,8 @@
 """Snapshots of the key-value state machine (KIP-630): when to write one, how to load one.
 
 The state machine, not the Raft core, decides when to snapshot: every
-``snapshot.interval.records`` applied records (and no more often than it has applied as many
-records as the map has keys) it writes its map, as of the offset it has applied
+``snapshot.interval.records`` applied records (and no more often than it has applied a quarter
+as many records as the map has keys) it writes its map, as of the offset it has applied
 (always committed, always at a batch boundary), with the voter set in force there. The log below
 the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
 are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
@@ -32,12 +32,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# A restart loads the latest snapshot and replays the log after it, and replaying a record costs
+# a few times what loading a key does: a snapshot is due once the log after the last one holds a
+# quarter as many records as the map has keys (or ``interval``, whichever is more), so that a
+# restart's replay stays a fraction of its snapshot's load, while a large map written to slowly
+# is rewritten at most once per quarter of its size in new records.
+REPLAY_SHARE_OF_KEYS = 4
+
+
 def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
     """Whether to snapshot after ``records_since`` records applied since the last snapshot:
-    every ``interval`` records (0: never), but never a snapshot of more records (one per key)
-    than the log it lets go, so that a large map written to slowly is not rewritten over and
-    over for a little log."""
-    return interval > 0 and records_since >= max(interval, keys)
+    every ``interval`` records (0: never), and no more often than every quarter of the map's
+    size in records (``REPLAY_SHARE_OF_KEYS``)."""
+    return interval > 0 and records_since >= max(interval, keys // REPLAY_SHARE_OF_KEYS)
 
 
 class SnapshotHost(Protocol):
