@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,9 +279,11 @@ class KvStore:
         found.reverse()
         return found[:limit]
 
-    def snapshot_records(self) -> list[Record]:
-        """The map as records (one put per key, sorted): a snapshot's data."""
-        return [encode_op(Put(key, value)) for key, value in sorted(self._data.items())]
+    def snapshot_entries(self) -> list[tuple[str, str]]:
+        """The map's entries as they are now, for a snapshot written in the background: a
+        shallow copy (the strings are shared), quick enough for the event loop, where sorting
+        and encoding a large map is not (``snapshot_records`` does that, in a thread)."""
+        return list(self._data.items())
 
     def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
         """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
@@ -401,3 +403,12 @@ class KvStore:
     def pop_outcome(self, offset: int) -> Outcome | None:
         """Like ``outcome``, and forget it (a writer collects its outcome once)."""
         return self._outcomes.pop(offset, None)
+
+
+def snapshot_records(entries: list[tuple[str, str]]) -> Iterator[Record]:
+    """A snapshot's data: one put per key, in key order (sorts ``entries`` in place, when the
+    first record is asked for). Records are made one at a time as the snapshot is framed,
+    never a list of them all."""
+    entries.sort()
+    for key, value in entries:
+        yield encode_op(Put(key, value))

@@ -18,8 +18,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore
-from quorum_node.raft.records import Record, read_batch_header
+from quorum_node.node.kv import KvStore, snapshot_records
+from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
@@ -103,15 +103,20 @@ class KvSnapshots:
         carried = voters if all(key.directory_id is not None for key in voters) else None
         snapshot_id = SnapshotId(end, header.epoch)
         task = asyncio.ensure_future(self._write(snapshot_id, carried, header.timestamp_ms,
-                                                 self.store.snapshot_records()))
+                                                 self.store.snapshot_entries()))
         self._task = task
         task.add_done_callback(self._written)
 
     async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
-                     timestamp_ms: int, records: list[Record]) -> None:
+                     timestamp_ms: int, entries: list[tuple[str, str]]) -> None:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
+        keys = len(entries)
+        # Sorted and encoded in the thread; the copy goes before the file is written.
+        records = snapshot_records(entries)
+        del entries
         contents = await asyncio.to_thread(encode_snapshot, voters, timestamp_ms, records)
+        del records
         await asyncio.to_thread(snapshots.save, snapshot_id, contents)
         snapshots.delete_before(snapshot_id)
         log = self.node.log_dir.log
@@ -119,7 +124,7 @@ class KvSnapshots:
                               - self.node.config.snapshot_retained_log_records))
         self._last_end = snapshot_id.end_offset
         logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
-                    "at %d", self.node.config.node_id, snapshot_id, len(records), len(contents),
+                    "at %d", self.node.config.node_id, snapshot_id, keys, len(contents),
                     time.perf_counter() - started, log.start_offset)
 
     def _written(self, task: asyncio.Task[None]) -> None:
