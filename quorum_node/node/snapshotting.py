@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from quorum_node.node.kv import KvStore, snapshot_records
 from quorum_node.raft.records import read_batch_header
-from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
+from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
 
@@ -112,19 +112,20 @@ class KvSnapshots:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
         keys = len(entries)
-        # Sorted and encoded in the thread; the copy goes before the file is written.
-        records = snapshot_records(entries)
+        # Sorted, encoded and written in the thread, a batch at a time: beside the map, only
+        # the copy of its entries is held, never the snapshot whole.
+        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(entries))
         del entries
-        contents = await asyncio.to_thread(encode_snapshot, voters, timestamp_ms, records)
-        del records
-        await asyncio.to_thread(snapshots.save, snapshot_id, contents)
+        await asyncio.to_thread(snapshots.save_batches, snapshot_id, batches)
+        del batches
+        size = snapshots.size(snapshot_id)
         snapshots.delete_before(snapshot_id)
         log = self.node.log_dir.log
         log.delete_before(max(0, snapshot_id.end_offset
                               - self.node.config.snapshot_retained_log_records))
         self._last_end = snapshot_id.end_offset
         logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
-                    "at %d", self.node.config.node_id, snapshot_id, keys, len(contents),
+                    "at %d", self.node.config.node_id, snapshot_id, keys, size,
                     time.perf_counter() - started, log.start_offset)
 
     def _written(self, task: asyncio.Task[None]) -> None:
