@@ -1,14 +1,21 @@
-"""Benchmark: a 3-voter quorum on loopback (fsync on) against etcd in the same run.
+"""Benchmark: a 3-voter quorum on loopback (fsync on) against a 3-member etcd in the same run,
+etcd both over its native gRPC API and over its HTTP/JSON gateway.
 
-    python bench/bench.py [--seconds 10] [--json results.json]
+    python bench/bench.py [--seconds 10] [--client-processes 4] [--json results.json]
 
-Workloads, the same for both systems, through each one's HTTP API with keep-alive connections:
-sequential commit latency of 100-byte key-value puts from one client (p50/p99), put throughput
-with 64 concurrent clients, batched append throughput (records/s, 100-byte records; etcd: puts in
-transactions of 128 operations, its largest by default), and failover (kill -9 of the leader
-until the next successful write), with default timeouts and with election/fetch timeouts of
-500/1000 ms. Also each node's RSS. etcd runs when an ``etcd`` binary is on PATH (Debian's
-etcd-server); otherwise its columns are empty. Prints a table and writes JSON.
+Workloads, the same harness for every system (``drivers.py``): sequential commit latency of
+100-byte key-value puts from one client (p50/p99); puts/s with 64 and with 256 concurrent
+clients, and the puts' p50/p99 under that load; batched append throughput (records/s, 100-byte
+records, 1000 per call from 4 clients; etcd: transactions of 128 puts, its largest by default);
+failover (kill -9 of the leader until the next successful write) with default timeouts and
+with election/fetch timeouts of 500/1000 ms; each node's RSS after the loads. Concurrent
+clients run in several client processes (threads with one client each), so that one Python
+process's GIL is not what is measured. The systems run at the same time and take turns at each
+workload, so that a shared machine's changing load falls on all of them alike. The quorum is
+driven through the product client (``quorum_node.client.QuorumClient``). etcd runs when an
+``etcd`` binary is on PATH (Debian's etcd-server) and its gRPC columns when the ``bench`` extra
+is installed. Prints a table (ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and
+writes JSON.
 
 This is a measurement, not a test: nothing here asserts a number.
 """
@@ -16,113 +23,108 @@ This is a measurement, not a test: nothing here asserts a number.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import http.client
 import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quorum_node.cli.node import LocalCluster, prepare_local_cluster
+from drivers import (
+    ETCD_GATEWAY,
+    ETCD_GRPC,
+    QUORUM,
+    VALUE,
+    Load,
+    Target,
+    grpc_available,
+    pick_base_port,
+    rss_mb,
+    sequential_latency,
+    timed_load,
+)
+
+from quorum_node.cli.node import LocalCluster, LocalNode, prepare_local_cluster
 from quorum_node.node.config import Setting
 
-VALUE = "v" * 100
-CLIENTS = 64
-
-
-class Http:
-    """One keep-alive HTTP connection."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-
-    def call(self, method: str, path: str, body: bytes | None = None,
-             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        try:
-            self.conn.request(method, path, body=body, headers=headers or {})
-            response = self.conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-            raise
+CONCURRENCY = (64, 256)
+APPEND_CLIENTS = 4
+APPEND_BATCH = 1000
 
 
 @dataclass
 class System:
-    """What the workloads need from a system under test."""
+    """A running cluster: what the workloads need to find, stop and restart its members."""
 
     name: str
-    ports: list[int]
-    pids: dict[int, int]
+    ports: list[int]  # client ports
+    pids: dict[int, int]  # client port -> process id
     leader_port: Callable[[], int | None]
-    put: Callable[[Http, str, str], bool]
-    append_batch: Callable[[Http, int], int]  # records written, 0 on failure
     stop: Callable[[], None]
-    kill: Callable[[int], None] = field(default=lambda pid: os.kill(pid, signal.SIGKILL))
+    stop_member: Callable[[int], None]  # graceful (SIGTERM)
+    start_member: Callable[[int], None]
+    directories: dict[int, Path] = field(default_factory=dict)  # client port -> data directory
+    local_nodes: dict[int, LocalNode] = field(default_factory=dict)  # quorum: client port ->
+    logs: list[Path] = field(default_factory=list)  # the members' output
+
+    def target(self, kind: str, port: int) -> Target:
+        return Target(kind, port, tuple(self.ports))
 
 
 # --- quorum-node -----------------------------------------------------------------------------
 
-def start_quorum(directory: Path, base_port: int, election_ms: int | None,
-                 fetch_ms: int | None) -> System:
-    settings: dict[str, Setting] = {}
+def start_quorum(directory: Path, base_port: int, election_ms: int | None = None,
+                 fetch_ms: int | None = None,
+                 extra: dict[str, str] | None = None) -> System:
+    settings: dict[str, Setting] = {k: Setting(v, "bench") for k, v in (extra or {}).items()}
     if election_ms is not None and fetch_ms is not None:
-        settings = {
-            "controller.quorum.election.timeout.ms": Setting(str(election_ms), "bench"),
-            "controller.quorum.fetch.timeout.ms": Setting(str(fetch_ms), "bench"),
-        }
+        settings["controller.quorum.election.timeout.ms"] = Setting(str(election_ms), "bench")
+        settings["controller.quorum.fetch.timeout.ms"] = Setting(str(fetch_ms), "bench")
     nodes = prepare_local_cluster(directory, 3, base_port=base_port, settings=settings)
     cluster = LocalCluster(nodes, out=open(os.devnull, "w"))  # noqa: SIM115
     cluster.start()
     ports = [node.config.client_listeners[0].port for node in nodes]
+    ids = {node.config.client_listeners[0].port: node.node_id for node in nodes}
 
     def leader_port() -> int | None:
         for port in ports:
-            with contextlib.suppress(OSError, http.client.HTTPException):
+            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
                 conn.request("GET", "/v1/quorum")
                 response = conn.getresponse()
                 body = response.read()
                 conn.close()
                 if response.status == 200:
-                    return ports[json.loads(body)["leader_id"] - 1]
+                    leader = json.loads(body)["leader_id"]
+                    return next((p for p, i in ids.items() if i == leader), None)
         return None
 
-    def put(client: Http, key: str, value: str) -> bool:
-        status, _ = client.call("PUT", f"/v1/kv/{key}", value.encode())
-        return status == 200
+    system = System(QUORUM, ports, {}, leader_port, cluster.stop,
+                    lambda port: cluster.stop_node(ids[port]), lambda port: None,
+                    {node.config.client_listeners[0].port: node.config.log_dir
+                     for node in nodes})
 
-    def append_batch(client: Http, count: int) -> int:
-        record = b"r" * 100
-        body = (len(record).to_bytes(4, "big") + record) * count
-        status, _ = client.call("POST", "/v1/records", body,
-                                {"Content-Type": "application/octet-stream"})
-        return count if status == 200 else 0
+    def start_member(port: int) -> None:
+        system.pids[port] = cluster.start_node(ids[port]).pid
 
-    def stop() -> None:
-        cluster.stop()
-
-    pids = {node.config.client_listeners[0].port: cluster.processes[node.node_id].pid
-            for node in nodes}
-    return System("quorum-node", ports, pids, leader_port, put, append_batch, stop)
+    system.start_member = start_member
+    system.local_nodes = {node.config.client_listeners[0].port: node for node in nodes}
+    system.logs = [node.log_path for node in nodes]
+    system.pids.update({port: cluster.processes[ids[port]].pid for port in ports})
+    return system
 
 
 # --- etcd --------------------------------------------------------------------------------------
 
-def start_etcd(directory: Path, base_port: int, election_ms: int | None) -> System | None:
+def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) -> System | None:
     binary = shutil.which("etcd")
     if binary is None:
         return None
@@ -130,6 +132,7 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None) -> Syst
     client_ports = [base_port + i for i in range(3)]
     peer_ports = [base_port + 10 + i for i in range(3)]
     initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peer_ports, strict=True))
+    commands: dict[int, list[str]] = {}
     processes: dict[int, subprocess.Popen[bytes]] = {}
     for name, client, peer in zip(names, client_ports, peer_ports, strict=True):
         args = [binary, "--name", name, "--data-dir", str(directory / name),
@@ -142,9 +145,15 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None) -> Syst
         if election_ms is not None:
             args += ["--election-timeout", str(election_ms), "--heartbeat-interval",
                      str(max(10, election_ms // 10))]
-        log = (directory / f"{name}.log").open("wb")
-        processes[client] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+        commands[client] = args
+
+    def start_member(port: int) -> None:
+        name = names[client_ports.index(port)]
+        with (directory / f"{name}.log").open("ab") as log:
+            processes[port] = subprocess.Popen(commands[port], stdout=log,
+                                               stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+        system.pids[port] = processes[port].pid
 
     def status(port: int) -> dict[str, Any] | None:
         with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
@@ -164,142 +173,80 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None) -> Syst
                 return port
         return None
 
-    def put(client: Http, key: str, value: str) -> bool:
-        body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
-                           "value": base64.b64encode(value.encode()).decode()}).encode()
-        status_code, _ = client.call("POST", "/v3/kv/put", body)
-        return status_code == 200
-
-    def append_batch(client: Http, count: int) -> int:
-        record = base64.b64encode(b"r" * 100).decode()
-        written = 0
-        while written < count:
-            n = min(128, count - written)
-            ops = [{"request_put": {"key": base64.b64encode(f"rec-{time.perf_counter_ns()}-{i}"
-                                                            .encode()).decode(),
-                                    "value": record}} for i in range(n)]
-            status_code, _ = client.call("POST", "/v3/kv/txn",
-                                         json.dumps({"success": ops}).encode())
-            if status_code != 200:
-                return written
-            written += n
-        return written
+    def stop_member(port: int) -> None:
+        process = processes[port]
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def stop() -> None:
         for process in processes.values():
             if process.poll() is None:
                 process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        for port in processes:
+            stop_member(port)
 
-    pids = {port: process.pid for port, process in processes.items()}
-    return System("etcd", client_ports, pids, leader_port, put, append_batch, stop)
+    system = System("etcd", client_ports, {}, leader_port, stop, stop_member, start_member,
+                    {port: directory / name for port, name in zip(client_ports, names,
+                                                                  strict=True)})
+    system.logs = [directory / f"{name}.log" for name in names]
+    for port in client_ports:
+        start_member(port)
+    return system
 
 
 # --- workloads ---------------------------------------------------------------------------------
 
-def wait_for_leader(system: System, timeout_s: float = 30) -> int:
+def wait_for_leader(system: System, kind: str, timeout_s: float = 60) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         port = system.leader_port()
         if port is not None:
-            client = Http(port)
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if system.put(client, "warmup", VALUE):
-                    return port
+            client = system.target(kind, port).connect(timeout_s=2)
+            try:
+                client.put("warmup", VALUE)
+                return port
+            except Exception:  # not ready yet: any error of any client
+                pass
+            finally:
+                client.close()
         time.sleep(0.05)
-    raise RuntimeError(f"{system.name}: no leader within {timeout_s} s")
+    tails = "".join(f"\n--- {log}\n" + "\n".join(log.read_text(errors="replace")
+                                                   .splitlines()[-5:])
+                    for log in system.logs if log.exists())
+    raise RuntimeError(f"{system.name}: no leader within {timeout_s} s{tails}")
 
 
-def sequential_latency(system: System, port: int, count: int) -> dict[str, float]:
-    client = Http(port)
-    samples = []
-    for i in range(count):
-        started = time.perf_counter()
-        if not system.put(client, f"seq-{i}", VALUE):
-            raise RuntimeError(f"{system.name}: a sequential put failed")
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
-    return {"p50_ms": statistics.median(samples),
-            "p99_ms": samples[int(len(samples) * 0.99) - 1], "count": len(samples)}
-
-
-def _run_workers(worker: Callable[[int], None], count: int, seconds: float,
-                 stop: threading.Event) -> float:
-    """Run ``count`` workers for ``seconds``; return the elapsed time."""
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - started
-
-
-def concurrent_throughput(system: System, port: int, seconds: float) -> float:
-    done = [0] * CLIENTS
-    stop = threading.Event()
-
-    def worker(index: int) -> None:
-        client = Http(port)
-        while not stop.is_set():
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if system.put(client, f"c{index}-{done[index]}", VALUE):
-                    done[index] += 1
-
-    elapsed = _run_workers(worker, CLIENTS, seconds, stop)
-    return sum(done) / elapsed
-
-
-def batched_append(system: System, port: int, seconds: float) -> float:
-    written = [0] * 4
-    stop = threading.Event()
-
-    def worker(index: int) -> None:
-        client = Http(port)
-        while not stop.is_set():
-            written[index] += system.append_batch(client, 1000)
-
-    elapsed = _run_workers(worker, 4, seconds, stop)
-    return sum(written) / elapsed
-
-
-def failover(system: System, port: int) -> float:
-    """kill -9 the leader, then put to whichever node answers until one put succeeds."""
-    system.kill(system.pids[port])
+def failover(system: System, kind: str, port: int) -> float:
+    """kill -9 the leader, then put through the new leader until one put succeeds."""
+    os.kill(system.pids[port], signal.SIGKILL)
     killed = time.perf_counter()
-    survivors = [p for p in system.ports if p != port]
-    clients = {p: Http(p) for p in survivors}
+    survivors = tuple(p for p in system.ports if p != port)
     while time.perf_counter() - killed < 60:
         leader = system.leader_port()
-        if leader is not None and leader in clients:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if system.put(clients[leader], "after-failover", VALUE):
-                    return time.perf_counter() - killed
+        if leader is not None and leader in survivors:
+            client = Target(kind, leader, survivors).connect(timeout_s=1)
+            try:
+                client.put("after-failover", VALUE)
+                return time.perf_counter() - killed
+            except Exception:  # the new leader is not serving yet
+                pass
+            finally:
+                client.close()
         time.sleep(0.005)
     raise RuntimeError(f"{system.name}: no write within 60 s of the failover")
-
-
-def rss_mb(pids: dict[int, int]) -> list[float]:
-    sizes = []
-    for pid in pids.values():
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    sizes.append(int(line.split()[1]) / 1024)
-    return sizes
 
 
 @contextlib.contextmanager
 def running(start: Callable[[Path], System | None]) -> Iterator[System | None]:
     directory = Path(tempfile.mkdtemp(prefix="quorum-bench-"))
-    system = start(directory)
+    system = None
     try:
+        system = start(directory)
         yield system
     finally:
         if system is not None:
@@ -307,75 +254,127 @@ def running(start: Callable[[Path], System | None]) -> Iterator[System | None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def measure(start: Callable[[Path], System | None], seconds: float,
-            sequential: int) -> dict[str, Any] | None:
+def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
+            sequential: int, processes: int) -> dict[str, dict[str, Any]]:
+    """Every system runs at once and each workload runs on each system in turn before the next
+    workload, so that a change in what else the machine runs weighs on all of them alike."""
+    with contextlib.ExitStack() as stack:
+        systems: dict[str, tuple[System, int]] = {}
+        for kind, start in starts.items():
+            system = stack.enter_context(running(start))
+            if system is not None:
+                systems[kind] = (system, wait_for_leader(system, kind))
+        results: dict[str, dict[str, Any]] = {kind: {} for kind in systems}
+
+        def each(name: str, run: Callable[[System, Target], Any]) -> None:
+            for kind, (system, port) in systems.items():
+                print(f"{kind}: {name}", file=sys.stderr, flush=True)
+                results[kind][name] = run(system, system.target(kind, port))
+
+        each("sequential", lambda _, target: sequential_latency(target, sequential))
+        for clients in CONCURRENCY:
+            each(f"puts_{clients}", lambda system, target, n=clients: timed_load(
+                target, Load("put"), n, seconds, processes,
+                server_pids=list(system.pids.values())))
+        each("batched_append", lambda system, target: timed_load(
+            target, Load("append", batch=APPEND_BATCH), APPEND_CLIENTS, seconds, processes,
+            server_pids=list(system.pids.values())))
+        each("rss_mb", lambda system, _: rss_mb(list(system.pids.values())))
+        each("failover_s", lambda system, target: failover(system, target.kind, target.port))
+        return results
+
+
+def failover_only(kind: str, start: Callable[[Path], System | None]) -> float | None:
     with running(start) as system:
         if system is None:
             return None
-        port = wait_for_leader(system)
-        result: dict[str, Any] = {
-            "sequential": sequential_latency(system, port, sequential),
-            "concurrent_puts_per_s": concurrent_throughput(system, port, seconds),
-            "batched_records_per_s": batched_append(system, port, seconds),
-            "rss_mb": rss_mb(system.pids),
-        }
-        result["failover_s"] = failover(system, port)
-        return result
-
-
-def failover_only(start: Callable[[Path], System | None]) -> float | None:
-    with running(start) as system:
-        if system is None:
-            return None
-        return failover(system, wait_for_leader(system))
+        return failover(system, kind, wait_for_leader(system, kind))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="length of throughput runs")
     parser.add_argument("--sequential", type=int, default=1000, help="sequential puts")
+    parser.add_argument("--client-processes", type=int, default=4,
+                        help="client processes that share the concurrent clients")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--base-port", type=int, default=29091)
+    parser.add_argument("--base-port", type=int, default=None,
+                        help="first of the loopback ports used (up to 600 above it are used too); "
+                             "default: a random one with those free")
     args = parser.parse_args()
+    if args.base_port is None:
+        args.base_port = pick_base_port()
     base = args.base_port
-    results: dict[str, Any] = {
-        "quorum-node": measure(lambda d: start_quorum(d, base, None, None), args.seconds,
-                               args.sequential),
-        "etcd": measure(lambda d: start_etcd(d, base + 100, None), args.seconds,
-                        args.sequential),
+    have_etcd = shutil.which("etcd") is not None
+    if have_etcd and not grpc_available():
+        print("etcd over gRPC needs the bench extra: pip install -e '.[bench]'",
+              file=sys.stderr)
+    starts: dict[str, tuple[Callable[[Path], System | None], Callable[[Path], System | None]]]
+    starts = {
+        QUORUM: (lambda d: start_quorum(d, base), lambda d: start_quorum(d, base + 300, 500,
+                                                                          1000)),
     }
-    results["quorum-node"]["failover_fast_s"] = failover_only(
-        lambda d: start_quorum(d, base + 200, 500, 1000))
-    if results["etcd"] is not None:
-        results["etcd"]["failover_fast_s"] = failover_only(
-            lambda d: start_etcd(d, base + 300, 500))
+    if have_etcd and grpc_available():
+        starts[ETCD_GRPC] = (lambda d: start_etcd(d, base + 100),
+                             lambda d: start_etcd(d, base + 400, 500))
+    if have_etcd:
+        starts[ETCD_GATEWAY] = (lambda d: start_etcd(d, base + 200),
+                                lambda d: start_etcd(d, base + 500, 500))
+    results: dict[str, Any] = {"clients_processes": args.client_processes,
+                               "seconds": args.seconds}
+    results.update(measure({kind: start for kind, (start, _) in starts.items()}, args.seconds,
+                           args.sequential, args.client_processes))
+    for kind, (_, start_fast) in starts.items():
+        print(f"{kind}: failover, 500/1000 ms", file=sys.stderr, flush=True)
+        results[kind]["failover_fast_s"] = failover_only(kind, start_fast)
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
-def print_table(results: dict[str, Any]) -> None:
-    ours, theirs = results["quorum-node"], results["etcd"]
-    rows = [
-        ("sequential put p50 (ms)", ours["sequential"]["p50_ms"],
-         theirs and theirs["sequential"]["p50_ms"]),
-        ("sequential put p99 (ms)", ours["sequential"]["p99_ms"],
-         theirs and theirs["sequential"]["p99_ms"]),
-        (f"puts/s, {CLIENTS} clients", ours["concurrent_puts_per_s"],
-         theirs and theirs["concurrent_puts_per_s"]),
-        ("batched append records/s", ours["batched_records_per_s"],
-         theirs and theirs["batched_records_per_s"]),
-        ("failover, default timeouts (s)", ours["failover_s"], theirs and theirs["failover_s"]),
-        ("failover, 500/1000 ms (s)", ours["failover_fast_s"],
-         theirs and theirs["failover_fast_s"]),
-        ("RSS per node (MB)", max(ours["rss_mb"]), theirs and max(theirs["rss_mb"])),
+def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
+    rows: list[tuple[str, float | None]] = [
+        ("sequential put p50 (ms)", result["sequential"]["p50_ms"]),
+        ("sequential put p99 (ms)", result["sequential"]["p99_ms"]),
     ]
-    print(f"{'':34}{'quorum-node':>14}{'etcd':>14}{'ratio':>10}")
-    for label, mine, other in rows:
-        ratio = f"{mine / other:.2f}x" if other else "-"
-        other_text = f"{other:.2f}" if other else "-"
-        print(f"{label:34}{mine:>14.2f}{other_text:>14}{ratio:>10}")
+    for clients in CONCURRENCY:
+        load = result[f"puts_{clients}"]
+        rows += [(f"puts/s, {clients} clients", load["per_s"]),
+                 (f"  put p50 at {clients} (ms)", load["p50_ms"]),
+                 (f"  put p99 at {clients} (ms)", load["p99_ms"]),
+                 ("  server CPU per put (us)", load.get("server_cpu_us_per_call")),
+                 ("  client CPU per put (us)", load.get("client_cpu_us_per_call"))]
+    rows += [
+        ("batched append records/s", result["batched_append"]["per_s"]),
+        ("failover, default timeouts (s)", result["failover_s"]),
+        ("failover, 500/1000 ms (s)", result["failover_fast_s"]),
+        ("RSS per node, largest (MB)", max(result["rss_mb"], default=None)),
+    ]
+    return rows
+
+
+def print_table(results: dict[str, Any]) -> None:
+    ours = table_rows(results[QUORUM])
+    columns = [(kind, table_rows(results[kind])) for kind in (ETCD_GRPC, ETCD_GATEWAY)
+               if kind in results]
+    header = f"{'':32}{QUORUM:>12}"
+    for kind, _ in columns:
+        header += f"{kind:>14}{'ratio':>8}"
+    print(header)
+    for index, (label, mine) in enumerate(ours):
+        line = f"{label:32}{_number(mine):>12}"
+        for _, rows in columns:
+            other = rows[index][1]
+            ratio = f"{mine / other:.2f}x" if mine is not None and other else "-"
+            line += f"{_number(other):>14}{ratio:>8}"
+        print(line)
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.2f}"
 
 
 if __name__ == "__main__":

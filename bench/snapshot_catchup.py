@@ -5,8 +5,8 @@ the snapshots, loads it with KEYS values of VALUE_BYTES, then replaces a followe
 wipe, format with a new directory id, restart). The new replica is sent the leader's snapshot,
 downloads it, checks it and loads it. Reported: the snapshot's size; the download (from the
 "fetching snapshot" to the "loaded snapshot" log line of the new node) and the whole catch-up
-(restart until it serves the last key) in MB/s; and, for scale, this machine's fsynced disk write
-speed and loopback TCP speed for the same number of bytes.
+(restart until it serves the last key) in MB/s and records/s; and, for scale, this machine's
+fsynced disk write speed and loopback TCP speed for the same number of bytes.
 
     python bench/snapshot_catchup.py [--keys 20000] [--value-bytes 4096] [--json out.json]
 
@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -146,12 +147,51 @@ def log_times(log_path: Path) -> dict[str, float]:
     return found
 
 
-def run(keys: int, value_bytes: int, directory: Path) -> dict[str, Any]:
+def replace_and_catch_up(victim: LocalNode, stop: Callable[[], None],
+                         start_node: Callable[[], None], last_key: str,
+                         snapshot_bytes: int) -> dict[str, Any]:
+    """Stop ``victim``, give it a new empty disk, start it, and time it until its own store
+    serves ``last_key`` (a stale read on it): the download of the leader's snapshot, and the
+    whole catch-up, in s and MB/s (of ``snapshot_bytes``)."""
+    port = victim.config.client_listeners[0].port
+    stop()
+    shutil.rmtree(victim.config.log_dir)
+    format_log_dir(victim.config.log_dir, victim.config.cluster_id, victim.node_id)
+    victim.log_path.write_text("")
+    restarted = time.monotonic()
+    wall_restarted = time.time()
+    start_node()
+    while True:
+        try:
+            status, _ = call(port, "GET", f"/v1/kv/{last_key}?stale=true")
+        except OSError:
+            status = 0
+        if status == 200:
+            break
+        if time.monotonic() - restarted > 600:
+            raise RuntimeError("the new replica did not catch up in 600 s")
+        time.sleep(0.05)
+    catch_up_s = time.monotonic() - restarted
+    times = log_times(victim.log_path)
+    if "loaded snapshot" not in times:  # no snapshot yet: it replayed the leader's whole log
+        return {"snapshot_bytes": 0, "restart_to_caught_up_s": round(catch_up_s, 3)}
+    download_s = times["loaded snapshot"] - times["fetching snapshot"]
+    return {
+        "snapshot_bytes": snapshot_bytes,
+        "download_s": round(download_s, 3),
+        "download_mb_s": round(snapshot_bytes / download_s / 1e6, 1),
+        "restart_to_caught_up_s": round(catch_up_s, 3),
+        "restart_to_caught_up_mb_s": round(snapshot_bytes / catch_up_s / 1e6, 1),
+        "process_start_to_fetch_s": round(times["fetching snapshot"] - wall_restarted, 3),
+    }
+
+
+def run(keys: int, value_bytes: int, directory: Path, base_port: int = BASE_PORT) -> dict[str, Any]:
     settings = {
         "snapshot.interval.records": Setting(str(max(1000, keys // 4)), "bench"),
         "log.segment.bytes": Setting(str(8 << 20), "bench"),
     }
-    nodes = prepare_local_cluster(directory, 3, base_port=BASE_PORT, settings=settings)
+    nodes = prepare_local_cluster(directory, 3, base_port=base_port, settings=settings)
     ports = [node.config.client_listeners[0].port for node in nodes]
     processes = {node.node_id: start(node) for node in nodes}
     try:
@@ -165,36 +205,22 @@ def run(keys: int, value_bytes: int, directory: Path) -> dict[str, Any]:
         victim = next(n for n in nodes if n.config.client_listeners[0].port != leader)
         time.sleep(2)  # let the last snapshot be written
         size = max(snapshot_sizes(nodes[ports.index(leader)].config.log_dir))
-        processes[victim.node_id].kill()
-        processes[victim.node_id].wait(10)
-        shutil.rmtree(victim.config.log_dir)
-        format_log_dir(victim.config.log_dir, victim.config.cluster_id, victim.node_id)
-        victim.log_path.write_text("")
-        restarted = time.monotonic()
-        wall_restarted = time.time()
-        processes[victim.node_id] = start(victim)
-        last_key = f"/v1/kv/k{keys - 1}?stale=true"
-        while True:
-            try:
-                status, _ = call(victim.config.client_listeners[0].port, "GET", last_key)
-            except OSError:
-                status = 0
-            if status == 200:
-                break
-            if time.monotonic() - restarted > 300:
-                raise RuntimeError("the new replica did not catch up in 300 s")
-            time.sleep(0.05)
-        catch_up_s = time.monotonic() - restarted
-        times = log_times(victim.log_path)
-        download_s = times["loaded snapshot"] - times["fetching snapshot"]
+
+        def stop_victim() -> None:
+            processes[victim.node_id].kill()
+            processes[victim.node_id].wait(10)
+
+        def start_victim() -> None:
+            processes[victim.node_id] = start(victim)
+
+        caught_up = replace_and_catch_up(victim, stop_victim, start_victim,
+                                         f"k{keys - 1}", size)
+        if "download_s" in caught_up:
+            caught_up["download_records_per_s"] = round(keys / caught_up["download_s"])
+        caught_up["caught_up_records_per_s"] = round(keys / caught_up["restart_to_caught_up_s"])
         return {
             "keys": keys, "value_bytes": value_bytes, "load_s": round(load_s, 2),
-            "snapshot_bytes": size,
-            "download_s": round(download_s, 3),
-            "download_mb_s": round(size / download_s / 1e6, 1),
-            "restart_to_caught_up_s": round(catch_up_s, 3),
-            "restart_to_caught_up_mb_s": round(size / catch_up_s / 1e6, 1),
-            "process_start_to_fetch_s": round(times["fetching snapshot"] - wall_restarted, 3),
+            **caught_up,
             "disk_fsync_write_mb_s": round(disk_write_mb_s(directory, size), 1),
             "loopback_tcp_mb_s": round(loopback_mb_s(size), 1),
         }
@@ -214,9 +240,10 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--value-bytes", type=int, default=4096)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--base-port", type=int, default=BASE_PORT)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="snapshot-bench-") as tmp:
-        results = run(args.keys, args.value_bytes, Path(tmp))
+        results = run(args.keys, args.value_bytes, Path(tmp), args.base_port)
     width = max(map(len, results))
     for name, value in results.items():
         print(f"{name:<{width}}  {value}")

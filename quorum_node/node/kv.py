@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,12 @@ class Outcome:
 
     applied: bool
     existed: bool
+
+
+# Outcomes are immutable and only four: shared, not made for each of the millions of operations
+# a start-up replays.
+_OUTCOMES = {(applied, existed): Outcome(applied, existed)
+             for applied in (False, True) for existed in (False, True)}
 
 
 def check_key(key: str) -> None:
@@ -231,7 +237,9 @@ class KvStore:
         self._data: dict[str, str] = {}
         self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
         self._outcome_limit = outcome_limit
-        self._events: deque[KvEvent] = deque()
+        # (offset, key, value) of each change: a KvEvent is made for a watch that reads one,
+        # not for each of the millions of operations a start-up replays.
+        self._events: deque[tuple[int, str, str | None]] = deque()
         self._event_limit = event_limit
         self.events_start = 0  # every change at or after this offset is in _events
         self.next_offset = 0  # every offset below it is applied
@@ -262,17 +270,20 @@ class KvStore:
         """Up to ``limit`` changes at or after ``offset`` of the key ``prefix`` (``exact``) or of
         the keys starting with it. The caller checks ``offset >= events_start``."""
         found: list[KvEvent] = []
-        for event in reversed(self._events):  # newest first: a watch is near the end
-            if event.offset < offset:
+        # Newest first: a watch is near the end.
+        for event_offset, key, value in reversed(self._events):
+            if event_offset < offset:
                 break
-            if event.key == prefix if exact else event.key.startswith(prefix):
-                found.append(event)
+            if key == prefix if exact else key.startswith(prefix):
+                found.append(KvEvent(event_offset, key, value))
         found.reverse()
         return found[:limit]
 
-    def snapshot_records(self) -> list[Record]:
-        """The map as records (one put per key, sorted): a snapshot's data."""
-        return [encode_op(Put(key, value)) for key, value in sorted(self._data.items())]
+    def snapshot_entries(self) -> list[tuple[str, str]]:
+        """The map's entries as they are now, for a snapshot written in the background: a
+        shallow copy (the strings are shared), quick enough for the event loop, where sorting
+        and encoding a large map is not (``snapshot_records`` does that, in a thread)."""
+        return list(self._data.items())
 
     def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
         """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
@@ -352,13 +363,14 @@ class KvStore:
         outcome = self.apply(op)
         self._record(offset, outcome)
         if outcome.applied:
-            self._record_event(KvEvent(offset, op.key, self._data.get(op.key)))
+            # What the key holds now: a put's or an applied cas's value, None after a delete.
+            self._record_event(offset, op.key, None if isinstance(op, Delete) else op.value)
         return True
 
-    def _record_event(self, event: KvEvent) -> None:
-        self._events.append(event)
+    def _record_event(self, offset: int, key: str, value: str | None) -> None:
+        self._events.append((offset, key, value))
         if len(self._events) > self._event_limit:
-            self.events_start = self._events.popleft().offset + 1
+            self.events_start = self._events.popleft()[0] + 1
 
     def apply(self, op: KvOp) -> Outcome:
         """Apply one operation to the map (without moving ``next_offset``)."""
@@ -366,17 +378,17 @@ class KvStore:
         existed = current is not None
         if isinstance(op, Put):
             self._data[op.key] = op.value
-            return Outcome(applied=True, existed=existed)
+            return _OUTCOMES[True, existed]
         if isinstance(op, Delete):
             self._data.pop(op.key, None)
-            return Outcome(applied=existed, existed=existed)
+            return _OUTCOMES[existed, existed]
         if current != op.expected:
-            return Outcome(applied=False, existed=existed)
+            return _OUTCOMES[False, existed]
         if op.value is None:
             self._data.pop(op.key, None)
         else:
             self._data[op.key] = op.value
-        return Outcome(applied=True, existed=existed)
+        return _OUTCOMES[True, existed]
 
     def _record(self, offset: int, outcome: Outcome) -> None:
         self._outcomes[offset] = outcome
@@ -391,3 +403,12 @@ class KvStore:
     def pop_outcome(self, offset: int) -> Outcome | None:
         """Like ``outcome``, and forget it (a writer collects its outcome once)."""
         return self._outcomes.pop(offset, None)
+
+
+def snapshot_records(entries: list[tuple[str, str]]) -> Iterator[Record]:
+    """A snapshot's data: one put per key, in key order (sorts ``entries`` in place, when the
+    first record is asked for). Records are made one at a time as the snapshot is framed,
+    never a list of them all."""
+    entries.sort()
+    for key, value in entries:
+        yield encode_op(Put(key, value))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import time
 
@@ -36,7 +37,10 @@ class BoundedSite(web.TCPSite):
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
                  max_connections: int) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        # The kernel's most (as Go's listeners, so etcd's, take): aiohttp's 128 made many
+        # clients connecting at once wait a second or more for a SYN retry.
+        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True,
+                         backlog=socket.SOMAXCONN)
         self.handshake_timeout_s = handshake_timeout_s
         self.max_connections = max_connections
         # Every accepted connection's handler, with when it was accepted. A handler has a

@@ -1,8 +1,8 @@
 """Snapshots of the key-value state machine (KIP-630): when to write one, how to load one.
 
 The state machine, not the Raft core, decides when to snapshot: every
-``snapshot.interval.records`` applied records (and no more often than it has applied as many
-records as the map has keys) it writes its map, as of the offset it has applied
+``snapshot.interval.records`` applied records (and no more often than it has applied a quarter
+as many records as the map has keys) it writes its map, as of the offset it has applied
 (always committed, always at a batch boundary), with the voter set in force there. The log below
 the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
 are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
@@ -18,9 +18,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore
-from quorum_node.raft.records import Record, read_batch_header
-from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
+from quorum_node.node.kv import KvStore, snapshot_records
+from quorum_node.raft.records import read_batch_header
+from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
 
@@ -32,12 +32,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# A restart loads the latest snapshot and replays the log after it, and replaying a record costs
+# a few times what loading a key does: a snapshot is due once the log after the last one holds a
+# quarter as many records as the map has keys (or ``interval``, whichever is more), so that a
+# restart's replay stays a fraction of its snapshot's load, while a large map written to slowly
+# is rewritten at most once per quarter of its size in new records.
+REPLAY_SHARE_OF_KEYS = 4
+
+
 def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
     """Whether to snapshot after ``records_since`` records applied since the last snapshot:
-    every ``interval`` records (0: never), but never a snapshot of more records (one per key)
-    than the log it lets go, so that a large map written to slowly is not rewritten over and
-    over for a little log."""
-    return interval > 0 and records_since >= max(interval, keys)
+    every ``interval`` records (0: never), and no more often than every quarter of the map's
+    size in records (``REPLAY_SHARE_OF_KEYS``)."""
+    return interval > 0 and records_since >= max(interval, keys // REPLAY_SHARE_OF_KEYS)
 
 
 class SnapshotHost(Protocol):
@@ -96,23 +103,29 @@ class KvSnapshots:
         carried = voters if all(key.directory_id is not None for key in voters) else None
         snapshot_id = SnapshotId(end, header.epoch)
         task = asyncio.ensure_future(self._write(snapshot_id, carried, header.timestamp_ms,
-                                                 self.store.snapshot_records()))
+                                                 self.store.snapshot_entries()))
         self._task = task
         task.add_done_callback(self._written)
 
     async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
-                     timestamp_ms: int, records: list[Record]) -> None:
+                     timestamp_ms: int, entries: list[tuple[str, str]]) -> None:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
-        contents = await asyncio.to_thread(encode_snapshot, voters, timestamp_ms, records)
-        await asyncio.to_thread(snapshots.save, snapshot_id, contents)
+        keys = len(entries)
+        # Sorted, encoded and written in the thread, a batch at a time: beside the map, only
+        # the copy of its entries is held, never the snapshot whole.
+        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(entries))
+        del entries
+        await asyncio.to_thread(snapshots.save_batches, snapshot_id, batches)
+        del batches
+        size = snapshots.size(snapshot_id)
         snapshots.delete_before(snapshot_id)
         log = self.node.log_dir.log
         log.delete_before(max(0, snapshot_id.end_offset
                               - self.node.config.snapshot_retained_log_records))
         self._last_end = snapshot_id.end_offset
         logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
-                    "at %d", self.node.config.node_id, snapshot_id, len(records), len(contents),
+                    "at %d", self.node.config.node_id, snapshot_id, keys, size,
                     time.perf_counter() - started, log.start_offset)
 
     def _written(self, task: asyncio.Task[None]) -> None:

@@ -80,7 +80,13 @@ from quorum_node.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
-from quorum_node.raft.records import Record, RecordBatch, control_record, decode_batches
+from quorum_node.raft.records import (
+    Record,
+    RecordBatch,
+    control_record,
+    decode_batch,
+    read_batch_header,
+)
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
@@ -322,13 +328,21 @@ class RaftCore:
         latest = self.snapshots.latest()
         if latest is not None:
             self._history.reset(latest.end_offset - 1, self.snapshots.voters(latest))
-        offset = max(self.log.start_offset, latest.end_offset if latest is not None else 0)
+        start = max(self.log.start_offset, latest.end_offset if latest is not None else 0)
+        offset = start
         while offset < self.log.end_offset:
-            batches = decode_batches(self.log.read(offset, 1 << 20))
-            if not batches:
+            data = self.log.read(offset, 1 << 20)
+            if not data:
                 break
-            self._read_voter_records(batches, offset)
-            offset = batches[-1].next_offset
+            position = 0
+            while position < len(data):
+                # Only a control batch can hold a VotersRecord, so the others (nearly all) are
+                # passed over by their headers, undecoded; the log checked every CRC when it
+                # wrote or recovered them.
+                header = read_batch_header(data, position, verify_crc=False)
+                if header.is_control:
+                    self._read_voter_records([decode_batch(data, position)[0]], start)
+                position, offset = header.end, header.next_offset
 
     def _read_voter_records(self, batches: Sequence[RecordBatch], from_offset: int = 0) -> None:
         for batch in batches:

@@ -72,6 +72,18 @@ def encode_snapshot(
     records_per_batch: int = 1000,
 ) -> bytes:
     """Frame ``records`` as a snapshot, with ``voters`` (if given) in the header batch."""
+    return b"".join(encode_snapshot_batches(voters, last_contained_timestamp_ms, records,
+                                            records_per_batch))
+
+
+def encode_snapshot_batches(
+    voters: Sequence[ReplicaKey] | None,
+    last_contained_timestamp_ms: int,
+    records: Iterable[Record],
+    records_per_batch: int = 1000,
+) -> Iterator[bytes]:
+    """``encode_snapshot``, one batch at a time: a large snapshot is written as it is framed,
+    never held whole in memory."""
     if records_per_batch < 1:
         raise ValueError(f"records_per_batch must be positive, not {records_per_batch}")
     timestamp = last_contained_timestamp_ms
@@ -79,33 +91,26 @@ def encode_snapshot(
         {"Version": SNAPSHOT_VERSION, "LastContainedLogTimestamp": timestamp}))]
     if voters is not None:
         header.append(voters_record(voters))
-    chunks = [encode_batch(0, _EPOCH, header, timestamp, is_control=True)]
+    yield encode_batch(0, _EPOCH, header, timestamp, is_control=True)
     offset = len(header)
     pending: list[Record] = []
     pending_bytes = 0
-
-    def cut() -> None:
-        nonlocal offset, pending_bytes
-        chunks.append(encode_batch(offset, _EPOCH, pending, timestamp))
-        offset += len(pending)
-        pending.clear()
-        pending_bytes = 0
-
     for record in records:
         size = _RECORD_OVERHEAD + len(record.value) + len(record.key or b"")
         if size > _MAX_BATCH_PAYLOAD:
             raise ValueError(f"a record of {size} bytes does not fit in a batch")
-        if pending and pending_bytes + size > _MAX_BATCH_PAYLOAD:
-            cut()
+        if pending and (pending_bytes + size > _MAX_BATCH_PAYLOAD
+                        or len(pending) == records_per_batch):
+            yield encode_batch(offset, _EPOCH, pending, timestamp)
+            offset += len(pending)
+            pending, pending_bytes = [], 0
         pending.append(record)
         pending_bytes += size
-        if len(pending) == records_per_batch:
-            cut()
     if pending:
-        cut()
+        yield encode_batch(offset, _EPOCH, pending, timestamp)
+        offset += len(pending)
     footer = control_record(ControlRecordType.SNAPSHOT_FOOTER, _json({"Version": SNAPSHOT_VERSION}))
-    chunks.append(encode_batch(offset, _EPOCH, [footer], timestamp, is_control=True))
-    return b"".join(chunks)
+    yield encode_batch(offset, _EPOCH, [footer], timestamp, is_control=True)
 
 
 def read_snapshot(data: Buffer) -> SnapshotContents:

@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from quorum_node.raft.records import MAX_BATCH_SIZE, batch_size_at
@@ -86,18 +87,30 @@ class FileSnapshotStore:
         return _FilePartial(self, snapshot_id)
 
     def save(self, snapshot_id: SnapshotId, contents: bytes) -> None:
-        check_snapshot(contents)  # refuse to store what could not be read back
+        self.save_batches(snapshot_id, (contents,))
+
+    def save_batches(self, snapshot_id: SnapshotId, batches: Iterable[bytes]) -> None:
+        """Write a snapshot from its encoded batches in order (``encode_snapshot_batches``), as
+        they come, into a ``.part`` file that is checked whole before it is made visible: what
+        could not be read back is never stored. CorruptSnapshotError if it does not check."""
         part = self._part_path(snapshot_id)
         try:
             fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise StorageError(f"{part}: cannot create: {exc}") from exc
+        size = 0
         try:
-            write_all(fd, contents, 0)
+            for batch in batches:
+                write_all(fd, batch, size)
+                size += len(batch)
+            _check_file(fd, size)
         except OSError as exc:
             _close_and_remove(fd, part)
             raise StorageError(f"{part}: write failed: {exc}") from exc
-        self._publish(snapshot_id, fd, len(contents))
+        except BaseException:
+            _close_and_remove(fd, part)
+            raise
+        self._publish(snapshot_id, fd, size)
 
     def delete_before(self, snapshot_id: SnapshotId) -> None:
         with self._lock:
@@ -119,12 +132,7 @@ class FileSnapshotStore:
         path = self._path(snapshot_id)
         try:
             with open(path, "rb") as file:
-                size = os.fstat(file.fileno()).st_size
-                if size == 0:
-                    raise CorruptSnapshotError("empty file")
-                with (mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped,
-                      memoryview(mapped) as data):
-                    check_snapshot(data)
+                _check_file(file.fileno(), os.fstat(file.fileno()).st_size)
         except CorruptSnapshotError as error:
             raise StorageError(f"{path}: corrupt snapshot: {error}; refusing to open the log "
                                "(nothing was modified)") from None
@@ -270,3 +278,12 @@ class _FilePartial:
 def _close_and_remove(fd: int, path: Path) -> None:
     os.close(fd)
     path.unlink(missing_ok=True)
+
+
+def _check_file(fd: int, size: int) -> None:
+    """``check_snapshot`` over a snapshot file, mapped rather than read into memory."""
+    if size == 0:
+        raise CorruptSnapshotError("empty file")
+    with (mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped,
+          memoryview(mapped) as data):
+        check_snapshot(data)

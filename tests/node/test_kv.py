@@ -330,3 +330,16 @@ def test_events_are_bounded_and_a_snapshot_starts_them_over() -> None:
     assert [e.offset for e in store.events(1, "a", True, 10)] == [1, 2]
     store.load_snapshot([encode_op(Put("a", "9"))], next_offset=40)
     assert store.events_start == 40 and store.events(0, "", False, 10) == []
+
+
+@given(st.lists(operation, max_size=30))
+def test_each_event_holds_what_its_key_holds_after_the_change(
+        operations: list[KvOp]) -> None:
+    """Events are kept as what the operation left in the map (a put's or an applied cas's
+    value, None after a delete or a cas to null), not read back from it."""
+    store = KvStore()
+    for offset, op in enumerate(operations):
+        store.apply_batch(ops(offset, op))
+        changed = store.events(offset, op.key, True, 10)
+        if changed:
+            assert changed == [KvEvent(offset, op.key, store.get(op.key))]

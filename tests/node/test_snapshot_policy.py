@@ -1,5 +1,5 @@
-"""When the key-value store snapshots: every snapshot.interval.records, never for less log than
-the snapshot itself."""
+"""When the key-value store snapshots: every snapshot.interval.records, and no more often than
+every quarter of the map's size in records (a restart's replay stays a fraction of its load)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from quorum_node.node.snapshotting import snapshot_due
     [
         (999, 1000, 10, False),
         (1000, 1000, 10, True),
-        (1000, 1000, 5000, False),  # a 5000-key snapshot for 1000 records of log: not yet
-        (5000, 1000, 5000, True),
+        (1000, 1000, 8000, False),  # an 8000-key snapshot for 1000 records of log: not yet
+        (1999, 1000, 8000, False),
+        (2000, 1000, 8000, True),  # a quarter of the map: a restart would replay more than that
+        (250_000, 200_000, 1_000_000, True),
         (10**9, 0, 0, False),  # 0: never
     ],
 )

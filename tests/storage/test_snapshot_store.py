@@ -5,14 +5,19 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.records import Record
-from quorum_node.raft.snapshot_format import check_snapshot, encode_snapshot, read_snapshot
+from quorum_node.raft.snapshot_format import (
+    check_snapshot,
+    encode_snapshot,
+    encode_snapshot_batches,
+    read_snapshot,
+)
 from quorum_node.raft.snapshots import (
     CorruptSnapshotError,
     SnapshotId,
@@ -284,3 +289,34 @@ def test_reads_while_another_snapshot_is_saved_in_a_thread(tmp_path: Path) -> No
     thread.join()
     assert not errors
     assert store.latest() == SnapshotId(39, 1)
+
+
+def test_saved_batch_by_batch_as_they_are_framed(tmp_path: Path) -> None:
+    """A large snapshot is written as it is encoded (never whole in memory): the same file as
+    the whole contents saved at once, and the framing is consumed as it is written."""
+    store = FileSnapshotStore(tmp_path)
+    records = [Record(value=b"v%d" % n * 5, key=b"k%d" % n) for n in range(50)]
+    framed: list[int] = []
+
+    def batches() -> Iterator[bytes]:
+        for batch in encode_snapshot_batches(VOTERS, 1000, records, records_per_batch=8):
+            framed.append(len(batch))
+            # Everything framed before this batch is already in the part file.
+            part = tmp_path / (snapshot_file_name(SnapshotId(50, 1)) + ".part")
+            assert part.stat().st_size == sum(framed[:-1])
+            yield batch
+
+    store.save_batches(SnapshotId(50, 1), batches())
+    whole = encode_snapshot(VOTERS, 1000, records, records_per_batch=8)
+    assert len(framed) == 9  # header, 7 data batches (50 records by 8), footer
+    assert store.read(SnapshotId(50, 1), 0, len(whole)) == whole
+    assert _files(tmp_path) == [snapshot_file_name(SnapshotId(50, 1))]
+
+
+def test_saved_batches_that_do_not_check_leave_no_file(tmp_path: Path) -> None:
+    store = FileSnapshotStore(tmp_path)
+    batches = list(encode_snapshot_batches(VOTERS, 1000, [Record(value=b"v", key=b"k")]))
+    with pytest.raises(CorruptSnapshotError):
+        store.save_batches(SnapshotId(5, 1), batches[:-1])  # no footer
+    assert store.latest() is None
+    assert _files(tmp_path) == []
