@@ -158,6 +158,7 @@ class SwitchWriter(Writer):
             return [key for key, value in self.acknowledged.items() if client.get(key) != value]
 
 
+@pytest.mark.slow  # minutes: its own CI step (.ci/run)
 @pytest.mark.timeout(1500)
 async def test_tls_switched_off_and_on_by_staged_rolls_keeping_the_quorum(
         cluster: Cluster) -> None:
