@@ -53,8 +53,8 @@ async def serve(config: NodeConfig) -> int:
 def _tune_garbage_collector() -> None:
     """Every request allocates a few hundred objects, nearly all freed by reference counting;
     at the default threshold (700) the cyclic collector runs every few requests and walks every
-    young survivor, about 5% of a busy leader's CPU. What start-up built lives for good: frozen,
-    the collector never walks it again."""
+    young survivor, a noticeable share of a busy leader's CPU. What start-up built lives for
+    good: frozen, the collector never walks it again."""
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 

@@ -85,10 +85,9 @@ class AppendLostError(Exception):
 
 
 # Flushes that take less than this (on average) run on the event loop's thread; slower ones in a
-# worker thread, so that a slow disk never stalls the loop. A hop to a thread and back costs
-# about 0.1 ms and a contended GIL: a large share of a fast disk's fsync (0.2-0.5 ms on an SSD).
+# worker thread, so that a slow disk never stalls the loop. A hop to a thread and back costs a
+# wake-up and a contended GIL, a large share of what a fast disk's fsync takes.
 INLINE_FSYNC_S = 0.002
-
 
 
 def open_log_directory(config: NodeConfig) -> LogDirectory:
