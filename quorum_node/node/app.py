@@ -1,7 +1,6 @@
 """The HTTP application of a node: health probes, metrics, the client and admin APIs, and the
-binary client protocol's stream (the
-runtime adds the peer RPCs where they share a listener). Only ``quorum_node.node.main`` (and
-tests) build it."""
+binary client protocol's stream (the runtime adds the peer RPCs where they share a listener).
+Only ``quorum_node.node.main`` (and tests) build it."""
 
 from __future__ import annotations
 
