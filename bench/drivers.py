@@ -250,14 +250,19 @@ def _run_threads(target: Target, load: Load, threads: int, *, start_at: float, s
                 latencies[index].append(latency_ms)
             n += 1
 
+    _each_in_a_thread(worker, threads)
+    for client in clients:
+        client.close()
+    return sum(done), sum(errors), [x for per in latencies for x in per]
+
+
+def _each_in_a_thread(worker: Callable[[int], None], threads: int) -> None:
+    """Run ``worker(0)`` .. ``worker(threads - 1)`` at once, each in its thread, until all end."""
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
-    for client in clients:
-        client.close()
-    return sum(done), sum(errors), [x for per in latencies for x in per]
 
 
 def _spread(clients: int, processes: int) -> list[int]:
@@ -386,11 +391,7 @@ def _load_share(target: Target, keys: Sequence[int], chunk: int, threads: int) -
                         raise
                     time.sleep(0.5)
 
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
+    _each_in_a_thread(worker, threads)
     for client in clients:
         client.close()
     return len(keys)
