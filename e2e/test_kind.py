@@ -22,12 +22,12 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
+from kq_kubectl import KubectlQuorum
 from kq_scenarios import Load, Timings, lifecycle, scaling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,73 +194,23 @@ class KindLoad:
 
 
 @dataclass
-class KindQuorum:
-    """A KafkaQuorum on the kind cluster, as the scenarios see it."""
+class KindQuorum(KubectlQuorum):
+    """A KafkaQuorum on the kind cluster, its clients in a pod of the cluster."""
 
-    name: str
-    patience_s: float = 600.0
     _client_pod: str | None = None
 
-    async def create(self, replicas: int) -> None:
-        manifest = {"apiVersion": "kraft.quorum.dev/v1alpha1", "kind": "KafkaQuorum",
-                    "metadata": {"name": self.name},
-                    "spec": {"replicas": replicas, "image": NODE_IMAGE,
-                             "imagePullPolicy": "Never",
-                             "security": {"networkPolicy": {"allowFrom": [
-                                 {"podSelector": {"matchLabels": CLIENT_LABELS}}]}}}}
-        await asyncio.to_thread(kubectl, "apply", "-f", "-", stdin=json.dumps(manifest))
-
-    async def quorum(self) -> dict[str, Any]:
-        out = await asyncio.to_thread(kubectl, "get", "kafkaquorum", self.name, "-o", "json")
-        return dict(json.loads(out))
-
-    async def patch_spec(self, spec: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(kubectl, "patch", "kafkaquorum", self.name, "--type=merge",
-                                "-p", json.dumps({"spec": dict(spec)}))
-
-    async def events(self) -> list[tuple[str, str]]:
-        out = await asyncio.to_thread(
-            kubectl, "get", "events", "-o", "json", "--field-selector",
-            f"involvedObject.kind=KafkaQuorum,involvedObject.name={self.name}")
-        items = json.loads(out)["items"]
-        items.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "",
-                                  int(e["metadata"]["resourceVersion"])))
-        return [(e.get("reason", ""), e.get("message", "")) for e in items]
-
-    async def _list(self, kind: str) -> list[dict[str, Any]]:
-        out = await asyncio.to_thread(
-            kubectl, "get", kind, "-o", "json", "-l",
-            f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=node")
-        return list(json.loads(out)["items"])
-
-    async def pods(self) -> list[dict[str, Any]]:
-        return await self._list("pods")
-
-    async def claims(self) -> list[dict[str, Any]]:
-        return await self._list("persistentvolumeclaims")
-
-    async def pod_config(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        name = pod["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
-        out = await asyncio.to_thread(kubectl, "get", "configmap", name, "-o", "json")
-        return dict(json.loads(out).get("data") or {})
-
-    async def delete_claim_and_pod(self, node_id: int) -> None:
-        await asyncio.to_thread(kubectl, "delete", "pvc", f"data-{self.name}-{node_id}",
-                                "--wait=false")
-        await self.delete_pod(node_id)
+    @classmethod
+    def named(cls, name: str) -> KindQuorum:
+        return cls(name, kubectl, NAMESPACE, spec={
+            "image": NODE_IMAGE, "imagePullPolicy": "Never",
+            "security": {"networkPolicy": {"allowFrom": [
+                {"podSelector": {"matchLabels": CLIENT_LABELS}}]}}})
 
     async def empty_volume(self, node_id: int) -> None:
         pod = f"{self.name}-{node_id}"
         await asyncio.to_thread(kubectl, "exec", pod, "--", "sh", "-c",
                                 f"rm -rf {LOG_DIR}/* {LOG_DIR}/.[!.]*", check=False)
         await self.delete_pod(node_id)
-
-    async def delete_pod(self, node_id: int) -> None:
-        await asyncio.to_thread(kubectl, "delete", "pod", f"{self.name}-{node_id}",
-                                "--wait=false")
-
-    def _servers(self) -> list[str]:
-        return [f"{self.name}-{i}.{self.name}-nodes.{NAMESPACE}.svc:9093" for i in range(1, 6)]
 
     async def _client(self) -> str:
         """The client pod, with the operator's client Secret of this quorum mounted."""
@@ -282,11 +232,11 @@ class KindQuorum:
         return self._client_pod
 
     async def load(self) -> Load:
-        return KindLoad(await self._client(), self._servers())
+        return KindLoad(await self._client(), self.servers())
 
     async def refused_without_credentials(self) -> str | None:
         out = await asyncio.to_thread(kubectl, "exec", await self._client(), "--", "python",
-                                      "-c", _script(ANONYMOUS, self._servers()[:3]))
+                                      "-c", _script(ANONYMOUS, self.servers(3)))
         return None if out.strip() == "served" else out.strip()
 
     def next_image(self) -> str:
@@ -294,8 +244,8 @@ class KindQuorum:
 
 
 async def test_lifecycle(kind_cluster: None) -> None:
-    await lifecycle(KindQuorum("lifecycle"), Timings("kind"), hold_s=30)
+    await lifecycle(KindQuorum.named("lifecycle"), Timings("kind"), hold_s=30)
 
 
 async def test_scaling(kind_cluster: None) -> None:
-    await scaling(KindQuorum("scaling"), Timings("kind"))
+    await scaling(KindQuorum.named("scaling"), Timings("kind"))
