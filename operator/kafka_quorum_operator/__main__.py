@@ -8,6 +8,8 @@ Watches every namespace unless ``--namespace`` is given; logs are JSON lines.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 
 import kopf
@@ -26,8 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     assert handlers.STATE is not None  # registers the handlers
+    # Named explicitly: kopf would otherwise name the process after its user (getpass), which
+    # fails for a uid without a passwd entry (OpenShift's arbitrary uids, any runAsUser the image
+    # does not list).
+    identity = os.environ.get("KQ_OPERATOR_IDENTITY") or socket.gethostname()
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-             liveness_endpoint=args.liveness)
+             liveness_endpoint=args.liveness, identity=identity)  # type: ignore[arg-type]
     return 0
 
 
