@@ -84,8 +84,10 @@ class Cluster:
         node = f"node-{index}"
         directory = self.root / "nodes" / node
         directory.mkdir(parents=True, exist_ok=True)
+        serving = self.control_plane.kubelet_serving(node, node_address(index))
         config = {"node": node, "zone": ZONES[(index - 1) % len(ZONES)], "index": index,
-                  "host_ip": node_address(index),
+                  "host_ip": node_address(index), "serving_cert": str(serving.cert),
+                  "serving_key": str(serving.key), "client_ca": str(self.control_plane.ca.cert),
                   "kubeconfig": str(self.control_plane.node_kubeconfig(node)),
                   "root": str(directory), "api_host": GATEWAY, "api_port": API_PORT,
                   "hosts_file": str(self.hosts_file), "venv": sys.prefix}

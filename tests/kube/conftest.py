@@ -11,6 +11,7 @@ needed).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,17 +66,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=f"real control plane: {MISSING}"))
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def kube_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Cluster]:
     assert MISSING is None, f"real control plane: {MISSING}"
     binaries, _ = _binaries()
     assert binaries is not None
     cluster = Cluster(binaries, tmp_path_factory.mktemp("kube"), helm_binary=helm_binary())
+    # A SIGTERM (CI's timeout, a job cancelled) tears the cluster down as Ctrl-C does: its
+    # processes live in sessions of their own and would outlive pytest.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     cluster.start()
     try:
         yield cluster
     finally:
+        if request.session.testsfailed:
+            print(f"\n[kube] logs under {cluster.root}\n{cluster.describe()}")
         cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="session")

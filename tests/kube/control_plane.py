@@ -6,7 +6,8 @@ fails.
 - etcd on loopback, one member, its data in the test's directory.
 - kube-apiserver on the bridge's address (``netns.GATEWAY``:6443, so that pods reach it) with
   its own serving certificate from the cluster CA, client certificates for every component,
-  ``--authorization-mode=Node,RBAC``, the default admission plugins and ``NodeRestriction``, and
+  ``--authorization-mode=Node,RBAC``, the default admission plugins with ``NodeRestriction`` and
+  ``OwnerReferencesPermissionEnforcement`` (as OpenShift runs it), and
   ServiceAccount tokens signed by a key of the test's. There is no kube-proxy: the in-cluster
   ``KUBERNETES_SERVICE_HOST`` the process kubelet gives pods is this address itself.
 - kube-controller-manager with every default controller, each with its own ServiceAccount's
@@ -75,6 +76,10 @@ class ControlPlane:
         return kubeconfig(self.pki / f"{name}.kubeconfig", self.server, self.ca.cert,
                           credential, user)
 
+    def kubelet_serving(self, node: str, address: str) -> Credential:
+        """A kubelet's serving certificate (its API: container logs)."""
+        return self.ca.issue(f"kubelet-serving-{node}", node, hosts=(address, node))
+
     def node_kubeconfig(self, node: str) -> Path:
         """A kubelet's credentials: ``system:node:NODE`` in ``system:nodes`` (what the Node
         authorizer and NodeRestriction admit)."""
@@ -125,13 +130,17 @@ class ControlPlane:
             f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={self.ca.cert}",
             f"--kubelet-client-certificate={kubelet_client.cert}",
+            # Kubelets by their address: a node's host name is in no DNS here.
+            "--kubelet-preferred-address-types=InternalIP",
             f"--kubelet-client-key={kubelet_client.key}",
             f"--service-account-issuer=https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
             f"--service-account-key-file={self.service_account.cert}",
             f"--service-account-signing-key-file={self.service_account.key}",
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
+            # Besides the defaults: the kubelets' limits, and the check OpenShift makes that
+            # whoever sets blockOwnerDeletion may update the owner's finalizers.
+            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
             f"--default-not-ready-toleration-seconds={EVICTION_TOLERATION_S}",
             f"--default-unreachable-toleration-seconds={EVICTION_TOLERATION_S}",
             # Watches from an old resourceVersion expire (410 Gone) as on a busy cluster.

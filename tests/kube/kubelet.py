@@ -23,8 +23,12 @@
   (SIGTERM, the grace period, SIGKILL, the terminal status, then the final delete with the pod's
   uid as precondition); Events (Started, Killing, Unhealthy, BackOff, FailedMount).
 
-What it does not do: pull images, enforce cgroup limits, serve ``kubectl logs``/``exec`` (no
-kubelet API on 10250; container logs are files under the node's directory).
+- **The kubelet API** on the node's address, port 10250, for the API server (its client
+  certificate): container logs (``kubectl logs``, with ``tailLines``, ``limitBytes``,
+  ``follow``).
+
+What it does not do: pull images, enforce cgroup limits, ``exec``, ``attach`` or
+``port-forward``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from kafka_quorum_operator.kube import Kube, KubeError
 from kubernetes import client, config
 
@@ -68,6 +73,8 @@ BACKOFF_S = 10.0
 BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
 SHIM = Path(__file__).resolve().parent / "container.py"
+KUBELET_PORT = 10250
+LOG_POLL_S = 0.2
 STRATEGIC = "application/strategic-merge-patch+json"
 _UNVERIFIED = ssl._create_unverified_context()  # the kubelet does not verify probes
 
@@ -88,6 +95,9 @@ class NodeConfig:
     api_port: int
     hosts_file: str
     venv: str
+    serving_cert: str
+    serving_key: str
+    client_ca: str
 
     @classmethod
     def load(cls, path: str) -> NodeConfig:
@@ -928,8 +938,54 @@ class Kubelet:
             self.log_line(f"{worker.name}: {type(error).__name__}: {error}")
             logger.exception("pod %s", worker.name)
 
+    # -- the kubelet API: container logs (kubectl logs, helm test --logs) --
+
+    async def serve(self) -> web.AppRunner:
+        """HTTPS on the node's address, for the API server only (its client certificate)."""
+        app = web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self.container_logs)
+        app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.client_ca)
+        context.load_cert_chain(self.config.serving_cert, self.config.serving_key)
+        context.verify_mode = ssl.CERT_REQUIRED
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.config.host_ip, KUBELET_PORT, ssl_context=context).start()
+        return runner
+
+    async def container_logs(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        worker = next((w for w in self.workers.values()
+                       if w.pod["metadata"]["namespace"] == info["namespace"] and
+                       w.pod["metadata"]["name"] == info["pod"]), None)
+        log = worker.dir / f"{info['container']}.log" if worker is not None else None
+        if log is None or not log.exists():
+            raise web.HTTPNotFound(text=f"no container {info['container']} in pod "
+                                        f"{info['namespace']}/{info['pod']}")
+        data = log.read_bytes()
+        if "tailLines" in request.query:
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-int(request.query["tailLines"]):])
+        if "limitBytes" in request.query:
+            data = data[:int(request.query["limitBytes"])]
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(data)
+        offset = log.stat().st_size
+        while request.query.get("follow") == "true" and not worker.finished:  # type: ignore[union-attr]
+            await asyncio.sleep(LOG_POLL_S)
+            with log.open("rb") as file:
+                file.seek(offset)
+                more = file.read()
+            offset += len(more)
+            if more:
+                await response.write(more)
+        await response.write_eof()
+        return response
+
     async def run(self) -> None:
         await self.register()
+        server = await self.serve()
         running = asyncio.gather(self.heartbeat(), self.sync())
         # SIGTERM: the node shuts down, its pods' processes with it (their API objects stay,
         # as a node's do when it goes away).
@@ -938,6 +994,7 @@ class Kubelet:
             await running
         for worker in self.workers.values():
             await asyncio.to_thread(worker.release)
+        await server.cleanup()
 
 
 def main() -> None:

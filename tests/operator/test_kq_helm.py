@@ -114,6 +114,8 @@ def test_rbac_is_least_privilege() -> None:
     assert verbs["networking.k8s.io", "networkpolicies"] == {"get", "create", "patch"}
     assert ("cert-manager.io", "certificates") not in verbs
     assert verbs["kraft.quorum.dev", "kafkaquorums/status"] == {"get", "patch"}
+    # blockOwnerDeletion under OwnerReferencesPermissionEnforcement (tests/kube runs with it).
+    assert verbs["kraft.quorum.dev", "kafkaquorums/finalizers"] == {"update"}
     deployment = by_kind(docs, "Deployment")[0]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == [

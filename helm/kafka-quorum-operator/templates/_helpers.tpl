@@ -57,6 +57,12 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums/status]
   verbs: [get, patch]
+{{- /* What it owns names its KafkaQuorum with blockOwnerDeletion (foreground deletion waits
+     for them): where OwnerReferencesPermissionEnforcement is on (OpenShift), setting that needs
+     update on the owner's finalizers. */}}
+- apiGroups: [kraft.quorum.dev]
+  resources: [kafkaquorums/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
