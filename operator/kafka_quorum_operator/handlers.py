@@ -1,6 +1,12 @@
-"""kopf handlers, kept thin: one daemon per KafkaQuorum runs the level-based reconciliation
+"""kopf handlers, kept thin: one loop per KafkaQuorum runs the level-based reconciliation
 (``reconcile.Reconciler``) every few seconds, and at once when one of its pods or claims, or its
 spec, changes. Only the holder of the operator's Lease acts.
+
+The loops are the operator's own tasks, started and stopped by kopf's watch events, not kopf
+daemons: a daemon makes kopf put a finalizer on every KafkaQuorum, and nothing else needs one
+(what a quorum owns goes with it by its owner references). A finalizer kept a KafkaQuorum, and
+with it its namespace, from being deleted whenever the operator could not remove it: when the
+operator was gone, and when the namespace's deletion took the operator's Role in it first.
 
 Settings (environment): ``KQ_OPERATOR_INTERVAL`` (seconds between passes, default 5),
 ``KQ_OPERATOR_METRICS_PORT`` (Prometheus, default 0: off), ``KQ_OPERATOR_NAMESPACE`` and
@@ -61,12 +67,14 @@ def _labels(text: str) -> dict[str, str]:
 
 @dataclass
 class _State:
-    """The operator process's clients and wake-up events (one per KafkaQuorum)."""
+    """The operator process's clients, and each KafkaQuorum's loop and wake-up event."""
 
     reconciler: Reconciler | None = None
     elector: LeaderElector | None = None
     electing: asyncio.Task[None] | None = None
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    loops: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+    generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
     last_pass: float | None = None
 
     def connect(self, kube: Kube, default_namespace: str = "default") -> None:
@@ -84,7 +92,9 @@ class _State:
         self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:
-        """Stop the elector and close the clients (at the operator's exit)."""
+        """Stop the loops and the elector and close the clients (at the operator's exit)."""
+        for key in list(self.loops):
+            await self.stop_loop(key)
         if self.electing is not None:
             self.electing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,6 +104,23 @@ class _State:
             await self.reconciler.backups.close()
             await self.reconciler.nodes.close()
             self.reconciler.kube.close()
+
+    def start_loop(self, namespace: str, name: str,
+                   logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        key = (namespace, name)
+        running = self.loops.get(key)
+        if running is None or running.done():
+            self.loops[key] = asyncio.get_running_loop().create_task(
+                run_quorum(namespace, name, logger), name=f"reconcile {namespace}/{name}")
+
+    async def stop_loop(self, key: tuple[str, str]) -> None:
+        task = self.loops.pop(key, None)
+        self.wakers.pop(key, None)
+        self.generations.pop(key, None)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -108,6 +135,7 @@ STATE = _State()
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # No handler needs a finalizer; kopf removes this one (an earlier version's) where found.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -156,19 +184,35 @@ def last_reconcile(**_: Any) -> str | None:
     return iso(STATE.last_pass) if STATE.last_pass is not None else None
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: str,
-                     logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def quorum_event(event: Mapping[str, Any], meta: Mapping[str, Any],
+                       namespace: str | None, name: str,
+                       logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+    """Every KafkaQuorum listed or changed has its loop; one deleted, none. A new generation
+    (the spec changed) wakes its loop at once; the operator's own status patches do not."""
     assert namespace is not None  # the resource is namespaced
+    key = (namespace, name)
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        await STATE.stop_loop(key)
+        return
+    STATE.start_loop(namespace, name, logger)
+    generation = meta.get("generation")
+    if STATE.generations.get(key, generation) != generation:
+        STATE.wake(namespace, name)
+    STATE.generations[key] = generation
+
+
+async def run_quorum(namespace: str, name: str,
+                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     interval = _env_float("KQ_OPERATOR_INTERVAL", 5.0)
     waker = STATE.waker(namespace, name)
     url = path("KafkaQuorum", namespace, name, api=CR_API)
-    while not stopped:
+    while True:
         waker.clear()
         reconciler, elector = STATE.reconciler, STATE.elector
         if reconciler is not None and elector is not None and elector.leading:
             try:
-                # Read afresh: the daemon's body may not yet show the last pass's own status.
+                # Read afresh: the event's body may not yet show the last pass's own status.
                 body = await reconciler.kube.get(url)
                 if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
                     return  # being deleted: its children go with it (owner references)
@@ -181,11 +225,8 @@ async def run_quorum(stopped: kopf.DaemonStopped, namespace: str | None, name: s
                              decided.waiting or "nothing to wait for")
             except Exception:  # a failed pass is retried on the next one
                 logger.exception("reconciliation of %s/%s failed", namespace, name)
-        deadline = time.monotonic() + interval
-        while not stopped and not waker.is_set() and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waker.wait(), timeout=0.25)
-    STATE.wakers.pop((namespace, name), None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(waker.wait(), timeout=interval)
 
 
 def _wake_owner(meta: Mapping[str, Any]) -> None:
@@ -201,9 +242,3 @@ def pod_changed(meta: Mapping[str, Any], **_: Any) -> None:
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={LABEL_MANAGED_BY: MANAGER})
 def claim_changed(meta: Mapping[str, Any], **_: Any) -> None:
     _wake_owner(meta)
-
-
-@kopf.on.field(GROUP, VERSION, PLURAL, field="spec")
-def spec_changed(namespace: str | None, name: str, **_: Any) -> None:
-    STATE.wake(namespace, name)
-
