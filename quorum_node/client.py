@@ -6,7 +6,8 @@
         client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
         first, last = client.append([b"a", b"b"])
         client.read(first, wait_ms=1000).records
-        client.list_keys("col").entries      # [('colour', 'red')]
+        client.list_keys("col").entries      # [('colour', 'red')]: one page
+        list(client.scan_keys("col"))        # every key under "col", page after page
         client.watch(offset, prefix="col", wait_ms=5000).events
         client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
@@ -45,7 +46,7 @@ import socket
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -307,7 +308,12 @@ class QuorumClient:
     def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
                   stale: bool = False) -> KeyPage:
         """A page of the keys starting with ``prefix``, in key order, after ``start_after``
-        (linearizable unless ``stale``)."""
+        (linearizable unless ``stale``). A page holds fewer than ``limit`` keys when they would
+        be more than the node answers at once (about 1 MiB of keys and values):
+        ``next_start_after`` is where the next page starts, None after the last."""
+        _utf8_text(prefix, "a prefix")
+        if start_after is not None:
+            _utf8_text(start_after, "start_after")
         if self.protocol == "binary":
             entries, after, applied_offset = self._call_stream(
                 wire.Op.LIST, (prefix, start_after, _u32(limit, "limit"), stale),
@@ -328,13 +334,32 @@ class QuorumClient:
         return KeyPage(entries, after if isinstance(after, str) else None,
                        _field(body, "applied_offset", int))
 
+    def scan_keys(self, prefix: str = "", *, start_after: str | None = None,
+                  page_size: int = 100, stale: bool = False) -> Iterator[tuple[str, str]]:
+        """Every (key, value) under ``prefix`` after ``start_after``, in key order: ``list_keys``
+        page after page, each page read when the previous is used up (each linearizable
+        unless ``stale``, but not the whole scan at once)."""
+        after = start_after
+        while True:
+            page = self.list_keys(prefix, start_after=after, limit=page_size, stale=stale)
+            yield from page.entries
+            after = page.next_start_after
+            if after is None:
+                return
+
     def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
               wait_ms: int = 0, max_events: int = 100) -> WatchResult:
         """The changes of ``key`` (or of the keys under ``prefix``) committed at or after
         ``offset``, waiting up to ``wait_ms`` while there is none; continue from
-        ``next_offset``. Raises QuorumClientError COMPACTED when they are no longer known."""
+        ``next_offset`` (an answer holds fewer than ``max_events`` changes when they would be
+        more than the node answers at once, about 1 MiB). Raises QuorumClientError COMPACTED
+        when they are no longer known."""
         if (key is None) == (prefix is None):
             raise ValueError("watch a key or a prefix")
+        if key is not None:
+            _checked_key(key)
+        else:
+            _utf8_text(prefix or "", "a prefix")
         if self.protocol == "binary":
             watched = key if key is not None else prefix or ""
             events, next_offset, applied_offset = self._call_stream(
@@ -764,7 +789,18 @@ def _error_message(answer: _Answer) -> str:
 def _checked_key(key: str) -> str:
     if not key:
         raise ValueError("a key must not be empty")
-    return key
+    return _utf8_text(key, "a key")
+
+
+def _utf8_text(text: str, what: str) -> str:
+    """``text``, if it can be sent (keys and prefixes travel as UTF-8)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} must be Unicode text (UTF-8 encodable), got "
+                             f"{text!r}") from None
+    return text
 
 
 def _kv_path(key: str) -> str:

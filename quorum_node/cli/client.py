@@ -85,8 +85,10 @@ def _build_parser() -> argparse.ArgumentParser:
     get.add_argument("--stale", action="store_true",
                      help="read the contacted node's copy, which may be behind")
 
-    load = command("load", _load, "Put many keys at once, pipelined: one KEY<TAB>VALUE line each "
-                                  "(values escaped as list prints them: \\n, \\t, \\r, \\\\).")
+    load = command("load", _load, "Put many keys at once, pipelined: one KEY<TAB>VALUE line each, "
+                                  "as list prints them (UTF-8; in keys and values a newline, tab, "
+                                  "carriage return and backslash escaped as \\n, \\t, \\r, "
+                                  "\\\\).")
     load.add_argument("file", metavar="FILE", help="the lines ('-': stdin)")
     load.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW, metavar="N",
                       help=f"puts in flight at once (default: {DEFAULT_WINDOW})")
@@ -107,10 +109,13 @@ def _build_parser() -> argparse.ArgumentParser:
     value.add_argument("--delete", action="store_true", help="delete KEY instead")
 
     listing = command("list", _list, "Print the keys under a prefix with their values, "
-                      "KEY<TAB>VALUE, in key order (linearizable unless --stale).")
+                      "KEY<TAB>VALUE, in key order (linearizable unless --stale); newlines, "
+                      "tabs, carriage returns and backslashes in keys and values escaped, as "
+                      "load reads them.")
     listing.add_argument("prefix", nargs="?", default="", help="(default: every key)")
     listing.add_argument("--limit", type=positive_int, default=100, metavar="N",
-                         help="keys a page (default: 100)")
+                         help="the first N keys; with --all, keys asked for a page (default: "
+                              "100)")
     listing.add_argument("--start-after", metavar="KEY", help="start after this key (the "
                          "previous page's last)")
     listing.add_argument("--all", action="store_true", help="every page, not just the first")
@@ -119,7 +124,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="read the contacted node's copy, which may be behind")
 
     watch = command("watch", _watch, "Print each change of a key, or of the keys under "
-                    "--prefix, as OFFSET<TAB>put|delete<TAB>KEY<TAB>VALUE, until Ctrl-C.")
+                    "--prefix, as OFFSET<TAB>put|delete<TAB>KEY<TAB>VALUE (escaped as list "
+                    "prints them), until Ctrl-C.")
     watch.add_argument("key", nargs="?")
     watch.add_argument("--prefix", metavar="P", help="watch every key starting with P")
     watch.add_argument("--offset", type=non_negative_int, metavar="N",
@@ -195,14 +201,18 @@ def _load(client: QuorumClient, args: argparse.Namespace) -> int:
     text = read_value(args.file, None) if args.file == STDIN_VALUE \
         else read_value(None, Path(args.file))
     items: list[tuple[str, str]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # Lines end at a newline only (str.splitlines would also split at \x0b, \x1c, \x85,
+    # \u2028 ..., which a key or value may hold unescaped); a CRLF file's \r goes too, as
+    # list escapes every carriage return of its own.
+    for number, raw_line in enumerate(text.split("\n"), 1):
+        line = raw_line.removesuffix("\r")
         if not line:
             continue
         key, tab, value = line.partition("\t")
         if not tab or not key:
             raise CliError(f"line {number}: expected KEY<TAB>VALUE, got {line[:60]!r}",
                            EXIT_USAGE, api_code="BAD_REQUEST")
-        items.append((key, _unescape(value)))
+        items.append((_unescape(key), _unescape(value)))
     if not items:
         raise CliError("nothing to load (no KEY<TAB>VALUE line)", EXIT_USAGE,
                        api_code="BAD_REQUEST")
@@ -258,16 +268,21 @@ def _get(client: QuorumClient, args: argparse.Namespace) -> int:
 
 def _list(client: QuorumClient, args: argparse.Namespace) -> int:
     after: str | None = args.start_after
+    printed = 0
     while True:
-        page = client.list_keys(args.prefix, start_after=after, limit=args.limit,
-                                stale=args.stale)
+        limit = args.limit if args.all else args.limit - printed
+        page = client.list_keys(args.prefix, start_after=after, limit=limit, stale=args.stale)
         if args.json:
             emit_json(client.last_answer)  # one API answer a line, a page each
         else:
             for key, value in page.entries:
-                print(key if args.keys_only else f"{key}\t{_escape(value)}")
+                _print_utf8(_escape(key) if args.keys_only
+                            else f"{_escape(key)}\t{_escape(value)}")
+        printed += len(page.entries)
         after = page.next_start_after
-        if after is None or not args.all:
+        # A page holds fewer keys than asked when they would be over the node's answer size:
+        # the first N keys may take more than one.
+        if after is None or (not args.all and printed >= args.limit):
             return EXIT_OK
 
 
@@ -287,7 +302,7 @@ def _watch(client: QuorumClient, args: argparse.Namespace) -> int:
                 if not args.json:
                     kind = "put" if event.value is not None else "delete"
                     value = "" if event.value is None else _escape(event.value)
-                    print(f"{event.offset}\t{kind}\t{event.key}\t{value}", flush=True)
+                    _print_utf8(f"{event.offset}\t{kind}\t{_escape(event.key)}\t{value}")
             offset = result.next_offset
             if args.once:
                 return EXIT_OK
@@ -296,8 +311,22 @@ def _watch(client: QuorumClient, args: argparse.Namespace) -> int:
 
 
 def _escape(text: str) -> str:
+    """A key or value on one line, tab-separable (PostgreSQL COPY's text escapes): backslash,
+    newline, tab and carriage return as \\\\, \\n, \\t, \\r; every other character as it is."""
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") \
         .replace("\r", "\\r")
+
+
+def _print_utf8(line: str) -> None:
+    """Print ``line`` in UTF-8, whatever the locale's encoding (load reads UTF-8)."""
+    out = sys.stdout
+    buffer = getattr(out, "buffer", None)
+    if buffer is None or (out.encoding or "").lower().replace("-", "") == "utf8":
+        print(line, flush=True)
+        return
+    out.flush()
+    buffer.write(line.encode("utf-8") + b"\n")
+    buffer.flush()
 
 
 def _append(client: QuorumClient, args: argparse.Namespace) -> int:

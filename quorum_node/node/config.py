@@ -132,6 +132,9 @@ class NodeConfig(BaseModel):
     # About 20 MB of 100-byte records: Kafka snapshots every 20 MiB of metadata log by default.
     snapshot_interval_records: int = Field(200_000, ge=0)
     snapshot_retained_log_records: int = Field(0, ge=0)
+    # At least one largest change (a 1 KiB key and a 1 MiB value), so that a watch that keeps up
+    # is never told its next change was dropped.
+    kv_history_retention_bytes: int = Field(64 * 1024 * 1024, ge=2 * 1024 * 1024)
     # Security (docs/security.md). Declared after listeners: their checks read them.
     ssl_certificate_location: Path | None = Field(None, validate_default=True)
     ssl_key_location: Path | None = Field(None, validate_default=True)
@@ -438,6 +441,10 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("snapshot.retained.log.records", ("snapshot_retained_log_records",),
               "Records of log kept below the latest snapshot; whole segments older than that "
               "are deleted.", shared=True),
+    ConfigKey("kv.history.retention.bytes", ("kv_history_retention_bytes",),
+              "Most bytes of the key-value store's change history, which watches read from "
+              "(keys and values of the latest changes, at most 100000 of them); a watch from an "
+              "older offset gets 410 COMPACTED.", shared=True),
     ConfigKey("format.if.empty", ("format_if_empty",),
               "Format an empty log.dir at start-up with a new directory id (for containers)."),
     ConfigKey("ssl.certificate.location", ("ssl_certificate_location",),

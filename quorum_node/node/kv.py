@@ -16,19 +16,31 @@ Each applied operation leaves an ``Outcome`` under its offset, so that the API t
 tell its caller whether a cas applied. Outcomes are kept for the most recent ``outcome_limit``
 operations only (writers collect theirs as soon as their offset is applied).
 
-Each change of the map is also kept as a ``KvEvent`` (the most recent ``event_limit``), which a
-watch reads from an offset on; ``events_start`` is the first offset whose changes are all still
-known (the snapshot's end after loading one, later the first event dropped plus one).
+Each change of the map is also kept, in its change history, which a watch reads from an offset
+on: the most recent ``event_limit`` changes, and no more than ``event_bytes_limit`` bytes of them
+(``change_bytes``: a change of one large value counts as what it holds, so the history never
+holds more than the bound however the writes are shaped, during a start-up's replay as after);
+``events_start`` is the first offset whose changes are all still known (the snapshot's end after
+loading one, later the first change dropped plus one). Watches that wait for a change register in
+the store's ``WatchIndex``, by key and by prefix, and each change is handed to the ones it
+concerns only: an applied operation costs a dict lookup or two, however many watches wait.
+
+The keys are kept in order beside the map (a ``SortedList``, a pointer a key), so that a page of
+a listing is a bisection and the page's entries, not a sort of every key.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, Protocol
+
+from sortedcontainers import SortedList
 
 from quorum_node.raft.records import Record, RecordBatch, decode_batch, read_batch_header
 
@@ -40,6 +52,10 @@ MAX_KEY_BYTES = 1024  # UTF-8 bytes of a key
 MAX_VALUE_BYTES = 1024 * 1024  # UTF-8 bytes of a value
 DEFAULT_OUTCOME_LIMIT = 100_000
 DEFAULT_EVENT_LIMIT = 100_000
+DEFAULT_EVENT_BYTES_LIMIT = 64 * 1024 * 1024
+# What keeping a change costs besides its key's and value's bytes (its tuple, its offset): a
+# history of many tiny changes is bounded by its bytes too.
+CHANGE_OVERHEAD_BYTES = 64
 # Bounds on a KV record's JSON before it is parsed. An operation is one flat object, so any
 # nesting is foreign; without the depth bound a deeply nested document exhausts the parser's
 # recursion on every replica (and again at every replay). The size bound is what the largest
@@ -215,6 +231,17 @@ def _optional_string(document: dict[str, Any], name: str) -> str | None:
     raise KvOpError(f"{name!r} must be a string or null")
 
 
+def text_bytes(text: str) -> int:
+    """The UTF-8 size of ``text`` (counted without encoding it when it is ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def change_bytes(key: str, value: str | None) -> int:
+    """What a change (or an entry of a listing) counts for against the history's bound and an
+    answer's: its key's and value's UTF-8 bytes, plus CHANGE_OVERHEAD_BYTES."""
+    return text_bytes(key) + (0 if value is None else text_bytes(value)) + CHANGE_OVERHEAD_BYTES
+
+
 @dataclass(frozen=True, slots=True)
 class KvEvent:
     """A change of the map: the operation at ``offset`` set ``key`` to ``value`` (None: deleted
@@ -226,28 +253,144 @@ class KvEvent:
     value: str | None
 
 
+class ChangeWatcher(Protocol):
+    """A watch waiting for changes (``quorum_node.node.kv_service``'s): of the key ``watched``
+    if ``exact``, else of the keys starting with it."""
+
+    @property
+    def watched(self) -> str: ...
+
+    @property
+    def exact(self) -> bool: ...
+
+    def take(self, offset: int, key: str, value: str | None, size: int) -> bool:
+        """A change it watches was applied; False once it wants no more (its answer is full:
+        the index forgets it)."""
+
+    def end(self, *, lost: bool) -> None:
+        """No more changes will come: the store stopped following the log, or (``lost``) the
+        changes it waits on were replaced by a snapshot's map. The index forgets it."""
+
+
+# The changes dropped from the head of the history are replaced by this (their values freed at
+# once); the list is compacted once they are half of it.
+_DROPPED = (-1, "", None, 0)
+_COMPACT_AT = 1024
+_change_offset = itemgetter(0)
+
+
+class WatchIndex:
+    """The watches waiting for a change, by key (exact) and by prefix. A change is handed to the
+    watches of its key, and to those of each registered prefix length that its key is long
+    enough for (one dict lookup each): what an applied change costs does not grow with the
+    number of watches that it does not concern."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, set[ChangeWatcher]] = {}
+        self._by_prefix: dict[str, set[ChangeWatcher]] = {}
+        self._prefix_lengths: Counter[int] = Counter()  # registered prefixes of each length
+        self._lengths: list[int] = []  # the lengths registered, ascending
+
+    def __len__(self) -> int:
+        return (sum(len(w) for w in self._by_key.values())
+                + sum(len(w) for w in self._by_prefix.values()))
+
+    def __bool__(self) -> bool:
+        return bool(self._by_key or self._by_prefix)
+
+    def add(self, watcher: ChangeWatcher) -> None:
+        if watcher.exact:
+            self._by_key.setdefault(watcher.watched, set()).add(watcher)
+            return
+        watchers = self._by_prefix.setdefault(watcher.watched, set())
+        if not watchers:
+            length = len(watcher.watched)
+            self._prefix_lengths[length] += 1
+            if self._prefix_lengths[length] == 1:
+                bisect.insort(self._lengths, length)
+        watchers.add(watcher)
+
+    def discard(self, watcher: ChangeWatcher) -> None:
+        index = self._by_key if watcher.exact else self._by_prefix
+        watchers = index.get(watcher.watched)
+        if watchers is None or watcher not in watchers:
+            return
+        watchers.discard(watcher)
+        if watchers:
+            return
+        del index[watcher.watched]
+        if not watcher.exact:
+            length = len(watcher.watched)
+            self._prefix_lengths[length] -= 1
+            if not self._prefix_lengths[length]:
+                del self._prefix_lengths[length]
+                self._lengths.remove(length)
+
+    def deliver(self, offset: int, key: str, value: str | None, size: int) -> None:
+        """Hand the change at ``offset`` to the watches it concerns."""
+        watchers = self._by_key.get(key)
+        if watchers:
+            self._hand(watchers, offset, key, value, size)
+        for length in self._lengths:
+            if length > len(key):
+                break
+            watchers = self._by_prefix.get(key[:length])
+            if watchers:
+                self._hand(watchers, offset, key, value, size)
+
+    def _hand(self, watchers: set[ChangeWatcher], offset: int, key: str, value: str | None,
+              size: int) -> None:
+        for watcher in list(watchers):
+            if not watcher.take(offset, key, value, size):
+                self.discard(watcher)
+
+    def end_all(self, *, lost: bool) -> None:
+        """End every watch (``ChangeWatcher.end``) and forget them all."""
+        everyone = [w for index in (self._by_key, self._by_prefix) for ws in index.values()
+                    for w in ws]
+        self._by_key.clear()
+        self._by_prefix.clear()
+        self._prefix_lengths.clear()
+        self._lengths.clear()
+        for watcher in everyone:
+            watcher.end(lost=lost)
+
+
 class KvStore:
-    """The map, the offset it has applied up to, and the outcomes and changes of recent
-    operations."""
+    """The map, its keys in order, the offset it has applied up to, the outcomes of recent
+    operations and the history of recent changes, and the watches waiting for the next."""
 
     def __init__(self, outcome_limit: int = DEFAULT_OUTCOME_LIMIT,
-                 event_limit: int = DEFAULT_EVENT_LIMIT) -> None:
-        if outcome_limit < 1 or event_limit < 1:
-            raise ValueError("outcome_limit and event_limit must be at least 1")
+                 event_limit: int = DEFAULT_EVENT_LIMIT,
+                 event_bytes_limit: int = DEFAULT_EVENT_BYTES_LIMIT) -> None:
+        if outcome_limit < 1 or event_limit < 1 or event_bytes_limit < 1:
+            raise ValueError("outcome_limit, event_limit and event_bytes_limit must be at "
+                             "least 1")
         self._data: dict[str, str] = {}
+        self._keys: SortedList[str] = SortedList()
         self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
         self._outcome_limit = outcome_limit
-        # (offset, key, value) of each change: a KvEvent is made for a watch that reads one,
-        # not for each of the millions of operations a start-up replays.
-        self._events: deque[tuple[int, str, str | None]] = deque()
+        # (offset, key, value, size) of each change from _events_head on, in offset order: a
+        # KvEvent is made for a watch that reads one, not for each of the millions of
+        # operations a start-up replays. A list with a moving head rather than a deque, so
+        # that a watch finds its offset by bisection.
+        self._events: list[tuple[int, str, str | None, int]] = []
+        self._events_head = 0
         self._event_limit = event_limit
-        self.events_start = 0  # every change at or after this offset is in _events
+        self._event_bytes_limit = event_bytes_limit
+        self.events_bytes = 0  # change_bytes of the changes kept
+        self.events_start = 0  # every change at or after this offset is kept
         self.next_offset = 0  # every offset below it is applied
+        self.watchers = WatchIndex()
 
     @property
     def applied_offset(self) -> int:
         """The last offset applied; -1 before any."""
         return self.next_offset - 1
+
+    @property
+    def events_kept(self) -> int:
+        return len(self._events) - self._events_head
 
     def __len__(self) -> int:
         return len(self._data)
@@ -256,28 +399,59 @@ class KvStore:
         return self._data.get(key)
 
     def items(self) -> list[tuple[str, str]]:
-        return sorted(self._data.items())
+        data = self._data
+        return [(key, data[key]) for key in self._keys]
 
-    def scan(self, prefix: str, start_after: str | None, limit: int) -> list[tuple[str, str]]:
+    def scan(self, prefix: str, start_after: str | None, limit: int,
+             max_bytes: int) -> tuple[list[tuple[str, str]], bool]:
         """Up to ``limit`` entries whose key starts with ``prefix`` and sorts after
-        ``start_after``, in key order. (A pass over every key: the store holds metadata, and a
-        sorted index would cost every write.)"""
-        keys = sorted(key for key in self._data
-                      if key.startswith(prefix) and (start_after is None or key > start_after))
-        return [(key, self._data[key]) for key in keys[:limit]]
+        ``start_after``, in key order, no more than ``max_bytes`` of them (``change_bytes``)
+        unless the first alone is larger; and whether more keys follow."""
+        keys, data = self._keys, self._data
+        if start_after is not None and start_after >= prefix:
+            first = keys.bisect_right(start_after)
+        else:
+            first = keys.bisect_left(prefix)
+        entries: list[tuple[str, str]] = []
+        size = 0
+        for key in keys.islice(first, None):
+            if not key.startswith(prefix):
+                return entries, False
+            value = data[key]
+            entry_size = change_bytes(key, value)
+            if len(entries) == limit or (entries and size + entry_size > max_bytes):
+                return entries, True
+            entries.append((key, value))
+            size += entry_size
+        return entries, False
 
-    def events(self, offset: int, prefix: str, exact: bool, limit: int) -> list[KvEvent]:
-        """Up to ``limit`` changes at or after ``offset`` of the key ``prefix`` (``exact``) or of
-        the keys starting with it. The caller checks ``offset >= events_start``."""
-        found: list[KvEvent] = []
-        # Newest first: a watch is near the end.
-        for event_offset, key, value in reversed(self._events):
-            if event_offset < offset:
-                break
-            if key == prefix if exact else key.startswith(prefix):
-                found.append(KvEvent(event_offset, key, value))
-        found.reverse()
-        return found[:limit]
+    def changes(self, offset: int, watched: str, exact: bool, *, into: list[KvEvent],
+                size: int, max_events: int, max_bytes: int,
+                max_scanned: int) -> tuple[int, int, bool]:
+        """Add to ``into`` the changes at or after ``offset`` of the key ``watched``
+        (``exact``) or of the keys starting with it, in offset order: up to ``max_events`` in
+        ``into``, no more than ``max_bytes`` of them (``size`` so far) unless the first alone
+        is larger, looking at no more than ``max_scanned`` changes (a bound on the time one
+        call takes). Returns the new size, the offset the next look continues from, and
+        whether the answer is done (full, or every change kept was looked at). The caller
+        checks ``offset >= events_start``."""
+        events = self._events
+        position = bisect.bisect_left(events, offset, lo=self._events_head, key=_change_offset)
+        end = min(len(events), position + max_scanned)
+        while position < end:
+            event_offset, key, value, change_size = events[position]
+            position += 1
+            if not (key == watched if exact else key.startswith(watched)):
+                continue
+            if into and size + change_size > max_bytes:
+                return size, event_offset, True
+            into.append(KvEvent(event_offset, key, value))
+            size += change_size
+            if len(into) >= max_events:
+                return size, event_offset + 1, True
+        if position < len(events):
+            return size, events[position][0], False
+        return size, max(offset, self.next_offset), True
 
     def snapshot_entries(self) -> list[tuple[str, str]]:
         """The map's entries as they are now, for a snapshot written in the background: a
@@ -294,10 +468,16 @@ class KvStore:
                 raise ValueError(f"a snapshot holds puts only, not {op!r}")
             data[op.key] = op.value
         self._data = data
+        # The snapshot's records come in key order: sorting them again is a linear pass.
+        self._keys = SortedList(data)
         self._outcomes.clear()
         self._events.clear()
+        self._events_head = 0
+        self.events_bytes = 0
         self.events_start = next_offset  # what changed before is folded into the snapshot
         self.next_offset = next_offset
+        # The changes a waiting watch has not been given are part of the snapshot now.
+        self.watchers.end_all(lost=True)
 
     def apply_batch(self, batch: RecordBatch, limit: int | None = None) -> int:
         """Apply the records of a committed batch that are not applied yet, in offset order,
@@ -368,27 +548,52 @@ class KvStore:
         return True
 
     def _record_event(self, offset: int, key: str, value: str | None) -> None:
-        self._events.append((offset, key, value))
-        if len(self._events) > self._event_limit:
-            self.events_start = self._events.popleft()[0] + 1
+        size = change_bytes(key, value)
+        events = self._events
+        events.append((offset, key, value, size))
+        self.events_bytes += size
+        if self.watchers:
+            self.watchers.deliver(offset, key, value, size)
+        head = self._events_head
+        while (len(events) - head > self._event_limit
+               or self.events_bytes > self._event_bytes_limit):
+            dropped_offset, _, _, dropped_size = events[head]
+            events[head] = _DROPPED
+            head += 1
+            self.events_bytes -= dropped_size
+            self.events_start = dropped_offset + 1
+        if head >= _COMPACT_AT and head * 2 >= len(events):
+            del events[:head]
+            head = 0
+        self._events_head = head
 
     def apply(self, op: KvOp) -> Outcome:
         """Apply one operation to the map (without moving ``next_offset``)."""
         current = self._data.get(op.key)
         existed = current is not None
         if isinstance(op, Put):
-            self._data[op.key] = op.value
+            self._set(op.key, op.value, existed)
             return _OUTCOMES[True, existed]
         if isinstance(op, Delete):
-            self._data.pop(op.key, None)
+            if existed:
+                self._remove(op.key)
             return _OUTCOMES[existed, existed]
         if current != op.expected:
             return _OUTCOMES[False, existed]
-        if op.value is None:
-            self._data.pop(op.key, None)
-        else:
-            self._data[op.key] = op.value
+        if op.value is not None:
+            self._set(op.key, op.value, existed)
+        elif existed:
+            self._remove(op.key)
         return _OUTCOMES[True, existed]
+
+    def _set(self, key: str, value: str, existed: bool) -> None:
+        if not existed:
+            self._keys.add(key)
+        self._data[key] = value
+
+    def _remove(self, key: str) -> None:
+        del self._data[key]
+        self._keys.remove(key)
 
     def _record(self, offset: int, outcome: Outcome) -> None:
         self._outcomes[offset] = outcome

@@ -22,6 +22,13 @@ runtime runs). Its operations:
   of the keys under a prefix from ``offset`` on, waiting up to ``wait_s`` while there is none.
   Any node answers, from its own store.
 
+A page and a watch's answer hold at most ``MAX_ANSWER_BYTES`` of keys and values (one entry
+however large), whatever ``limit`` or ``max_events`` asks: the answer's continuation
+(``next_start_after``, ``next_offset``) says where the next one starts. A watch that waits is
+registered in the store's ``WatchIndex`` and handed the changes of its key or prefix as they are
+applied, so that waiting watches cost an applied write nothing unless it concerns them; a
+caller that goes away cancels its call, which ends its wait at once.
+
 Errors, every one a plain exception for the transport to map to its one error answer:
 
 - ``NotLeaderError`` (``quorum_node.raft.types``): the call needs the leader; ``leader_id`` is
@@ -37,12 +44,23 @@ Errors, every one a plain exception for the transport to map to its one error an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import Cas, Delete, KvEvent, KvOp, KvOpError, Put, check_key, encode_op
+from quorum_node.node.kv import (
+    Cas,
+    Delete,
+    KvEvent,
+    KvOp,
+    KvOpError,
+    KvStore,
+    Put,
+    check_key,
+    encode_op,
+)
 from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
 from quorum_node.node.state_machine import (
     READ_CHUNK_BYTES,
@@ -68,6 +86,12 @@ DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 10_000
 DEFAULT_WATCH_EVENTS = 100
 MAX_WATCH_EVENTS = 10_000
+# Bytes of keys and values a page of keys or a watch's answer holds at most (kv.change_bytes;
+# one entry however large): what one answer costs the node's memory and event loop is bounded,
+# whatever limit or max_events was asked for.
+MAX_ANSWER_BYTES = 1024 * 1024
+# Changes of the history a watch looks at before it lets other work run.
+WATCH_SCAN_SLICE = 10_000
 
 _T = TypeVar("_T")
 
@@ -237,10 +261,8 @@ class KvService:
         if not stale:
             await self._catch_up_linearizable(timeout_s)
         store = self.state_machine.store
-        page = store.scan(prefix, start_after, limit + 1)
-        more = len(page) > limit
-        page = page[:limit]
-        return Page(page, page[-1][0] if more else None, store.applied_offset)
+        entries, more = store.scan(prefix, start_after, limit, MAX_ANSWER_BYTES)
+        return Page(entries, entries[-1][0] if more else None, store.applied_offset)
 
     async def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
                     wait_s: float = 0.0, max_events: int = DEFAULT_WATCH_EVENTS) -> Changes:
@@ -252,30 +274,69 @@ class KvService:
         watched = key if key is not None else prefix or ""
         exact = key is not None
         if wait_s <= 0:
-            return self._changes(offset, watched, exact, max_events)
+            return await self._changes(offset, watched, exact, max_events)
         async with self._long_poll("requests are already waiting", "watch with wait_ms=0"):
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + wait_s
-            while True:
-                changes = self._changes(offset, watched, exact, max_events)
-                remaining = deadline - loop.time()
-                if changes.events or remaining <= 0 or not self.state_machine.running:
-                    return changes
-                await self.state_machine.wait_progress(remaining)
+            changes = await self._changes(offset, watched, exact, max_events)
+            if changes.events or not self.state_machine.running:
+                return changes
+            # Every change kept was looked at, and none since (no await in between): wait to be
+            # handed the next ones.
+            return await self._next_changes(changes.next_offset, watched, exact, max_events,
+                                            wait_s)
 
-    def _changes(self, offset: int, watched: str, exact: bool, max_events: int) -> Changes:
+    async def _changes(self, offset: int, watched: str, exact: bool,
+                       max_events: int) -> Changes:
+        """The changes kept from ``offset`` on, looked at a slice at a time (other work runs in
+        between); COMPACTED if ``offset`` is below them."""
         store = self.state_machine.store
-        if offset < store.events_start:
-            raise ServiceError(
-                ErrorCode.COMPACTED,
-                f"the changes before offset {store.events_start} are no longer known on node "
-                f"{self.node.config.node_id} (compacted into a snapshot, or older than the "
-                f"changes kept); watch from {store.events_start} after reading the current "
-                f"values")
-        events = store.events(offset, watched, exact, max_events)
-        full = len(events) == max_events
-        next_offset = events[-1].offset + 1 if full else max(offset, store.next_offset)
-        return Changes(events, next_offset, store.applied_offset)
+        events: list[KvEvent] = []
+        size = 0
+        position = offset
+        while True:
+            if position < store.events_start:
+                if events:  # the history moved past the rest meanwhile: the next call is told
+                    return Changes(events, position, store.applied_offset)
+                raise self._compacted(store)
+            size, position, done = store.changes(
+                position, watched, exact, into=events, size=size, max_events=max_events,
+                max_bytes=MAX_ANSWER_BYTES, max_scanned=WATCH_SCAN_SLICE)
+            if done:
+                return Changes(events, position, store.applied_offset)
+            await asyncio.sleep(0)
+
+    async def _next_changes(self, start: int, watched: str, exact: bool, max_events: int,
+                            wait_s: float) -> Changes:
+        """Wait up to ``wait_s`` to be handed the changes at or after ``start`` (every change
+        before it looked at already)."""
+        store = self.state_machine.store
+        waiter = _ChangeWaiter(watched, exact, start, max_events,
+                               asyncio.get_running_loop().create_future())
+        store.watchers.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout rather than wait_for: on 3.11, wait_for can swallow a
+                # cancellation (a caller gone).
+                async with asyncio.timeout(wait_s):
+                    await waiter.woken
+        finally:
+            store.watchers.discard(waiter)
+        if waiter.lost and not waiter.events:
+            raise self._compacted(store)
+        if waiter.full_at is not None:
+            next_offset = waiter.full_at
+        elif waiter.lost:  # what came after them went into a snapshot
+            next_offset = waiter.events[-1].offset + 1
+        else:  # every change applied so far was looked at
+            next_offset = max(start, store.next_offset)
+        return Changes(waiter.events, next_offset, store.applied_offset)
+
+    def _compacted(self, store: KvStore) -> ServiceError:
+        return ServiceError(
+            ErrorCode.COMPACTED,
+            f"the changes before offset {store.events_start} are no longer known on node "
+            f"{self.node.config.node_id} (compacted into a snapshot, or older than the "
+            f"changes kept); watch from {store.events_start} after reading the current "
+            f"values")
 
     # --- what the operations share -----------------------------------------------------------
 
@@ -381,6 +442,46 @@ class KvService:
         except TimeoutError:
             raise ServiceError(ErrorCode.TIMEOUT, f"leadership was not confirmed by a majority "
                                                   f"within {timeout_s:g} s") from None
+
+
+class _ChangeWaiter:
+    """A waiting watch, in the store's WatchIndex: the changes it is handed, within its answer's
+    bounds, and the future its call waits on (resolved by the first)."""
+
+    __slots__ = ("events", "exact", "full_at", "lost", "max_events", "size", "start", "watched",
+                 "woken")
+
+    def __init__(self, watched: str, exact: bool, start: int, max_events: int,
+                 woken: asyncio.Future[None]) -> None:
+        self.watched = watched
+        self.exact = exact
+        self.start = start
+        self.max_events = max_events
+        self.woken = woken
+        self.events: list[KvEvent] = []
+        self.size = 0
+        self.full_at: int | None = None  # where the next watch continues, once full
+        self.lost = False
+
+    def take(self, offset: int, key: str, value: str | None, size: int) -> bool:
+        if offset < self.start:
+            return True
+        if self.events and self.size + size > MAX_ANSWER_BYTES:
+            self.full_at = offset
+            return False
+        self.events.append(KvEvent(offset, key, value))
+        self.size += size
+        if not self.woken.done():
+            self.woken.set_result(None)
+        if len(self.events) >= self.max_events:
+            self.full_at = offset + 1
+            return False
+        return True
+
+    def end(self, *, lost: bool) -> None:
+        self.lost = lost
+        if not self.woken.done():
+            self.woken.set_result(None)
 
 
 class _LongPoll:

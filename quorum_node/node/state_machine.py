@@ -54,7 +54,7 @@ class KvStateMachine:
 
     def __init__(self, node: StateMachineHost) -> None:
         self.node = node
-        self.store = KvStore()
+        self.store = KvStore(event_bytes_limit=node.config.kv_history_retention_bytes)
         self.snapshots = KvSnapshots(node, self.store)
         self.failure: BaseException | None = None
         self._applier: asyncio.Task[None] | None = None
@@ -83,6 +83,7 @@ class KvStateMachine:
     def begin_closing(self) -> None:
         """Answer every wait on the store now (the server is about to wait for its requests)."""
         self._closing.set()
+        self.store.watchers.end_all(lost=False)
         self._notify()
 
     async def stop(self) -> None:
@@ -116,6 +117,7 @@ class KvStateMachine:
         except NotLeaderError:
             # What the runtime raises to waiters once the node has stopped after a failure.
             self.failure = node.failure or RuntimeError("the node stopped")
+            self.store.watchers.end_all(lost=False)
         except Exception as error:
             self.applier_failed(error)
         self._notify()
@@ -158,6 +160,7 @@ class KvStateMachine:
         probes report it."""
         logger.exception("node %d: the KV applier stopped", self.node.config.node_id)
         self.failure = error
+        self.store.watchers.end_all(lost=False)
 
     # --- waits -------------------------------------------------------------------------------
 

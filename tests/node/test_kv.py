@@ -305,10 +305,19 @@ def test_apply_encoded_matches_apply_batch_and_skips_batches_without_kv_ops() ->
 def test_scan_pages_a_prefix_in_key_order() -> None:
     store = KvStore()
     store.apply_batch(ops(0, *(Put(k, k.upper()) for k in ("b/2", "a", "b/1", "b/3", "c"))))
-    assert store.scan("b/", None, 2) == [("b/1", "B/1"), ("b/2", "B/2")]
-    assert store.scan("b/", "b/2", 2) == [("b/3", "B/3")]
-    assert store.scan("", None, 10)[0] == ("a", "A")
-    assert store.scan("z", None, 10) == []
+    assert store.scan("b/", None, 2, 1 << 20) == ([("b/1", "B/1"), ("b/2", "B/2")], True)
+    assert store.scan("b/", "b/2", 2, 1 << 20) == ([("b/3", "B/3")], False)
+    assert store.scan("b/", "a", 1, 1 << 20) == ([("b/1", "B/1")], True)  # before the prefix
+    assert store.scan("b/", "b/3", 2, 1 << 20) == ([], False)
+    assert store.scan("", None, 10, 1 << 20)[0][0] == ("a", "A")
+    assert store.scan("z", None, 10, 1 << 20) == ([], False)
+
+
+def events(store: KvStore, offset: int, watched: str, exact: bool, limit: int) -> list[KvEvent]:
+    found: list[KvEvent] = []
+    store.changes(offset, watched, exact, into=found, size=0, max_events=limit,
+                  max_bytes=1 << 30, max_scanned=1 << 30)
+    return found
 
 
 def test_events_are_the_changes_in_offset_order() -> None:
@@ -316,20 +325,20 @@ def test_events_are_the_changes_in_offset_order() -> None:
     store.apply_batch(ops(0, Put("k", "1"), Put("other", "x"), Cas("k", "nope", "2"),
                           Cas("k", "1", "3"), Delete("missing"), Delete("k")))
     # The cas that did not apply and the delete of an absent key changed nothing.
-    assert store.events(0, "k", True, 10) == [KvEvent(0, "k", "1"), KvEvent(3, "k", "3"),
+    assert events(store, 0, "k", True, 10) == [KvEvent(0, "k", "1"), KvEvent(3, "k", "3"),
                                                KvEvent(5, "k", None)]
-    assert store.events(4, "k", True, 10) == [KvEvent(5, "k", None)]
-    assert store.events(0, "", False, 2) == [KvEvent(0, "k", "1"), KvEvent(1, "other", "x")]
-    assert store.events(0, "o", False, 10) == [KvEvent(1, "other", "x")]
+    assert events(store, 4, "k", True, 10) == [KvEvent(5, "k", None)]
+    assert events(store, 0, "", False, 2) == [KvEvent(0, "k", "1"), KvEvent(1, "other", "x")]
+    assert events(store, 0, "o", False, 10) == [KvEvent(1, "other", "x")]
 
 
 def test_events_are_bounded_and_a_snapshot_starts_them_over() -> None:
     store = KvStore(event_limit=2)
     store.apply_batch(ops(0, Put("a", "1"), Put("a", "2"), Put("a", "3")))
     assert store.events_start == 1  # the change at 0 was dropped
-    assert [e.offset for e in store.events(1, "a", True, 10)] == [1, 2]
+    assert [e.offset for e in events(store, 1, "a", True, 10)] == [1, 2]
     store.load_snapshot([encode_op(Put("a", "9"))], next_offset=40)
-    assert store.events_start == 40 and store.events(0, "", False, 10) == []
+    assert store.events_start == 40 and events(store, 0, "", False, 10) == []
 
 
 @given(st.lists(operation, max_size=30))
@@ -340,6 +349,6 @@ def test_each_event_holds_what_its_key_holds_after_the_change(
     store = KvStore()
     for offset, op in enumerate(operations):
         store.apply_batch(ops(offset, op))
-        changed = store.events(offset, op.key, True, 10)
+        changed = events(store, offset, op.key, True, 10)
         if changed:
             assert changed == [KvEvent(offset, op.key, store.get(op.key))]

@@ -17,6 +17,14 @@ Endpoints (JSON answers):
   A read is linearizable (a ReadIndex confirmed by a majority, then this node's store caught up
   to it) unless ``?stale=true``, which reads this node's store as it is, on any node.
 - ``GET /v1/kv?prefix=&start_after=&limit=``: a page of keys; ``GET /v1/watch``: changes.
+  Either answer holds at most ``kv_service.MAX_ANSWER_BYTES`` of keys and values; its continuation
+  (``next_start_after``, ``next_offset``) says where the next one starts.
+
+Keys, prefixes and ``start_after`` must be UTF-8 once percent-decoded (400 otherwise: the router
+would keep an undecodable ``%ff`` as those three characters, and the query parser would make it
+U+FFFD, naming another key than the one sent). A long poll (a watch or a read with ``wait_ms``)
+whose client closes its connection is cancelled within ``DISCONNECT_CHECK_S``, so that a client
+gone frees its place among the ``http.max.long.polls`` at once rather than after its wait.
 
 A request that needs the leader is redirected to it (307, same method, body and query) or, with
 no leader known, refused with 503 ``NO_LEADER``; both are for the client to retry.
@@ -24,10 +32,14 @@ no leader known, refused with 503 ``NO_LEADER``; both are for the client to retr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import struct
+import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -65,6 +77,10 @@ _KV_READ_PARAMS = frozenset({"stale", "timeout_ms"})
 _RECORDS_READ_PARAMS = frozenset({"offset", "max_records", "wait_ms"})
 _KV_LIST_PARAMS = frozenset({"prefix", "start_after", "limit", "stale", "timeout_ms"})
 _WATCH_PARAMS = frozenset({"key", "prefix", "offset", "wait_ms", "max_events"})
+# How often the connections of waiting long polls are looked at for a client gone: aiohttp 3
+# tells a handler nothing when its connection is lost (short of cancelling every handler of the
+# server), and looking costs nothing while no long poll waits.
+DISCONNECT_CHECK_S = 0.1
 
 
 def client_routes(service: KvService) -> list[web.RouteDef]:
@@ -92,6 +108,7 @@ class ClientApi:
 
     def __init__(self, service: KvService) -> None:
         self.service = service
+        self.long_polls = LongPollConnections()
 
     # --- records -----------------------------------------------------------------------------
 
@@ -118,7 +135,8 @@ class ClientApi:
         max_records = query.integer("max_records", default=DEFAULT_READ_RECORDS, minimum=1,
                                     maximum=MAX_READ_RECORDS)
         wait_ms = query.integer("wait_ms", default=0, minimum=0, maximum=MAX_WAIT_MS)
-        page = await self.service.read(offset, max_records, wait_ms / 1000)
+        with self.long_polls.cancelled_when_gone(request):
+            page = await self.service.read(offset, max_records, wait_ms / 1000)
         return web.json_response({"records": [_record_json(record) for record in page.records],
                                   "high_watermark": page.high_watermark,
                                   "next_offset": page.next_offset})
@@ -127,7 +145,7 @@ class ClientApi:
 
     async def kv_put(self, request: web.Request) -> web.Response:
         timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
-        key = checked_key(request.match_info["key"])  # refused before its body is read
+        key = checked_key(path_key(request))  # refused before its body is read
         body = await read_body(request, MAX_VALUE_BYTES)
         try:
             value = body.decode("utf-8")
@@ -137,12 +155,12 @@ class ClientApi:
 
     async def kv_delete(self, request: web.Request) -> web.Response:
         timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
-        written = await self.service.delete(request.match_info["key"], timeout_s)
+        written = await self.service.delete(path_key(request), timeout_s)
         return _written_json(written, "deleted")
 
     async def kv_cas(self, request: web.Request) -> web.Response:
         timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
-        key = checked_key(request.match_info["key"])  # refused before its body is read
+        key = checked_key(path_key(request))  # refused before its body is read
         document = parse_json_body(await read_body(request, MAX_CAS_BODY_BYTES))
         if not isinstance(document, dict):
             bad_request('expected a JSON object {"expected": ..., "value": ...}')
@@ -162,7 +180,7 @@ class ClientApi:
     async def kv_list(self, request: web.Request) -> web.Response:
         """A page of the keys starting with ``prefix``, in key order, after ``start_after``;
         linearizable unless ``stale``, as a get."""
-        query = Query.of(request, _KV_LIST_PARAMS)
+        query = utf8_query(request, _KV_LIST_PARAMS)
         limit = query.integer("limit", default=DEFAULT_LIST_LIMIT, minimum=1,
                               maximum=MAX_LIST_LIMIT)
         page = await self.service.list_keys(query.string("prefix") or "",
@@ -171,7 +189,8 @@ class ClientApi:
                                             timeout_s=_timeout_s(query))
         return web.json_response({
             "entries": [{"key": key, "value": value} for key, value in page.entries],
-            # Where the next page starts (start_after=...), null on the last page.
+            # Where the next page starts (start_after=...), null on the last page; a page holds
+            # fewer than ``limit`` keys when they would be over kv_service.MAX_ANSWER_BYTES.
             "next_start_after": page.next_start_after,
             "applied_offset": page.applied_offset,
         })
@@ -180,7 +199,7 @@ class ClientApi:
         """The changes of a key (``key``) or of the keys under ``prefix`` committed at or after
         ``offset``, waiting up to ``wait_ms`` while there is none (a long-poll: the next one
         starts at ``next_offset``). Any node answers, from its own store."""
-        query = Query.of(request, _WATCH_PARAMS)
+        query = utf8_query(request, _WATCH_PARAMS)
         key, prefix = query.string("key"), query.string("prefix")
         if (key is None) == (prefix is None):
             bad_request("give exactly one of 'key' and 'prefix'")
@@ -188,8 +207,9 @@ class ClientApi:
         wait_ms = query.integer("wait_ms", default=0, minimum=0, maximum=MAX_WAIT_MS)
         max_events = query.integer("max_events", default=DEFAULT_WATCH_EVENTS, minimum=1,
                                    maximum=MAX_WATCH_EVENTS)
-        changes = await self.service.watch(offset, key=key, prefix=prefix,
-                                           wait_s=wait_ms / 1000, max_events=max_events)
+        with self.long_polls.cancelled_when_gone(request):
+            changes = await self.service.watch(offset, key=key, prefix=prefix,
+                                               wait_s=wait_ms / 1000, max_events=max_events)
         return web.json_response({
             "events": [{"offset": e.offset, "key": e.key,
                         "type": "put" if e.value is not None else "delete", "value": e.value}
@@ -203,14 +223,74 @@ class ClientApi:
         query = Query.of(request, _KV_READ_PARAMS)
         stale = query.boolean("stale")
         timeout_s = _timeout_s(query)
-        found = await self.service.get(request.match_info["key"], stale=stale,
-                                       timeout_s=timeout_s)
+        found = await self.service.get(path_key(request), stale=stale, timeout_s=timeout_s)
         if found.value is None:
             raise ApiError.of(ErrorCode.KEY_NOT_FOUND,
                               f"key {found.key!r} not found (applied up to offset "
                               f"{found.applied_offset})")
         return web.json_response({"key": found.key, "value": found.value,
                                   "applied_offset": found.applied_offset})
+
+
+class LongPollConnections:
+    """The long polls waiting, each with its request: one whose client has closed its
+    connection is cancelled (looked at every DISCONNECT_CHECK_S while any waits)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[asyncio.Task[Any], web.Request] = {}
+        self._check: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    @contextlib.contextmanager
+    def cancelled_when_gone(self, request: web.Request) -> Iterator[None]:
+        """Within it, the current task is cancelled once ``request``'s connection is gone."""
+        task = asyncio.current_task()
+        assert task is not None, "a handler runs in a task"
+        self._waiting[task] = request
+        if self._check is None:
+            self._check = asyncio.get_running_loop().call_later(DISCONNECT_CHECK_S,
+                                                                self._cancel_gone)
+        try:
+            yield
+        finally:
+            del self._waiting[task]
+
+    def _cancel_gone(self) -> None:
+        self._check = None
+        for task, request in self._waiting.items():
+            transport = request.transport
+            if (transport is None or transport.is_closing()) and not task.cancelling():
+                task.cancel("the client closed its connection")
+        if self._waiting:
+            self._check = asyncio.get_running_loop().call_later(DISCONNECT_CHECK_S,
+                                                                self._cancel_gone)
+
+
+def path_key(request: web.Request) -> str:
+    """The ``{key}`` of a ``/v1/kv/{key}...`` path, percent-decoded as UTF-8 (400 if it is not).
+    Decoded here from the raw path: the router keeps an undecodable ``%ff`` as it is, so that
+    ``%ff`` and ``%25ff`` would name the same key."""
+    raw = request.rel_url.raw_path.split("/")[3]
+    try:
+        return urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeError as error:
+        bad_request(f"the key is not UTF-8 once percent-decoded: {error}")
+
+
+def utf8_query(request: web.Request, allowed: frozenset[str]) -> Query:
+    """``Query.of``, refusing a parameter that is not UTF-8 once percent-decoded (the query
+    parser would make its bytes U+FFFD: another key or prefix than the one sent)."""
+    query = Query.of(request, allowed)
+    for pair in request.rel_url.raw_query_string.split("&"):
+        name, _, value = pair.partition("=")
+        try:
+            urllib.parse.unquote_to_bytes(value.replace("+", " ")).decode("utf-8")
+        except UnicodeError as error:
+            bad_request(f"query parameter {urllib.parse.unquote(name)!r} is not UTF-8 once "
+                        f"percent-decoded: {error}")
+    return query
 
 
 def _written_json(written: Written, applied_name: str) -> web.Response:

@@ -49,7 +49,8 @@ def _int_query(name: str, minimum: int, maximum: int, *, required: bool = False,
 _TIMEOUT = _int_query("timeout_ms", 1, MAX_TIMEOUT_MS,
                       description="How long the node waits for the commit (default 10000).")
 _KEY = {"name": "key", "in": "path", "required": True,
-        "description": "UTF-8, up to 1 KiB (percent-encode '/')",
+        "description": "UTF-8 once percent-decoded (else 400), up to 1 KiB (percent-encode "
+                       "'/')",
         "schema": {"type": "string", "minLength": 1, "maxLength": 1024}}
 # A request line or header over 8 KiB is refused by the HTTP layer, in plain text.
 _BAD_REQUEST = {"description": "BAD_REQUEST: a malformed request (INVALID_REQUEST: a voter "
@@ -256,6 +257,10 @@ PATHS: dict[str, Any] = {
             "operationId": "kvList",
             "summary": "A page of the keys under a prefix, in key order (linearizable unless "
                        "stale)",
+            "description": "At most `limit` keys and no more than 1 MiB of keys and values (one "
+                           "entry however large): fewer keys than `limit` when they would be "
+                           "more. `next_start_after` is where the next page starts (null after "
+                           "the last). Strings must be UTF-8 once percent-decoded.",
             "security": [{"bearer": []}, {"mutualTls": []}, {}],
             "parameters": [
                 {"name": "prefix", "in": "query", "required": False,
@@ -278,6 +283,10 @@ PATHS: dict[str, Any] = {
             "operationId": "kvWatch",
             "summary": "The changes of a key or of a prefix's keys from an offset (long-poll; "
                        "any node)",
+            "description": "At most `max_events` changes and no more than 1 MiB of keys and "
+                           "values (one change however large); `next_offset` is where the next "
+                           "watch continues. A waiting watch ends when its client closes the "
+                           "connection.",
             "security": [{"bearer": []}, {"mutualTls": []}, {}],
             "parameters": [
                 {"name": "key", "in": "query", "required": False,

@@ -9,7 +9,9 @@ of the identity that opened it.
 Bounds: a message larger than ``wire.MAX_REQUEST_BYTES`` closes the stream (1009); at most
 ``MAX_IN_FLIGHT`` requests of a stream are served at once, the next message is not read before
 one ends (the client's writes wait in TCP's buffers); a stream with nothing in flight that stays
-silent for the read timeout (``http.read.timeout.ms``) is closed (1001). A message that is not a
+silent for the read timeout (``http.read.timeout.ms``) is closed (1001); the reads of a stream
+that closes (a watch or a read waiting, a read waiting for its ReadIndex) are cancelled with it,
+its writes finish (they are committed or not whoever waits). A message that is not a
 request of this protocol (text, a cut head, fields that do not decode) closes the stream with
 1002 or 1003 and the reason; an unknown op is answered BAD_REQUEST and the stream goes on.
 """
@@ -50,6 +52,7 @@ MAX_IN_FLIGHT: Final = 256
 # A WebSocket close reason fits in a control frame (125 bytes, 2 of them the code).
 _MAX_REASON_BYTES: Final = 123
 _WRITES: Final = frozenset({Op.PUT, Op.DELETE, Op.CAS, Op.APPEND})
+_READS: Final = frozenset(Op) - _WRITES
 _OPS: Final = {op.value: op for op in Op}
 
 Serve = Callable[[tuple[Any, ...], float], Awaitable[tuple[Any, ...]]]
@@ -123,6 +126,7 @@ class StreamServer:
                 break  # closed, closing, or an error aiohttp closed the stream for
         finally:
             self._sockets.discard(socket)
+            stream.cancel_reads()
         return socket
 
     def _start(self, stream: _Stream, data: bytes) -> str | None:
@@ -160,7 +164,7 @@ class StreamServer:
         # A task of its own, not run inline as transport.start_now does: the service's waits
         # (asyncio.timeout) cancel the task they run in, which must not be the stream's.
         stream.track(asyncio.get_running_loop().create_task(
-            self._answer(stream, correlation, op, fields, timeout_s)))
+            self._answer(stream, correlation, op, fields, timeout_s)), read=op in _READS)
         return None
 
     async def _answer(self, stream: _Stream, correlation: int, op: Op,
@@ -274,10 +278,19 @@ class _Stream:
         self.in_flight = 0
         self.refused: set[Op] = set()  # the writes refused so far (audited once each)
         self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
+        self._reads: set[asyncio.Task[None]] = set()
 
-    def track(self, task: asyncio.Task[None]) -> None:
+    def track(self, task: asyncio.Task[None], *, read: bool) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if read:
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
+
+    def cancel_reads(self) -> None:
+        """The stream is closed: nobody waits for its reads' answers."""
+        for task in self._reads:
+            task.cancel("the stream closed")
 
     def finished(self) -> None:
         """A request (or a read that brought none) is over: its slot is free."""

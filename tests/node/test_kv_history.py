@@ -1,0 +1,181 @@
+"""The key-value store's bounds against a client that reads or writes a lot: the change history
+bounded in bytes (live, and when a start-up replays the log), pages and watch answers bounded in
+bytes, the ordered index of keys a listing pages through, and the index that hands a change to
+the waiting watches it concerns only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quorum_node.node.kv import (
+    CHANGE_OVERHEAD_BYTES,
+    Cas,
+    Delete,
+    KvEvent,
+    KvOp,
+    KvStore,
+    Put,
+    change_bytes,
+    encode_op,
+)
+from quorum_node.raft.records import RecordBatch
+
+MIB = 1024 * 1024
+
+
+def ops(base: int, *operations: KvOp) -> RecordBatch:
+    return RecordBatch(base_offset=base, epoch=1, records=tuple(encode_op(op) for op in operations))
+
+
+def test_the_history_is_bounded_in_bytes_live_and_when_the_log_is_replayed() -> None:
+    bound = 2 * MIB
+    value = "v" * (MIB // 4)
+    batches = [ops(offset, Put("hot", value + str(offset))) for offset in range(300)]
+    live = KvStore(event_bytes_limit=bound)
+    for each in batches:
+        live.apply_batch(each)
+        assert live.events_bytes <= bound
+    # 300 changes of a quarter MiB: a count bound alone kept 75 MiB of them.
+    assert live.events_kept == bound // change_bytes("hot", value + "299")
+    assert live.events_start == 300 - live.events_kept
+    # A start-up rebuilds the store from the log's bytes: the same bound, the same history.
+    replayed = KvStore(event_bytes_limit=bound)
+    replayed.apply_encoded(b"".join(each.encode() for each in batches), limit=300)
+    assert (replayed.events_bytes, replayed.events_start) == (live.events_bytes,
+                                                              live.events_start)
+    found: list[KvEvent] = []
+    replayed.changes(replayed.events_start, "hot", True, into=found, size=0, max_events=1000,
+                     max_bytes=1 << 40, max_scanned=1 << 40)
+    assert [e.offset for e in found] == list(range(live.events_start, 300))
+
+
+def test_a_history_of_tiny_changes_counts_what_each_costs_beside_its_bytes() -> None:
+    store = KvStore(event_bytes_limit=100 * CHANGE_OVERHEAD_BYTES)
+    store.apply_batch(ops(0, *(Put(f"k{i}", "") for i in range(1000))))
+    assert store.events_kept < 100 and store.events_bytes <= 100 * CHANGE_OVERHEAD_BYTES
+
+
+def test_utf8_sizes_count_every_byte() -> None:
+    assert change_bytes("k\u00e9", "\U0001f642") == 1 + 2 + 4 + CHANGE_OVERHEAD_BYTES
+    assert change_bytes("k", None) == 1 + CHANGE_OVERHEAD_BYTES
+
+
+def test_a_page_of_keys_is_bounded_in_bytes_and_says_more_follow() -> None:
+    store = KvStore()
+    big = "x" * 300_000
+    store.apply_batch(ops(0, *(Put(f"big/{i}", big) for i in range(5)), Put("small", "s")))
+    entries, more = store.scan("big/", None, 100, MIB)
+    assert [key for key, _ in entries] == ["big/0", "big/1", "big/2"] and more
+    entries, more = store.scan("big/", "big/2", 100, MIB)
+    assert [key for key, _ in entries] == ["big/3", "big/4"] and not more
+    # One entry larger than the bound still makes a page (else nothing could read it).
+    entries, more = store.scan("big/", None, 100, 1000)
+    assert [key for key, _ in entries] == ["big/0"] and more
+
+
+def test_a_watch_answer_is_bounded_in_bytes_and_continues_where_it_stopped() -> None:
+    store = KvStore()
+    big = "x" * 300_000
+    store.apply_batch(ops(0, *(Put("big", big + str(i)) for i in range(5))))
+    found: list[KvEvent] = []
+    size, next_offset, done = store.changes(0, "big", True, into=found, size=0, max_events=100,
+                                            max_bytes=MIB, max_scanned=1000)
+    assert [e.offset for e in found] == [0, 1, 2] and done and next_offset == 3
+    assert size == 3 * change_bytes("big", big + "0")
+
+
+def test_a_long_look_at_the_history_is_done_in_slices() -> None:
+    store = KvStore()
+    store.apply_batch(ops(0, *(Put(f"other/{i}", "v") for i in range(50)), Put("mine", "1")))
+    found: list[KvEvent] = []
+    _, next_offset, done = store.changes(0, "mine", True, into=found, size=0, max_events=10,
+                                         max_bytes=MIB, max_scanned=20)
+    assert (found, next_offset, done) == ([], 20, False)  # looked at 20, continue from there
+    _, next_offset, done = store.changes(next_offset, "mine", True, into=found, size=0,
+                                         max_events=10, max_bytes=MIB, max_scanned=40)
+    assert (found, next_offset, done) == ([KvEvent(50, "mine", "1")], 51, True)
+
+
+operation = st.one_of(
+    st.builds(Put, st.sampled_from(["a", "a/", "a/b", "ab", "b", "b\u00e9", ""]).map(
+        lambda k: k + "k"), st.text(max_size=3)),
+    st.builds(Delete, st.sampled_from(["ak", "a/k", "a/bk", "abk", "bk", "b\u00e9k", "k"])),
+    st.builds(Cas, st.sampled_from(["ak", "a/k", "bk"]), st.none() | st.text(max_size=2),
+              st.none() | st.text(max_size=2)),
+)
+
+
+@given(st.lists(operation, max_size=40), st.sampled_from(["", "a", "a/", "b", "z"]),
+       st.none() | st.sampled_from(["", "a", "a/k", "ak", "bk"]),
+       st.integers(min_value=1, max_value=5))
+def test_pages_follow_the_map_in_key_order_whatever_was_put_and_deleted(
+        operations: list[KvOp], prefix: str, start_after: str | None, limit: int) -> None:
+    store = KvStore()
+    model: dict[str, str] = {}
+    for offset, op in enumerate(operations):
+        store.apply_batch(ops(offset, op))
+        if isinstance(op, Put):
+            model[op.key] = op.value
+        elif isinstance(op, Delete):
+            model.pop(op.key, None)
+        elif model.get(op.key) == op.expected:
+            if op.value is None:
+                model.pop(op.key, None)
+            else:
+                model[op.key] = op.value
+    expected = sorted((k, v) for k, v in model.items() if k.startswith(prefix)
+                      and (start_after is None or k > start_after))
+    assert store.items() == sorted(model.items())
+    entries, more = store.scan(prefix, start_after, limit, MIB)
+    assert entries == expected[:limit] and more == (len(expected) > limit)
+
+
+@dataclass(eq=False)
+class Watcher:
+    watched: str
+    exact: bool
+    room: int = 1000
+    taken: list[int] = field(default_factory=list)
+    ended: bool | None = None  # lost, once ended
+
+    def take(self, offset: int, key: str, value: str | None, size: int) -> bool:
+        self.taken.append(offset)
+        return len(self.taken) < self.room
+
+    def end(self, *, lost: bool) -> None:
+        self.ended = lost
+
+
+def test_a_change_is_handed_only_to_the_watches_it_concerns() -> None:
+    store = KvStore()
+    idle = [Watcher(f"idle-{i}/", exact=False) for i in range(10_000)]
+    idle += [Watcher(f"idle-key-{i}", exact=True) for i in range(10_000)]
+    key, prefix, everything = Watcher("a/b", True), Watcher("a/", False), Watcher("", False)
+    longer = Watcher("a/bc", False)  # longer than a/b: not its prefix
+    for watcher in [*idle, key, prefix, everything, longer]:
+        store.watchers.add(watcher)
+    store.apply_batch(ops(0, Put("a/b", "1"), Put("zz", "2"), Put("a/bcd", "3"), Delete("a/b")))
+    assert all(not watcher.taken for watcher in idle)
+    assert key.taken == [0, 3] and prefix.taken == [0, 2, 3]
+    assert everything.taken == [0, 1, 2, 3] and longer.taken == [2]
+    store.apply_batch(ops(4, Put("idle-7/x", "v"), Put("idle-key-9", "v")))
+    assert [w.taken for w in idle if w.taken] == [[4], [5]]
+    assert len(store.watchers) == 20_004
+
+
+def test_a_full_watch_is_forgotten_and_a_snapshot_ends_every_watch_as_lost() -> None:
+    store = KvStore()
+    full, waiting = Watcher("k", True, room=1), Watcher("k", True)
+    store.watchers.add(full)
+    store.watchers.add(waiting)
+    store.apply_batch(ops(0, Put("k", "1"), Put("k", "2")))
+    assert full.taken == [0] and waiting.taken == [0, 1] and len(store.watchers) == 1
+    store.load_snapshot([encode_op(Put("k", "9"))], next_offset=10)
+    assert waiting.ended is True and full.ended is None and not store.watchers
+    store.watchers.add(waiting)
+    store.watchers.discard(waiting)
+    store.watchers.discard(waiting)  # forgetting twice is harmless
+    assert not store.watchers
