@@ -8,6 +8,8 @@ Secrets, all owned by the KafkaQuorum (deleted with it):
   client authentication: nodes present it to their peers), its key and the bundle.
 - ``NAME-operator``: the operator's client certificate (CN ``quorum-operator``: admin) and the
   bundle.
+- ``NAME-peer``: the peer secret (``secret``) that peer RPCs carry on a PLAINTEXT controller
+  listener (a TLS switch's stages, a quorum without TLS). Created once and never rewritten.
 - ``NAME-tokens``: the nodes' token file (``tokens``) with the admin token, which is also alone
   under ``admin-token`` (for ``quorum-admin --token-file``). Created once and never rewritten:
   lines added for applications stay.
@@ -143,6 +145,12 @@ def new_tokens() -> dict[str, bytes]:
     return {r.TOKENS_KEY: f"# TOKEN PRINCIPAL ROLES (docs/security.md)\n"
                           f"{token} {r.OPERATOR_PRINCIPAL} admin\n".encode(),
             ADMIN_TOKEN_KEY: token.encode()}
+
+
+def peer_secret(owner: r.Owner) -> dict[str, Any]:
+    """A random peer secret (256 bits, printable: the node's controller.listener.secret.file)."""
+    return secret(owner, r.peer_secret_name(owner.name),
+                  {r.PEER_SECRET_KEY: secrets.token_urlsafe(32).encode()}, "Opaque")
 
 
 def secret(owner: r.Owner, name: str, data: Mapping[str, bytes], kind: str = _TLS

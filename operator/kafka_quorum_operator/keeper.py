@@ -79,9 +79,14 @@ class Keeper:
 
     async def secure(self, owner: r.Owner, spec: Spec, node_ids: Sequence[int]) -> Secured:
         """Create or renew the quorum's credentials for ``node_ids``."""
-        if not spec.security.tls:
-            return Secured()
         changes: list[str] = []
+        # Whatever the protocol: a TLS switch, and a quorum without TLS, have a PLAINTEXT
+        # controller listener.
+        if await self._read(owner, r.peer_secret_name(owner.name)) is None:
+            await self._create(c.peer_secret(owner))
+            changes.append(f"peer secret generated (Secret {r.peer_secret_name(owner.name)})")
+        if not spec.security.tls:
+            return Secured(changes=changes)
         if await self._read(owner, r.tokens_secret_name(owner.name)) is None:
             await self._create(c.tokens_secret(owner))
             changes.append(f"admin token generated (Secret {r.tokens_secret_name(owner.name)})")

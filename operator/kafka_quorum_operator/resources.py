@@ -39,6 +39,11 @@ CONTAINER = "node"
 TLS_MOUNT = "/etc/quorum/tls"
 AUTH_MOUNT = "/etc/quorum/auth"
 TOKENS_KEY = "tokens"
+# The quorum's peer secret, which every peer RPC on a PLAINTEXT controller listener must carry
+# (a TLS switch's stages, a quorum without TLS): without it anyone who reaches that port could
+# speak as a peer.
+PEER_MOUNT = "/etc/quorum/peer"
+PEER_SECRET_KEY = "secret"
 # Principals (certificate common names) and their roles on the nodes. Node N's certificate is
 # quorum-node-N: the nodes' default auth.peer.principal.template, so it is the peer N and no
 # other; the operator's is an administrator. Each quorum has its own CA, so no other quorum's
@@ -172,6 +177,11 @@ def operator_secret_name(name: str) -> str:
     return f"{name}-operator"
 
 
+def peer_secret_name(name: str) -> str:
+    """The peer secret (key ``secret``): the nodes only."""
+    return f"{name}-peer"
+
+
 def tokens_secret_name(name: str) -> str:
     """The nodes' token file (key ``tokens``) and the admin token alone (``admin-token``)."""
     return f"{name}-tokens"
@@ -242,9 +252,9 @@ def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Seque
             env_var("ssl.ca.location"): f"{TLS_MOUNT}/ca.crt",
             env_var("auth.certificate.roles"): CERTIFICATE_ROLES,
         })
-    if listeners.any_tls and not listeners.plaintext_controller:
-        # With a PLAINTEXT controller listener (some stages of a switch) a token file needs the
-        # peer secret, which the operator does not make: clients use certificates meanwhile.
+    if listeners.plaintext_controller:
+        data[env_var("controller.listener.secret.file")] = f"{PEER_MOUNT}/{PEER_SECRET_KEY}"
+    if listeners.any_tls:
         data[env_var("auth.token.file")] = f"{AUTH_MOUNT}/{TOKENS_KEY}"
     for key, value in sorted(spec.node_config.items()):
         data[env_var(key)] = str(value)
@@ -377,6 +387,11 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
             {"name": "auth", "secret": {"secretName": tokens_secret_name(owner.name),
                                         "defaultMode": 0o440,
                                         "items": [{"key": TOKENS_KEY, "path": TOKENS_KEY}]}}]
+    if listeners.plaintext_controller:
+        container["volumeMounts"].append({"name": "peer", "mountPath": PEER_MOUNT,
+                                          "readOnly": True})
+        volumes.append({"name": "peer", "secret": {"secretName": peer_secret_name(owner.name),
+                                                   "defaultMode": 0o440}})
     if spec.resources:
         container["resources"] = dict(spec.resources)
     pod_spec: dict[str, Any] = {

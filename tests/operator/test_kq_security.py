@@ -268,23 +268,25 @@ async def test_keeper_generates_once_and_renews_by_the_clock() -> None:
     spec = parse_spec({})
     secured = await keeper.secure(OWNER, spec, [1, 2, 3])
     assert sorted(kube.writes) == sorted(
-        f"create {n}" for n in ("kq-ca", "kq-tokens", "kq-operator", "kq-node-1", "kq-node-2",
-                                "kq-node-3"))
+        f"create {n}" for n in ("kq-peer", "kq-ca", "kq-tokens", "kq-operator", "kq-node-1",
+                                "kq-node-2", "kq-node-3"))
     assert [o["kind"] for o in secured.objects] == ["ConfigMap"]  # the CA bundle
-    assert len(secured.changes) == 6
+    assert len(secured.changes) == 7
     tokens = kube.objects[path("Secret", "prod", "kq-tokens")]["data"]
+    peer = kube.objects[path("Secret", "prod", "kq-peer")]["data"]
     for _ in range(3):
         assert (await keeper.secure(OWNER, spec, [1, 2, 3])).changes == []
-    assert len(kube.writes) == 6
+    assert len(kube.writes) == 7
     assert await keeper.client_tls(OWNER, spec) is not None
     # Scale-up: only the new node's certificate.
     await keeper.secure(OWNER, spec, [1, 2, 3, 4, 5])
-    assert kube.writes[6:] == ["create kq-node-4", "create kq-node-5"]
+    assert kube.writes[7:] == ["create kq-node-4", "create kq-node-5"]
     # 61 days on, within renewBeforeDays (30) of the 90 days: every certificate, in place.
     clock[0] += 61 * 86400
     keeper._cache.clear()  # as RECHECK_S later
     renewed = await keeper.secure(OWNER, spec, [1, 2, 3, 4, 5])
-    assert sorted(kube.writes[8:]) == sorted(
+    assert kube.objects[path("Secret", "prod", "kq-peer")]["data"] == peer  # never
+    assert sorted(kube.writes[9:]) == sorted(
         f"patch {n}" for n in ("kq-operator", *(f"kq-node-{i}" for i in range(1, 6))))
     assert all("expires" in change for change in renewed.changes)
     assert kube.objects[path("Secret", "prod", "kq-tokens")]["data"] == tokens  # never
@@ -310,10 +312,11 @@ async def test_keeper_with_security_off_or_cert_manager() -> None:
     keeper = Keeper(kube)  # type: ignore[arg-type]
     off = parse_spec({"security": {"tls": {"enabled": False}}})
     assert (await keeper.secure(OWNER, off, [1, 2, 3])).objects == []
-    assert await keeper.client_tls(OWNER, off) is None and kube.writes == []
+    # Without TLS: the peer secret only.
+    assert await keeper.client_tls(OWNER, off) is None and kube.writes == ["create kq-peer"]
     managed = parse_spec({"security": {"tls": {"certManager": {"issuerRef": {"name": "ca"}}}}})
     secured = await keeper.secure(OWNER, managed, [1, 2, 3])
-    assert kube.writes == ["create kq-tokens"]  # certificates are cert-manager's
+    assert kube.writes[1:] == ["create kq-tokens"]  # certificates are cert-manager's
     assert [o["kind"] for o in secured.objects] == ["Certificate"] * 4
     assert await keeper.client_tls(OWNER, managed) is None  # until cert-manager issued it
 
@@ -389,14 +392,18 @@ def test_the_node_accepts_the_secured_configuration() -> None:
     assert config.auth_certificate_roles == r.CERTIFICATE_ROLES
 
 
-def test_security_off_is_plain_and_mounts_nothing() -> None:
+def test_security_off_is_plain_with_the_peer_secret_only() -> None:
+    """Without TLS the peers still prove they are peers: every peer RPC carries the quorum's
+    secret (the node refuses a PLAINTEXT controller listener without one beside an SSL one)."""
     spec = parse_spec({"security": {"tls": {"enabled": False}}})
     env = r.node_environment(OWNER, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
     assert env["QUORUM_LISTENERS"] == "CLIENT://0.0.0.0:9093,CONTROLLER://0.0.0.0:9094"
     assert env["QUORUM_LISTENER_SECURITY_PROTOCOL_MAP"] == "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     assert not any(k.startswith(("QUORUM_SSL_", "QUORUM_AUTH_")) for k in env)
+    assert env["QUORUM_CONTROLLER_LISTENER_SECRET_FILE"] == "/etc/quorum/peer/secret"
     pod = r.pod(OWNER, spec, 1, r.config_hash(spec, env))
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "peer"]
+    assert pod["spec"]["volumes"][1]["secret"]["secretName"] == "kq-peer"
     assert pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
     secured = r.node_environment(OWNER, parse_spec({}), "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
     # Switching security rolls every pod.
@@ -442,9 +449,12 @@ def test_every_stage_of_a_tls_switch_can_talk_to_its_neighbours(to_tls: bool) ->
         assert sorted(p["containerPort"] for p in container["ports"]) == sorted(
             listener.port for listener in config.listeners)
         assert ("tls" in [v["name"] for v in pod["spec"]["volumes"]]) == config.any_tls
-        # Tokens while no PLAINTEXT controller listener would need the peer secret.
-        assert (config.auth_token_file is not None) == (
-            config.any_tls and all(c.tls for c in config.controller_listeners))
+        # Every stage authenticated: tokens beside any SSL listener, and the peer secret on a
+        # PLAINTEXT controller listener (it is what lets tokens be used there).
+        assert (config.auth_token_file is not None) == config.any_tls
+        plaintext = not all(c.tls for c in config.controller_listeners)
+        assert (config.controller_listener_secret_file is not None) == plaintext
+        assert ("peer" in [v["name"] for v in pod["spec"]["volumes"]]) == plaintext
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
 
@@ -713,5 +723,7 @@ async def test_security_off_is_plain_and_warned(cluster: Cluster) -> None:
     assert await asyncio.to_thread(call, leader, "GET", "/v1/quorum", None) == 200
     assert await cluster.kube.get(path("Secret", NAMESPACE, "kq-ca")) is None
     assert await cluster.kube.get(path("Secret", NAMESPACE, "kq-tokens")) is None
+    # The peers still authenticate each other: the peer secret, which every node reads.
+    assert await cluster.kube.get(path("Secret", NAMESPACE, "kq-peer")) is not None
     # The NetworkPolicy is separate from TLS: still there.
     assert await cluster.kube.get(path("NetworkPolicy", NAMESPACE, NAME)) is not None
