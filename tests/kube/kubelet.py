@@ -573,6 +573,8 @@ class PodWorker:
                    "readOnly": bool(m.get("readOnly"))} for m in spec.get("volumeMounts") or []]
         mounts.append({"source": self.kubelet.config.hosts_file, "target": "/etc/hosts",
                        "readOnly": True})
+        mounts.append({"source": str(self.resolv_conf()), "target": "/etc/resolv.conf",
+                       "readOnly": True})
         scratch = self.dir / "containers" / f"{container.name}-{time.time_ns()}"
         scratch.mkdir(parents=True)
         hostname = str(pod_spec.get("hostname") or self.pod["metadata"]["name"])
@@ -593,6 +595,16 @@ class PodWorker:
                 ["nsenter", f"--net={self.sandbox.path}", "--", "unshare", "--mount", "--uts",
                  "--propagation", "private", "--", sys.executable, str(SHIM), str(spec_file)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def resolv_conf(self) -> Path:
+        """The pod's resolv.conf: the cluster's search path; its names are in /etc/hosts (the
+        add-ons' records), and a name not there gets no answer from any resolver (loopback
+        port 53 in the pod's own namespace refuses at once)."""
+        path = self.dir / "resolv.conf"
+        namespace = self.pod["metadata"]["namespace"]
+        path.write_text(f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
+                        "nameserver 127.0.0.1\noptions ndots:5 attempts:1 timeout:1\n")
+        return path
 
     async def environment(self, spec: Mapping[str, Any], image: images.Image) -> dict[str, str]:
         config_ = self.kubelet.config

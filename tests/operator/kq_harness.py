@@ -403,6 +403,10 @@ class Kubelet:
     def hosts_file(self) -> Path:
         return self.root / "hosts"
 
+    @property
+    def resolv_file(self) -> Path:
+        return self.root / "resolv.conf"
+
     def ip(self, pod_name: str) -> str:
         """The IP of the pod of that name (the last one started)."""
         if pod_name not in self.ips:
@@ -423,6 +427,7 @@ class Kubelet:
                         "(unshare --mount, as root); not available here")
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_hosts()
+        self.resolv_file.write_text(RESOLV_CONF)
         _RESOLVERS.append(self)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -526,7 +531,8 @@ class Kubelet:
                 return  # Init:Error: tried again on the next sync
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                [*_IN_OWN_MOUNT_NAMESPACE, str(self.hosts_file), *self.command, "run"],
+                [*_IN_OWN_MOUNT_NAMESPACE, str(self.hosts_file), str(self.resolv_file),
+                 *self.command, "run"],
                 stdout=out, stderr=subprocess.STDOUT,
                 env={**base, **env, "PYTHONUNBUFFERED": "1"})
         self.processes[meta["uid"]] = Process(meta["name"], meta["uid"], popen, log,
@@ -683,10 +689,14 @@ def _mount_namespaces() -> bool:
 
 
 MOUNT_NAMESPACES = _mount_namespaces()
-# The node's command line follows the hosts file's path: in a mount namespace of its own, with
-# that file bound over /etc/hosts.
+# The node's command line follows the paths of the hosts file and of a resolv.conf: in a mount
+# namespace of its own, with those files bound over /etc/hosts and /etc/resolv.conf.
 _IN_OWN_MOUNT_NAMESPACE = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                           'mount --bind "$0" /etc/hosts && exec "$@"']
+                           'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf'
+                           ' && shift && exec "$@"']
+# A name the hosts file lacks gets no answer from the machine's resolver: nothing is asked
+# beyond the machine (loopback port 53 refuses at once).
+RESOLV_CONF = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
 # The kubelets running now: the test process resolves their pods' names too.
 _RESOLVERS: list[Kubelet] = []
 _getaddrinfo = socket.getaddrinfo
@@ -698,6 +708,9 @@ def _cluster_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
             found = kubelet.resolve(host)
             if found is not None:
                 return _getaddrinfo(found, *args, **kwargs)
+        if _RESOLVERS and host.rstrip(".").endswith((".svc", ".svc.cluster.local")):
+            # A cluster name with no record: NXDOMAIN, never a query to the machine's resolver.
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
     return _getaddrinfo(host, *args, **kwargs)
 
 
