@@ -119,6 +119,34 @@ def test_storage_class_is_immutable(kube_cluster: Cluster, operator_installed: N
     assert "storageClassName is immutable" in stderr, stderr
 
 
+def test_operator_runs_as_any_uid(kube_cluster: Cluster, operator_installed: None) -> None:
+    """The operator's pod as a uid its image does not list (OpenShift's restricted SCC assigns
+    one from the namespace's range): it starts, takes the Lease and reconciles. kopf once
+    crashed at start there, naming itself after a user it could not look up."""
+    uid = "1000770000"
+    kube_cluster.helm("upgrade", OPERATOR_RELEASE, str(ROOT / "helm" / "kafka-quorum-operator"),
+                      "--namespace", NAMESPACE, "--reuse-values", "--wait", "--timeout", "5m",
+                      "--set", f"podSecurityContext.runAsUser={uid}",
+                      "--set", f"podSecurityContext.runAsGroup={uid}")
+    pods = json.loads(kubectl(kube_cluster, "get", "pods", "-l",
+                              "app.kubernetes.io/name=kafka-quorum-operator", "-o", "json"))
+    running = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    assert [p["spec"]["securityContext"]["runAsUser"] for p in running] == [int(uid)]
+    kubectl(kube_cluster, "patch", "kafkaquorum", NAME, "--type=merge", "-p",
+            json.dumps({"spec": {"config": {"electionTimeoutMs": 1100}}}))
+
+    def rolled() -> bool:
+        body = json.loads(kubectl(kube_cluster, "get", "kafkaquorum", NAME, "-o", "json"))
+        status = body.get("status") or {}
+        return status.get("observedGeneration") == body["metadata"]["generation"] and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions")
+            or [])
+
+    wait_for("the change reconciled by the operator running as another uid", rolled)
+    kube_cluster.helm("rollback", OPERATOR_RELEASE, "--namespace", NAMESPACE, "--wait",
+                      "--timeout", "5m")
+
+
 def test_delete_collects_owned_objects(kube_cluster: Cluster, operator_installed: None) -> None:
     """Background deletion (kubectl's default): the KafkaQuorum goes at once, the garbage
     collector then removes what it owns; the claims, not owned by default, stay with their

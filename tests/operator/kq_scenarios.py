@@ -1,11 +1,12 @@
 """The operator's scenarios, written once against a small cluster interface (``QuorumCluster``)
-and run by two backends: the emulated cluster of ``kq_cluster`` (the default suite) and a real
-kind cluster (``e2e/test_kind.py``). Each scenario waits on what a platform engineer would
-look at (the KafkaQuorum's status and conditions, its Events, its pods and claims), acts as an
-administrator would (delete a claim and a pod, patch the spec), and returns how long it took;
+and run by three backends: the emulated cluster of ``kq_cluster`` (the default suite), a real
+control plane built from source (``tests/kube/``) and a real kind cluster
+(``e2e/test_kind.py``). Each scenario waits on what a platform engineer would look at (the
+KafkaQuorum's status and conditions, its Events, its pods and claims), acts as an administrator
+would (delete a claim and a pod, patch the spec), and returns how long it took;
 ``Timings`` prints every measurement (``-s``) and keeps them for the summary.
 
-This module imports neither backend: only the interface, the standard library and the
+This module imports no backend: only the interface, the standard library and the
 operator's names.
 """
 

@@ -24,6 +24,10 @@ Every node logs each voter set it adopts ("voters now ...", committed or not, an
 truncation reverts one); from every log of every node process the set never holds more than
 one extra directory. A client writes all along; no acknowledged write is lost.
 
+This stays on the emulated backend: only there can a request be trapped at an exact point. On
+the real control plane (``tests/kube/test_kube_day_two.py``) the operator's pod is killed once,
+between AddVoter and RemoveVoter, and its Deployment brings it back.
+
 The crash windows matter, not the timings: the operator passes every second and a
 replacement waits 1 s caught up (``minCaughtUpSeconds``) instead of its defaults.
 """

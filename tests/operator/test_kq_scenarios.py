@@ -1,8 +1,9 @@
 """The operator's scenarios (``kq_scenarios``) on the emulated cluster (``kq_harness``: new pod
 IPs, names resolved by the nodes, peer names verified, replaced pods slow to start): the same
-functions ``e2e/test_kind.py`` runs on kind. The lifecycle runs with the operator's default
-timings (a pass every 5 s, and at once on a pod or claim event; a replacement caught up for
-10 s before AddVoter). Timings are printed (``-s``)."""
+functions ``tests/kube/test_kube_scenarios.py`` runs on a real control plane built from source and
+``e2e/test_kind.py`` on kind (e2e/README.md says what each backend shows). The lifecycle runs with
+the operator's default timings (a pass every 5 s, and at once on a pod or claim event; a
+replacement caught up for 10 s before AddVoter). Timings are printed (``-s``)."""
 
 from __future__ import annotations
 
