@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hosts_file import rewrite_in_place
 from kafka_quorum_operator.kube import Kube, KubeError
 from kubernetes import client, config
 
@@ -94,15 +95,7 @@ class Addons:
         lines = ["127.0.0.1 localhost", "::1 localhost"]
         lines += [f"{address} {name}" for name, addresses in sorted(records.items())
                   for address in sorted(addresses)]
-        text = "\n".join(lines) + "\n"
-        path = Path(self.config.hosts_file)
-        with path.open("a+") as hosts:  # in place: bind mounts follow this inode
-            hosts.seek(0)
-            if hosts.read() == text:
-                return
-            hosts.seek(0)
-            hosts.truncate()
-            hosts.write(text)
+        rewrite_in_place(Path(self.config.hosts_file), "\n".join(lines) + "\n")
 
     # -- volumes --
 

@@ -97,7 +97,8 @@ class Cluster:
 
     def _python(self, name: str, script: Path, config: Path) -> subprocess.Popen[bytes]:
         log = self.control_plane.logs / f"{name}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "operator")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(HERE), str(ROOT / "tests" / "operator"), str(ROOT / "operator")])}
         with log.open("ab") as out:
             return subprocess.Popen([sys.executable, str(script), str(config)], stdout=out,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)

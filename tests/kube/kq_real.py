@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster import Cluster
-from kq_cluster import Writer
+from kq_cluster import Writer, anonymous_refusal
 from kq_kubectl import Kubectl, KubectlQuorum
 from kq_scenarios import Load
 
-from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.security.client_credentials import ClientCredentials
 
 NAMESPACE = "quorum"
@@ -81,17 +80,8 @@ class RealQuorum(KubectlQuorum):
 
     async def refused_without_credentials(self) -> str | None:
         credentials = await asyncio.to_thread(self.credentials)
-        anonymous = ClientCredentials(ca_file=credentials.ca_file)
-
-        def try_read() -> str | None:
-            with QuorumClient(self.servers(3), timeout_s=10, credentials=anonymous) as client:
-                try:
-                    client.get("anything")
-                except QuorumClientError as error:
-                    return f"{error.code}: {error}"
-            return None
-
-        return await asyncio.to_thread(try_read)
+        return await asyncio.to_thread(anonymous_refusal, self.servers(3), credentials.ca_file,
+                                       10)
 
     async def volume_path(self, node_id: int) -> Path:
         """The host directory of the member's volume (its claim's PersistentVolume)."""

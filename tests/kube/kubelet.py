@@ -54,12 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import images
 from aiohttp import web
 from kafka_quorum_operator.kube import Kube, KubeError
 from kubernetes import client, config
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import images
 from netns import PodSandbox, pod_addresses
 
 logger = logging.getLogger("kubelet")

@@ -93,6 +93,18 @@ class Writer:
         return missing
 
 
+def anonymous_refusal(servers: list[str], ca_file: Path, timeout_s: float) -> str | None:
+    """How a client that trusts the quorum's CA and presents nothing is refused a read (None:
+    it was served). Blocking."""
+    anonymous = ClientCredentials(ca_file=ca_file)
+    with QuorumClient(servers, timeout_s=timeout_s, credentials=anonymous) as client:
+        try:
+            client.get("anything")
+        except QuorumClientError as error:
+            return f"{error.code}: {error}"
+    return None
+
+
 @dataclass
 class Cluster:
     kube: Kube

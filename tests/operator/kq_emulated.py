@@ -13,11 +13,10 @@ from kafka_quorum_operator import KIND
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.kube import path
 from kafka_quorum_operator.reconcile import CR_API
-from kq_cluster import NAME, Cluster, Writer
+from kq_cluster import NAME, Cluster, Writer, anonymous_refusal
 from kq_harness import NAMESPACE, cr_path, quorum_object
 from kq_scenarios import Load
 
-from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.security.client_credentials import ClientCredentials
 
 NODE_CONFIG = {"electionTimeoutMs": 500, "fetchTimeoutMs": 1500, "requestTimeoutMs": 1000,
@@ -85,19 +84,9 @@ class EmulatedQuorum:
                       await self._credentials())
 
     async def refused_without_credentials(self) -> str | None:
-        # Trusting the quorum's CA, presenting nothing.
-        anonymous = ClientCredentials(ca_file=(await self._credentials()).ca_file)
-
-        def try_read() -> str | None:
-            with QuorumClient(self.cluster.servers(range(1, 4)), timeout_s=5,
-                              credentials=anonymous) as client:
-                try:
-                    client.get("anything")
-                except QuorumClientError as error:
-                    return f"{error.code}: {error}"
-            return None
-
-        return await asyncio.to_thread(try_read)
+        credentials = await self._credentials()
+        return await asyncio.to_thread(anonymous_refusal, self.cluster.servers(range(1, 4)),
+                                       credentials.ca_file, 5)
 
     def next_image(self) -> str:
         return "quorum-node:next"

@@ -63,6 +63,7 @@ import jsonpatch
 import kmock
 import kopf
 import pytest
+from hosts_file import rewrite_in_place
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.reconcile import CR_API
@@ -595,14 +596,7 @@ class Kubelet:
         ``/etc/hosts`` is bound to this inode."""
         lines = ["127.0.0.1 localhost", "::1 localhost"]
         lines += [f"{ip} {name}" for name, (ip, _) in sorted(self.records.items())]
-        text = "\n".join(lines) + "\n"
-        with self.hosts_file.open("a+") as hosts:
-            hosts.seek(0)
-            if hosts.read() == text:
-                return
-            hosts.seek(0)
-            hosts.truncate()
-            hosts.write(text)
+        rewrite_in_place(self.hosts_file, "\n".join(lines) + "\n")
 
     def _forget_pods(self, present: set[str]) -> None:
         """Drop the records of pods that are gone (the endpoints controller's part)."""
