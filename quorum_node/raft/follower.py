@@ -110,10 +110,19 @@ def _voter_records_problem(batch: RecordBatch, voter_ids: Collection[int]) -> st
     except ValueError as error:
         return f"an unreadable voter record at offset {batch.base_offset}: {error}"
     for offset, voters in sets:
-        unknown = sorted(key.id for key in voters if key.id not in voter_ids)
-        if not voters or unknown:
-            return (f"a voter record at offset {offset} names voters {unknown or 'none'} "
-                    f"outside controller.quorum.voters")
+        problem = voter_set_problem(voters, voter_ids)
+        if problem is not None:
+            return f"a voter record at offset {offset} {problem}"
+    return None
+
+
+def voter_set_problem(voters: Collection[ReplicaKey], voter_ids: Collection[int]) -> str | None:
+    """Why a voter set read from a leader (a VotersRecord fetched, or a snapshot's) cannot be
+    adopted: it must be a set of configured ids (``voter_ids``, controller.quorum.voters), the
+    rule AddVoter keeps, or this replica could never start again."""
+    unknown = sorted(key.id for key in voters if key.id not in voter_ids)
+    if not voters or unknown:
+        return f"names voters {unknown or 'none'} outside controller.quorum.voters"
     return None
 
 

@@ -24,7 +24,12 @@ from pathlib import Path
 
 from quorum_node.raft.records import MAX_BATCH_SIZE, batch_size_at
 from quorum_node.raft.snapshot_format import check_snapshot, read_snapshot_header
-from quorum_node.raft.snapshots import CorruptSnapshotError, PartialSnapshot, SnapshotId
+from quorum_node.raft.snapshots import (
+    CorruptSnapshotError,
+    PartialSnapshot,
+    SnapshotCheck,
+    SnapshotId,
+)
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
@@ -237,10 +242,10 @@ class _FilePartial:
             raise StorageError(f"{self._path}: write failed: {exc}") from exc
         self._written += len(data)
 
-    def freeze(self) -> None:
+    def freeze(self, check: SnapshotCheck) -> None:
         fd = self._open_fd()
         try:
-            self._check(fd)
+            self._check(fd, check)
         except CorruptSnapshotError as error:
             self.abort()
             raise CorruptSnapshotError(f"{self._path}: {error}") from None
@@ -259,7 +264,7 @@ class _FilePartial:
         except OSError as exc:
             raise StorageError(f"{self._path}: cannot remove: {exc}") from exc
 
-    def _check(self, fd: int) -> None:
+    def _check(self, fd: int, check: SnapshotCheck) -> None:
         """Check the snapshot as written to the file, without loading it into memory."""
         if self._written == 0:
             raise CorruptSnapshotError("empty snapshot")
@@ -268,6 +273,7 @@ class _FilePartial:
             memoryview(mapped) as data,
         ):
             check_snapshot(data)
+            check(data)
 
     def _open_fd(self) -> int:
         if self._fd is None:
