@@ -281,6 +281,16 @@ class RaftCore:
         """Snapshots downloaded from a leader and refused (not kept, the log kept) since start."""
         return self._refused_snapshots
 
+    def _committed_end(self) -> int | None:
+        """What this replica knows is committed, the floor below which no leader's word may
+        truncate its log: its high watermark, or, before it has learned one (after a restart:
+        the high watermark is not persisted, as in Kafka), its latest snapshot's end, since a
+        snapshot only ever holds committed records."""
+        latest = self.snapshots.latest()
+        if latest is None:
+            return self._high_watermark
+        return max(self._high_watermark or 0, latest.end_offset)
+
     @property
     def election_state(self) -> ElectionState:
         return self._election_state_of(self._state)
@@ -1495,7 +1505,8 @@ class RaftCore:
         # Everything is validated before anything changes: a response that is wrong in any part
         # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
         # leader that keeps answering nonsense is in the end replaced by an election.
-        problem = fetch_response_problem(response, self._high_watermark)
+        committed = self._committed_end()
+        problem = fetch_response_problem(response, committed)
         batches: list[RecordBatch] = []
         if problem is None and response.records and response.snapshot_id is None \
                 and response.diverging_epoch is None:
@@ -1503,9 +1514,9 @@ class RaftCore:
         point: int | None = None
         if problem is None and response.diverging_epoch is not None:
             point = diverging_point(self.log, response.diverging_epoch)
-            if self._high_watermark is not None and point < self._high_watermark:
-                problem = (f"it asks to truncate to {point}, below the high watermark "
-                           f"{self._high_watermark}: committed data would be lost")
+            if committed is not None and point < committed:
+                problem = (f"it asks to truncate to {point}, below the committed offset "
+                           f"{committed}: committed data would be lost")
         if problem is not None:
             self._drop_response(now_ms, source, problem)
             return

@@ -48,24 +48,25 @@ class FollowerState:
         self.download = None
 
 
-def fetch_response_problem(response: FetchResponse, high_watermark: int | None) -> str | None:
+def fetch_response_problem(response: FetchResponse, committed: int | None) -> str | None:
     """What makes a leader's answer unusable as a whole, if anything (its records apart), to a
-    follower whose high watermark is ``high_watermark``."""
+    follower that knows every offset below ``committed`` is committed (its high watermark, or
+    its latest snapshot's end before it learns one)."""
     epoch = response.leader_epoch
     hwm = response.high_watermark
-    if hwm is not None and high_watermark is not None and hwm < high_watermark:
+    if hwm is not None and committed is not None and hwm < committed:
         # A leader's high watermark covers every committed offset (Raft), so ours is never
         # ahead of it: the answer is broken or forged.
-        return f"its high watermark {hwm} is below ours {high_watermark}"
+        return f"its high watermark {hwm} is below our committed offset {committed}"
     if hwm is not None and hwm < 0:
         return f"negative high watermark {hwm}"
     snapshot = response.snapshot_id
     if snapshot is not None:
         if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
             return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
-        if high_watermark is not None and snapshot.end_offset < high_watermark:
+        if committed is not None and snapshot.end_offset < committed:
             return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "
-                    f"high watermark {high_watermark}")
+                    f"committed offset {committed}")
     diverging = response.diverging_epoch
     if diverging is not None and (diverging.end_offset < 0
                                   or not 0 <= diverging.epoch <= epoch):

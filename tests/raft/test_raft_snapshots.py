@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import (
+    EpochEndOffset,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
@@ -236,3 +238,34 @@ def test_a_refused_snapshot_does_not_reset_the_fetch_timer(follower: Any) -> Non
     assert ctx.core.refused_snapshots == 1
     ctx.advance_to(started + ctx.config.fetch_timeout_ms * 11 // 10 + 1)
     assert ctx.state() is RaftState.PROSPECTIVE
+
+
+def test_after_a_restart_the_latest_snapshot_bounds_truncation(
+    make_ctx: Callable[..., Any],
+) -> None:
+    """The high watermark is not persisted: a restarted follower learns it from its leader's
+    first answer. Before, a leader's word could truncate its log to anything; the end of its
+    latest snapshot (only ever of committed records) now bounds that: a diverging epoch below
+    it, or a snapshot ending before it, is dropped, the log kept."""
+    snapshots = MemorySnapshotStore()
+    snapshots.save(SnapshotId(20, 1), snapshot_bytes())
+    ctx = make_ctx(2, (1, 2, 3), directory_ids=U, log_epochs=[(1, 20), (2, 10)],
+                   snapshots=snapshots)
+    ctx.deliver_one(1, ctx.begin_quorum_request(1, 3))
+    assert ctx.core.high_watermark is None
+    layout = ctx.log_layout()
+    fetch = ctx.take_requests(FetchRequest, 1)[-1]
+    ctx.deliver_response(fetch, FetchResponse(
+        leader_id=1, leader_epoch=3, diverging_epoch=EpochEndOffset(epoch=1, end_offset=10)))
+    ctx.advance(ctx.config.retry_backoff_ms)
+    fetch = ctx.take_requests(FetchRequest, 1)[-1]
+    ctx.deliver_response(fetch, FetchResponse(
+        leader_id=1, leader_epoch=3, snapshot_id=SnapshotIdField(end_offset=15, epoch=1)))
+    ctx.advance(ctx.config.retry_backoff_ms)
+    assert not ctx.pending_requests(FetchSnapshotRequest)
+    assert ctx.log_layout() == layout
+    # At the snapshot's end it is the truncation Raft asks for: the tail of epoch 2 goes.
+    fetch = ctx.take_requests(FetchRequest, 1)[-1]
+    ctx.deliver_response(fetch, FetchResponse(
+        leader_id=1, leader_epoch=3, diverging_epoch=EpochEndOffset(epoch=1, end_offset=20)))
+    assert ctx.log.end_offset == 20
