@@ -13,7 +13,7 @@ from quorum_node.raft.log import RaftLog
 from quorum_node.raft.messages import EpochEndOffset, FetchResponse
 from quorum_node.raft.records import RecordBatch, decode_batches
 from quorum_node.raft.snapshots import PartialSnapshot
-from quorum_node.raft.types import ReplicaKey
+from quorum_node.raft.types import MAX_OFFSET, ReplicaKey
 from quorum_node.raft.voters import voter_sets_in
 
 
@@ -62,7 +62,7 @@ def fetch_response_problem(response: FetchResponse, committed: int | None) -> st
         return f"negative high watermark {hwm}"
     snapshot = response.snapshot_id
     if snapshot is not None:
-        if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
+        if not 0 < snapshot.end_offset <= MAX_OFFSET or not 0 <= snapshot.epoch <= epoch:
             return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
         if committed is not None and snapshot.end_offset < committed:
             return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "

@@ -23,7 +23,7 @@ from quorum_node.raft.records import Record
 from quorum_node.raft.snapshot_format import encode_snapshot
 from quorum_node.raft.snapshots import CorruptSnapshotError, SnapshotId
 from quorum_node.raft.state import RaftState
-from quorum_node.raft.types import Errors, ReplicaKey
+from quorum_node.raft.types import MAX_OFFSET, Errors, ReplicaKey
 
 U = {n: uuid.UUID(int=n) for n in range(1, 4)}
 VOTERS = (ReplicaKey(1, U[1]), ReplicaKey(2, U[2]), ReplicaKey(3, U[3]))
@@ -269,3 +269,22 @@ def test_after_a_restart_the_latest_snapshot_bounds_truncation(
     ctx.deliver_response(fetch, FetchResponse(
         leader_id=1, leader_epoch=3, diverging_epoch=EpochEndOffset(epoch=1, end_offset=20)))
     assert ctx.log.end_offset == 20
+
+
+def test_a_snapshot_id_past_the_offset_bound_is_dropped(make_ctx: Callable[..., Any]) -> None:
+    """A snapshot moves the log's end to its own: one ending at 2^63 - 1 once left the
+    replica that installed it unable to append (its first batch as leader overflowed the
+    int64 offset, and the node stopped, at every start). Past MAX_OFFSET it is not fetched."""
+    ctx = make_ctx(2, (1, 2, 3), directory_ids=U)
+    ctx.deliver_one(1, ctx.begin_quorum_request(1, 3))
+    for end_offset in (2**63 - 1, MAX_OFFSET + 1):
+        fetch = ctx.take_requests(FetchRequest, 1)[-1]
+        ctx.deliver_response(fetch, FetchResponse(
+            leader_id=1, leader_epoch=3, snapshot_id=SnapshotIdField(end_offset=end_offset,
+                                                                    epoch=3)))
+        assert not ctx.pending_requests(FetchSnapshotRequest)
+        ctx.advance(ctx.config.retry_backoff_ms)
+    fetch = ctx.take_requests(FetchRequest, 1)[-1]
+    ctx.deliver_response(fetch, FetchResponse(
+        leader_id=1, leader_epoch=3, snapshot_id=SnapshotIdField(end_offset=MAX_OFFSET, epoch=3)))
+    assert ctx.pending_requests(FetchSnapshotRequest)
