@@ -32,7 +32,12 @@ from quorum_node.raft.snapshots import (
 )
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.errors import StorageError
-from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
+from quorum_node.storage.fsutil import (
+    ensure_directory,
+    fsync_directory,
+    open_private,
+    write_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ class FileSnapshotStore:
         could not be read back is never stored. CorruptSnapshotError if it does not check."""
         part = self._part_path(snapshot_id)
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = open_private(part, os.O_RDWR | os.O_TRUNC)
         except OSError as exc:
             raise StorageError(f"{part}: cannot create: {exc}") from exc
         size = 0
@@ -221,8 +226,7 @@ class _FilePartial:
         self._written = 0
         try:
             # Truncating: a leftover of an earlier attempt at the same snapshot starts over.
-            self._fd: int | None = os.open(
-                self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            self._fd: int | None = open_private(self._path, os.O_RDWR | os.O_TRUNC)
         except OSError as exc:
             raise StorageError(f"{self._path}: cannot create: {exc}") from exc
 
