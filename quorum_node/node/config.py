@@ -132,6 +132,9 @@ class NodeConfig(BaseModel):
     # About 20 MB of 100-byte records: Kafka snapshots every 20 MiB of metadata log by default.
     snapshot_interval_records: int = Field(200_000, ge=0)
     snapshot_retained_log_records: int = Field(0, ge=0)
+    # GET /v1/backup: a reader may stall while it uploads what it read to object storage.
+    backup_write_timeout_ms: int = Field(60_000, ge=100)
+    backup_max_streams: int = Field(2, ge=1)
     # Security (docs/security.md). Declared after listeners: their checks read them.
     ssl_certificate_location: Path | None = Field(None, validate_default=True)
     ssl_key_location: Path | None = Field(None, validate_default=True)
@@ -438,6 +441,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("snapshot.retained.log.records", ("snapshot_retained_log_records",),
               "Records of log kept below the latest snapshot; whole segments older than that "
               "are deleted.", shared=True),
+    ConfigKey("backup.write.timeout.ms", ("backup_write_timeout_ms",),
+              "Longest a GET /v1/backup reader may leave a chunk of the archive untaken; a "
+              "slower one is cut off, and what the backup held open is released.", shared=True),
+    ConfigKey("backup.max.streams", ("backup_max_streams",),
+              "Most backups (GET /v1/backup) streamed at once; more get 503 BACKUP_UNAVAILABLE.",
+              shared=True),
     ConfigKey("format.if.empty", ("format_if_empty",),
               "Format an empty log.dir at start-up with a new directory id (for containers)."),
     ConfigKey("ssl.certificate.location", ("ssl_certificate_location",),

@@ -12,12 +12,15 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -650,3 +653,59 @@ def test_a_stopped_restore_leaves_no_staging_directory(
     out = capsys.readouterr().out
     assert f"{staged[0]}: removed, left by a restore that was killed" in out, out
     assert sorted(path.name for path in target.iterdir()) == ["node-1", "node-2", "node-3"]
+
+
+def _open_files(pid: int, suffixes: tuple[str, ...]) -> int:
+    """How many of the process's descriptors are open on files with these suffixes."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).removesuffix(" (deleted)").endswith(suffixes)
+    return count
+
+
+def test_a_stalled_backup_reader_is_cut_off_and_backups_are_capped(tmp_path: Path) -> None:
+    """A GET /v1/backup reader that stops reading once held the backup's files open (deleted
+    segments keep their disk space) for as long as it liked, and any number of them could.
+    Now one that takes no data for backup.write.timeout.ms is cut off and its files released,
+    and beyond backup.max.streams a backup is refused with 503 BACKUP_UNAVAILABLE."""
+    cluster = ProcessCluster.create(tmp_path, 1, **FAST, backup_write_timeout_ms=1000,
+                                    backup_max_streams=1)
+    cluster.start_all()
+    try:
+        cluster.wait_for_leader()
+        node = cluster.nodes[1]
+        with QuorumClient(node.url, timeout_s=30) as client:
+            for i in range(24):  # 12 MB: more than the socket buffers hold
+                client.put(f"big-{i}", "v" * (512 * 1024))
+        process = node.process
+        assert process is not None
+        kept_open = _open_files(process.pid, (".log", ".checkpoint"))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", node.port))
+        stalled.sendall(b"GET /v1/backup HTTP/1.1\r\nHost: quorum\r\n\r\n")
+        assert stalled.recv(12) == b"HTTP/1.1 200"  # and then it reads no more
+        try:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{node.url}/v1/backup", timeout=10)
+            assert refused.value.code == 503
+            assert "backup.max.streams" in refused.value.read().decode()
+
+            def cut_off() -> bool:
+                return "cut off" in node.log_path.read_text()
+
+            deadline = time.monotonic() + 15
+            while not cut_off():
+                assert time.monotonic() < deadline, cluster.logs()
+                time.sleep(0.1)
+        finally:
+            stalled.close()
+        deadline = time.monotonic() + 10
+        while _open_files(process.pid, (".log", ".checkpoint")) > kept_open:
+            assert time.monotonic() < deadline, "the backup's files stay open"
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"{node.url}/v1/backup", timeout=30) as answer:
+            assert len(answer.read()) > 12 * 1024 * 1024  # the slot was given back
+    finally:
+        cluster.stop_all()
