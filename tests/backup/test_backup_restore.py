@@ -410,6 +410,19 @@ def _last_segment(backup: Path) -> str:
     return str(max(backup.glob(f"{METADATA_PARTITION_DIR}/*.log")).relative_to(backup))
 
 
+def _assert_refused(local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                    alter: Callable[[Path], str]) -> None:
+    """Restoring a copy of the backup that ``alter`` changed is refused in one line, holding
+    what ``alter`` returns, and writes nothing."""
+    copy = _copy(local_backup, tmp_path)
+    message = alter(copy)
+    target = tmp_path / "restored"
+    code = _restore(copy, target)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and message in err, err
+    assert not target.exists()
+
+
 def _outside_link(backup: Path) -> str:
     """The last segment becomes a link to a copy outside the backup (same bytes)."""
     segment = backup / _last_segment(backup)
@@ -444,13 +457,7 @@ def test_restore_follows_no_link_and_reads_regular_files_only(
         alter: Callable[[Path], str]) -> None:
     """A backup that links out of itself (to a file with the very bytes the manifest lists, so
     no checksum objects) was read through the link; a FIFO blocked the restore for good."""
-    copy = _copy(local_backup, tmp_path)
-    message = alter(copy)
-    target = tmp_path / "restored"
-    code = _restore(copy, target)
-    err = capsys.readouterr().err
-    assert code == 1 and err.count("\n") == 1 and message in err, err
-    assert not target.exists()
+    _assert_refused(local_backup, tmp_path, capsys, alter)
 
 
 class _EndlessFile(io.RawIOBase):
@@ -536,13 +543,7 @@ def test_restore_refuses_what_a_node_would_refuse(
     refused: a snapshot the key-value store cannot load (each node's state machine stopped,
     /healthz 503), a last epoch at the int32 bound or a log whose epochs go back (no node
     started). They are checked with the node's own checks and refused in one line."""
-    copy = _copy(local_backup, tmp_path)
-    message = alter(copy)
-    target = tmp_path / "restored"
-    code = _restore(copy, target)
-    err = capsys.readouterr().err
-    assert code == 1 and err.count("\n") == 1 and message in err, err
-    assert not target.exists()
+    _assert_refused(local_backup, tmp_path, capsys, alter)
 
 
 def _modes(root: Path) -> dict[str, int]:
