@@ -620,7 +620,7 @@ def _restore_process(server: _StallingS3, target: Path, tmp_path: Path
         stdout=(tmp_path / "restore.out").open("wb"), stderr=subprocess.PIPE, env=env)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_stopped_restore_leaves_no_staging_directory(
         local_backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         signum: signal.Signals) -> None:
