@@ -3,14 +3,24 @@
 Both are a tree of files addressed by "/"-separated paths under a root. Object storage goes
 through boto3 (the ``s3`` extra): credentials come from the usual AWS variables and files (or are
 given), ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) names an S3-compatible server.
+
+A local tree is read as ``quorum-node backup`` writes it: regular files in directories. No
+symbolic link below the root is followed (each component is opened ``O_NOFOLLOW`` from the one
+before, so none can be swapped in between a check and the open), and anything but a regular file
+(a device, a FIFO that would block) is refused: a backup never holds either, and following one
+could read anything on the restoring host, ``/dev/zero`` without end, or ``/proc``. (The root
+itself may be a link: it is the caller's choice.) Files and directories it writes are ``0600``
+and ``0700`` whatever the umask: a backup holds every record of the quorum.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import shutil
+import stat
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from quorum_node.backup.manifest import BackupError
-from quorum_node.storage.fsutil import fsync_directory
+from quorum_node.storage.fsutil import ensure_directory, fsync_directory, open_private
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -43,12 +53,14 @@ class BackupStore(Protocol):
 
     def write_bytes(self, path: str, data: bytes) -> None: ...
 
-    def read_bytes(self, path: str) -> bytes | None:
-        """The whole file; None if there is none."""
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes | None:
+        """The whole file; None if there is none; BackupError if it holds more than ``limit``
+        bytes."""
         ...
 
     def open(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        """A stream of the file; BackupError if there is none."""
+        """A stream of the file; BackupError if there is none (or, in a local tree, if it is no
+        regular file or a symbolic link is on its way)."""
         ...
 
     def children(self) -> list[str]:
@@ -112,9 +124,9 @@ class LocalStore:
 
     def write(self, path: str, source: BinaryIO) -> None:
         target = self.root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        ensure_directory(target.parent)
         partial = target.with_name(target.name + ".part")
-        with partial.open("wb") as output:
+        with open(open_private(partial, os.O_WRONLY | os.O_TRUNC), "wb") as output:
             shutil.copyfileobj(source, output, _COPY_CHUNK)
             output.flush()
             os.fsync(output.fileno())
@@ -124,22 +136,40 @@ class LocalStore:
     def write_bytes(self, path: str, data: bytes) -> None:
         self.write(path, io.BytesIO(data))
 
-    def read_bytes(self, path: str) -> bytes | None:
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes | None:
         try:
-            return (self.root / path).read_bytes()
-        except FileNotFoundError:
+            with self.open(path) as stream:
+                data = stream.read() if limit is None else stream.read(limit + 1)
+        except _Missing:
             return None
-        except OSError as error:
-            raise BackupError(f"{self.root / path}: {error.strerror}") from None
+        if limit is not None and len(data) > limit:
+            raise BackupError(f"{self.root / path}: larger than {limit} bytes")
+        return data
 
     @contextlib.contextmanager
     def open(self, path: str) -> Iterator[BinaryIO]:
-        try:
-            stream = (self.root / path).open("rb")
-        except FileNotFoundError:
-            raise BackupError(f"{self.root / path}: missing") from None
-        with stream:
+        with os.fdopen(self._open_regular(path), "rb") as stream:
             yield stream
+
+    def _open_regular(self, path: str) -> int:
+        """A descriptor of the regular file at ``path``, reached through directories only."""
+        *directories, name = path.split("/")
+        where = self.root / path
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise _Missing(f"{where}: missing") from None
+        except OSError as error:
+            raise BackupError(f"{self.root}: {error.strerror}") from None
+        # Each step closes the descriptor it was given, whether it opens the next or not.
+        for directory in directories:
+            fd = _open_below(fd, directory, os.O_DIRECTORY, where)
+        fd = _open_below(fd, name, os.O_NONBLOCK, where)  # a FIFO must not block the open
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BackupError(f"{where}: not a regular file: a backup holds regular files only")
+        os.set_blocking(fd, True)
+        return fd
 
     def children(self) -> list[str]:
         try:
@@ -149,6 +179,28 @@ class LocalStore:
 
     def delete_all(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class _Missing(BackupError):
+    """A file a local tree does not hold."""
+
+
+def _open_below(directory_fd: int, name: str, flags: int, where: Path) -> int:
+    """Open ``name`` in the directory open on ``directory_fd`` without following a symbolic
+    link; the directory's descriptor is closed either way."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | flags,
+                       dir_fd=directory_fd)
+    except FileNotFoundError:
+        raise _Missing(f"{where}: missing") from None
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise BackupError(f"{where}: {name} is a symbolic link (or not a directory): a "
+                              f"backup holds regular files only, and no link is followed"
+                              ) from None
+        raise BackupError(f"{where}: {error.strerror}") from None
+    finally:
+        os.close(directory_fd)
 
 
 class S3Store:
@@ -177,13 +229,20 @@ class S3Store:
         with self._errors(path):
             self.client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
 
-    def read_bytes(self, path: str) -> bytes | None:
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes | None:
         with self._errors(path):
             try:
                 answer = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
             except self.client.exceptions.NoSuchKey:
                 return None
-            return answer["Body"].read()
+            body = answer["Body"]
+            try:
+                data: bytes = body.read() if limit is None else body.read(limit + 1)
+            finally:
+                body.close()
+        if limit is not None and len(data) > limit:
+            raise BackupError(f"{self.uri}/{path}: larger than {limit} bytes")
+        return data
 
     @contextlib.contextmanager
     def open(self, path: str) -> Iterator[BinaryIO]:

@@ -13,15 +13,21 @@
 builds new voters' log directories from a backup (``quorum_node.backup.restore``). Object
 storage (``s3://``) needs the ``s3`` extra; credentials come from the usual AWS variables and
 files, ``--endpoint-url`` (or ``AWS_ENDPOINT_URL``) names an S3-compatible server. Errors are one
-line on stderr, exit code 1 (2 for bad usage).
+line on stderr, exit code 1 (2 for bad usage). A restore ended by SIGTERM removes what it was
+staging and building first (exit code 143); one killed outright leaves them to the next restore.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from quorum_node.backup.manifest import BackupError
@@ -140,11 +146,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     try:
         keys = new_voter_set(voters, generate=args.node_id is None)
         source = open_store(args.source, S3Options(endpoint_url=args.endpoint_url))
-        restored = restore(source, keys, log_dir_of,
-                           node_ids=None if args.node_id is None else [args.node_id],
-                           cluster_id=cluster_id)
+        with _terminate_unwinds():
+            restored = restore(source, keys, log_dir_of,
+                               node_ids=None if args.node_id is None else [args.node_id],
+                               cluster_id=cluster_id, on_leftover=_report_leftover)
     except BackupError as error:
         return _fail("restore", str(error))
+    except _Terminated:
+        return _fail("restore", "terminated (SIGTERM); the directories it was staging and "
+                     "building were removed", 128 + signal.SIGTERM)
     voter_list = ",".join(f"{key.id}:{to_kafka_string(key.directory_id)}" for key in keys
                           if key.directory_id is not None)
     for node in restored:
@@ -152,6 +162,34 @@ def _cmd_restore(args: argparse.Namespace) -> int:
               f"{to_kafka_string(node.directory_id)})")
     print(f"voters: {voter_list}" + (f"; cluster id {cluster_id}" if cluster_id else ""))
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised wherever the restore is: it unwinds as Ctrl-C does, through the clean-up
+    of what it staged and built (not an Exception: nothing on the way may swallow it)."""
+
+
+@contextlib.contextmanager
+def _terminate_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into ``_Terminated`` while the block runs; a second one is ignored, so that
+    the clean-up the first started can finish."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; the default action stays
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _report_leftover(path: Path) -> None:
+    print(f"{path}: removed, left by a restore that was killed")
 
 
 def _parse_voters(text: str) -> list[tuple[int, uuid.UUID | None]]:

@@ -135,6 +135,9 @@ class NodeConfig(BaseModel):
     # At least one largest change (a 1 KiB key and a 1 MiB value), so that a watch that keeps up
     # is never told its next change was dropped.
     kv_history_retention_bytes: int = Field(64 * 1024 * 1024, ge=2 * 1024 * 1024)
+    # GET /v1/backup: a reader may stall while it uploads what it read to object storage.
+    backup_write_timeout_ms: int = Field(60_000, ge=100)
+    backup_max_streams: int = Field(2, ge=1)
     # Security (docs/security.md). Declared after listeners: their checks read them.
     ssl_certificate_location: Path | None = Field(None, validate_default=True)
     ssl_key_location: Path | None = Field(None, validate_default=True)
@@ -445,6 +448,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Most bytes of the key-value store's change history, which watches read from "
               "(keys and values of the latest changes, at most 100000 of them); a watch from an "
               "older offset gets 410 COMPACTED.", shared=True),
+    ConfigKey("backup.write.timeout.ms", ("backup_write_timeout_ms",),
+              "Longest a GET /v1/backup reader may leave a chunk of the archive untaken; a "
+              "slower one is cut off, and what the backup held open is released.", shared=True),
+    ConfigKey("backup.max.streams", ("backup_max_streams",),
+              "Most backups (GET /v1/backup) streamed at once; more get 503 BACKUP_UNAVAILABLE.",
+              shared=True),
     ConfigKey("format.if.empty", ("format_if_empty",),
               "Format an empty log.dir at start-up with a new directory id (for containers)."),
     ConfigKey("ssl.certificate.location", ("ssl_certificate_location",),

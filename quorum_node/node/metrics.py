@@ -212,6 +212,10 @@ class _CoreCollector:
         yield CounterMetricFamily("quorum_fetch_records",
                                   "Records (offsets) fetched from the leader as follower.",
                                   value=watcher.fetched_records)
+        yield CounterMetricFamily("quorum_snapshots_refused",
+                                  "Snapshots downloaded from a leader and refused, the log kept "
+                                  "(framing, checksums, voter set or records).",
+                                  value=core.refused_snapshots)
         transitions = CounterMetricFamily("quorum_state_transitions",
                                           "Changes of state or epoch, by the state entered.",
                                           labels=["to"])

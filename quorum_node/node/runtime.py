@@ -34,7 +34,7 @@ from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import BoundedSite, start_site
-from quorum_node.node.state_machine import KvStateMachine
+from quorum_node.node.state_machine import KvStateMachine, check_snapshot_records
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import (
     PeerClient,
@@ -154,6 +154,7 @@ class QuorumNode:
                 random=random.Random(int.from_bytes(os.urandom(8), "big")),
                 now_ms=_now_ms(),
                 snapshots=self.log_dir.snapshots,
+                check_snapshot_records=check_snapshot_records,
             )
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next

@@ -8,6 +8,10 @@ through ``KvService`` (``quorum_node.node.kv_service``).
 
 Errors are ordinary exceptions: ``StateMachineClosing`` once the node is shutting down,
 ``StateMachineFailed`` once the applier stopped on a failure, ``TimeoutError`` when a wait ran out.
+
+``check_snapshot_records`` is what the store can load from a snapshot: the Raft core runs it on
+every snapshot downloaded from a leader before keeping it, and ``quorum-node restore`` on a
+backup's snapshot before restoring it.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Protocol
 
-from quorum_node.node.kv import KvStore
+from quorum_node.node.kv import KvOpError, KvStore, Put, decode_op
 from quorum_node.node.snapshotting import KvSnapshots, SnapshotHost
+from quorum_node.raft.records import Record
+from quorum_node.raft.snapshots import CorruptSnapshotError
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
 
@@ -29,6 +36,23 @@ logger = logging.getLogger(__name__)
 READ_CHUNK_BYTES = 64 * 1024
 # Most committed records a step applies itself; more is a backlog for the applier task.
 STEP_APPLY_RECORDS = 1000
+
+
+def check_snapshot_records(records: Iterator[Record]) -> None:
+    """Raise CorruptSnapshotError naming the first of a snapshot's data records that the store
+    cannot load: a snapshot of the store holds one valid put per key and nothing else
+    (``KvStore.load_snapshot`` refuses anything else, and a replica that kept such a snapshot
+    could neither apply its log nor start)."""
+    for index, record in enumerate(records):
+        try:
+            op = decode_op(record)
+        except KvOpError as error:
+            raise CorruptSnapshotError(
+                f"data record {index} is not a valid key-value operation: {error}") from None
+        if not isinstance(op, Put):
+            what = "not a key-value operation" if op is None else f"a {type(op).__name__}"
+            raise CorruptSnapshotError(
+                f"data record {index} is {what}: a snapshot of the store holds puts only")
 
 
 class StateMachineHost(SnapshotHost, Protocol):

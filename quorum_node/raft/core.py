@@ -46,6 +46,7 @@ from quorum_node.raft.follower import (
     diverging_point,
     fetch_response_problem,
     validated_batches,
+    voter_set_problem,
 )
 from quorum_node.raft.leader import (
     LeaderState,
@@ -88,9 +89,12 @@ from quorum_node.raft.records import (
     read_batch_header,
 )
 from quorum_node.raft.requests import RequestManager
+from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
 from quorum_node.raft.snapshots import (
+    Buffer,
     CorruptSnapshotError,
     SnapshotId,
+    SnapshotRecordsCheck,
     SnapshotStore,
 )
 from quorum_node.raft.state import ElectionState, RaftState
@@ -198,6 +202,7 @@ class RaftCore:
         now_ms: int,
         snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
+        check_snapshot_records: SnapshotRecordsCheck | None = None,
     ) -> None:
         """``voters`` are the statically configured voters (``controller.quorum.voters``, known
         by id): in force until the first leader writes them, with their directory ids, as a
@@ -205,7 +210,11 @@ class RaftCore:
 
         Only replicas with a configured voter id may fetch (in this product observers are the
         replacement directories of configured ids, KIP-856), plus ``observer_ids``: replicas
-        that replicate the log but never vote (Kafka's brokers; the node has none)."""
+        that replicate the log but never vote (Kafka's brokers; the node has none).
+
+        ``check_snapshot_records``: the state machine's check of a snapshot's records, run with
+        the core's own checks on every snapshot downloaded from a leader before it is kept (by
+        default any records pass: the core alone cannot tell what its state machine loads)."""
         self.node_id = node_id
         self.local_key = ReplicaKey(node_id, directory_id)
         # Without a directory id the quorum is static (Kafka's kraft.version 0): no VotersRecord
@@ -218,6 +227,8 @@ class RaftCore:
         self._static_ids = frozenset(key.id for key in self._history.static_voters)
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
         self._warned_at: dict[str, int] = {}
+        self._check_snapshot_records = check_snapshot_records
+        self._refused_snapshots = 0
         self._load_voter_history()
         self._set_voters(self._history.latest())
         self._voter_change: VoterChange | None = None
@@ -264,6 +275,21 @@ class RaftCore:
     def high_watermark(self) -> int | None:
         """The local high watermark: every offset below it is committed. Never decreases."""
         return self._high_watermark
+
+    @property
+    def refused_snapshots(self) -> int:
+        """Snapshots downloaded from a leader and refused (not kept, the log kept) since start."""
+        return self._refused_snapshots
+
+    def _committed_end(self) -> int | None:
+        """What this replica knows is committed, the floor below which no leader's word may
+        truncate its log: its high watermark, or, before it has learned one (after a restart:
+        the high watermark is not persisted, as in Kafka), its latest snapshot's end, since a
+        snapshot only ever holds committed records."""
+        latest = self.snapshots.latest()
+        if latest is None:
+            return self._high_watermark
+        return max(self._high_watermark or 0, latest.end_offset)
 
     @property
     def election_state(self) -> ElectionState:
@@ -1479,7 +1505,8 @@ class RaftCore:
         # Everything is validated before anything changes: a response that is wrong in any part
         # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
         # leader that keeps answering nonsense is in the end replaced by an election.
-        problem = fetch_response_problem(response, self._high_watermark)
+        committed = self._committed_end()
+        problem = fetch_response_problem(response, committed)
         batches: list[RecordBatch] = []
         if problem is None and response.records and response.snapshot_id is None \
                 and response.diverging_epoch is None:
@@ -1487,9 +1514,9 @@ class RaftCore:
         point: int | None = None
         if problem is None and response.diverging_epoch is not None:
             point = diverging_point(self.log, response.diverging_epoch)
-            if self._high_watermark is not None and point < self._high_watermark:
-                problem = (f"it asks to truncate to {point}, below the high watermark "
-                           f"{self._high_watermark}: committed data would be lost")
+            if committed is not None and point < committed:
+                problem = (f"it asks to truncate to {point}, below the committed offset "
+                           f"{committed}: committed data would be lost")
         if problem is not None:
             self._drop_response(now_ms, source, problem)
             return
@@ -1567,17 +1594,37 @@ class RaftCore:
             state.abort_download()
             return
         download.append(response.records)
-        state.heard_from_leader(now_ms)
         if download.written < response.size:
+            state.heard_from_leader(now_ms)  # progress; the last chunk counts once checked
             return
         state.download = None
         try:
-            download.freeze()
+            download.freeze(self._check_snapshot)
         except CorruptSnapshotError as error:
-            logger.warning("node %d: snapshot %s from leader %d is corrupt (%s); fetching again",
-                           self.node_id, expected, source, error)
+            # Nothing changed: the log, the voters and the high watermark are as they were.
+            # Backed off from, and the fetch timer not reset: a leader that only sends
+            # snapshots that cannot be used is in the end replaced by an election.
+            self._refused_snapshots += 1
+            self._warn_limited(now_ms, f"refused-snapshot-{source}",
+                               "node %d: refused snapshot %s from leader %d, the log is kept: "
+                               "%s", self.node_id, expected, source, error)
+            self._requests.back_off(source, now_ms)
             return
+        state.heard_from_leader(now_ms)
         self._load_snapshot(expected)
+
+    def _check_snapshot(self, data: Buffer) -> None:
+        """What a leader's snapshot must hold, beyond its framing, to be kept: a voter set (if
+        it carries one) of configured ids only, as a fetched VotersRecord must name, and
+        records the state machine can load. Once kept it replaces the log, and its voter set is
+        in force at once and at every start."""
+        voters = read_snapshot_header(data).voters
+        if voters is not None:
+            problem = voter_set_problem(voters, self._static_ids)
+            if problem is not None:
+                raise CorruptSnapshotError(f"its voter set {problem}")
+        if self._check_snapshot_records is not None:
+            self._check_snapshot_records(iter_snapshot_records(data))
 
     def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
         """Replace the log by a downloaded snapshot: the log restarts at its end offset, the

@@ -13,7 +13,7 @@ from quorum_node.raft.log import RaftLog
 from quorum_node.raft.messages import EpochEndOffset, FetchResponse
 from quorum_node.raft.records import RecordBatch, decode_batches
 from quorum_node.raft.snapshots import PartialSnapshot
-from quorum_node.raft.types import ReplicaKey
+from quorum_node.raft.types import MAX_OFFSET, ReplicaKey
 from quorum_node.raft.voters import voter_sets_in
 
 
@@ -48,24 +48,25 @@ class FollowerState:
         self.download = None
 
 
-def fetch_response_problem(response: FetchResponse, high_watermark: int | None) -> str | None:
+def fetch_response_problem(response: FetchResponse, committed: int | None) -> str | None:
     """What makes a leader's answer unusable as a whole, if anything (its records apart), to a
-    follower whose high watermark is ``high_watermark``."""
+    follower that knows every offset below ``committed`` is committed (its high watermark, or
+    its latest snapshot's end before it learns one)."""
     epoch = response.leader_epoch
     hwm = response.high_watermark
-    if hwm is not None and high_watermark is not None and hwm < high_watermark:
+    if hwm is not None and committed is not None and hwm < committed:
         # A leader's high watermark covers every committed offset (Raft), so ours is never
         # ahead of it: the answer is broken or forged.
-        return f"its high watermark {hwm} is below ours {high_watermark}"
+        return f"its high watermark {hwm} is below our committed offset {committed}"
     if hwm is not None and hwm < 0:
         return f"negative high watermark {hwm}"
     snapshot = response.snapshot_id
     if snapshot is not None:
-        if snapshot.end_offset <= 0 or not 0 <= snapshot.epoch <= epoch:
+        if not 0 < snapshot.end_offset <= MAX_OFFSET or not 0 <= snapshot.epoch <= epoch:
             return f"invalid snapshot id ({snapshot.end_offset}, {snapshot.epoch})"
-        if high_watermark is not None and snapshot.end_offset < high_watermark:
+        if committed is not None and snapshot.end_offset < committed:
             return (f"snapshot ({snapshot.end_offset}, {snapshot.epoch}) ends below the "
-                    f"high watermark {high_watermark}")
+                    f"committed offset {committed}")
     diverging = response.diverging_epoch
     if diverging is not None and (diverging.end_offset < 0
                                   or not 0 <= diverging.epoch <= epoch):
@@ -110,10 +111,19 @@ def _voter_records_problem(batch: RecordBatch, voter_ids: Collection[int]) -> st
     except ValueError as error:
         return f"an unreadable voter record at offset {batch.base_offset}: {error}"
     for offset, voters in sets:
-        unknown = sorted(key.id for key in voters if key.id not in voter_ids)
-        if not voters or unknown:
-            return (f"a voter record at offset {offset} names voters {unknown or 'none'} "
-                    f"outside controller.quorum.voters")
+        problem = voter_set_problem(voters, voter_ids)
+        if problem is not None:
+            return f"a voter record at offset {offset} {problem}"
+    return None
+
+
+def voter_set_problem(voters: Collection[ReplicaKey], voter_ids: Collection[int]) -> str | None:
+    """Why a voter set read from a leader (a VotersRecord fetched, or a snapshot's) cannot be
+    adopted: it must be a set of configured ids (``voter_ids``, controller.quorum.voters), the
+    rule AddVoter keeps, or this replica could never start again."""
+    unknown = sorted(key.id for key in voters if key.id not in voter_ids)
+    if not voters or unknown:
+        return f"names voters {unknown or 'none'} outside controller.quorum.voters"
     return None
 
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from quorum_node.raft.snapshot_format import read_snapshot, read_snapshot_header
-from quorum_node.raft.snapshots import PartialSnapshot, SnapshotId
+from quorum_node.raft.snapshot_format import check_snapshot, read_snapshot, read_snapshot_header
+from quorum_node.raft.snapshots import PartialSnapshot, SnapshotCheck, SnapshotId
 from quorum_node.raft.types import ReplicaKey
 
 
@@ -71,10 +71,12 @@ class _MemoryPartial:
         self._check_alive()
         self._data += data
 
-    def freeze(self) -> None:
+    def freeze(self, check: SnapshotCheck) -> None:
         self._check_alive()
         data, self._data = bytes(self._data), bytearray()
-        self._store.save(self._id, data)  # a corrupt download is dropped all the same
+        check_snapshot(data)  # a corrupt or refused download is dropped all the same
+        check(data)
+        self._store.save(self._id, data)
 
     def abort(self) -> None:
         self._data.clear()

@@ -32,7 +32,7 @@ from quorum_node.raft.records import (
     encode_batch,
     read_batch_header,
 )
-from quorum_node.raft.snapshots import CorruptSnapshotError
+from quorum_node.raft.snapshots import Buffer, CorruptSnapshotError
 from quorum_node.raft.types import ControlRecordType, ReplicaKey
 from quorum_node.raft.voters import parse_voters_record, voters_record
 
@@ -44,8 +44,6 @@ _RECORD_OVERHEAD = 8  # key and value length fields
 # Room for the records of one data batch, so that the decoder (which refuses bigger batches as
 # corrupt) can read back every batch we write.
 _MAX_BATCH_PAYLOAD = MAX_BATCH_SIZE - HEADER_SIZE
-
-Buffer = bytes | memoryview
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ record at ``end_offset - 1``.
 The core sees snapshots through a ``SnapshotStore`` handed in like the log: it reads byte ranges of
 the latest snapshot to answer FetchSnapshot, writes the byte ranges it downloads into a
 ``PartialSnapshot``, and asks a snapshot for the voter set it carries. The contents are framed and
-checked by ``quorum_node.raft.snapshot_format``; the store does not interpret them beyond that.
+checked by ``quorum_node.raft.snapshot_format``; the store does not interpret them beyond that,
+except through the ``SnapshotCheck`` a download is frozen with: the core's checks of what the
+snapshot says (its voter set, and, through the state machine's ``SnapshotRecordsCheck``, every
+record), run over the very bytes that are then kept.
 Creating a snapshot is the state machine's business (the node's key-value store), not the core's.
 The stores: ``quorum_node.storage.snapshot_store`` (files) and
 ``quorum_node.raft.memory_snapshots`` (memory: tests and the simulator).
@@ -16,9 +19,11 @@ The stores: ``quorum_node.storage.snapshot_store`` (files) and
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from quorum_node.raft.records import Record
 from quorum_node.raft.types import ReplicaKey
 
 
@@ -32,7 +37,16 @@ class SnapshotId:
 
 
 class CorruptSnapshotError(ValueError):
-    """Snapshot bytes that fail their framing or checksums."""
+    """Snapshot bytes that fail their framing or checksums, or contents that cannot be used (a
+    voter set naming ids that are not configured, records the state machine cannot load)."""
+
+
+Buffer = bytes | memoryview
+# Checks a whole snapshot's contents, its framing already checked; raises CorruptSnapshotError.
+SnapshotCheck = Callable[[Buffer], None]
+# The state machine's check of a snapshot's data records, in order: raises CorruptSnapshotError
+# naming the first one it could not load.
+SnapshotRecordsCheck = Callable[[Iterator[Record]], None]
 
 
 class PartialSnapshot(Protocol):
@@ -48,9 +62,10 @@ class PartialSnapshot(Protocol):
 
     def append(self, data: bytes) -> None: ...
 
-    def freeze(self) -> None:
-        """Check the whole snapshot (raises ``CorruptSnapshotError``, and discards it), make it
-        durable and make it the latest snapshot."""
+    def freeze(self, check: SnapshotCheck) -> None:
+        """Check the whole snapshot, its framing and then ``check`` over the same bytes (either
+        raises ``CorruptSnapshotError``, and the download is discarded), make it durable and
+        make it the latest snapshot."""
         ...
 
     def abort(self) -> None:

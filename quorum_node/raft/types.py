@@ -43,6 +43,13 @@ class ReplicaKey:
 MAX_EPOCH = 2**31 - 1
 
 
+# Offsets are Kafka int64s. A log grows only by appends, one batch at a time, except where a
+# leader's snapshot moves its end: a snapshot ending past MAX_OFFSET is refused, which leaves
+# every log room for more records than it could ever take (a snapshot ending at 2^63 - 1 once
+# made the replica that installed it fail at its first append as leader, at every start).
+MAX_OFFSET = 2**62
+
+
 # A deadline that never comes (a timer that is not running).
 NEVER = 2**62
 

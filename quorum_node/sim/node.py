@@ -29,11 +29,11 @@ from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.records import Record
-from quorum_node.raft.snapshots import SnapshotId, SnapshotStore
+from quorum_node.raft.snapshots import SnapshotId, SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey
 from quorum_node.sim.events import EventLoop
-from quorum_node.sim.state_machine import StateMachine
+from quorum_node.sim.state_machine import StateMachine, check_snapshot_records
 
 MIN_FLUSH_MS = 1
 MAX_FLUSH_MS = 5
@@ -64,6 +64,7 @@ class CoreFactory(Protocol):
         now_ms: int,
         snapshots: SnapshotStore,
         observer_ids: Iterable[int] = (),
+        check_snapshot_records: SnapshotRecordsCheck | None = None,
     ) -> RaftCore: ...
 
 
@@ -163,6 +164,7 @@ class SimNode:
                 now_ms=self._loop.now_ms,
                 snapshots=self.snapshots,
                 observer_ids=self._observer_ids,
+                check_snapshot_records=check_snapshot_records,
             )
         except Exception as error:  # any core failure is a finding, not a crash
             self._monitor.core_failed(self.node_id, error)

@@ -10,11 +10,12 @@ committed record cannot go unnoticed.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
-from quorum_node.raft.snapshots import SnapshotId, SnapshotStore
+from quorum_node.raft.snapshots import CorruptSnapshotError, SnapshotId, SnapshotStore
 from quorum_node.raft.voters import VoterSet
 
 INITIAL_DIGEST = bytes(16)
@@ -32,6 +33,28 @@ def read_snapshot_bytes(store: SnapshotStore, snapshot_id: SnapshotId) -> bytes:
     size = store.size(snapshot_id)
     assert size is not None, f"no snapshot {snapshot_id}"
     return store.read(snapshot_id, 0, size)
+
+
+def check_snapshot_records(records: Iterator[Record]) -> None:
+    """What ``StateMachine.load`` needs of a snapshot (the core runs it on every download
+    before keeping it): a digest, a count and slots, each once, and nothing else."""
+    seen: set[bytes] = set()
+    for index, record in enumerate(records):
+        key = record.key
+        if key is None or key in seen:
+            raise CorruptSnapshotError(f"data record {index}: no key, or one seen before")
+        seen.add(key)
+        if key == _DIGEST:
+            valid = len(record.value) == len(INITIAL_DIGEST)
+        elif key == _COUNT:
+            valid = record.value.isdigit()
+        else:
+            slot = key.removeprefix(b"slot-")
+            valid = slot != key and slot.isdigit() and int(slot) < SLOTS
+        if not valid:
+            raise CorruptSnapshotError(f"data record {index} ({key!r}) is not the state machine's")
+    if not {_DIGEST, _COUNT} <= seen:
+        raise CorruptSnapshotError("the snapshot holds no digest or no count")
 
 
 def snapshot_digest(data: bytes) -> tuple[bytes, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from quorum_node.storage.errors import StorageError
-from quorum_node.storage.fsutil import ensure_directory, write_all
+from quorum_node.storage.fsutil import ensure_directory, open_private, write_all
 
 LOCK_FILE = ".lock"
 
@@ -77,7 +77,7 @@ def lock_directory(
     if create:
         ensure_directory(path)
     # No O_TRUNC: while another process holds the lock, its pid must stay readable.
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_private(path / LOCK_FILE, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

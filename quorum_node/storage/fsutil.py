@@ -1,15 +1,21 @@
-"""Durable file-system steps shared by the storage modules.
+"""Durable, private file-system steps shared by the storage modules.
 
 POSIX makes a new or renamed file durable only after the file itself *and* its directory are
-fsynced; these helpers keep that rule in one place.
+fsynced; these helpers keep that rule in one place. A log directory holds every record of the
+quorum and its election state, so what they create is its owner's alone, whatever the umask:
+files ``FILE_MODE`` (0600), directories ``DIRECTORY_MODE`` (0700).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
 
 
 class WriteStep(enum.Enum):
@@ -33,16 +39,62 @@ def fsync_directory(directory: Path) -> None:
 
 
 def ensure_directory(directory: Path) -> None:
-    """Create ``directory`` (and missing parents), making each new entry durable."""
+    """Create ``directory`` (and missing parents), each new one ``DIRECTORY_MODE`` and durable."""
     if directory.is_dir():
         return
     ensure_directory(directory.parent)
     try:
-        directory.mkdir()
+        make_private_directory(directory)
     except FileExistsError:
         if not directory.is_dir():
             raise
     fsync_directory(directory.parent)
+
+
+def make_private_directory(directory: Path) -> None:
+    """``mkdir`` with ``DIRECTORY_MODE`` exactly (mkdir's mode is masked by the umask)."""
+    directory.mkdir(DIRECTORY_MODE)
+    os.chmod(directory, DIRECTORY_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` with ``O_CREAT``: a file it creates is ``FILE_MODE`` exactly, whatever the
+    umask (an existing one of this user's is made so too)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        status = os.fstat(fd)
+        if stat.S_IMODE(status.st_mode) != FILE_MODE and status.st_uid == os.geteuid():
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def restrict_permissions(paths: Iterable[Path]) -> int:
+    """Take group and other permissions off ``paths`` (files ``FILE_MODE``, directories
+    ``DIRECTORY_MODE``) where this process's user owns them: what a node created before its
+    files were private, under the default umask, was readable by everyone. Symbolic links and
+    entries of other users are left alone (the mount point of a volume, say). Returns how many
+    were changed."""
+    changed = 0
+    uid = os.geteuid()
+    for path in paths:
+        try:
+            status = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            mode = DIRECTORY_MODE
+        elif stat.S_ISREG(status.st_mode):
+            mode = FILE_MODE
+        else:
+            continue
+        if status.st_uid != uid or stat.S_IMODE(status.st_mode) & 0o077 == 0:
+            continue
+        os.chmod(path, mode)
+        changed += 1
+    return changed
 
 
 def write_all(fd: int, data: bytes, position: int) -> None:
@@ -65,7 +117,7 @@ def atomic_write(
     """
     hook = after_step or (lambda _step: None)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         write_all(fd, data, 0)
         hook(WriteStep.TMP_WRITTEN)

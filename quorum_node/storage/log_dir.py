@@ -12,15 +12,19 @@ Layout, as Kafka's::
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from quorum_node.storage.dir_lock import DirectoryLock, lock_directory
+from quorum_node.storage.fsutil import restrict_permissions
 from quorum_node.storage.meta_properties import MetaProperties, load_meta_properties
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import DEFAULT_SEGMENT_BYTES, SegmentLog
 from quorum_node.storage.snapshot_store import FileSnapshotStore
+
+logger = logging.getLogger(__name__)
 
 METADATA_PARTITION_DIR = "__cluster_metadata-0"
 
@@ -51,7 +55,10 @@ class LogDirectory:
 
         The directory's lock is taken here, or ``lock`` (already held by the caller, who formatted
         the directory under it) is used; either way the open directory holds it until ``close``.
-        A ``lock`` passed in stays the caller's to release if opening fails."""
+        A ``lock`` passed in stays the caller's to release if opening fails.
+
+        Once the directory checks out, what this user owns in it and others could read (files
+        an older version created under the umask) is made the owner's only."""
         root = Path(path)
         if lock is not None:
             return cls._open_locked(root, cluster_id, node_id, segment_bytes, lock)
@@ -77,8 +84,19 @@ class LogDirectory:
         if latest is not None:
             snapshots.check(latest)
         log = SegmentLog(partition, segment_bytes, latest)
+        _restrict_permissions(root, partition)
         return cls(root, meta, log, QuorumStateStore(partition), snapshots, lock)
 
     def close(self) -> None:
         self.log.close()
         self.lock.release()
+
+
+def _restrict_permissions(root: Path, partition: Path) -> None:
+    """Make what an older version left readable by everyone (its files were created under the
+    umask, 0644 by default) its owner's only, as everything is created now: the directory,
+    meta.properties, the partition, its segments, snapshots and quorum-state."""
+    changed = restrict_permissions([root, *root.iterdir(), *partition.iterdir()])
+    if changed:
+        logger.info("%s: %d files and directories were readable by other users: now by their "
+                    "owner only", root, changed)

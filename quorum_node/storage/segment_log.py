@@ -49,7 +49,12 @@ from quorum_node.raft.records import (
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import OffsetAndEpoch
 from quorum_node.storage.errors import CorruptLogError, StorageError
-from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
+from quorum_node.storage.fsutil import (
+    ensure_directory,
+    fsync_directory,
+    open_private,
+    write_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -490,7 +495,7 @@ class SegmentLog:
 
     def _new_segment(self, base_offset: int) -> _Segment:
         path = self.directory / f"{base_offset:020d}{SEGMENT_SUFFIX}"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = open_private(path, os.O_RDWR | os.O_EXCL)
         segment = _Segment(base_offset=base_offset, path=path, fd=fd, next_offset=base_offset)
         self._segments.append(segment)
         self._segment_bases.append(base_offset)

@@ -24,10 +24,20 @@ from pathlib import Path
 
 from quorum_node.raft.records import MAX_BATCH_SIZE, batch_size_at
 from quorum_node.raft.snapshot_format import check_snapshot, read_snapshot_header
-from quorum_node.raft.snapshots import CorruptSnapshotError, PartialSnapshot, SnapshotId
+from quorum_node.raft.snapshots import (
+    CorruptSnapshotError,
+    PartialSnapshot,
+    SnapshotCheck,
+    SnapshotId,
+)
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.errors import StorageError
-from quorum_node.storage.fsutil import ensure_directory, fsync_directory, write_all
+from quorum_node.storage.fsutil import (
+    ensure_directory,
+    fsync_directory,
+    open_private,
+    write_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +105,7 @@ class FileSnapshotStore:
         could not be read back is never stored. CorruptSnapshotError if it does not check."""
         part = self._part_path(snapshot_id)
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = open_private(part, os.O_RDWR | os.O_TRUNC)
         except OSError as exc:
             raise StorageError(f"{part}: cannot create: {exc}") from exc
         size = 0
@@ -216,8 +226,7 @@ class _FilePartial:
         self._written = 0
         try:
             # Truncating: a leftover of an earlier attempt at the same snapshot starts over.
-            self._fd: int | None = os.open(
-                self._path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            self._fd: int | None = open_private(self._path, os.O_RDWR | os.O_TRUNC)
         except OSError as exc:
             raise StorageError(f"{self._path}: cannot create: {exc}") from exc
 
@@ -237,10 +246,10 @@ class _FilePartial:
             raise StorageError(f"{self._path}: write failed: {exc}") from exc
         self._written += len(data)
 
-    def freeze(self) -> None:
+    def freeze(self, check: SnapshotCheck) -> None:
         fd = self._open_fd()
         try:
-            self._check(fd)
+            self._check(fd, check)
         except CorruptSnapshotError as error:
             self.abort()
             raise CorruptSnapshotError(f"{self._path}: {error}") from None
@@ -259,7 +268,7 @@ class _FilePartial:
         except OSError as exc:
             raise StorageError(f"{self._path}: cannot remove: {exc}") from exc
 
-    def _check(self, fd: int) -> None:
+    def _check(self, fd: int, check: SnapshotCheck) -> None:
         """Check the snapshot as written to the file, without loading it into memory."""
         if self._written == 0:
             raise CorruptSnapshotError("empty snapshot")
@@ -268,6 +277,7 @@ class _FilePartial:
             memoryview(mapped) as data,
         ):
             check_snapshot(data)
+            check(data)
 
     def _open_fd(self) -> int:
         if self._fd is None:

@@ -37,6 +37,7 @@ from quorum_node.raft.messages import (
     VoteResponse,
 )
 from quorum_node.raft.records import Record, encode_batch
+from quorum_node.raft.snapshots import SnapshotRecordsCheck
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
 
@@ -106,6 +107,8 @@ class RaftTestContext:
         now_ms: int = 0,
         rng: random.Random | None = None,
         observer_ids: Sequence[int] = (),
+        snapshots: MemorySnapshotStore | None = None,
+        check_snapshot_records: SnapshotRecordsCheck | None = None,
         **config: Any,
     ) -> RaftTestContext:
         dirs = directory_ids or {}
@@ -128,8 +131,9 @@ class RaftTestContext:
             config=quorum_config,
             random=rng if rng is not None else ZeroRandom(0),
             now_ms=now_ms,
-            snapshots=MemorySnapshotStore(),
+            snapshots=snapshots if snapshots is not None else MemorySnapshotStore(),
             observer_ids=observer_ids,
+            check_snapshot_records=check_snapshot_records,
         )
         ctx = cls(local_id, keys, log, quorum_config, core, now_ms, election_state)
         ctx.collect()

@@ -5,10 +5,7 @@ controller listener would be added; a fake leader serves a stopped voter's port.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import struct
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,49 +14,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import WSMsgType, web
-from proc_cluster import FAST, PEER_SECRET_HEADER, NodeProcess, ProcessCluster
+from fake_leader import FakeLeader, forge
+from proc_cluster import FAST, NodeProcess, ProcessCluster
 
-from quorum_node.node.kv import KV_RECORD_KEY, Put, encode_op
-from quorum_node.node.transport import (
-    CONTENT_TYPE,
-    REQUEST_TYPES,
-    RESPONSE_TYPES,
-    STREAM_PATH,
-    decode_frame,
-    encode_frame,
-)
+from quorum_node.node.kv import KV_RECORD_KEY, Delete, Put, encode_op
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
-    BeginQuorumEpochResponse,
     EndQuorumEpochRequest,
-    EndQuorumEpochResponse,
     FetchRequest,
-    FetchResponse,
-    Message,
-    RaftRequest,
-    RaftResponse,
     VoteRequest,
-    VoteResponse,
 )
 from quorum_node.raft.records import Record, encode_batch
-from quorum_node.raft.types import MAX_EPOCH, Errors
-
-RPC_NAMES = {cls: name for name, cls in REQUEST_TYPES.items()}
-
-
-def forge(cluster: ProcessCluster, node: NodeProcess, message: RaftRequest) -> RaftResponse:
-    """POST one peer RPC to a node's controller listener, as an insider holding the quorum's
-    peer secret could; the node's answer."""
-    request = urllib.request.Request(
-        f"{node.peer_url}/raft/v1/{RPC_NAMES[type(message)]}", data=encode_frame(message),
-        method="POST", headers={"Content-Type": CONTENT_TYPE,
-                                PEER_SECRET_HEADER: cluster.peer_secret})
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        answer = decode_frame(RESPONSE_TYPES[type(message)], reply.read())
-    assert isinstance(answer, VoteResponse | BeginQuorumEpochResponse | EndQuorumEpochResponse
-                      | FetchResponse)
-    return answer
+from quorum_node.raft.snapshot_format import encode_snapshot
+from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.types import MAX_EPOCH, Errors, ReplicaKey
+from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
+from quorum_node.storage.meta_properties import META_PROPERTIES, read_meta_properties
+from quorum_node.storage.snapshot_store import snapshot_file_name
 
 
 @pytest.fixture
@@ -276,78 +247,6 @@ def test_observer_flood_is_bounded(cluster: ProcessCluster) -> None:
 
 # --- a fake leader ---------------------------------------------------------------------------
 
-_TAG = struct.Struct(">IB")  # the stream's request/response tag (see transport.py)
-_REQUEST_CLASSES = tuple(REQUEST_TYPES.values())
-
-
-class FakeLeader:
-    """Serves a stopped voter's port and claims to lead ``epoch``: its first answer to each
-    follower's Fetch is ``records_for(fetch)`` (with a high watermark at their end), then it
-    answers every Fetch with an error, so that the followers time out and elect."""
-
-    def __init__(self, port: int, node_id: int, epoch: int,
-                 records_for: Callable[[FetchRequest], tuple[bytes, int]]) -> None:
-        self.node_id, self.epoch, self._records_for = node_id, epoch, records_for
-        self.served: set[int] = set()
-        self._streams: set[web.WebSocketResponse] = set()
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(port, started), daemon=True)
-        self._thread.start()
-        assert started.wait(5)
-
-    def _run(self, port: int, started: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_get(STREAM_PATH, self._stream)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
-        self._loop.run_until_complete(site.start())
-        started.set()
-        self._loop.run_forever()
-
-    def close(self) -> None:
-        async def stop() -> None:
-            assert self._runner is not None
-            for stream in list(self._streams):
-                await stream.close()
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-    async def _stream(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        self._streams.add(ws)
-        async for message in ws:
-            if message.type != WSMsgType.BINARY:
-                continue
-            correlation, index = _TAG.unpack_from(message.data)
-            cls = _REQUEST_CLASSES[index]
-            rpc = decode_frame(cls, message.data[_TAG.size:])
-            answer = self._answer(rpc)  # type: ignore[arg-type]
-            await ws.send_bytes(_TAG.pack(correlation, 0) + encode_frame(answer))
-        self._streams.discard(ws)
-        return ws
-
-    def _answer(self, rpc: RaftRequest) -> Message:
-        lead = {"leader_id": self.node_id, "leader_epoch": self.epoch}
-        if isinstance(rpc, FetchRequest):
-            if rpc.replica_id in self.served or rpc.current_leader_epoch != self.epoch:
-                return FetchResponse(error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
-            self.served.add(rpc.replica_id)
-            records, high_watermark = self._records_for(rpc)
-            return FetchResponse(high_watermark=high_watermark, records=records, **lead)
-        if isinstance(rpc, VoteRequest):
-            return VoteResponse(**lead)
-        if isinstance(rpc, BeginQuorumEpochRequest):
-            return BeginQuorumEpochResponse(error_code=Errors.FENCED_LEADER_EPOCH, **lead)
-        return RESPONSE_TYPES[type(rpc)](error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
-
 
 def _values(count: int) -> list[Record]:
     return [Record(value=f"fake-{i}".encode()) for i in range(count)]
@@ -422,4 +321,97 @@ def test_a_fake_leader_stops_no_node(
     # Restarted, every node comes back as it was (nothing bad was persisted).
     _restart_all(cluster)
     put(cluster, "after-restart", "1")
+    assert_all_running(cluster)
+
+
+# --- a fake leader's snapshot ----------------------------------------------------------------
+
+# Far past anything the followers committed: a snapshot must end at or past their high watermark.
+_FAKE_SNAPSHOT_END = 10_000
+
+
+def _unconfigured_voters(cluster: ProcessCluster) -> bytes:
+    """A well-formed snapshot of key-value puts whose voter set names ids 7, 8 and 9, which
+    controller.quorum.voters does not configure."""
+    voters = [ReplicaKey(node_id, uuid.uuid4()) for node_id in (7, 8, 9)]
+    return encode_snapshot(voters, 0, [encode_op(Put("fake", "1"))])
+
+
+def _non_kv_records(cluster: ProcessCluster) -> bytes:
+    """A well-formed snapshot with the quorum's own voter set, whose records are not puts of
+    the key-value store (an application record, a delete)."""
+    voters = [ReplicaKey(node_id, read_meta_properties(
+        cluster.directory / f"node-{node_id}" / META_PROPERTIES).directory_id)
+        for node_id in cluster.nodes]
+    return encode_snapshot(voters, 0, [Record(value=b"an application record"),
+                                       encode_op(Delete("fake"))])
+
+
+def _metric(node: NodeProcess, name: str) -> float:
+    _, text = get(f"{node.url}/metrics")
+    values = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(name + " ")]
+    assert values, f"no {name} in /metrics"
+    return values[0]
+
+
+def _committed_everywhere(cluster: ProcessCluster, keys: list[str], ids: set[int]) -> bool:
+    return all(get(f"{cluster.nodes[i].url}/v1/kv/{key}?stale=true")[0] == 200
+               for i in ids for key in keys)
+
+
+@pytest.mark.parametrize("snapshot_for", [_unconfigured_voters, _non_kv_records])
+def test_a_fake_leaders_snapshot_truncates_nothing(
+    cluster: ProcessCluster, snapshot_for: Callable[[ProcessCluster], bytes],
+) -> None:
+    """A process on a stopped voter's port announces itself leader of a new epoch and answers
+    each follower's Fetch with a snapshot: one whose voter set names unconfigured ids once made
+    both followers replace their logs by it (five committed writes gone), exit, and refuse to
+    start again; one of records that are not key-value puts stopped both state machines
+    (/healthz 503, after a restart too). Each is now validated whole before it is kept, and
+    refused: logged, counted, the log kept, the followers elect a new leader, and every
+    committed write is still on every node, after a restart too."""
+    leader = cluster.wait_for_leader()
+    victim = max(set(cluster.nodes) - {leader})
+    real = set(cluster.nodes) - {victim}
+    committed = [f"committed-{i}" for i in range(5)]
+    for key in committed:
+        put(cluster, key, "1")
+    wait_for("the writes applied on every node",
+             lambda: _committed_everywhere(cluster, committed, set(cluster.nodes)), cluster)
+    epoch = epoch_of(cluster, leader) + 3
+    cluster.kill(victim)
+    snapshot_id = SnapshotId(_FAKE_SNAPSHOT_END, epoch)
+    fake = FakeLeader(cluster.nodes[victim].peer_port, victim, epoch,
+                      snapshot=(snapshot_id, snapshot_for(cluster)))
+    try:
+        for node_id in sorted(real):
+            answer = forge(cluster, cluster.nodes[node_id], BeginQuorumEpochRequest(
+                cluster_id=cluster.cluster_id, leader_id=victim, leader_epoch=epoch,
+                voter_id=node_id))
+            assert answer.error_code is Errors.NONE
+        wait_for("the fake snapshot downloaded", lambda: fake.served == real, cluster)
+        new_leader = cluster.wait_for_leader(among=real)
+        assert epoch_of(cluster, new_leader) > epoch
+        put(cluster, "during", "1")
+        assert_all_running(cluster, real)
+        for node_id in real:
+            assert _metric(cluster.nodes[node_id], "quorum_snapshots_refused_total") >= 1
+            partition = cluster.directory / f"node-{node_id}" / METADATA_PARTITION_DIR
+            assert not (partition / snapshot_file_name(snapshot_id)).exists()
+        assert _committed_everywhere(cluster, committed, real)
+        assert "refused snapshot" in cluster.logs()
+    finally:
+        fake.close()
+    cluster.start(victim)
+    put(cluster, "after", "1")
+    wait_for("every replica applying the last write",
+             lambda: _committed_everywhere(cluster, [*committed, "after"], set(cluster.nodes)),
+             cluster)
+    assert_all_running(cluster)
+    _restart_all(cluster)
+    put(cluster, "after-restart", "1")
+    wait_for("every write on every node after a restart",
+             lambda: _committed_everywhere(cluster, [*committed, "after-restart"],
+                                           set(cluster.nodes)), cluster)
     assert_all_running(cluster)

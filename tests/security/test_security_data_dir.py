@@ -7,12 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from proc_cluster import FAST, ProcessCluster
 from secured_cluster import InProcessCluster, plain_configs
 
+from quorum_node.cli.node import lock_local_data_dir, prepare_local_cluster
 from quorum_node.cli.node import main as node_main
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import NodeConfig
@@ -135,3 +138,53 @@ def test_format_if_empty_never_formats_a_directory_with_contents(tmp_path: Path)
     with pytest.raises(StorageError):
         QuorumNode(config)
     assert fingerprint(config.log_dir) == before
+
+
+def _not_private(root: Path) -> dict[str, str]:
+    """Entries under ``root`` that another user could read (files not 0600, directories not
+    0700)."""
+    return {str(path.relative_to(root)): oct(stat.S_IMODE(path.lstat().st_mode))
+            for path in [root, *root.rglob("*")]
+            if stat.S_IMODE(path.lstat().st_mode) != (0o700 if path.is_dir() else 0o600)}
+
+
+def test_a_nodes_files_are_its_owners_only_whatever_the_umask(tmp_path: Path) -> None:
+    """A node process started under the most permissive umask writes its segments, snapshots,
+    quorum-state, meta.properties and lock 0600 in directories 0700; under the default umask
+    they were 0644 and 0755 (0666 and 0777 under this one), every record readable by every
+    local user."""
+    previous = os.umask(0)
+    try:
+        cluster = ProcessCluster.create(tmp_path, 1, **FAST, snapshot_interval_records=20,
+                                        log_segment_bytes=2048)
+        cluster.start_all()
+        try:
+            cluster.wait_for_leader()
+            with QuorumClient(cluster.nodes[1].url, timeout_s=10) as client:
+                for i in range(60):
+                    client.put(f"key-{i}", "value" * 10)
+        finally:
+            cluster.stop_all()
+    finally:
+        os.umask(previous)
+    node_dir = tmp_path / "node-1"
+    names = [path.name for path in node_dir.rglob("*")]
+    assert any(name.endswith(".checkpoint") for name in names)
+    assert any(name.endswith(".log") for name in names)
+    assert {"quorum-state", "meta.properties", LOCK_FILE} <= set(names)
+    assert _not_private(node_dir) == {}
+
+
+def test_a_local_quorums_files_are_its_owners_only_whatever_the_umask(tmp_path: Path) -> None:
+    """What `quorum-node local` writes before starting its nodes: the data directory (locked
+    first), the peer secret, the cluster id, each node's properties and formatted directory."""
+    previous = os.umask(0)
+    try:
+        data = tmp_path / "data"
+        with lock_local_data_dir(data, 3):
+            prepare_local_cluster(data, 3)
+    finally:
+        os.umask(previous)
+    assert {"peer-secret", "cluster.id", "node-1.properties", "node-3"} <= {
+        path.name for path in data.iterdir()}
+    assert _not_private(data) == {}

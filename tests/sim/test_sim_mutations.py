@@ -19,7 +19,7 @@ from quorum_node.raft.core import Effects, OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.messages import RaftRequest, RaftResponse, VoteResponse
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
-from quorum_node.raft.snapshots import SnapshotStore
+from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
 from quorum_node.sim.invariants import (
@@ -163,6 +163,7 @@ def corrupts_replicated_data(
     now_ms: int,
     snapshots: SnapshotStore | None = None,
     observer_ids: Iterable[int] = (),
+    check_snapshot_records: SnapshotRecordsCheck | None = None,
 ) -> RaftCore:
     """Node 1 stores a different value than the leader sent in every batch it replicates."""
     if node_id == 1:
@@ -185,6 +186,7 @@ def corrupts_replicated_data(
         now_ms=now_ms,
         snapshots=snapshots,
         observer_ids=observer_ids,
+        check_snapshot_records=check_snapshot_records,
     )
 
 

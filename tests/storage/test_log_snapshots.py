@@ -216,7 +216,7 @@ def test_log_directory_opens_the_log_with_its_latest_snapshot(tmp_path: Path) ->
     # A downloaded snapshot is frozen, and the node dies before truncating its log.
     partial = log_dir.snapshots.begin_download(SnapshotId(60, 5))
     partial.append(encode_snapshot(None, 0, make_records(3, 5)))
-    partial.freeze()
+    partial.freeze(lambda data: None)
     log_dir.close()
     partition = tmp_path / METADATA_PARTITION_DIR
     assert (partition / "00000000000000000060-0000000005.checkpoint").is_file()

@@ -19,6 +19,7 @@ from quorum_node.raft.snapshot_format import (
     read_snapshot,
 )
 from quorum_node.raft.snapshots import (
+    Buffer,
     CorruptSnapshotError,
     SnapshotId,
     SnapshotStore,
@@ -34,6 +35,10 @@ def _contents(tag: int = 0, count: int = 50, voters: tuple[ReplicaKey, ...] | No
               ) -> bytes:
     records = [Record(value=b"%d-%d" % (tag, n) * 5, key=b"k%d" % n) for n in range(count)]
     return encode_snapshot(voters, 1000 + tag, records, records_per_batch=8)
+
+
+def _accept(data: Buffer) -> None:
+    """A contents check that accepts anything."""
 
 
 def _files(directory: Path) -> list[str]:
@@ -92,7 +97,7 @@ def test_download_is_invisible_until_frozen(store: SnapshotStore) -> None:
         assert partial.written == min(start + 33, len(data))
         assert store.latest() is None
         assert store.size(SnapshotId(50, 2)) is None
-    partial.freeze()
+    partial.freeze(_accept)
     assert store.latest() == SnapshotId(50, 2)
     assert store.read(SnapshotId(50, 2), 0, 1 << 20) == data
 
@@ -112,15 +117,41 @@ def test_corrupt_download_is_refused_and_dropped(store: SnapshotStore, damage: s
     partial = store.begin_download(SnapshotId(20, 2))
     partial.append(bytes(data))
     with pytest.raises(CorruptSnapshotError):
-        partial.freeze()
+        partial.freeze(_accept)
     assert store.latest() == SnapshotId(10, 1)
     assert store.size(SnapshotId(20, 2)) is None
     # The same snapshot can be fetched again from the start.
     again = store.begin_download(SnapshotId(20, 2))
     assert again.written == 0
     again.append(_contents(1))
-    again.freeze()
+    again.freeze(_accept)
     assert store.latest() == SnapshotId(20, 2)
+
+
+def test_a_download_its_check_refuses_is_dropped(store: SnapshotStore, tmp_path: Path) -> None:
+    """The contents check (the core's: voters, the state machine's records) runs over exactly
+    the downloaded bytes, after the framing passed, and a refusal keeps nothing: not the
+    snapshot, not a part file."""
+    store.save(SnapshotId(10, 1), _contents(0))
+    seen: list[bytes] = []
+
+    def refuse(data: Buffer) -> None:
+        seen.append(bytes(data))
+        raise CorruptSnapshotError("its voter set names voters [7]")
+
+    partial = store.begin_download(SnapshotId(20, 2))
+    partial.append(_contents(1))
+    with pytest.raises(CorruptSnapshotError, match="voters"):
+        partial.freeze(refuse)
+    assert seen == [_contents(1)]
+    assert store.latest() == SnapshotId(10, 1) and store.size(SnapshotId(20, 2)) is None
+    assert not any(name.endswith(".part") for name in _files(tmp_path))
+    # Damaged framing is refused before the check ever sees the bytes.
+    partial = store.begin_download(SnapshotId(30, 2))
+    partial.append(_contents(1)[:-1])
+    with pytest.raises(CorruptSnapshotError):
+        partial.freeze(refuse)
+    assert len(seen) == 1
 
 
 def test_save_refuses_what_it_could_not_read_back(store: SnapshotStore) -> None:
@@ -174,7 +205,7 @@ def test_reopen_finds_the_snapshots(tmp_path: Path) -> None:
     store.save(SnapshotId(9, 2), _contents(9))
     partial = store.begin_download(SnapshotId(12, 3))
     partial.append(_contents(12))
-    partial.freeze()
+    partial.freeze(_accept)
     reopened = FileSnapshotStore(tmp_path)
     assert reopened.latest() == SnapshotId(12, 3)
     assert reopened.read(SnapshotId(9, 2), 0, 1 << 20) == _contents(9)
@@ -202,10 +233,10 @@ def test_corrupt_download_leaves_no_file(tmp_path: Path) -> None:
     partial = store.begin_download(SnapshotId(20, 2))
     partial.append(_contents()[:-1])
     with pytest.raises(CorruptSnapshotError, match=r"checkpoint\.part"):
-        partial.freeze()
+        partial.freeze(_accept)
     assert _files(tmp_path) == []
     with pytest.raises(ValueError, match="finished"):
-        partial.freeze()
+        partial.freeze(_accept)
 
 
 def test_unknown_names_are_left_alone(tmp_path: Path) -> None:

@@ -361,7 +361,8 @@ PATHS: dict[str, Any] = {
                           "200": {"description": "The backup, streamed.",
                                   "content": {"application/x-tar": {
                                       "schema": {"type": "string", "format": "binary"}}}},
-                          "503": _error("No committed offset yet, or the node is stopping "
+                          "503": _error("No committed offset yet, the node is stopping, or "
+                                        "backup.max.streams backups are streaming already "
                                         "(BACKUP_UNAVAILABLE).")},
         },
     },
