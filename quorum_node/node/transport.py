@@ -424,6 +424,10 @@ def start_now(coroutine: Coroutine[Any, Any, None],
             on_error(task.exception())  # type: ignore[arg-type]
 
     if isinstance(awaited, asyncio.Future):
+        # What a task does with a future its coroutine yields: the future is marked as waited
+        # on. Left marked, the next coroutine to await it (a future shared by several waiters,
+        # such as a connection's drain) would fail with "await wasn't used with future".
+        awaited._asyncio_future_blocking = False
         awaited.add_done_callback(finish)
     else:
         loop.call_soon(finish)
