@@ -147,6 +147,8 @@ class NodeConfig(BaseModel):
     # Hostile clients.
     http_read_timeout_ms: int = Field(30_000, ge=100)
     http_max_long_polls: int = Field(1024, ge=1)
+    http_stream_max_unsent_bytes: int = Field(1024 * 1024, ge=1)
+    http_stream_write_timeout_ms: int = Field(30_000, ge=100)
     max_connections: int = Field(1000, ge=1)
 
     @field_validator("listener_security_protocol_map")
@@ -477,6 +479,13 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("http.max.long.polls", ("http_max_long_polls",),
               "Most record reads waiting for new records (wait_ms) at once; more get 429.",
               shared=True),
+    ConfigKey("http.stream.max.unsent.bytes", ("http_stream_max_unsent_bytes",),
+              "Most bytes of a client stream's answers the node holds until the client reads "
+              "them; beyond it the stream reads no request and sends no answer until the "
+              "client has read its answers down.", shared=True),
+    ConfigKey("http.stream.write.timeout.ms", ("http_stream_write_timeout_ms",),
+              "Longest a client stream may leave more than http.stream.max.unsent.bytes of its "
+              "answers unread; the stream is then closed.", shared=True),
     ConfigKey("max.connections", ("max_connections",),
               "Most connections a listener keeps open at once; one beyond it is closed as soon "
               "as it is accepted (after its TLS handshake on an SSL listener).", shared=True),

@@ -11,10 +11,8 @@ timeout. The audit log never shows a token passed in the query string.
 from __future__ import annotations
 
 import asyncio
-import base64
 import http.client
 import logging
-import os
 import shutil
 import socket
 import ssl
@@ -29,6 +27,13 @@ import pytest
 from aiohttp import web
 from certs import CertificateAuthority
 from proc_cluster import FAST, ProcessCluster
+from raw_clients import (
+    binary_frame_head,
+    open_raw_stream,
+    rss_bytes,
+    seconds_until_closed,
+    send_until_refused,
+)
 from secured_cluster import InProcessCluster, Pki, free_port, secured_configs
 
 from quorum_node.client import QuorumClient
@@ -231,61 +236,6 @@ def test_tokens_in_the_query_string_are_not_logged(cluster: InProcessCluster, pk
 # --- raw connections ----------------------------------------------------------------------------
 
 
-def open_raw_stream(port: int, context: ssl.SSLContext) -> ssl.SSLSocket:
-    """A peer stream opened by hand, so that a test can send part of a message."""
-    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
-    connection = context.wrap_socket(raw, server_hostname="127.0.0.1")
-    key = base64.b64encode(os.urandom(16)).decode()
-    connection.sendall(
-        f"GET {STREAM_PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        .encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = connection.recv(4096)
-        assert chunk, head
-        head += chunk
-    assert head.startswith(b"HTTP/1.1 101"), head
-    return connection
-
-
-def binary_frame_head(length: int) -> bytes:
-    """A masked binary frame's head (mask 0: the payload goes as it is)."""
-    return bytes([0x82, 0x80 | 127]) + struct.pack(">Q", length) + b"\0\0\0\0"
-
-
-def seconds_until_closed(connection: socket.socket, within_s: float) -> float | None:
-    """How long until the other side closes the connection (reading and dropping what it
-    sends); None if it is still open after ``within_s``."""
-    start = time.monotonic()
-    while (left := within_s - (time.monotonic() - start)) > 0:
-        connection.settimeout(left)
-        try:
-            if not connection.recv(65536):
-                return time.monotonic() - start
-        except TimeoutError:
-            return None
-        except (ConnectionError, ssl.SSLError, OSError):
-            return time.monotonic() - start
-    return None
-
-
-def send_until_refused(connection: socket.socket, data_bytes: int) -> int:
-    """Send up to ``data_bytes`` of payload in 1 MiB pieces; how many were sent before the
-    other side stopped taking them."""
-    chunk = bytes(1024 * 1024)
-    sent = 0
-    connection.settimeout(10)
-    try:
-        while sent < data_bytes:
-            piece = chunk[:min(len(chunk), data_bytes - sent)]
-            connection.sendall(piece)
-            sent += len(piece)
-    except (ConnectionError, ssl.SSLError, OSError):
-        pass
-    return sent
-
-
 @pytest.fixture
 def single(tmp_path: Path, pki: Pki, request: pytest.FixtureRequest
            ) -> Iterator[InProcessCluster]:
@@ -458,13 +408,6 @@ def test_an_answer_larger_than_a_fetch_closes_the_stream() -> None:
 
 
 # --- a node process under a flood of large stream messages -------------------------------------
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
