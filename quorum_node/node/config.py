@@ -150,6 +150,8 @@ class NodeConfig(BaseModel):
     http_stream_max_unsent_bytes: int = Field(1024 * 1024, ge=1)
     http_stream_write_timeout_ms: int = Field(30_000, ge=100)
     max_connections: int = Field(1000, ge=1)
+    max_connections_per_ip: int = Field(100, ge=1)
+    max_connections_per_principal: int = Field(250, ge=1)
 
     @field_validator("listener_security_protocol_map")
     @classmethod
@@ -487,8 +489,17 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Longest a client stream may leave more than http.stream.max.unsent.bytes of its "
               "answers unread; the stream is then closed.", shared=True),
     ConfigKey("max.connections", ("max_connections",),
-              "Most connections a listener keeps open at once; one beyond it is closed as soon "
-              "as it is accepted (after its TLS handshake on an SSL listener).", shared=True),
+              "Most connections a listener keeps open at once, counted from their accept (TLS "
+              "handshakes too); one beyond it is closed at once, except on a client listener, "
+              "where a small reserve still takes the probes (GET /healthz, /readyz).",
+              shared=True),
+    ConfigKey("max.connections.per.ip", ("max_connections_per_ip",),
+              "Most connections of one client address on a listener (at most max.connections); "
+              "one beyond it is closed at once (or kept for one probe, as above).", shared=True),
+    ConfigKey("max.connections.per.principal", ("max_connections_per_principal",),
+              "Most connections of one authenticated principal (a token's, a certificate's) on "
+              "a listener; a connection whose first authenticated request goes beyond it is "
+              "closed unanswered.", shared=True),
 )
 KEYS_BY_NAME: Mapping[str, ConfigKey] = {key.name: key for key in CONFIG_KEYS}
 _KEYS_BY_ENV: Mapping[str, ConfigKey] = {key.env_var: key for key in CONFIG_KEYS}

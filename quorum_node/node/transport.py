@@ -36,7 +36,7 @@ import functools
 import logging
 import ssl
 import struct
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -557,6 +557,24 @@ class PeerServer:
         """Close the peers' streams (at shutdown: they would hold the server open)."""
         for socket in list(self._sockets):
             await socket.close()
+
+
+@web.middleware
+async def refusals_close_connections(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Outermost on a listener that serves peers only: a request refused for any reason (no
+    secret, no node's certificate, a route that is no peer RPC) closes its connection after the
+    answer, so a connection is held only by a caller with a peer's credential."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        if error.status >= 400:
+            request.protocol.close()  # once this answer is written; nothing more is read
+        raise
+    if response.status >= 400:
+        request.protocol.close()
+    return response
 
 
 def _reply_later(socket: web.WebSocketResponse, correlation: int,

@@ -186,27 +186,28 @@ def test_a_node_certificate_speaks_only_as_its_node(cluster: InProcessCluster, p
     assert decode_frame(RESPONSE_TYPES[VoteRequest], body).vote_granted is False
 
 
+def assert_closed_unanswered(cluster: InProcessCluster, context: ssl.SSLContext) -> None:
+    """The controller listener closes a connection without a node's certificate once its
+    handshake is done: neither a stream nor a POST gets an answer."""
+    with pytest.raises((aiohttp.ClientError, OSError)):
+        cluster.run(stream_status(port_of(cluster, 1), context))
+    with pytest.raises(ConnectionError):
+        post(port_of(cluster, 1), context, "/raft/v1/Vote",
+             encode_frame(vote_as(cluster, 2, 1, epoch_ahead=5)))
+
+
 @pytest.mark.parametrize("certificate", ["quorum-node-x9", "app-writer"])
 def test_a_name_that_is_no_node_is_no_peer(cluster: InProcessCluster, pki: Pki,
                                            certificate: str) -> None:
-    context = context_of(pki, certificate)
     before = state(cluster)
-    assert cluster.run(stream_status(port_of(cluster, 1), context)) == 403
-    status, body = post(port_of(cluster, 1), context, "/raft/v1/Vote",
-                        encode_frame(vote_as(cluster, 2, 1, epoch_ahead=5)))
-    assert status == 403, body
-    assert f"{certificate} (certificate) is no node of this quorum".encode() in body, body
+    assert_closed_unanswered(cluster, context_of(pki, certificate))
     assert state(cluster) == before
 
 
 def test_a_certificate_with_two_common_names_is_refused(cluster: InProcessCluster,
                                                         pki: Pki) -> None:
     before = state(cluster)
-    peer = context_of(pki, "two-peers")  # quorum-node-2, then quorum-node-1
-    assert cluster.run(stream_status(port_of(cluster, 1), peer)) == 401
-    status, body = post(port_of(cluster, 1), peer, "/raft/v1/Vote",
-                        encode_frame(vote_as(cluster, 2, 1, epoch_ahead=5)))
-    assert status == 401 and b"exactly one is required" in body, body
+    assert_closed_unanswered(cluster, context_of(pki, "two-peers"))  # quorum-node-2, -1
     assert state(cluster) == before
     # As a client, too: quorum-operator (an administrator) and app-reader in one certificate.
     client = context_of(pki, "two-clients")
@@ -290,7 +291,8 @@ def test_connections_beyond_the_cap_are_closed_at_once(single: InProcessCluster,
     for connection in held:  # each is served
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert connection.recv(12) == b"HTTP/1.1 200"
-    extra = connect()
+    extra = connect()  # kept for a probe only: anything else closes it unanswered
+    extra.sendall(b"GET /v1/kv/x HTTP/1.1\r\nHost: x\r\n\r\n")
     assert seconds_until_closed(extra, 2) is not None
     extra.close()
     held.pop().close()
@@ -461,9 +463,9 @@ def test_six_streams_of_near_limit_messages_do_not_grow_the_node(
         assert elapsed is not None and 2.5 < elapsed < 6, elapsed
         held = [open_raw_stream(node.peer_port, context) for _ in range(8)]
         extra = socket.create_connection(("127.0.0.1", node.peer_port), timeout=10)
-        extra_tls = context.wrap_socket(extra, server_hostname="127.0.0.1")
-        assert seconds_until_closed(extra_tls, 3) is not None
-        for connection in [*held, extra_tls]:
+        with pytest.raises(OSError):  # closed before its handshake: it counts from its accept
+            context.wrap_socket(extra, server_hostname="127.0.0.1")
+        for connection in [*held, extra]:
             connection.close()
     finally:
         cluster.stop_all()
