@@ -296,11 +296,16 @@ class NodeConfig(BaseModel):
         if not plaintext and value is not None:
             raise ValueError(f"only used with a PLAINTEXT controller listener ({controllers[0]} "
                              "is SSL: peers prove who they are with their certificates)")
-        if plaintext and value is None and info.data.get("auth_token_file"):
-            controller = plaintext[0]
-            raise ValueError(f"required with auth.token.file on the PLAINTEXT controller "
-                             f"listener {controller}: otherwise anyone who can reach it could "
-                             "speak as a peer without a token")
+        if plaintext and value is None:
+            # A node that asks its clients for a credential (a token, or TLS) must not leave
+            # its peer RPCs open to anyone who reaches a PLAINTEXT controller listener.
+            secured = ("auth.token.file" if info.data.get("auth_token_file")
+                       else "an SSL listener" if _any_tls(info) else None)
+            if secured is not None:
+                raise ValueError(f"required with {secured} on the PLAINTEXT controller "
+                                 f"listener {plaintext[0]}: otherwise anyone who can reach it "
+                                 "could speak as a peer without a credential (set it, or make "
+                                 "the controller listener SSL)")
         return value
 
     @property
@@ -463,7 +468,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "A file holding the quorum's shared secret (one line, 16+ printable characters): "
               "on a PLAINTEXT controller listener every peer RPC must carry it (header "
               "X-Quorum-Peer-Secret), and the node sends it to its peers. Required there with "
-              "auth.token.file. Reloaded when it changes."),
+              "auth.token.file or any SSL listener. Reloaded when it changes."),
     ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
               "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
               "(globs; roles read, write, admin), e.g. quorum-operator:admin;app-*:read. Peers "
