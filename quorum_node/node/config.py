@@ -468,7 +468,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "A file holding the quorum's shared secret (one line, 16+ printable characters): "
               "on a PLAINTEXT controller listener every peer RPC must carry it (header "
               "X-Quorum-Peer-Secret), and the node sends it to its peers. Required there with "
-              "auth.token.file or any SSL listener. Reloaded when it changes."),
+              "auth.token.file or any SSL listener. Reloaded when it changes: the connections "
+              "let in with the old one are closed."),
     ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
               "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
               "(globs; roles read, write, admin), e.g. quorum-operator:admin;app-*:read. Peers "

@@ -193,6 +193,7 @@ class QuorumNode:
                        idle_timeout_s=idle_timeout_s)
             for listener in config.controller_listeners]
         self._sites: list[BoundedSite] = []
+        self._secret_sites: list[BoundedSite] = []  # the PLAINTEXT ones serving peers
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
         # safety-net timer of each.
         self._inbound: dict[int, Reply] = {}
@@ -245,6 +246,7 @@ class QuorumNode:
                               serves_clients=True)
         if self.security.tls is not None:
             self.security.tls.on_reload.append(self._close_connections)
+        self.security.on_peer_secret_change.append(self._close_secret_connections)
         self._loop = asyncio.get_running_loop()
         for outbound in self._unsent:
             self.send(outbound)
@@ -287,10 +289,13 @@ class QuorumNode:
         # certificate: none of its requests could be served.
         admits = security.admits_peer if listener.tls and not serves_clients else None
         for each in listeners:
-            self._sites.append(await start_site(
+            site = await start_site(
                 runner, each.host, each.port, tls.listening if tls and each.tls else None,
                 handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
-                serves_probes=serves_clients, admits=admits))
+                serves_probes=serves_clients, admits=admits)
+            self._sites.append(site)
+            if serves_peers and not each.tls:
+                self._secret_sites.append(site)
 
     def _close_connections(self) -> None:
         """The TLS files changed: close every connection made under the old ones, both ways,
@@ -299,6 +304,17 @@ class QuorumNode:
         self._peers.close_streams()
         logger.info("node %d: TLS files reloaded; closed %d connection(s) made under the "
                     "previous ones, and the streams to peers", self.config.node_id, closed)
+
+    def _close_secret_connections(self) -> None:
+        """The peer secret changed: close the connections of the PLAINTEXT listeners serving
+        peers (each was let in with the old secret, or with none) and the streams this node
+        opened with it, so that a secret taken away takes its streams with it."""
+        closed = sum(site.close_connections() for site in self._secret_sites)
+        if self.security.current_peer_secret() is not None:
+            self._peers.close_streams()
+        logger.info("node %d: peer secret changed; closed %d connection(s) of the PLAINTEXT "
+                    "listeners serving peers, and the streams to peers opened with the old "
+                    "secret", self.config.node_id, closed)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so

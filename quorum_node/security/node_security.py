@@ -1,7 +1,7 @@
 """A node's security, built from its configuration: the reloading TLS contexts (None without an
 SSL listener), the authorizers, the peer secret of a PLAINTEXT controller listener, which
 connections a controller listener admits, and the task that reloads certificates, tokens and the
-secret."""
+secret (a changed secret is announced: what was opened with the old one is closed)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ class NodeSecurity:
         self.tokens: Reloading[TokenTable] | None = None
         self.peer_secret: Reloading[str] | None = None
         self.reload_interval_s = config.security_reload_interval_ms / 1000
+        # Called when the peer secret changes: they close what was opened with the old one.
+        self.on_peer_secret_change: list[Callable[[], None]] = []
         self._config = config
         if config.any_tls:
             assert config.ssl_certificate_location is not None
@@ -167,8 +169,22 @@ class NodeSecurity:
 
     async def reload_forever(self) -> None:
         """Check the files every reload interval (a Kubernetes Secret is rotated in place)."""
-        reloading = [r for r in (self.tls, self.tokens, self.peer_secret) if r is not None]
-        while reloading:
+        reloading = [r for r in (self.tls, self.tokens) if r is not None]
+        while reloading or self.peer_secret is not None:
             await asyncio.sleep(self.reload_interval_s)
             for item in reloading:
                 item.reload_if_changed()
+            self._reload_peer_secret()
+
+    def _reload_peer_secret(self) -> None:
+        secret = self.peer_secret
+        if secret is None:
+            return
+        previous = secret.current
+        if not secret.reload_if_changed() or secret.current == previous:
+            return
+        for hook in self.on_peer_secret_change:
+            try:
+                hook()
+            except Exception:  # one hook's failure must not keep the others from closing
+                logger.exception("closing what the previous peer secret opened failed")
