@@ -190,7 +190,8 @@ class QuorumNode:
         self._peer_servers = [
             PeerServer(self.handle_peer_request,
                        authorizer=self.security.peer_authorizer(listener),
-                       idle_timeout_s=idle_timeout_s)
+                       idle_timeout_s=idle_timeout_s,
+                       max_unsent_bytes=max_response_bytes(config.quorum))
             for listener in config.controller_listeners]
         self._sites: list[BoundedSite] = []
         self._secret_sites: list[BoundedSite] = []  # the PLAINTEXT ones serving peers
