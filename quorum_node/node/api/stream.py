@@ -121,8 +121,8 @@ class StreamServer:
             while not socket.closed:
                 await stream.slots.acquire()  # the next read waits for a free slot
                 stream.in_flight += 1
-                if not await stream.room():  # and for the client to read its answers
-                    stream.finished()
+                if not (stream.has_room() or await stream.room()):  # and for the client
+                    stream.finished()  # to read its answers; it read none in time
                     break
                 try:
                     message = await socket.receive(timeout=idle_s)
@@ -222,7 +222,7 @@ class StreamServer:
                              op.name)
             refusal = ErrorAnswer(ErrorCode.INTERNAL.value,
                                   f"{op.name} failed on the node: {error!r}")
-        if not await stream.room():
+        if not (stream.has_room() or await stream.room()):
             return None
         return wire.encode_error(correlation, refusal)
 
