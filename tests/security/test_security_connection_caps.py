@@ -153,12 +153,8 @@ def test_an_ssl_controller_listener_closes_a_connection_without_a_node_certifica
     (tmp_path / "pki").mkdir()
     pki = Pki.create(tmp_path / "pki", range(1, 2))
 
-    def node_settings(i: int) -> dict[str, object]:
-        cert, key = pki.certificates[f"quorum-node-{i}"]
-        return {"ssl.certificate.location": cert, "ssl.key.location": key,
-                "ssl.ca.location": pki.ca_path}
-
-    cluster = ProcessCluster.create(tmp_path, 1, node_settings, tls=True, **FAST)
+    cluster = ProcessCluster.create(tmp_path, 1, lambda i: pki.node_settings(i, clients=False),
+                                    tls=True, **FAST)
     cluster.start_all()
     try:
         node = cluster.nodes[1]

@@ -12,14 +12,11 @@ from pathlib import Path
 import aiohttp
 from proc_cluster import FAST, ProcessCluster
 from raw_clients import connect, request, seconds_until_closed, upgrade
-from secured_cluster import InProcessCluster, free_port, split_listeners
+from secured_cluster import InProcessCluster, secret_configs
 
 from quorum_node.client import QuorumClient
-from quorum_node.node.config import NodeConfig
 from quorum_node.node.transport import STREAM_PATH
-from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.security.peer_secret import PEER_SECRET_HEADER
-from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
 NEW_SECRET = "the-secret-after-the-rotation"
 
@@ -67,23 +64,7 @@ def test_a_rotated_secret_closes_the_streams_opened_with_the_old_one(tmp_path: P
 def test_a_node_closes_its_own_streams_of_the_old_secret(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("the-secret-before-the-rotation\n")
-    cluster_id = random_cluster_id()
-    ports = {i: (free_port(), free_port()) for i in (1, 2)}
-    timing = QuorumConfig(election_timeout_ms=300, fetch_timeout_ms=600, request_timeout_ms=500,
-                          fetch_max_wait_ms=100, append_linger_ms=2)
-    configs = []
-    for i, (port, peer_port) in ports.items():
-        config = NodeConfig(
-            node_id=i, cluster_id=cluster_id, log_dir=tmp_path / f"node-{i}",
-            **split_listeners(port, peer_port, tls=False),
-            voters=tuple(VoterEndpoint(id=j, host="127.0.0.1", port=p[1])
-                         for j, p in ports.items()),
-            client_endpoints=tuple(VoterEndpoint(id=j, host="127.0.0.1", port=p[0])
-                                   for j, p in ports.items()),
-            controller_listener_secret_file=secret, security_reload_interval_ms=100,
-            quorum=timing)
-        format_log_dir(config.log_dir, cluster_id, i)
-        configs.append(config)
+    configs = secret_configs(tmp_path, secret, 2, 2, security_reload_interval_ms=100)
     cluster = InProcessCluster(configs)
     try:
         deadline = time.monotonic() + 15

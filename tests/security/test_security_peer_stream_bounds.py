@@ -12,19 +12,16 @@ from pathlib import Path
 
 import pytest
 from raw_clients import binary_frame, connect, seconds_until_closed, upgrade
-from secured_cluster import FAST, InProcessCluster, free_port, split_listeners
+from secured_cluster import FAST, InProcessCluster, secret_configs
 
-from quorum_node.node.config import NodeConfig
 from quorum_node.node.transport import (
     MAX_PARKED_PER_STREAM,
     REQUEST_TYPES,
     STREAM_PATH,
     encode_frame,
 )
-from quorum_node.raft.config import VoterEndpoint
 from quorum_node.raft.messages import FetchRequest
 from quorum_node.security.peer_secret import PEER_SECRET_HEADER
-from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
 SECRET = "the-secret-of-the-quorum"
 _TAG = struct.Struct(">IB")
@@ -36,21 +33,8 @@ def node(tmp_path: Path) -> Iterator[InProcessCluster]:
     """Voters 1, 2 and 3, of which 1 and 2 run: the flood fetches as voter 3."""
     secret = tmp_path / "secret"
     secret.write_text(SECRET + "\n")
-    ports = {i: (free_port(), free_port()) for i in (1, 2, 3)}
-    cluster_id = random_cluster_id()
-    configs = []
-    for i in (1, 2):
-        config = NodeConfig(
-            node_id=i, cluster_id=cluster_id, log_dir=tmp_path / f"node-{i}",
-            **split_listeners(*ports[i], tls=False),
-            voters=tuple(VoterEndpoint(id=j, host="127.0.0.1", port=p[1])
-                         for j, p in ports.items()),
-            client_endpoints=tuple(VoterEndpoint(id=j, host="127.0.0.1", port=p[0])
-                                   for j, p in ports.items()),
-            controller_listener_secret_file=secret, http_read_timeout_ms=2000,
-            quorum=FAST.model_copy(update={"fetch_max_wait_ms": 400}))
-        format_log_dir(config.log_dir, cluster_id, i)
-        configs.append(config)
+    configs = secret_configs(tmp_path, secret, 3, 2, http_read_timeout_ms=2000,
+                             quorum=FAST.model_copy(update={"fetch_max_wait_ms": 400}))
     cluster = InProcessCluster(configs)
     try:
         deadline = time.monotonic() + 10

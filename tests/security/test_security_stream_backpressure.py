@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from proc_cluster import FAST, NodeProcess, ProcessCluster
 from raw_clients import binary_frame, connect, rss_bytes, upgrade
-from secured_cluster import ROLES, Pki
+from secured_cluster import Pki
 
 from quorum_node import wire
 from quorum_node.client import QuorumClient
@@ -128,13 +128,7 @@ def test_a_reader_over_tls_that_never_reads_holds_no_more_than_the_bound(
     (tmp_path / "pki").mkdir()
     pki = Pki.create(tmp_path / "pki", range(1, 2))
 
-    def node_settings(i: int) -> dict[str, object]:
-        cert, key = pki.certificates[f"quorum-node-{i}"]
-        return {"ssl.certificate.location": cert, "ssl.key.location": key,
-                "ssl.ca.location": pki.ca_path, "auth.token.file": pki.token_file,
-                "auth.certificate.roles": ROLES}
-
-    cluster = ProcessCluster.create(tmp_path, 1, node_settings, tls=True, **FAST,
+    cluster = ProcessCluster.create(tmp_path, 1, pki.node_settings, tls=True, **FAST,
                                     http_stream_write_timeout_ms=WRITE_TIMEOUT_MS)
     cluster.start_all()
     try:
