@@ -201,16 +201,20 @@ class BoundedSite(web.TCPSite):
 
     async def _handshake(self, connection: _Connection, raw: asyncio.Transport,
                          context: ssl.SSLContext) -> None:
+        transport: asyncio.Transport | None = None
         try:
             transport = await asyncio.get_running_loop().start_tls(
                 raw, connection, context, server_side=True,
                 ssl_handshake_timeout=self.handshake_timeout_s)
         except (OSError, TimeoutError, RuntimeError):
-            transport = None  # a failed or slow handshake, or a connection gone meanwhile
+            pass  # a failed or slow handshake, or a connection gone meanwhile
+        finally:
+            if transport is None:  # whatever ended it (a loop shutting down too): not counted
+                raw.abort()
+                self._left(connection)
         if transport is None:
-            raw.abort()
-            self._left(connection)
-        elif not connection.counted:
+            return
+        if not connection.counted:
             transport.abort()  # closed while it shook hands
         else:
             self._open(connection, transport)
