@@ -153,7 +153,11 @@ class NodeConfig(BaseModel):
     # Hostile clients.
     http_read_timeout_ms: int = Field(30_000, ge=100)
     http_max_long_polls: int = Field(1024, ge=1)
+    http_stream_max_unsent_bytes: int = Field(1024 * 1024, ge=1)
+    http_stream_write_timeout_ms: int = Field(30_000, ge=100)
     max_connections: int = Field(1000, ge=1)
+    max_connections_per_ip: int = Field(100, ge=1)
+    max_connections_per_principal: int = Field(250, ge=1)
 
     @field_validator("listener_security_protocol_map")
     @classmethod
@@ -298,11 +302,16 @@ class NodeConfig(BaseModel):
         if not plaintext and value is not None:
             raise ValueError(f"only used with a PLAINTEXT controller listener ({controllers[0]} "
                              "is SSL: peers prove who they are with their certificates)")
-        if plaintext and value is None and info.data.get("auth_token_file"):
-            controller = plaintext[0]
-            raise ValueError(f"required with auth.token.file on the PLAINTEXT controller "
-                             f"listener {controller}: otherwise anyone who can reach it could "
-                             "speak as a peer without a token")
+        if plaintext and value is None:
+            # A node that asks its clients for a credential (a token, or TLS) must not leave
+            # its peer RPCs open to anyone who reaches a PLAINTEXT controller listener.
+            secured = ("auth.token.file" if info.data.get("auth_token_file")
+                       else "an SSL listener" if _any_tls(info) else None)
+            if secured is not None:
+                raise ValueError(f"required with {secured} on the PLAINTEXT controller "
+                                 f"listener {plaintext[0]}: otherwise anyone who can reach it "
+                                 "could speak as a peer without a credential (set it, or make "
+                                 "the controller listener SSL)")
         return value
 
     @property
@@ -475,7 +484,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "A file holding the quorum's shared secret (one line, 16+ printable characters): "
               "on a PLAINTEXT controller listener every peer RPC must carry it (header "
               "X-Quorum-Peer-Secret), and the node sends it to its peers. Required there with "
-              "auth.token.file. Reloaded when it changes."),
+              "auth.token.file or any SSL listener. Reloaded when it changes: the connections "
+              "let in with the old one are closed."),
     ConfigKey("auth.certificate.roles", ("auth_certificate_roles",),
               "Roles of client certificates by subject common name: PATTERN:ROLE[,ROLE];... "
               "(globs; roles read, write, admin), e.g. quorum-operator:admin;app-*:read. Peers "
@@ -493,9 +503,25 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("http.max.long.polls", ("http_max_long_polls",),
               "Most record reads waiting for new records (wait_ms) at once; more get 429.",
               shared=True),
+    ConfigKey("http.stream.max.unsent.bytes", ("http_stream_max_unsent_bytes",),
+              "Most bytes of a client stream's answers the node holds until the client reads "
+              "them; beyond it the stream reads no request and sends no answer until the "
+              "client has read its answers down.", shared=True),
+    ConfigKey("http.stream.write.timeout.ms", ("http_stream_write_timeout_ms",),
+              "Longest a client stream may leave more than http.stream.max.unsent.bytes of its "
+              "answers unread; the stream is then closed.", shared=True),
     ConfigKey("max.connections", ("max_connections",),
-              "Most connections a listener keeps open at once; one beyond it is closed as soon "
-              "as it is accepted (after its TLS handshake on an SSL listener).", shared=True),
+              "Most connections a listener keeps open at once, counted from their accept (TLS "
+              "handshakes too); one beyond it is closed at once, except on a client listener, "
+              "where a small reserve still takes the probes (GET /healthz, /readyz).",
+              shared=True),
+    ConfigKey("max.connections.per.ip", ("max_connections_per_ip",),
+              "Most connections of one client address on a listener (at most max.connections); "
+              "one beyond it is closed at once (or kept for one probe, as above).", shared=True),
+    ConfigKey("max.connections.per.principal", ("max_connections_per_principal",),
+              "Most connections of one authenticated principal (a token's, a certificate's) on "
+              "a listener; a connection whose first authenticated request goes beyond it is "
+              "closed unanswered.", shared=True),
 )
 KEYS_BY_NAME: Mapping[str, ConfigKey] = {key.name: key for key in CONFIG_KEYS}
 _KEYS_BY_ENV: Mapping[str, ConfigKey] = {key.env_var: key for key in CONFIG_KEYS}

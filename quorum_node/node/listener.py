@@ -1,13 +1,23 @@
 """A listener: the listening socket that serves a runner's web server, with the bounds aiohttp's
-TCPSite does not offer.
+TCPSite does not offer. A connection counts from its accept until it is gone, TLS handshake
+included, so every bound below holds for connections that never complete one.
 
-- The TLS handshake must finish within a timeout (asyncio's default is a minute): a client that
-  connects and never speaks TLS is disconnected after the read timeout.
-- At most ``max_connections`` connections are open at once; one accepted beyond them is closed at
-  once. On an SSL listener a connection counts from the end of its handshake (a handshake is
-  bounded by its timeout).
-- ``close_connections`` closes every open connection, keep-alive requests and WebSocket streams
-  alike: after the TLS files change, nothing verified against the old ones stays open.
+- At most ``limits.total`` connections at once, at most ``limits.per_address`` of them from one
+  client address, and at most ``limits.per_principal`` of one principal (the identity of a
+  connection's first authenticated request: a token's, a certificate's). A connection beyond a
+  bound is closed at once (one over the principal's bound at its first authenticated request,
+  unanswered), so one client cannot take a listener from the others.
+- The probes' reserve, on a listener that serves the probes: a connection beyond the first two
+  bounds is kept, up to ``PROBE_RESERVE`` of them (``PROBE_RESERVE_PER_ADDRESS`` from one
+  address), for one probe (``GET`` of ``PROBE_PATHS``): it is answered, then closed; any other
+  request on such a connection closes it unanswered. So the kubelet's probes are served while
+  clients fill the listener, and one client cannot fill the reserve as well.
+- The TLS handshake starts once the connection is counted and must finish within a timeout
+  (asyncio's default is a minute); ``admits`` may then refuse the connection at once (a
+  controller listener refuses one without a node's certificate).
+- ``close_connections`` closes every connection, keep-alive requests and WebSocket streams
+  alike: after the TLS files or the peer secret change, nothing admitted under the old ones
+  stays open.
 """
 
 from __future__ import annotations
@@ -17,92 +27,322 @@ import logging
 import socket
 import ssl
 import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
+
+from quorum_node.node.transport import start_now
 
 logger = logging.getLogger(__name__)
 
+# What a connection of the probes' reserve may ask for: the node's liveness and readiness probes.
+PROBE_PATHS: Final = frozenset({"/healthz", "/readyz"})
+# A kubelet probes with a new connection each time, closed after the answer: a couple at once.
+PROBE_RESERVE: Final = 16
+PROBE_RESERVE_PER_ADDRESS: Final = 2
+_LOG_REPEAT_S: Final = 10.0
 
-class _Closed(asyncio.Protocol):
-    """What a connection beyond the cap gets: it is closed as soon as it is made."""
+# Why a connection is refused after its TLS handshake (None: it is not).
+Admits = Callable[[asyncio.Transport], "str | None"]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of one listener (``max.connections`` and the per-client ones)."""
+
+    total: int
+    per_address: int
+    per_principal: int
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection, counted from its accept. Its transport's protocol throughout:
+    the server's handler takes its data once it is admitted (after the TLS handshake)."""
+
+    def __init__(self, site: BoundedSite) -> None:
+        self.site = site
+        self.address = ""
+        self.reserved = False  # one of the probes' reserve
+        self.counted = False
+        self.principal: str | None = None
+        self.raw: asyncio.Transport | None = None  # the TCP connection, until the handler's
+        self.handler: RequestHandler | None = None
+        self._early: list[bytes] = []  # data a TLS handshake let through before the handler
+        self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
+        stream = cast(asyncio.Transport, transport)  # uvloop's transports are no subclasses
+        self.raw = stream
+        self.site._arrived(self, stream)
+
+    def attach(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        self.handler = handler
+        self.raw = None
+        handler.connection_made(transport)
+        if self._paused:
+            handler.pause_writing()
+        early, self._early = self._early, []
+        for data in early:
+            handler.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        handler = self.handler
+        if handler is not None:
+            handler.data_received(data)
+        else:
+            self._early.append(data)
+
+    def eof_received(self) -> None:
+        if self.handler is not None:
+            self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.site._left(self)
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+
+    def close(self) -> None:
+        """Close the connection now, whatever it is doing."""
+        if self.handler is not None:
+            self.handler.force_close()
+        elif self.raw is not None:
+            self.raw.abort()
+            self.site._left(self)  # a transport aborted mid-handshake may never say so
 
 
 class BoundedSite(web.TCPSite):
-    """A TCPSite with a TLS handshake timeout and a connection cap."""
+    """A TCPSite with connection bounds, the probes' reserve and a TLS handshake timeout."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
-                 max_connections: int) -> None:
+                 limits: ConnectionLimits, serves_probes: bool = False,
+                 admits: Admits | None = None) -> None:
         # The kernel's most (as Go's listeners, so etcd's, take): aiohttp's 128 made many
         # clients connecting at once wait a second or more for a SYN retry.
         super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True,
                          backlog=socket.SOMAXCONN)
         self.handshake_timeout_s = handshake_timeout_s
-        self.max_connections = max_connections
-        # Every accepted connection's handler, with when it was accepted. A handler has a
-        # transport from the moment its connection is made (after the TLS handshake) until it is
-        # lost; one whose handshake failed is never told, so those without a transport are
-        # forgotten once older than the handshake timeout.
-        self._handlers: dict[RequestHandler, float] = {}
+        self.limits = limits
+        self.serves_probes = serves_probes
+        self._admits = admits
+        self._connections: set[_Connection] = set()
+        self._regular = 0
+        self._by_address: Counter[str] = Counter()
+        self._reserved = 0
+        self._reserved_by_address: Counter[str] = Counter()
+        self._by_principal: Counter[str] = Counter()
         self.refused_connections = 0
+        self._refusals_logged: dict[str, tuple[float, int]] = {}
 
     @property
     def open_connections(self) -> int:
-        return sum(1 for handler in self._handlers if handler.transport is not None)
-
-    def _forget_closed(self) -> None:
-        oldest = time.monotonic() - self.handshake_timeout_s - 1.0
-        for handler, accepted in list(self._handlers.items()):
-            if handler.transport is None and accepted < oldest:
-                del self._handlers[handler]
+        return len(self._connections)
 
     async def start(self) -> None:
-        # TCPSite.start, with the handshake timeout and this site's protocol factory; BaseSite's
-        # registers the site with its runner, which stops it at cleanup.
+        # TCPSite.start without TLS (each connection's handshake starts once it is counted);
+        # BaseSite's registers the site with its runner, which stops it at cleanup.
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._accept, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
-            ssl_handshake_timeout=(self.handshake_timeout_s if self._ssl_context is not None
-                                   else None))
+            lambda: _Connection(self), self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 
-    def _accept(self) -> asyncio.BaseProtocol:
-        self._forget_closed()
-        if self.open_connections >= self.max_connections:
-            self.refused_connections += 1
-            if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
-                logger.warning("%s: %d connections open (max.connections): closing new ones "
-                               "(%d so far)", self.name, self.max_connections,
-                               self.refused_connections)
-            return _Closed()
+    async def stop(self) -> None:
+        await super().stop()
+        for connection in list(self._connections):
+            if connection.handler is None:  # mid-handshake: no server would close it
+                connection.close()
+
+    def _arrived(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "-"
+        connection.address = address
+        per_address = min(self.limits.per_address, self.limits.total)
+        if self._regular < self.limits.total and self._by_address[address] < per_address:
+            self._regular += 1
+            self._by_address[address] += 1
+        else:
+            full = self._regular >= self.limits.total
+            bound, detail = (("max.connections", f"{self.limits.total} open") if full else
+                             ("max.connections.per.ip", f"{per_address} open from {address}"))
+            if not (self.serves_probes and self._reserved < PROBE_RESERVE
+                    and self._reserved_by_address[address] < PROBE_RESERVE_PER_ADDRESS):
+                self._refuse(bound, detail)
+                transport.close()
+                return
+            self._note(bound, "keeping a connection for one probe only", detail)
+            connection.reserved = True
+            self._reserved += 1
+            self._reserved_by_address[address] += 1
+        connection.counted = True
+        self._connections.add(connection)
+        if self._ssl_context is None:
+            self._open(connection, transport)
+        else:
+            start_now(self._handshake(connection, transport, self._ssl_context), _ignore)
+
+    async def _handshake(self, connection: _Connection, raw: asyncio.Transport,
+                         context: ssl.SSLContext) -> None:
+        transport: asyncio.Transport | None = None
+        try:
+            transport = await asyncio.get_running_loop().start_tls(
+                raw, connection, context, server_side=True,
+                ssl_handshake_timeout=self.handshake_timeout_s)
+        except (OSError, TimeoutError, RuntimeError):
+            pass  # a failed or slow handshake, or a connection gone meanwhile
+        finally:
+            if transport is None:  # whatever ended it (a loop shutting down too): not counted
+                raw.abort()
+                self._left(connection)
+        if transport is None:
+            return
+        if not connection.counted:
+            transport.abort()  # closed while it shook hands
+        else:
+            self._open(connection, transport)
+
+    def _open(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        """Hand an admitted connection to the server's handler."""
+        refusal = self._admits(transport) if self._admits is not None else None
         server = self._runner.server
-        assert server is not None
-        handler = server()
-        self._handlers[handler] = time.monotonic()
-        return handler
+        if refusal is not None or server is None:
+            if refusal is not None:
+                self._refuse("admission", f"{refusal} ({connection.address})")
+            transport.abort()
+            self._left(connection)
+            return
+        connection.attach(server(), transport)
+
+    def _left(self, connection: _Connection) -> None:
+        if not connection.counted:
+            return
+        connection.counted = False
+        self._connections.discard(connection)
+        address = connection.address
+        if connection.reserved:
+            self._reserved -= 1
+            _decrement(self._reserved_by_address, address)
+        else:
+            self._regular -= 1
+            _decrement(self._by_address, address)
+        if connection.principal is not None:
+            _decrement(self._by_principal, connection.principal)
+
+    def claim(self, connection: _Connection, principal: str) -> bool:
+        """Count ``connection`` as ``principal``'s (its first authenticated request's); False
+        when the principal holds its bound already (the caller closes the connection)."""
+        if self._by_principal[principal] >= self.limits.per_principal:
+            self._refuse("max.connections.per.principal",
+                         f"{self.limits.per_principal} open of {principal} "
+                         f"({connection.address})")
+            return False
+        connection.principal = principal
+        self._by_principal[principal] += 1
+        return True
+
+    def _refuse(self, bound: str, detail: str) -> None:
+        self.refused_connections += 1
+        self._note(bound, "closing a connection", detail)
+
+    def _note(self, bound: str, action: str, detail: str) -> None:
+        """Say what a bound made the listener do, at most every few seconds a bound and an
+        action (a client hitting it again and again is counted, not logged)."""
+        now = time.monotonic()
+        key = f"{action} ({bound})"
+        last, left_out = self._refusals_logged.get(key, (-_LOG_REPEAT_S, 0))
+        if now - last < _LOG_REPEAT_S:
+            self._refusals_logged[key] = (last, left_out + 1)
+            return
+        self._refusals_logged[key] = (now, 0)
+        more = f" ({left_out} more since the last line)" if left_out else ""
+        logger.warning("%s: %s: %s%s", self.name, key, detail, more)
 
     def close_connections(self) -> int:
-        """Close every open connection at once; how many there were."""
-        closed = 0
-        for handler in list(self._handlers):
-            if handler.transport is not None:
-                handler.force_close()
-                closed += 1
-        return closed
+        """Close every connection at once; how many there were."""
+        connections = list(self._connections)
+        for connection in connections:
+            connection.close()
+        return len(connections)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
+def _ignore(_: BaseException) -> None:
+    pass
+
+
+def connection_of(request: web.BaseRequest) -> _Connection | None:
+    """The listener's record of the request's connection (None outside a BoundedSite)."""
+    transport = request.transport
+    protocol = transport.get_protocol() if transport is not None else None
+    return protocol if isinstance(protocol, _Connection) else None
+
+
+def probes_reserve_middleware() -> Middleware:
+    """Outermost on a listener that serves the probes: a connection of the probes' reserve is
+    answered one probe, then closed; any other request closes it unanswered."""
+
+    @web.middleware
+    async def serve_probes_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        connection = connection_of(request)
+        if connection is None or not connection.reserved:
+            return await handler(request)
+        if request.method in ("GET", "HEAD") and request.path in PROBE_PATHS:
+            request.protocol.close()  # after this answer; nothing more is read
+            return await handler(request)
+        request.protocol.force_close()
+        return web.Response(status=503)  # never written: the connection is gone
+
+    return serve_probes_only
+
+
+def principals_middleware(principal_of: Callable[[web.Request], str | None]) -> Middleware:
+    """After the authorization: a connection counts as the principal of its first authenticated
+    request (``principal_of``); one beyond that principal's bound is closed unanswered."""
+
+    @web.middleware
+    async def count_principals(request: web.Request, handler: Handler) -> web.StreamResponse:
+        principal = principal_of(request)
+        if principal is not None:
+            connection = connection_of(request)
+            if connection is not None and connection.principal is None \
+                    and not connection.site.claim(connection, principal):
+                request.protocol.force_close()
+                return web.Response(status=503)  # never written: the connection is gone
+        return await handler(request)
+
+    return count_principals
 
 
 async def start_site(runner: web.BaseRunner, host: str, port: int,
                      ssl_context: ssl.SSLContext | None, *, handshake_timeout_s: float,
-                     max_connections: int) -> BoundedSite:
+                     limits: ConnectionLimits, serves_probes: bool = False,
+                     admits: Admits | None = None) -> BoundedSite:
     """Listen on ``host:port`` for ``runner``'s server (set up already) until its cleanup."""
     site = BoundedSite(runner, host, port, ssl_context=ssl_context,
-                       handshake_timeout_s=handshake_timeout_s, max_connections=max_connections)
+                       handshake_timeout_s=handshake_timeout_s, limits=limits,
+                       serves_probes=serves_probes, admits=admits)
     await site.start()
     return site

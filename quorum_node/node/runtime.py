@@ -33,7 +33,13 @@ from aiohttp import web
 from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
-from quorum_node.node.listener import BoundedSite, start_site
+from quorum_node.node.listener import (
+    BoundedSite,
+    ConnectionLimits,
+    principals_middleware,
+    probes_reserve_middleware,
+    start_site,
+)
 from quorum_node.node.state_machine import KvStateMachine, check_snapshot_records
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import (
@@ -43,6 +49,7 @@ from quorum_node.node.transport import (
     Reply,
     claimed_node_id,
     max_response_bytes,
+    refusals_close_connections,
 )
 from quorum_node.node.waits import WaitInterrupted, Waits
 from quorum_node.raft.core import (
@@ -184,9 +191,11 @@ class QuorumNode:
         self._peer_servers = [
             PeerServer(self.handle_peer_request,
                        authorizer=self.security.peer_authorizer(listener),
-                       idle_timeout_s=idle_timeout_s)
+                       idle_timeout_s=idle_timeout_s,
+                       max_unsent_bytes=max_response_bytes(config.quorum))
             for listener in config.controller_listeners]
         self._sites: list[BoundedSite] = []
+        self._secret_sites: list[BoundedSite] = []  # the PLAINTEXT ones serving peers
         # Requests the core has not answered yet (parked fetches): their reply callbacks, and the
         # safety-net timer of each.
         self._inbound: dict[int, Reply] = {}
@@ -228,15 +237,18 @@ class QuorumNode:
         controllers = config.controller_listeners
         if config.combined_listener:
             app.add_routes(self._peer_servers[0].routes())
-            await self._serve(app, controllers, serves_peers=True)
+            await self._serve(app, controllers, serves_peers=True, serves_clients=True)
         else:
             for controller, peer_server in zip(controllers, self._peer_servers, strict=True):
                 peer_app = web.Application()
                 peer_app.add_routes(peer_server.routes())
-                await self._serve(peer_app, (controller,), serves_peers=True)
-            await self._serve(app, config.client_listeners, serves_peers=False)
+                await self._serve(peer_app, (controller,), serves_peers=True,
+                                  serves_clients=False)
+            await self._serve(app, config.client_listeners, serves_peers=False,
+                              serves_clients=True)
         if self.security.tls is not None:
             self.security.tls.on_reload.append(self._close_connections)
+        self.security.on_peer_secret_change.append(self._close_secret_connections)
         self._loop = asyncio.get_running_loop()
         for outbound in self._unsent:
             self.send(outbound)
@@ -252,12 +264,18 @@ class QuorumNode:
         self.security.warn_if_open()
 
     async def _serve(self, app: web.Application, listeners: Sequence[Listener], *,
-                     serves_peers: bool) -> None:
+                     serves_peers: bool, serves_clients: bool) -> None:
         """Serve ``app`` on ``listeners`` (all of one protocol), with its own runner."""
+        config, security, listener = self.config, self.security, listeners[0]
+        # Outermost: the probes' reserve answers probes only; on a listener of the peers alone,
+        # a refused request closes its connection.
+        app.middlewares.insert(0, probes_reserve_middleware() if serves_clients
+                               else refusals_close_connections)
         # Refusals happen before any handler runs: a refused request changes nothing.
-        app.middlewares.extend(self.security.middlewares(listeners[0],
-                                                         serves_peers=serves_peers))
-        app[READ_TIMEOUT_KEY] = self.config.http_read_timeout_ms / 1000
+        app.middlewares.extend(security.middlewares(listener, serves_peers=serves_peers))
+        if security.authenticates(listener):
+            app.middlewares.append(principals_middleware(security.principal_of))
+        app[READ_TIMEOUT_KEY] = config.http_read_timeout_ms / 1000
         # In-flight requests get a second to finish at shutdown (a long poll ends within
         # fetch_max_wait_ms anyway), not aiohttp's default minute. The keep-alive timeout also
         # runs from the start of a connection: one that never completes a request head (a
@@ -266,13 +284,20 @@ class QuorumNode:
                                keepalive_timeout=self.config.http_read_timeout_ms / 1000)
         await runner.setup()
         self._runners.append(runner)
-        tls = self.security.tls
-        for listener in listeners:
-            self._sites.append(await start_site(
-                runner, listener.host, listener.port,
-                tls.listening if tls and listener.tls else None,
-                handshake_timeout_s=self.config.http_read_timeout_ms / 1000,
-                max_connections=self.config.max_connections))
+        tls = security.tls
+        limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip,
+                                  config.max_connections_per_principal)
+        # A listener of the peers alone over SSL holds no connection without a node's
+        # certificate: none of its requests could be served.
+        admits = security.admits_peer if listener.tls and not serves_clients else None
+        for each in listeners:
+            site = await start_site(
+                runner, each.host, each.port, tls.listening if tls and each.tls else None,
+                handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
+                serves_probes=serves_clients, admits=admits)
+            self._sites.append(site)
+            if serves_peers and not each.tls:
+                self._secret_sites.append(site)
 
     def _close_connections(self) -> None:
         """The TLS files changed: close every connection made under the old ones, both ways,
@@ -281,6 +306,17 @@ class QuorumNode:
         self._peers.close_streams()
         logger.info("node %d: TLS files reloaded; closed %d connection(s) made under the "
                     "previous ones, and the streams to peers", self.config.node_id, closed)
+
+    def _close_secret_connections(self) -> None:
+        """The peer secret changed: close the connections of the PLAINTEXT listeners serving
+        peers (each was let in with the old secret, or with none) and the streams this node
+        opened with it, so that a secret taken away takes its streams with it."""
+        closed = sum(site.close_connections() for site in self._secret_sites)
+        if self.security.current_peer_secret() is not None:
+            self._peers.close_streams()
+        logger.info("node %d: peer secret changed; closed %d connection(s) of the PLAINTEXT "
+                    "listeners serving peers, and the streams to peers opened with the old "
+                    "secret", self.config.node_id, closed)
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so

@@ -23,7 +23,11 @@ and tests.
 What a peer may send is bounded: a request carries no records, so a message or POST body larger
 than the largest request header is refused (the stream is closed), and a response larger than a
 fetch's bytes and a header likewise; a stream that stays silent (no message, no answer to a ping)
-for the read timeout is closed. Over SSL a request must name as its sender the node the
+for the read timeout is closed. What a peer may hold of a node is bounded too: at most
+``MAX_PARKED_PER_STREAM`` of a stream's requests wait for their answers (the next message is read
+once one is answered), an answer ready while the peer has a whole answer unread is dropped (the
+peer times it out, as a lost message), and a stream whose peer reads no answer for the read
+timeout is cut. Over SSL a request must name as its sender the node the
 connection's certificate speaks for (``quorum_node.security.peer_identity``); one naming another
 node is refused before the node sees it.
 """
@@ -36,7 +40,7 @@ import functools
 import logging
 import ssl
 import struct
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -90,6 +94,9 @@ _RPC_NAMES: Final = {cls: name for name, cls in REQUEST_TYPES.items()}
 _RPC_INDEX: Final = {cls: index for index, cls in enumerate(REQUEST_TYPES.values())}
 _RPC_BY_INDEX: Final = tuple(REQUEST_TYPES.values())
 STREAM_PATH: Final = RPC_PREFIX + "stream"
+# A follower has one Fetch (or FetchSnapshot) waiting for records at a time, and now and then a
+# Vote or an epoch's announcement beside it; a stream with more waiting floods the node.
+MAX_PARKED_PER_STREAM: Final = 8
 _TAG = struct.Struct(">IB")
 _OK, _ERROR = 0, 1
 # The largest request a peer can send: requests carry no records, only a header. Anything larger
@@ -424,6 +431,10 @@ def start_now(coroutine: Coroutine[Any, Any, None],
             on_error(task.exception())  # type: ignore[arg-type]
 
     if isinstance(awaited, asyncio.Future):
+        # What a task does with a future its coroutine yields: the future is marked as waited
+        # on. Left marked, the next coroutine to await it (a future shared by several waiters,
+        # such as a connection's drain) would fail with "await wasn't used with future".
+        awaited._asyncio_future_blocking = False
         awaited.add_done_callback(finish)
     else:
         loop.call_soon(finish)
@@ -448,10 +459,12 @@ class PeerServer:
     certificate is refused (403, or the stream's error frame)."""
 
     def __init__(self, handle: RequestHandler, *, authorizer: Authorizer | None = None,
-                 idle_timeout_s: float | None = None) -> None:
+                 idle_timeout_s: float | None = None,
+                 max_unsent_bytes: int = max_response_bytes(QuorumConfig())) -> None:
         self._handle = handle
         self._authorizer = authorizer
         self._idle_timeout_s = idle_timeout_s
+        self._max_unsent_bytes = max_unsent_bytes  # a whole answer, the largest there is
         self._sockets: set[web.WebSocketResponse] = set()
 
     def _peer_node_id(self, http_request: web.Request) -> int | None:
@@ -513,6 +526,8 @@ class PeerServer:
             max_msg_size=MAX_REQUEST_BYTES + 1, compress=False, receive_timeout=idle_s,
             heartbeat=idle_s / 2 if idle_s is not None else None)
         await socket.prepare(http_request)
+        stream = _ServedStream(socket, http_request, max_unsent_bytes=self._max_unsent_bytes,
+                               write_timeout_s=idle_s)
         self._sockets.add(socket)
         try:
             async for message in socket:
@@ -520,14 +535,15 @@ class PeerServer:
                     break
                 # Answered here and now, or (a parked Fetch) written by the reply callback the
                 # moment the node has the answer: no task per request.
-                reply = self._answer(socket, message.data, http_request, peer_node_id)
-                if reply is not None:
-                    await _send(socket, reply)
+                reply = self._answer(stream, message.data, http_request, peer_node_id)
+                if reply is not None and not await stream.send(reply):
+                    break
+                await stream.fewer_parked_than(MAX_PARKED_PER_STREAM)
         finally:
             self._sockets.discard(socket)
         return socket
 
-    def _answer(self, socket: web.WebSocketResponse, data: bytes, http_request: web.Request,
+    def _answer(self, stream: _ServedStream, data: bytes, http_request: web.Request,
                 peer_node_id: int | None) -> bytes | None:
         """The reply to a tagged request, or None if there is none yet (or none at all)."""
         if len(data) < _TAG.size:
@@ -541,11 +557,11 @@ class PeerServer:
                 refusal = self._refuse_claim(http_request, peer_node_id, request)
                 if refusal is not None:
                     return _TAG.pack(correlation, _ERROR) + refusal.message.encode()
-            answer = self._handle(request,
-                                  functools.partial(_reply_later, socket, correlation))
+            answer = self._handle(request, functools.partial(stream.reply_later, correlation))
         except (FrameError, web.HTTPException) as error:
             return _TAG.pack(correlation, _ERROR) + str(error).encode()
         if answer is None:
+            stream.parked += 1
             return None
         return _TAG.pack(correlation, _OK) + encode_frame(answer)
 
@@ -555,24 +571,79 @@ class PeerServer:
             await socket.close()
 
 
-def _reply_later(socket: web.WebSocketResponse, correlation: int,
-                 answer: RaftResponse | None) -> None:
-    if answer is None:
-        reply = _TAG.pack(correlation, _ERROR) + NO_ANSWER.encode()
-    else:
-        reply = _TAG.pack(correlation, _OK) + encode_frame(answer)
-    if not socket.closed:
-        # The peer may be gone: it times out its request.
-        start_now(socket.send_bytes(reply), _ignore)
+@web.middleware
+async def refusals_close_connections(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Outermost on a listener that serves peers only: a request refused for any reason (no
+    secret, no node's certificate, a route that is no peer RPC) closes its connection after the
+    answer, so a connection is held only by a caller with a peer's credential."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        if error.status >= 400:
+            request.protocol.close()  # once this answer is written; nothing more is read
+        raise
+    if response.status >= 400:
+        request.protocol.close()
+    return response
+
+
+class _ServedStream:
+    """A peer's stream as this node serves it: its requests waiting for their answers (parked),
+    and whether the peer reads its answers."""
+
+    def __init__(self, socket: web.WebSocketResponse, http_request: web.Request, *,
+                 max_unsent_bytes: int, write_timeout_s: float | None) -> None:
+        self.socket = socket
+        self.parked = 0
+        self._request = http_request
+        self._write_timeout_s = write_timeout_s
+        self._unparked = asyncio.Event()
+        transport = http_request.transport
+        if transport is not None:
+            # Writing pauses once more than a whole answer is unread.
+            transport.set_write_buffer_limits(high=max_unsent_bytes)
+
+    def reply_later(self, correlation: int, answer: RaftResponse | None) -> None:
+        """The answer of a parked request (None: there is none), written now unless the peer
+        has left a whole answer unread: then it is dropped, and the peer times the request out
+        as it would a lost message."""
+        self.parked -= 1
+        self._unparked.set()
+        if self.socket.closed or self._request.protocol.writing_paused:
+            return
+        if answer is None:
+            reply = _TAG.pack(correlation, _ERROR) + NO_ANSWER.encode()
+        else:
+            reply = _TAG.pack(correlation, _OK) + encode_frame(answer)
+        start_now(self.socket.send_bytes(reply), _ignore)  # the peer may be gone meanwhile
+
+    async def fewer_parked_than(self, most: int) -> None:
+        """Wait until fewer than ``most`` requests of the stream are parked (each is answered
+        within the request timeout, or at shutdown)."""
+        while self.parked >= most:
+            self._unparked.clear()
+            await self._unparked.wait()
+
+    async def send(self, reply: bytes) -> bool:
+        """Write ``reply`` once the peer has read its earlier answers; False (the stream cut)
+        if it reads none for the write timeout, or the stream is gone."""
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self.socket.send_bytes(reply)
+        except TimeoutError:
+            transport = self._request.transport
+            if transport is not None:
+                transport.abort()  # a close frame would wait behind the unread answers
+            return False
+        except (ConnectionError, RuntimeError):
+            return False  # the peer is gone; it times out its request
+        return True
 
 
 def _ignore(_: BaseException) -> None:
     pass
-
-
-async def _send(socket: web.WebSocketResponse, reply: bytes) -> None:
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await socket.send_bytes(reply)  # the peer may be gone; it times out its request
 
 
 def _url_host(host: str) -> str:

@@ -1,6 +1,7 @@
 """A node's security, built from its configuration: the reloading TLS contexts (None without an
-SSL listener), the authorizers, the peer secret of a PLAINTEXT controller listener, and the task
-that reloads certificates, tokens and the secret."""
+SSL listener), the authorizers, the peer secret of a PLAINTEXT controller listener, which
+connections a controller listener admits, and the task that reloads certificates, tokens and the
+secret (a changed secret is announced: what was opened with the old one is closed)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from quorum_node.security.authorization import Authorizer
+from quorum_node.security.authorization import IDENTITY_KEY, Authorizer
 from quorum_node.security.file_watch import Reloading
 from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.peer_secret import (
@@ -20,7 +21,12 @@ from quorum_node.security.peer_secret import (
     peer_secret_middleware,
 )
 from quorum_node.security.roles import parse_principal_grants
-from quorum_node.security.tls import ReloadingTls, TlsFiles, TlsFilesError
+from quorum_node.security.tls import (
+    ReloadingTls,
+    TlsFiles,
+    TlsFilesError,
+    certificate_common_names,
+)
 from quorum_node.security.tokens import TokenFileError, TokenTable
 
 if TYPE_CHECKING:
@@ -41,6 +47,8 @@ class NodeSecurity:
         self.tokens: Reloading[TokenTable] | None = None
         self.peer_secret: Reloading[str] | None = None
         self.reload_interval_s = config.security_reload_interval_ms / 1000
+        # Called when the peer secret changes: they close what was opened with the old one.
+        self.on_peer_secret_change: list[Callable[[], None]] = []
         self._config = config
         if config.any_tls:
             assert config.ssl_certificate_location is not None
@@ -70,10 +78,10 @@ class NodeSecurity:
         tokens = self.tokens
         grants = parse_principal_grants(config.auth_certificate_roles)
         token_table = (lambda: tokens.current) if tokens is not None else None
-        peers = PeerPrincipals(config.auth_peer_principal_template)
+        self._peers = PeerPrincipals(config.auth_peer_principal_template)
         # By protocol: whether a listener can see client certificates decides what it asks for.
         self._authorizers = {
-            tls: Authorizer(tls=tls, grants=grants, tokens=token_table, peers=peers)
+            tls: Authorizer(tls=tls, grants=grants, tokens=token_table, peers=self._peers)
             for tls in (False, True)
         }
 
@@ -81,6 +89,10 @@ class NodeSecurity:
     def authorizer(self) -> Authorizer:
         """The authorizer of the client listeners."""
         return self._authorizers[self._config.client_listeners[0].tls]
+
+    def authenticates(self, listener: Listener) -> bool:
+        """Whether requests on ``listener`` carry credentials (over SSL, or with tokens)."""
+        return self._authorizers[listener.tls].enabled
 
     def peer_authorizer(self, listener: Listener) -> Authorizer:
         """The authorizer of a controller listener: over SSL it tells which node a peer is."""
@@ -108,6 +120,21 @@ class NodeSecurity:
             chain.append(peer_secret_middleware(lambda: secret.current))
         chain.append(self._authorizers[listener.tls].middleware())
         return chain
+
+    def admits_peer(self, transport: asyncio.Transport) -> str | None:
+        """Why a connection to an SSL listener that serves peers only is refused at once,
+        after its handshake: it presented no certificate of a node (one common name, the
+        template's); None if it did. Without one, no request on it could be served."""
+        names = certificate_common_names(transport.get_extra_info("peercert"))
+        if len(names) == 1 and self._peers.node_id_of(names[0]) is not None:
+            return None
+        return "no node certificate" if not names else f"not a node's certificate ({names[0]})"
+
+    @staticmethod
+    def principal_of(request: web.Request) -> str | None:
+        """Who the authorization let ``request`` through as (None: no credential needed)."""
+        identity = request.get(IDENTITY_KEY)
+        return identity.principal if identity is not None else None
 
     def warn_if_open(self) -> None:
         """Warn, once at start, about each way the configuration leaves the node open."""
@@ -142,8 +169,22 @@ class NodeSecurity:
 
     async def reload_forever(self) -> None:
         """Check the files every reload interval (a Kubernetes Secret is rotated in place)."""
-        reloading = [r for r in (self.tls, self.tokens, self.peer_secret) if r is not None]
-        while reloading:
+        reloading = [r for r in (self.tls, self.tokens) if r is not None]
+        while reloading or self.peer_secret is not None:
             await asyncio.sleep(self.reload_interval_s)
             for item in reloading:
                 item.reload_if_changed()
+            self._reload_peer_secret()
+
+    def _reload_peer_secret(self) -> None:
+        secret = self.peer_secret
+        if secret is None:
+            return
+        previous = secret.current
+        if not secret.reload_if_changed() or secret.current == previous:
+            return
+        for hook in self.on_peer_secret_change:
+            try:
+                hook()
+            except Exception:  # one hook's failure must not keep the others from closing
+                logger.exception("closing what the previous peer secret opened failed")

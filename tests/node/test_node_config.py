@@ -431,6 +431,8 @@ MIGRATING = {
     "controller.listener.names": "CONTROLLER,CONTROLLER_SSL",
     "ssl.certificate.location": "/s/cert.pem", "ssl.key.location": "/s/key.pem",
     "ssl.ca.location": "/s/ca.pem",
+    # With an SSL listener, a PLAINTEXT controller listener needs the secret.
+    "controller.listener.secret.file": "/s/secret",
 }
 
 
@@ -455,7 +457,8 @@ def test_the_peer_secret_while_a_plaintext_controller_listener_is_one_of_two(
     tokens = str(tmp_path / "tokens")
     # The PLAINTEXT one still needs the secret with a token file, first or second.
     for names in ("CONTROLLER,CONTROLLER_SSL", "CONTROLLER_SSL,CONTROLLER"):
-        message = error_of(flags={**MIGRATING, "controller.listener.names": names,
+        without = {k: v for k, v in MIGRATING.items() if k != "controller.listener.secret.file"}
+        message = error_of(flags={**without, "controller.listener.names": names,
                                   "auth.token.file": tokens})
         assert message.startswith("controller.listener.secret.file (from default): required with "
                                   "auth.token.file on the PLAINTEXT controller listener "

@@ -67,6 +67,16 @@ class Pki:
         cert, key = self.certificates[certificate] if certificate else (None, None)
         return ClientCredentials(self.tokens[token] if token else None, self.ca_path, cert, key)
 
+    def node_settings(self, node_id: int, *, clients: bool = True) -> dict[str, object]:
+        """A node process's keys: its certificate and the CA, and with ``clients`` the token
+        file and the client certificates' roles."""
+        cert, key = self.certificates[f"quorum-node-{node_id}"]
+        settings: dict[str, object] = {"ssl.certificate.location": cert, "ssl.key.location": key,
+                                       "ssl.ca.location": self.ca_path}
+        if clients:
+            settings.update({"auth.token.file": self.token_file, "auth.certificate.roles": ROLES})
+        return settings
+
 
 def split_listeners(client_port: int, peer_port: int, *, tls: bool) -> dict[str, Any]:
     """NodeConfig fields for a client listener and a controller listener of its own."""
@@ -94,6 +104,27 @@ def secured_configs(directory: Path, pki: Pki, size: int, **overrides: Any) -> l
         config = NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
                             **split_listeners(port, peer_ports[i], tls=True),
                             voters=voters, client_endpoints=clients, quorum=FAST, **settings)
+        format_log_dir(config.log_dir, cluster_id, i)
+        configs.append(config)
+    return configs
+
+
+def secret_configs(directory: Path, secret: Path, voters: int, running: int,
+                   **overrides: Any) -> list[NodeConfig]:
+    """PLAINTEXT on a client listener and a controller listener of its own, the peers sharing the
+    secret in ``secret``: the configurations of voters 1 to ``running`` of 1 to ``voters``."""
+    cluster_id = random_cluster_id()
+    ports = {i: (free_port(), free_port()) for i in range(1, voters + 1)}
+    peers = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=peer_port)
+                  for i, (_, peer_port) in ports.items())
+    clients = tuple(VoterEndpoint(id=i, host="127.0.0.1", port=port)
+                    for i, (port, _) in ports.items())
+    configs = []
+    for i in range(1, running + 1):
+        config = NodeConfig(node_id=i, cluster_id=cluster_id, log_dir=directory / f"node-{i}",
+                            **split_listeners(*ports[i], tls=False), voters=peers,
+                            client_endpoints=clients, controller_listener_secret_file=secret,
+                            **{"quorum": FAST, **overrides})
         format_log_dir(config.log_dir, cluster_id, i)
         configs.append(config)
     return configs

@@ -9,6 +9,7 @@ import ssl
 import time
 from pathlib import Path
 
+import pytest
 from secured_cluster import FAST, InProcessCluster, Pki, free_port
 
 from quorum_node.client import QuorumClient
@@ -87,7 +88,8 @@ def test_a_quorum_half_way_between_plaintext_and_ssl_peers(tmp_path: Path) -> No
             assert post(plain.port, None, {}) == 401
             assert post(plain.port, None, {PEER_SECRET_HEADER: SECRET}) == 400
             writer = pki.credentials(certificate="app-writer").ssl_context()
-            assert post(tls.port, writer, {PEER_SECRET_HEADER: SECRET}) == 403
+            with pytest.raises(ConnectionError):  # closed once its handshake is done
+                post(tls.port, writer, {PEER_SECRET_HEADER: SECRET})
             peer = pki.credentials(certificate=f"quorum-node-{node_id % 3 + 1}").ssl_context()
             assert post(tls.port, peer, {}) == 400
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from proc_cluster import FAST, ProcessCluster
-from secured_cluster import ROLES, Pki
+from secured_cluster import Pki
 
 from quorum_node.cli.admin import Access, AdminError, fetch_quorum
 from quorum_node.cli.admin import main as admin_main
@@ -28,13 +28,7 @@ def secured(tmp_path: Path) -> Iterator[tuple[ProcessCluster, Pki]]:
     (tmp_path / "pki").mkdir()
     pki = Pki.create(tmp_path / "pki", range(1, 4))
 
-    def node_settings(i: int) -> dict[str, object]:
-        cert, key = pki.certificates[f"quorum-node-{i}"]
-        return {"ssl.certificate.location": cert, "ssl.key.location": key,
-                "ssl.ca.location": pki.ca_path, "auth.token.file": pki.token_file,
-                "auth.certificate.roles": ROLES}
-
-    cluster = ProcessCluster.create(tmp_path, 3, node_settings, tls=True, **FAST)
+    cluster = ProcessCluster.create(tmp_path, 3, pki.node_settings, tls=True, **FAST)
     cluster.start_all()
     try:
         yield cluster, pki

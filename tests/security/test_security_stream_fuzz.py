@@ -23,6 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
 from quorum_node import wire
+from quorum_node.node.kv_service import MAX_WAIT_MS
 from quorum_node.wire import Op
 
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None,
@@ -108,7 +109,8 @@ def _send(quorum: InProcessCluster, message: bytes, op: Op | None) -> None:
     with _open(quorum) as stream:
         stream.send(message)
         try:
-            data = stream.recv(timeout=10, decode=False)
+            # A long poll may wait its whole wait_ms (any u32 up to MAX_WAIT_MS) before its answer.
+            data = stream.recv(timeout=10 + MAX_WAIT_MS / 1000, decode=False)
         except ConnectionClosed as closed:
             assert closed.rcvd is not None and closed.rcvd.code == 1002, closed
             assert closed.rcvd.reason.startswith("malformed"), closed.rcvd.reason

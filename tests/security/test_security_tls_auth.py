@@ -311,18 +311,20 @@ def test_peer_without_a_valid_certificate_is_refused(cluster: InProcessCluster,
     url = f"https://{cluster.peer_address(1)}/raft/v1/stream"
     run = cluster.run
     assert run(_open_stream(url, _client_context(pki, "quorum-node-2"))) == 101  # the control
-    assert run(_open_stream(url, _client_context(pki, None))) == 401  # no certificate
-    assert run(_open_stream(url, _client_context(pki, "app-writer"))) == 403  # not a peer
+    # Without a node's certificate the connection is closed once its handshake is done.
+    for certificate in (None, "app-writer"):
+        with pytest.raises((aiohttp.ClientError, OSError)):
+            run(_open_stream(url, _client_context(pki, certificate)))
     # A certificate of another CA does not get past the handshake.
     with pytest.raises((aiohttp.ClientError, ssl.SSLError, OSError)):
         run(_open_stream(url, _client_context(pki, "foreign")))
     # Nor does plain HTTP reach the TLS listener.
     with pytest.raises((aiohttp.ClientError, OSError)):
         run(_open_stream(f"http://{cluster.peer_address(1)}/raft/v1/stream", False))
-    # A token never makes a peer, whatever its role.
-    status, answer, _ = request(cluster, 1, "POST", "/raft/v1/Fetch",
-                                credentials=pki.credentials(token="admin"), peer=True)
-    assert (status, answer["code"]) == (403, "FORBIDDEN")
+    # A token never makes a peer, whatever its role: the connection is closed unanswered.
+    with pytest.raises(ConnectionError):
+        request(cluster, 1, "POST", "/raft/v1/Fetch",
+                credentials=pki.credentials(token="admin"), peer=True)
 
 
 def test_node_with_a_foreign_certificate_cannot_join(tmp_path: Path, pki: Pki) -> None:

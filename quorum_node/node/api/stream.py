@@ -7,13 +7,22 @@ authorization (the route needs the read role), and a write on the stream needs t
 of the identity that opened it.
 
 Bounds: a message larger than ``wire.MAX_REQUEST_BYTES`` closes the stream (1009); at most
-``MAX_IN_FLIGHT`` requests of a stream are served at once, the next message is not read before
-one ends (the client's writes wait in TCP's buffers); a stream with nothing in flight that stays
-silent for the read timeout (``http.read.timeout.ms``) is closed (1001); the reads of a stream
-that closes (a watch or a read waiting, a read waiting for its ReadIndex) are cancelled with it,
-its writes finish (they are committed or not whoever waits). A message that is not a
-request of this protocol (text, a cut head, fields that do not decode) closes the stream with
-1002 or 1003 and the reason; an unknown op is answered BAD_REQUEST and the stream goes on.
+``MAX_IN_FLIGHT`` requests of a stream are served at once, each until its answer is written, and
+the next message is not read before one ends (the client's writes wait in TCP's buffers); a
+stream with nothing in flight that stays silent for the read timeout (``http.read.timeout.ms``)
+is closed (1001); the reads of a stream that closes (a watch or a read waiting, a read waiting
+for its ReadIndex) are cancelled with it, its writes finish (they are committed or not whoever
+waits). A message that is not a request of this protocol (text, a cut head, fields that do not
+decode) closes the stream with 1002 or 1003 and the reason; an unknown op is answered
+BAD_REQUEST and the stream goes on.
+
+Back-pressure: answers the client has not read count against ``http.stream.max.unsent.bytes``
+(the connection's write buffer limit). Over it, the stream reads no request, and an answer is
+encoded and written only once the client has read the earlier ones down; a read's answer is not
+even held meanwhile, but served again (without waiting) once there is room. So a stream holds
+at most that bound and one answer unsent, however many requests its client sends without
+reading. A client that leaves it over the bound for ``http.stream.write.timeout.ms`` has its
+stream cut (no close frame could reach it past the unread answers).
 """
 
 from __future__ import annotations
@@ -74,16 +83,25 @@ def install_stream(app: web.Application, service: KvService) -> StreamServer:
 
 class StreamServer:
     """Serves every stream of one application: reads each stream's requests in order and
-    answers each (a task of its own) when the service has."""
+    answers each (a task of its own) when the service has and the client has room for it."""
 
     def __init__(self, service: KvService, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.service = service
         self.max_in_flight = max_in_flight
+        config = service.node.config
+        self.max_unsent_bytes = config.http_stream_max_unsent_bytes
+        self.write_timeout_s = config.http_stream_write_timeout_ms / 1000
         self._sockets: set[web.WebSocketResponse] = set()
         self._serve: dict[Op, Serve] = {
             Op.PUT: self._put, Op.GET: self._get, Op.DELETE: self._delete, Op.CAS: self._cas,
             Op.APPEND: self._append, Op.READ: self._read, Op.LIST: self._list,
             Op.WATCH: self._watch,
+        }
+        # Each read again at once, served when its first answer could not be written and was
+        # let go: stale, without waiting for records or changes.
+        self._serve_now: dict[Op, Serve] = {
+            Op.GET: self._get_now, Op.READ: self._read_now, Op.LIST: self._list_now,
+            Op.WATCH: self._watch_now,
         }
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -98,12 +116,17 @@ class StreamServer:
         await socket.prepare(request)
         stream = _Stream(request, socket,
                          may_write=identity is None or Role.WRITE in identity.roles,
-                         max_in_flight=self.max_in_flight)
+                         max_in_flight=self.max_in_flight,
+                         max_unsent_bytes=self.max_unsent_bytes,
+                         write_timeout_s=self.write_timeout_s)
         self._sockets.add(socket)
         try:
             while not socket.closed:
                 await stream.slots.acquire()  # the next read waits for a free slot
                 stream.in_flight += 1
+                if not (stream.has_room() or await stream.room()):  # and for the client
+                    stream.finished()  # to read its answers; it read none in time
+                    break
                 try:
                     message = await socket.receive(timeout=idle_s)
                 except TimeoutError:
@@ -169,23 +192,43 @@ class StreamServer:
 
     async def _answer(self, stream: _Stream, correlation: int, op: Op,
                       fields: tuple[Any, ...], timeout_s: float) -> None:
+        """Serve one request and write its answer once the client has room for it; the
+        request's slot is held until then (or until the stream is gone)."""
         try:
-            answer = await self._serve[op](fields, timeout_s)
-            reply = wire.encode_response(correlation, op, answer)
+            reply = await self._reply(stream, correlation, op, fields, timeout_s)
+            if reply is not None:
+                stream.send_now(reply)
+        finally:
+            stream.finished()
+
+    async def _reply(self, stream: _Stream, correlation: int, op: Op,
+                     fields: tuple[Any, ...], timeout_s: float) -> bytes | None:
+        """The encoded answer, once the client has room for it; None if the stream is closed
+        first."""
+        try:
+            answer: tuple[Any, ...] | None = await self._serve[op](fields, timeout_s)
+            if not stream.has_room():
+                serve_now = self._serve_now.get(op)
+                if serve_now is not None:
+                    answer = None  # a read's answer is not held while the client reads none
+                if not await stream.room():
+                    return None
+                if serve_now is not None:
+                    answer = await serve_now(fields, timeout_s)
+            assert answer is not None
+            return wire.encode_response(correlation, op, answer)
         except ServiceError as error:
-            reply = wire.encode_error(correlation, ErrorAnswer(error.code.value, error.message))
+            refusal = ErrorAnswer(error.code.value, error.message)
         except NotLeaderError as error:
-            reply = wire.encode_error(correlation, self._not_leader(stream, error))
+            refusal = self._not_leader(stream, error)
         except Exception as error:
             logger.exception("node %d: a stream's %s failed", self.service.node.config.node_id,
                              op.name)
-            reply = wire.encode_error(correlation, ErrorAnswer(
-                ErrorCode.INTERNAL.value, f"{op.name} failed on the node: {error!r}"))
-        finally:
-            stream.finished()
-        if not stream.socket.closed:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await stream.socket.send_bytes(reply)  # the client may be gone
+            refusal = ErrorAnswer(ErrorCode.INTERNAL.value,
+                                  f"{op.name} failed on the node: {error!r}")
+        if not (stream.has_room() or await stream.room()):
+            return None
+        return wire.encode_error(correlation, refusal)
 
     def _not_leader(self, stream: _Stream, error: NotLeaderError) -> ErrorAnswer:
         """NOT_LEADER with the leader's id and URL (the HTTP API's redirect, without its
@@ -222,6 +265,10 @@ class StreamServer:
         found = await self.service.get(key, stale=stale, timeout_s=timeout_s)
         return found.value, found.applied_offset
 
+    async def _get_now(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        key, _ = fields
+        return await self._get((key, True), timeout_s)  # its first answer confirmed the read
+
     async def _append(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
         (values,) = fields
         appended = await self.service.append(values, timeout_s)
@@ -236,12 +283,24 @@ class StreamServer:
             (record.offset, record.timestamp_ms, record.key, record.value)
             for record in page.records]
 
+    async def _read_now(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        offset, max_records, _ = fields
+        return await self._read((offset, max_records, 0), timeout_s)
+
     async def _list(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
         prefix, start_after, limit, stale = fields
         _check_range("limit", limit, 1, MAX_LIST_LIMIT)
         page = await self.service.list_keys(prefix, start_after, limit, stale=stale,
                                             timeout_s=timeout_s)
         return page.entries, page.next_start_after, page.applied_offset
+
+    async def _list_now(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        prefix, start_after, limit, _ = fields
+        return await self._list((prefix, start_after, limit, True), timeout_s)
+
+    async def _watch_now(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        exact, watched, offset, _, max_events = fields
+        return await self._watch((exact, watched, offset, 0, max_events), timeout_s)
 
     async def _watch(self, fields: tuple[Any, ...], _: float) -> tuple[Any, ...]:
         exact, watched, offset, wait_ms, max_events = fields
@@ -267,10 +326,10 @@ def _checked_offset(offset: int) -> int:
 
 class _Stream:
     """One client's stream: its upgrade request and socket, what its credential may do, its
-    requests in flight."""
+    requests in flight, and whether its client has room for more answers."""
 
     def __init__(self, request: web.Request, socket: web.WebSocketResponse, *, may_write: bool,
-                 max_in_flight: int) -> None:
+                 max_in_flight: int, max_unsent_bytes: int, write_timeout_s: float) -> None:
         self.request = request
         self.socket = socket
         self.may_write = may_write
@@ -279,6 +338,13 @@ class _Stream:
         self.refused: set[Op] = set()  # the writes refused so far (audited once each)
         self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
         self._reads: set[asyncio.Task[None]] = set()
+        self._protocol = request.protocol
+        self._write_timeout_s = write_timeout_s
+        self._max_unsent_bytes = max_unsent_bytes
+        transport = request.transport
+        if transport is not None:
+            # Writing pauses past the bound, and resumes once a quarter of it is left unread.
+            transport.set_write_buffer_limits(high=max_unsent_bytes)
 
     def track(self, task: asyncio.Task[None], *, read: bool) -> None:
         self._tasks.add(task)
@@ -296,6 +362,42 @@ class _Stream:
         """A request (or a read that brought none) is over: its slot is free."""
         self.in_flight -= 1
         self.slots.release()
+
+    def has_room(self) -> bool:
+        """Whether the client has read its answers down to within the bound."""
+        return not self._protocol.writing_paused
+
+    async def room(self) -> bool:
+        """Wait until the client has room for another answer: True then, False if the stream
+        is closed first. A client that reads nothing for the write timeout has its stream cut:
+        a close frame would wait behind the answers it does not read."""
+        if self.socket.closed:
+            return False
+        if self.has_room():
+            return True
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                while not self.has_room():
+                    if self._protocol.transport is None:
+                        return False  # the connection is gone (it stays paused)
+                    # Shielded: the protocol's one drain waiter is every waiting answer's, and a
+                    # timed-out wait must not cancel it for the others.
+                    await asyncio.shield(self.request.writer.drain())
+        except TimeoutError:
+            self._cut()
+            return False
+        except ConnectionError:
+            return False
+        return not self.socket.closed
+
+    def _cut(self) -> None:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            return
+        logger.info("closing a stream of %s: more than %d bytes of its answers unread for "
+                    "%g s (http.stream.write.timeout.ms)", self.request.remote or "-",
+                    self._max_unsent_bytes, self._write_timeout_s)
+        transport.abort()
 
     def send_now(self, reply: bytes) -> None:
         if not self.socket.closed:
