@@ -84,7 +84,10 @@ class System:
 def start_quorum(directory: Path, base_port: int, election_ms: int | None = None,
                  fetch_ms: int | None = None,
                  extra: dict[str, str] | None = None) -> System:
-    settings: dict[str, Setting] = {k: Setting(v, "bench") for k, v in (extra or {}).items()}
+    # Every bench client connects from loopback: above the per-address cap's default (100), as
+    # etcd's own bench has no such cap.
+    settings: dict[str, Setting] = {"max.connections.per.ip": Setting("1000", "bench")}
+    settings.update({k: Setting(v, "bench") for k, v in (extra or {}).items()})
     if election_ms is not None and fetch_ms is not None:
         settings["controller.quorum.election.timeout.ms"] = Setting(str(election_ms), "bench")
         settings["controller.quorum.fetch.timeout.ms"] = Setting(str(fetch_ms), "bench")
