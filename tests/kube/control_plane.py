@@ -25,6 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,14 +171,14 @@ class ControlPlane:
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             "--v=1")
 
-    def _wait(self, what: str, ready: object, timeout_s: float = 60) -> None:
+    def _wait(self, what: str, ready: Callable[[], bool], timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for component in self.components:
                 if component.popen.poll() is not None:
                     raise RuntimeError(f"{component.name} exited ({component.popen.returncode}):"
                                        f"\n{tail(component.log)}")
-            if ready():  # type: ignore[operator]
+            if ready():
                 return
             time.sleep(0.2)
         raise RuntimeError(f"{what} not ready within {timeout_s} s:\n{self.describe()}")

@@ -451,7 +451,7 @@ class PodWorker:
 
     async def token(self, volume: str, spec: Mapping[str, Any]) -> str:
         key = f"{volume}/{spec['path']}"
-        path = self.dir / "volumes" / volume / spec["path"]
+        path: Path = self.dir / "volumes" / volume / str(spec["path"])
         if key in self.tokens and time.time() < self.tokens[key] and path.exists():
             return path.read_text()
         token, renew_at = await self.api.token(self.pod, spec.get("audience"),
@@ -598,7 +598,7 @@ class PodWorker:
         """The pod's resolv.conf: the cluster's search path; its names are in /etc/hosts (the
         add-ons' records), and a name not there gets no answer from any resolver (loopback
         port 53 in the pod's own namespace refuses at once)."""
-        path = self.dir / "resolv.conf"
+        path: Path = self.dir / "resolv.conf"
         namespace = self.pod["metadata"]["namespace"]
         path.write_text(f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
                         "nameserver 127.0.0.1\noptions ndots:5 attempts:1 timeout:1\n")
@@ -954,7 +954,7 @@ class Kubelet:
         """HTTPS on the node's address, for the API server only (its client certificate)."""
         app = web.Application()
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self.container_logs)
-        app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+        app.router.add_get("/healthz", self.healthz)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.client_ca)
         context.load_cert_chain(self.config.serving_cert, self.config.serving_key)
         context.verify_mode = ssl.CERT_REQUIRED
@@ -962,6 +962,9 @@ class Kubelet:
         await runner.setup()
         await web.TCPSite(runner, self.config.host_ip, KUBELET_PORT, ssl_context=context).start()
         return runner
+
+    async def healthz(self, _: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
 
     async def container_logs(self, request: web.Request) -> web.StreamResponse:
         info = request.match_info

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,10 @@ def quorum(name: str, **spec: object) -> dict[str, object]:
             "metadata": {"name": name}, "spec": spec}
 
 
-def wait_for(what: str, check: object, timeout_s: float = 300) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
