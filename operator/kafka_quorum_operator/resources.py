@@ -254,7 +254,9 @@ def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Seque
         })
     if listeners.plaintext_controller:
         data[env_var("controller.listener.secret.file")] = f"{PEER_MOUNT}/{PEER_SECRET_KEY}"
-    if listeners.any_tls:
+    if listeners.client_tls:
+        # Tokens only beside an SSL client listener: on a PLAINTEXT one (some stages of a
+        # switch) the operator, which presents its certificate, could not authenticate.
         data[env_var("auth.token.file")] = f"{AUTH_MOUNT}/{TOKENS_KEY}"
     for key, value in sorted(spec.node_config.items()):
         data[env_var(key)] = str(value)

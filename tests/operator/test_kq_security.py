@@ -449,9 +449,9 @@ def test_every_stage_of_a_tls_switch_can_talk_to_its_neighbours(to_tls: bool) ->
         assert sorted(p["containerPort"] for p in container["ports"]) == sorted(
             listener.port for listener in config.listeners)
         assert ("tls" in [v["name"] for v in pod["spec"]["volumes"]]) == config.any_tls
-        # Every stage authenticated: tokens beside any SSL listener, and the peer secret on a
-        # PLAINTEXT controller listener (it is what lets tokens be used there).
-        assert (config.auth_token_file is not None) == config.any_tls
+        # Every stage's peers authenticated: the peer secret on a PLAINTEXT controller
+        # listener; tokens beside an SSL client listener (the operator presents its certificate).
+        assert (config.auth_token_file is not None) == config.client_listeners[0].tls
         plaintext = not all(c.tls for c in config.controller_listeners)
         assert (config.controller_listener_secret_file is not None) == plaintext
         assert ("peer" in [v["name"] for v in pod["spec"]["volumes"]]) == plaintext
