@@ -8,12 +8,12 @@
 #   bash e2e/kube/build.sh            # prints the directory that holds the binaries (last line)
 #   bash e2e/kube/build.sh --locate   # only prints it, if they are built (exit 3 otherwise)
 #
-# The binaries are cached in $QUORUM_KUBE_CACHE (default ~/.cache/quorum-kube), in a directory
+# The binaries are cached in $E2E_KUBE_CACHE (default ~/.cache/quorum-kube), in a directory
 # named after the versions and a hash of the build modules, so a second run only checks them.
 # Needs Go (the version the modules name, see `go` in gomod/*/go.mod) and the Go module proxy.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cache="${QUORUM_KUBE_CACHE:-$HOME/.cache/quorum-kube}"
+cache="${E2E_KUBE_CACHE:-$HOME/.cache/quorum-kube}"
 
 die() { echo "e2e/kube/build.sh: $*" >&2; exit 1; }
 command -v go >/dev/null || die "Go is not installed (it builds the control plane from the Go module proxy)"

@@ -1,6 +1,6 @@
 """The operator on a real Kubernetes control plane built from source (``e2e/kube/build.sh``), with
 process kubelets (``cluster.py``). Every test module here is marked ``slow`` (minutes): ``.ci/run``
-runs them in a step of their own, after building the control plane, with ``QUORUM_KUBE_REQUIRED=1``,
+runs them in a step of their own, after building the control plane, with ``E2E_KUBE_REQUIRED=1``,
 so that nothing skips there (a missing part fails the tests). Elsewhere they skip, in one line, when
 the binaries are not built or the machine cannot make network namespaces (root and iproute2 are
 needed).
@@ -57,9 +57,9 @@ MISSING = _missing()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip here when the cluster cannot be made; never in CI (QUORUM_KUBE_REQUIRED=1), where
+    """Skip here when the cluster cannot be made; never in CI (E2E_KUBE_REQUIRED=1), where
     the fixture fails instead, with the reason."""
-    if MISSING is None or os.environ.get("QUORUM_KUBE_REQUIRED") == "1":
+    if MISSING is None or os.environ.get("E2E_KUBE_REQUIRED") == "1":
         return
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
