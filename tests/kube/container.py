@@ -6,7 +6,9 @@ mount and UTS namespace of the container's own (``nsenter --net ... unshare --mo
 It sets the pod's hostname; builds the container's root file system as an overlay of the host's
 (writes land in a tmpfs of the container's, so the host is never written), with ``/proc``, ``/dev``
 and ``/sys``, an empty ``/tmp``, the image's user and directories, the image's Python environment at
-``/opt/venv`` and the pod's volumes at their mount paths (read-only where the pod says so); makes
+``/opt/venv`` (and, read-only, the virtual environment and the project where they are installed,
+which may be under ``/tmp``) and the pod's volumes at their mount paths (read-only where the pod
+says so); makes
 that root read-only when the container's ``readOnlyRootFilesystem`` says so; changes root into it,
 takes the pod's user, group and supplementary groups (``fsGroup``), and executes the container's
 command in place of itself, so the kubelet's child is the container's process.
@@ -84,10 +86,13 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     mount("-t", "proc", "proc", str(root / "proc"))
     mount("--rbind", "/dev", str(root / "dev"))
     mount("--rbind", "-o", "ro", "/sys", str(root / "sys"))
-    # The image's /tmp is empty, and writable only when the root is.
+    # The image's /tmp is empty, and writable only when the root is (made read-only below).
     read_only = bool(spec["readOnlyRoot"])
-    mount("-t", "tmpfs", "-o", "mode=1777,ro" if read_only else "mode=1777", "tmpfs",
-          str(root / "tmp"))
+    mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / "tmp"))
+    # The image's software where it is installed, under /tmp too (a checkout there): the
+    # virtual environment's scripts name its interpreter by path, and its packages the source.
+    for path in spec["software"]:  # type: ignore[attr-defined]
+        bind(str(path), within(root, str(path)), read_only=True)
     for directory, owner in dict(spec["directories"]).items():  # type: ignore[call-overload]
         inside = within(root, str(directory))
         inside.mkdir(parents=True, exist_ok=True)
@@ -103,7 +108,9 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     for entry in spec["mounts"]:  # type: ignore[attr-defined]
         bind(entry["source"], within(root, entry["target"]), bool(entry["readOnly"]))
     if read_only:
-        mount("-o", "remount,ro", str(root))  # the overlay; the mounts on it stay as they are
+        # The overlay and /tmp; the mounts on them stay as they are.
+        mount("-o", "remount,ro", str(root / "tmp"))
+        mount("-o", "remount,ro", str(root))
     return root
 
 

@@ -71,6 +71,7 @@ BACKOFF_S = 10.0
 BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
 SHIM = Path(__file__).resolve().parent / "container.py"
+REPOSITORY = SHIM.parents[2]  # the images' software: the project, installed in the venv
 KUBELET_PORT = 10250
 LOG_POLL_S = 0.2
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -579,6 +580,7 @@ class PodWorker:
         shim = {"hostname": hostname[:63], "scratch": str(scratch),
                 "directories": dict(image.directories), "passwd": [image.passwd_line()],
                 "venv": self.kubelet.config.venv,
+                "software": [str(Path(self.kubelet.config.venv).resolve()), str(REPOSITORY)],
                 "venv_target": images.VENV, "mounts": mounts,
                 "readOnlyRoot": bool(context.get("readOnlyRootFilesystem")),
                 "workingDir": spec.get("workingDir") or "/", "user": user, "group": group,
