@@ -54,12 +54,16 @@ def within(root: Path, path: str) -> Path:
     return current
 
 
-def bind(source: str, target: Path, read_only: bool) -> None:
+def mount_point(source: str, target: Path) -> None:
     if Path(source).is_dir():
         target.mkdir(parents=True, exist_ok=True)
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch(exist_ok=True)
+
+
+def bind(source: str, target: Path, read_only: bool) -> None:
+    """Mount ``source`` on ``target``, whose mount point exists."""
     mount("--rbind", source, str(target))
     if read_only:
         mount("-o", "remount,bind,ro", str(target))
@@ -92,6 +96,7 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     # The image's software where it is installed, under /tmp too (a checkout there): the
     # virtual environment's scripts name its interpreter by path, and its packages the source.
     for path in spec["software"]:  # type: ignore[attr-defined]
+        mount_point(str(path), within(root, str(path)))
         bind(str(path), within(root, str(path)), read_only=True)
     for directory, owner in dict(spec["directories"]).items():  # type: ignore[call-overload]
         inside = within(root, str(directory))
@@ -104,12 +109,19 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
         with (root / "etc" / "group").open("a") as group:
             group.write(f"{name}:x:{gid}:\n")
     reachable(sys.executable, root)
+    mount_point(str(spec["venv"]), within(root, str(spec["venv_target"])))
     bind(str(spec["venv"]), within(root, str(spec["venv_target"])), read_only=True)
-    for entry in spec["mounts"]:  # type: ignore[attr-defined]
-        bind(entry["source"], within(root, entry["target"]), bool(entry["readOnly"]))
+    volumes = [(entry, within(root, entry["target"])) for entry in spec["mounts"]]  # type: ignore[attr-defined]
+    for entry, target in volumes:
+        mount_point(entry["source"], target)
     if read_only:
-        # The overlay and /tmp; the mounts on them stay as they are.
+        # The image's /tmp before a volume covers it (an emptyDir there, often): a remount
+        # without "bind" acts on the topmost mount's whole filesystem.
         mount("-o", "remount,ro", str(root / "tmp"))
+    for entry, target in volumes:
+        bind(entry["source"], target, bool(entry["readOnly"]))
+    if read_only:
+        # The overlay; the mounts on it stay as they are.
         mount("-o", "remount,ro", str(root))
     return root
 
