@@ -64,6 +64,8 @@ CLUSTER_RESOURCES: Mapping[str, tuple[str, str]] = {
 RETRY = Retry(total=5, connect=5, read=2, status=5, backoff_factor=0.25, backoff_max=4.0,
               status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None,
               respect_retry_after_header=True, raise_on_status=False)
+# The Eviction API's answer when the PodDisruptionBudget allows no disruption now.
+TOO_MANY_REQUESTS = 429
 # (connect, read) seconds of one attempt.
 REQUEST_TIMEOUT = (5.0, 30.0)
 PAGE_SIZE = 250
@@ -192,6 +194,20 @@ class Kube:
         (409 when the object changed since)."""
         return await self._request("PATCH", url_path, body=body, content_type=MERGE,
                                    query=[("fieldManager", self.field_manager)])
+
+    async def evict(self, namespace: str, name: str) -> bool:
+        """The pod evicted through the Eviction API, so that its PodDisruptionBudget counts this
+        disruption with everyone else's (a drain's): False when the budget allows none now
+        (429), True when evicted or already gone."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace}}
+        try:
+            await self._request("POST", f"{path('Pod', namespace, name)}/eviction", body=body)
+        except KubeError as error:
+            if error.status == TOO_MANY_REQUESTS:
+                return False
+            raise
+        return True
 
     async def delete(self, url_path: str, grace_period_s: int | None = None) -> bool:
         body = None if grace_period_s is None else {

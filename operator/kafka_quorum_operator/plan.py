@@ -47,6 +47,7 @@ REMOVE_VOTER = "RemoveVoter"
 REMEDIATION = "Remediation"
 SCALE_UP = "ScaleUp"
 SCALE_DOWN = "ScaleDown"
+ROLLING_UPDATE = "RollingUpdate"
 
 
 def majority(count: int) -> int:
@@ -444,7 +445,7 @@ class _Planner:
         if not a.bootstrapped:
             # Nothing is committed yet: restart in any order.
             pod = min(outdated, key=lambda p: p.node_id)
-            return self._plan([Action("DeletePod", pod.node_id, "RollingUpdate")], None,
+            return self._plan([Action("DeletePod", pod.node_id, ROLLING_UPDATE)], None,
                               f"rolling update of {pod.name}")
         if a.leader_id is None:
             return self._plan((), None, "rolling update: waiting for a leader")
@@ -465,7 +466,7 @@ class _Planner:
                 return self._plan((), None, f"rolling update: {pod.name} waits for the quorum "
                                   f"check ({others} other voters caught up, "
                                   f"{majority(len(a.voters))} needed)")
-        return self._plan([Action("DeletePod", pod.node_id, "RollingUpdate")], None,
+        return self._plan([Action("DeletePod", pod.node_id, ROLLING_UPDATE)], None,
                           f"rolling update of {pod.name}")
 
     def _roll_rank(self, node_id: int, ready: bool) -> int:

@@ -52,6 +52,7 @@ from kafka_quorum_operator.observe import (
 )
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
+    ROLLING_UPDATE,
     SCALE_DOWN,
     Action,
     Plan,
@@ -74,6 +75,8 @@ _REFUSED = frozenset({"INVALID_REQUEST", "BAD_REQUEST"})
 REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
+# The digest _withdraw records for an object it deleted.
+WITHDRAWN = ""
 # Answers after which a voter change is known to be in force.
 NOT_LEADER = "NOT_LEADER"
 # Conditions whose True is a warning (an Event of type Warning when they turn True).
@@ -174,6 +177,8 @@ class Reconciler:
             for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
                         *secured.objects]:
                 await self._apply(obj)
+            for kind, name in r.withdrawn_objects(owner, voters):
+                await self._withdraw(path(kind, owner.namespace, name))
             for change in secured.changes:
                 await self.event(owner, "CredentialsChanged", change)
 
@@ -350,6 +355,15 @@ class Reconciler:
         await self.kube.apply(obj)
         self.applied[key] = (digest, now)
 
+    async def _withdraw(self, url: str) -> None:
+        """An object no longer wanted, deleted; checked again only now and then, like _apply."""
+        seen = self.applied.get(url)
+        now = time.monotonic()
+        if seen is not None and seen[0] == WITHDRAWN and now - seen[1] < RECHECK_S:
+            return
+        await self.kube.delete(url)
+        self.applied[url] = (WITHDRAWN, now)
+
     async def _expand_claims(self, owner: r.Owner, observed: Observed) -> str | None:
         """Grow claims smaller than spec.storage.size where their StorageClass allows volume
         expansion; why not, where it does not (condition VolumeResizeBlocked; an Event when
@@ -428,8 +442,18 @@ class Reconciler:
                 await self.event(owner, "PodCreated",
                                  f"pod {r.pod_name(owner.name, node_id)} created")
         elif kind == "DeletePod":
-            await self.kube.delete(path("Pod", ns, r.pod_name(owner.name, node_id)))
-            await self.event(owner, "PodDeleted", f"pod {r.pod_name(owner.name, node_id)} "
+            name = r.pod_name(owner.name, node_id)
+            # A roll restarts a healthy member: a voluntary disruption, evicted so that the
+            # budget counts it with a drain's, and neither takes a second voter meanwhile.
+            if action.reason != ROLLING_UPDATE:
+                await self.kube.delete(path("Pod", ns, name))
+            elif not await self.kube.evict(ns, name):
+                await self.event(owner, "EvictionRefused", f"pod {name} not restarted: its "
+                                 "disruption budget allows no disruption now (a drain, or a "
+                                 "member down); the rolling update waits")
+                m.ACTIONS.labels(kind, "REFUSED").inc()
+                return None
+            await self.event(owner, "PodDeleted", f"pod {name} "
                              f"deleted ({action.reason}): {decided.waiting}")
         elif kind == "DeleteClaim":
             await self.kube.delete(path("PersistentVolumeClaim", ns,

@@ -314,9 +314,13 @@ def client_service(owner: Owner, spec: Spec) -> dict[str, Any]:
                      "ports": [{"name": "client", "port": spec.port, "targetPort": spec.port}]}}
 
 
-def disruption_budget(owner: Owner, voters: int) -> dict[str, Any]:
+def disruption_budget(owner: Owner, voters: int) -> dict[str, Any] | None:
     """minAvailable = a majority of the voters: an integer, so that it does not re-base while
-    members come and go (a percentage or maxUnavailable would)."""
+    members come and go (a percentage or maxUnavailable would). None where the majority is every
+    voter (one or two): any disruption stops that quorum, and a budget allowing none would block
+    every drain, and the cluster autoscaler, for good."""
+    if majority(voters) >= voters:
+        return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": _meta(owner, owner.name, "node"),
             "spec": {"minAvailable": majority(voters),
@@ -499,11 +503,19 @@ def owned_objects(owner: Owner, spec: Spec, environment: Mapping[str, str], vote
                   operator: OperatorPods) -> list[dict[str, Any]]:
     """The objects kept as specified on every pass (besides pods, claims and credentials)."""
     objects = [service_account(owner), config_map(owner, spec, environment),
-               headless_service(owner, spec), client_service(owner, spec),
-               disruption_budget(owner, voters)]
+               headless_service(owner, spec), client_service(owner, spec)]
+    budget = disruption_budget(owner, voters)
+    if budget is not None:
+        objects.append(budget)
     if spec.security.network_policy:
         objects.append(network_policy(owner, spec, operator))
     return objects
+
+
+def withdrawn_objects(owner: Owner, voters: int) -> list[tuple[str, str]]:
+    """(kind, name) of the objects of ``owned_objects`` not wanted now, deleted if present."""
+    return [] if disruption_budget(owner, voters) is not None else \
+        [("PodDisruptionBudget", owner.name)]
 
 
 def differs(desired: Any, actual: Any) -> bool:

@@ -109,6 +109,14 @@ class K8s(kmock.KubernetesEmulator):
         self.seen.append(request)
         if len(self._requests) > self.REQUEST_LOG_MAX:
             del self._requests[:-self.REQUEST_LOG_MAX // 2]
+        if request.subresource == "eviction" and request.method == "POST":
+            # No disruption controller here: an eviction deletes the pod (a DELETE served
+            # like any other), as a real API server does when no budget covers it.
+            async with aiohttp.ClientSession() as session, \
+                    session.delete(request.url.parent) as deleted:
+                return aiohttp.web.Response(
+                    status=201 if deleted.status == 200 else deleted.status,
+                    body=await deleted.read(), content_type="application/json")
         action = request.action
         data = request.data
         resource = request.resource

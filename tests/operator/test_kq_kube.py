@@ -110,6 +110,31 @@ async def test_a_write_naming_an_old_resource_version_conflicts(api: tuple[Kube,
     assert raised.value.status == 409
 
 
+async def test_an_eviction_deletes_the_pod(api: tuple[Kube, K8s]) -> None:
+    client, emulator = api
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kq-1", "namespace": NAMESPACE},
+           "spec": {"containers": [{"name": "node", "image": "quorum-node"}]}}
+    await client.create(path("Pod", NAMESPACE), pod)
+    assert await client.evict(NAMESPACE, "kq-1") is True
+    found = await client.get(path("Pod", NAMESPACE, "kq-1"))
+    assert found is None or found["metadata"].get("deletionTimestamp"), found
+    assert [r.subresource for r in emulator.seen if r.method == "POST"][-1] == "eviction"
+    assert await client.evict(NAMESPACE, "gone") is True
+
+
+async def test_an_eviction_the_budget_refuses_is_false(
+        flaky: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """429 past the retries (the PodDisruptionBudget allows no disruption): False, no error."""
+    monkeypatch.setattr(kube, "RETRY", kube.RETRY.new(backoff_factor=0.01))
+    _Flaky.answers = [429] * (kube.RETRY.total + 1)
+    client = Kube.connect(flaky)
+    try:
+        assert await client.evict(NAMESPACE, "kq-1") is False
+    finally:
+        client.close()
+    assert _Flaky.answers == []
+
+
 class _Flaky(BaseHTTPRequestHandler):
     """Answers 429, then 503, then the object: the client's retry policy must get through."""
 
@@ -126,6 +151,8 @@ class _Flaky(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    do_POST = do_GET
 
     def log_message(self, *_: object) -> None:
         pass

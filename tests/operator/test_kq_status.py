@@ -201,10 +201,25 @@ def test_config_hash_follows_what_needs_a_restart() -> None:
     assert r.config_hash(replace(spec, paused=True), env) == r.config_hash(spec, env)
 
 
-@pytest.mark.parametrize(("voters", "min_available"), [(1, 1), (3, 2), (4, 3), (5, 3)])
+@pytest.mark.parametrize(("voters", "min_available"), [(3, 2), (4, 3), (5, 3), (7, 4)])
 def test_disruption_budget_is_a_majority(voters: int, min_available: int) -> None:
-    pdb = r.disruption_budget(r.Owner("kq", "ns", "u"), voters)
-    assert pdb["spec"]["minAvailable"] == min_available
+    owner = r.Owner("kq", "ns", "u")
+    pdb = r.disruption_budget(owner, voters)
+    assert pdb is not None and pdb["spec"]["minAvailable"] == min_available
+    assert pdb in r.owned_objects(owner, Spec(), {}, voters, r.OperatorPods("ns", {}))
+    assert r.withdrawn_objects(owner, voters) == []
+
+
+@pytest.mark.parametrize("voters", [1, 2])
+def test_no_disruption_budget_where_a_majority_is_every_voter(voters: int) -> None:
+    """One or two voters: any disruption stops the quorum, and a budget allowing none would
+    block every drain for good; none is made, and one left from more voters is deleted."""
+    owner = r.Owner("kq", "ns", "u")
+    assert r.disruption_budget(owner, voters) is None
+    kinds = {o["kind"] for o in r.owned_objects(owner, Spec(), {}, voters,
+                                                 r.OperatorPods("ns", {}))}
+    assert "PodDisruptionBudget" not in kinds
+    assert r.withdrawn_objects(owner, voters) == [("PodDisruptionBudget", "kq")]
 
 
 def test_pods_are_locked_down() -> None:

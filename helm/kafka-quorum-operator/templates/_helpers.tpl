@@ -66,6 +66,10 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
+{{- /* A rolling update's restarts go through the Eviction API: the budget counts them. */}}
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
 {{- /* Claims grow with spec.storage.size (patch). */}}
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
@@ -77,9 +81,10 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [get, create, patch]
+{{- /* A quorum of one or two voters has no budget: deleted when it shrinks to that. */}}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 {{- /* The quorums' CA, certificates and tokens: created once, renewed; never listed. Also
      read: the object-store credentials that spec.backup and spec.bootstrap name. */}}
 - apiGroups: [""]
