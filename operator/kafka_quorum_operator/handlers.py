@@ -88,7 +88,8 @@ class _State:
         self.elector = elector
         # Fencing: every voter change and deletion asks the elector right before it is sent.
         self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
-                                     may_act=lambda: elector.leading)
+                                     may_act=lambda: elector.leading,
+                                     identity=identity)
         self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:
