@@ -63,7 +63,13 @@ from kafka_quorum_operator.plan import (
     tls_switch_started,
 )
 from kafka_quorum_operator.spec import Spec, parse_spec
-from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
+from kafka_quorum_operator.status import (
+    iso,
+    remediation_detected,
+    remediation_step,
+    status_patch,
+    without_volatile,
+)
 from quorum_node.backup.manifest import BackupError
 from quorum_node.storage.meta_properties import random_cluster_id
 
@@ -75,6 +81,11 @@ _REFUSED = frozenset({"INVALID_REQUEST", "BAD_REQUEST"})
 REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
+# A status whose only change is in volatile figures (offsets, lag) is written at most this often:
+# under writes they move every pass, and each status write is an etcd write and an event to every
+# watcher of KafkaQuorums (this operator's watch too). Figures for people, never decided on; any
+# other change is written at once.
+VOLATILE_STATUS_S = 30.0
 # Answers after which a voter change is known to be in force.
 NOT_LEADER = "NOT_LEADER"
 # Conditions whose True is a warning (an Event of type Warning when they turn True).
@@ -97,6 +108,7 @@ class Memory:
     addresses: set[str] = field(default_factory=set)  # the nodes' addresses last observed
     restore: Mapping[str, Any] = field(default_factory=dict)  # status.restore, this pass
     creates_refused: dict[str, CreateRefused] = field(default_factory=dict)  # by "Kind/name"
+    status_written: float = 0.0  # when this operator last wrote the pass's status (its clock)
 
 
 @dataclass
@@ -244,8 +256,9 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        if r.differs(patch, status) and self.may_act():
+        if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
+            memory.status_written = self.clock()
         if changing and a.bootstrapped and self.may_act():
             self.backups.maybe_start(BackupJob(owner, spec, observed, cluster_id, tls), status)
         return decided
@@ -546,6 +559,16 @@ class Reconciler:
             warn = (kind in _BAD_WHEN_TRUE) == (value == "True")
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
                              "Warning" if warn else "Normal")
+
+    def _status_due(self, memory: Memory, patch: Mapping[str, Any],
+                    status: Mapping[str, Any]) -> bool:
+        """Whether the pass's status is written: when anything but volatile figures changed,
+        or they did and ``VOLATILE_STATUS_S`` has passed since the last write."""
+        if not r.differs(patch, status):
+            return False
+        if r.differs(without_volatile(patch), without_volatile(status)):
+            return True
+        return self.clock() - memory.status_written >= VOLATILE_STATUS_S
 
     # --- API helpers ----------------------------------------------------------------------
 

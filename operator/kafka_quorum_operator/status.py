@@ -212,6 +212,22 @@ def status_patch(observed: Observed, plan: Plan, previous: Mapping[str, Any], se
     }
 
 
+# Figures of the status that move with every write to the quorum (the log's offsets, the lag).
+VOLATILE = ("highWatermark",)
+VOLATILE_MEMBER = ("logEndOffset", "lag")
+
+
+def without_volatile(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The status without its volatile figures: what, when it changes, is worth a write at once
+    (a condition, a member, the pending change...)."""
+    kept = {k: v for k, v in status.items() if k not in VOLATILE}
+    members = status.get("members")
+    if isinstance(members, list):
+        kept["members"] = [{k: v for k, v in m.items() if k not in VOLATILE_MEMBER}
+                           if isinstance(m, Mapping) else m for m in members]
+    return kept
+
+
 # --- the record of a remediation ---------------------------------------------------------------
 
 

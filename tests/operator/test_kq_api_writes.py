@@ -1,7 +1,8 @@
 """The operator's writes to the API server on a cluster's day two, against the emulated cluster
 (``kq_cluster``): a create the API server refuses (a ResourceQuota) is a condition and a Warning
 Event and is tried again with a growing back-off; a repeated Event is counted on one Event
-object."""
+object; the status is written when it changes, its volatile figures (offsets, lag) at most every
+``VOLATILE_STATUS_S`` under a steady write load."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kafka_quorum_operator.events import EventRecorder
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.observe import CreateRefused
 from kafka_quorum_operator.reconcile import CR_API
-from kq_cluster import NAME, Cluster
+from kq_cluster import NAME, Cluster, Writer, create_ready
 from kq_harness import NAMESPACE, K8s, condition, cr_path, declare_resources, quorum_object
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,6 +33,12 @@ def creates(cluster: Cluster, plural: str, name: str) -> int:
                if q.action == kmock.action.CREATE and q.resource is not None and
                q.resource.plural == plural and isinstance(q.data, dict) and
                (q.data.get("metadata") or {}).get("name") == name)
+
+
+def status_patches(cluster: Cluster) -> int:
+    return sum(1 for q in cluster.emulator.seen
+               if q.action == kmock.action.UPDATE and q.resource is not None and
+               q.resource.plural == "kafkaquorums" and q.subresource == "status")
 
 
 async def events(kube: Kube, reason: str) -> list[dict[str, Any]]:
@@ -167,3 +174,30 @@ async def test_a_repeated_event_is_counted_on_one_event(kube: Kube) -> None:
     await recorder.post(owner, "CreateRefused", "Pod kq-3: Forbidden", "Warning")
     again = [e for e in await events(kube, "CreateRefused") if e["message"].startswith("Pod kq-3")]
     assert [e["count"] for e in again] == [1]
+
+
+async def test_status_is_written_when_it_changes_not_every_pass(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a steady writer the offsets move every pass: the status is written at most every
+    ``VOLATILE_STATUS_S`` (shortened here), and still follows the figures."""
+    monkeypatch.setattr(rc, "VOLATILE_STATUS_S", 4.0)
+    await create_ready(cluster)
+    writer = Writer(cluster.servers(range(1, 4)))
+    writer.start()
+    try:
+        await asyncio.sleep(3)  # the writer under way
+        before, high = status_patches(cluster), (await cluster.status()).get("highWatermark")
+        started = time.monotonic()
+        await asyncio.sleep(20)
+        written = status_patches(cluster) - before
+        elapsed = time.monotonic() - started
+        after = (await cluster.status()).get("highWatermark")
+    finally:
+        writer.stop()
+    assert len(writer.acknowledged) > 100, "the writer did not write"
+    print(f"\n[status] {written} status writes in {elapsed:.1f} s under a writer "
+          f"({len(writer.acknowledged)} writes acknowledged), passes every 0.5 s, volatile "
+          f"figures at most every {rc.VOLATILE_STATUS_S} s")
+    assert isinstance(high, int) and isinstance(after, int) and after > high
+    assert 2 <= written <= elapsed / rc.VOLATILE_STATUS_S + 2, written
+    assert condition(await cluster.get(), "Ready") == "True"
