@@ -40,9 +40,9 @@ from prometheus_client import start_http_server
 
 from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
 from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
-from kafka_quorum_operator.kube import Kube, path
-from kafka_quorum_operator.lease import LeaderElector
-from kafka_quorum_operator.nodes import NodeClient
+from kafka_quorum_operator.kube import Kube, KubeError, path
+from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
+from kafka_quorum_operator.nodes import VOTER_CHANGE_TIMEOUT_MS, NodeClient
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
 from kafka_quorum_operator.resources import OperatorPods
 from kafka_quorum_operator.status import iso
@@ -50,6 +50,11 @@ from kafka_quorum_operator.status import iso
 LEASE_NAME = "kafka-quorum-operator"
 OWNED_WATCHED = ("pods", "persistentvolumeclaims")
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# At shutdown, how long the passes under way may take to end: one may be waiting for a voter
+# change's answer (the node's timeout, and the client's margin over it). Within the pod's
+# termination grace period (the chart's 30 s), leaving time to release the Lease.
+STOP_GRACE_S = VOTER_CHANGE_TIMEOUT_MS / 1000 + 5
+logger = logging.getLogger(__name__)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -76,6 +81,8 @@ class _State:
     loops: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
     last_pass: float | None = None
+    # Set at shutdown: nothing more is changed, and the loops end after their pass.
+    stopping: bool = False
 
     def connect(self, kube: Kube, default_namespace: str = "default") -> None:
         namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or default_namespace
@@ -88,11 +95,20 @@ class _State:
         self.elector = elector
         # Fencing: every voter change and deletion asks the elector right before it is sent.
         self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
-                                     may_act=lambda: elector.leading)
+                                     may_act=lambda: elector.leading and not self.stopping,
+                                     identity=identity)
         self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:
-        """Stop the loops and the elector and close the clients (at the operator's exit)."""
+        """At the operator's exit: stop acting, let the passes under way end (a voter change
+        sent is answered, not abandoned; the lease is still renewed meanwhile), stop the
+        elector, release the Lease so that a standby takes over at once, close the clients."""
+        self.stopping = True
+        for waker in self.wakers.values():
+            waker.set()
+        running = [task for task in self.loops.values() if not task.done()]
+        if running:
+            await asyncio.wait(running, timeout=STOP_GRACE_S)
         for key in list(self.loops):
             await self.stop_loop(key)
         if self.electing is not None:
@@ -100,6 +116,11 @@ class _State:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.electing
             self.electing = None
+        if self.elector is not None:
+            try:
+                await asyncio.wait_for(self.elector.release(), RENEW_DEADLINE_S)
+            except (KubeError, OSError, TimeoutError) as error:  # it expires by itself
+                logger.warning("could not release the lease: %s", error)
         if self.reconciler is not None:
             await self.reconciler.backups.close()
             await self.reconciler.nodes.close()
@@ -207,7 +228,7 @@ async def run_quorum(namespace: str, name: str,
     interval = _env_float("KQ_OPERATOR_INTERVAL", 5.0)
     waker = STATE.waker(namespace, name)
     url = path("KafkaQuorum", namespace, name, api=CR_API)
-    while True:
+    while not STATE.stopping:
         waker.clear()
         reconciler, elector = STATE.reconciler, STATE.elector
         if reconciler is not None and elector is not None and elector.leading:

@@ -36,11 +36,14 @@ JSON = dict[str, Any]
 
 class KubeError(Exception):
     """The API server's error answer, in one line (``status`` is the HTTP status; 0 when no
-    answer came, the retries spent)."""
+    answer came, the retries spent; ``reason`` and ``message`` the Status object's, as
+    ``Forbidden`` and what admission said)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.reason = reason
+        self.message = message
 
 # Resource kind -> (API path prefix, plural).
 RESOURCES: Mapping[str, tuple[str, str]] = {
@@ -150,10 +153,11 @@ class Kube:
             return None
         if not 200 <= response.status <= 299:
             try:
-                message = json.loads(data).get("message")
+                answer = json.loads(data)
+                message, reason = answer.get("message"), answer.get("reason")
             except (ValueError, AttributeError):
-                message = None
-            raise KubeError(response.status, str(message or response.reason))
+                message = reason = None
+            raise KubeError(response.status, str(message or response.reason), str(reason or ""))
         answer = json.loads(data) if data else {}
         return answer if isinstance(answer, dict) else {}
 

@@ -18,6 +18,9 @@ immediately before each voter change or deletion (``LeaderElector.leading``).
   about the same rate.
 - Writes are conditional on the lease's resourceVersion: of two replicas acquiring at once, one
   gets 409 and stays a follower.
+- At shutdown the holder releases the lease (client-go's ``ReleaseOnCancel``): once it has
+  stopped acting it clears the holder, and a standby acquires it on its next round instead of
+  waiting out the lease duration (an upgrade's rolling replacement hands over in seconds).
 """
 
 from __future__ import annotations
@@ -145,6 +148,34 @@ class LeaderElector:
             logger.info("acquired the lease %s/%s (held by %s before)", self.namespace,
                         self.name, record.holder)
         return self._held(sent)
+
+    async def release(self) -> bool:
+        """Give the lease up (at shutdown, once nothing acts any more and ``run`` has stopped):
+        leading ends at once; the holder is cleared, with a 1 s duration as client-go writes it,
+        if the lease is still this replica's. Conditional on the resourceVersion: a renewal sent
+        just before (its answer lost to the shutdown) makes it read the lease again. Whether it
+        was released."""
+        self._renewed_at = None
+        self._was_leading = False
+        lease_path = path("Lease", self.namespace, self.name)
+        for _ in range(3):
+            lease = await self.kube.get(lease_path)
+            if lease is None or Record.of(lease).holder != self.identity:
+                return False
+            now = micro_time(self.wall_clock())
+            try:
+                await self.kube.patch(lease_path, {
+                    "metadata": {"resourceVersion": (lease.get("metadata") or {}).get(
+                        "resourceVersion")},
+                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1,
+                             "renewTime": now, "acquireTime": now}})
+            except KubeError as error:
+                if error.status != 409:
+                    raise
+                continue
+            logger.info("released the lease %s/%s", self.namespace, self.name)
+            return True
+        return False
 
     def _held(self, sent: float) -> bool:
         self._renewed_at = sent

@@ -163,6 +163,21 @@ class PendingChange:
 
 
 @dataclass(frozen=True)
+class CreateRefused:
+    """A child object (pod, claim) whose create the API server refused: admission (a
+    ResourceQuota, a policy webhook) or validation. Tried again at ``retry_at`` (the operator's
+    clock), or at once when the spec changes (another ``generation``)."""
+
+    kind: str
+    name: str
+    reason: str  # the API server's (Forbidden, Invalid, ...)
+    message: str
+    attempts: int
+    retry_at: float
+    generation: int
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconciliation decides from."""
 
@@ -186,6 +201,8 @@ class Observed:
     security_problem: str | None = None
     # Why claims cannot grow to spec.storage.size (condition VolumeResizeBlocked).
     resize_problem: str | None = None
+    # Creates the API server refused, by "Kind/name" (condition CreateRefused).
+    creates_refused: Mapping[str, CreateRefused] = field(default_factory=dict)
     # The TLS switch whose stage the pods are rolled to (config_hash is that stage's); None:
     # the steady configuration of spec.security.tls.
     tls_switch: TlsSwitch | None = None

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafka_quorum_operator import (
-    API_VERSION,
     GROUP,
     KIND,
     LABEL_COMPONENT,
@@ -34,11 +33,13 @@ from kafka_quorum_operator.backups import (
     restore_init_container,
     restore_plan,
 )
+from kafka_quorum_operator.events import EventRecorder
 from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     TLS_SWITCH_STAGES,
+    CreateRefused,
     NodeView,
     Observed,
     PendingChange,
@@ -63,7 +64,13 @@ from kafka_quorum_operator.plan import (
     tls_switch_started,
 )
 from kafka_quorum_operator.spec import Spec, parse_spec
-from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
+from kafka_quorum_operator.status import (
+    iso,
+    remediation_detected,
+    remediation_step,
+    status_patch,
+    without_volatile,
+)
 from quorum_node.backup.manifest import BackupError
 from quorum_node.storage.meta_properties import random_cluster_id
 
@@ -77,11 +84,22 @@ REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 RECHECK_S = 30.0
 # The digest _withdraw records for an object it deleted.
 WITHDRAWN = ""
+# A status whose only change is in volatile figures (offsets, lag) is written at most this often:
+# under writes they move every pass, and each status write is an etcd write and an event to every
+# watcher of KafkaQuorums (this operator's watch too). Figures for people, never decided on; any
+# other change is written at once.
+VOLATILE_STATUS_S = 30.0
 # Answers after which a voter change is known to be in force.
 NOT_LEADER = "NOT_LEADER"
 # Conditions whose True is a warning (an Event of type Warning when they turn True).
 _BAD_WHEN_TRUE = ("QuorumLost", "VolumeResizeBlocked", "ClaimsRefused")
 _DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
+# A child's create the API server refused (a ResourceQuota, a policy webhook, an invalid object)
+# is tried again after this, twice as long after each refusal up to the cap: what refuses it is
+# changed by a person, and every attempt costs an admission round (webhook calls) and a Warning.
+# The cap is the kubelet's crash-loop back-off cap; a new spec is tried at once.
+CREATE_BACKOFF_S = 5.0
+CREATE_BACKOFF_MAX_S = 300.0
 
 
 @dataclass
@@ -92,6 +110,8 @@ class Memory:
     refused: dict[int, tuple[float, str]] = field(default_factory=dict)
     addresses: set[str] = field(default_factory=set)  # the nodes' addresses last observed
     restore: Mapping[str, Any] = field(default_factory=dict)  # status.restore, this pass
+    creates_refused: dict[str, CreateRefused] = field(default_factory=dict)  # by "Kind/name"
+    status_written: float = 0.0  # when this operator last wrote the pass's status (its clock)
 
 
 @dataclass
@@ -110,11 +130,15 @@ class Reconciler:
     # before every voter change and deletion, so that a replica that lost the lease while a
     # pass was under way (a slow call, a paused process) sends nothing.
     may_act: Callable[[], bool] = lambda: True
+    # This operator's identity (its pod's name): who reports its Events.
+    identity: str = MANAGER
     backups: BackupScheduler = field(init=False)
+    events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
         if self.keeper is None:
             self.keeper = Keeper(self.kube, clock=self.clock)
+        self.events = EventRecorder(self.kube, self.clock, self.identity)
         self.backups = BackupScheduler(self.kube, self.event, self.patch_status)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
@@ -226,6 +250,7 @@ class Reconciler:
             await self._collect_configs(owner, r.config_map_name(owner.name,
                                                                  observed.config_hash))
 
+        observed = replace(observed, creates_refused=dict(memory.creates_refused))
         patch = status_patch(observed, decided, status, r.selector(owner.name))
         patch["pendingChange"] = pending.to_status() if pending is not None else None
         switch = observed.tls_switch
@@ -236,8 +261,9 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        if r.differs(patch, status) and self.may_act():
+        if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
+            memory.status_written = self.clock()
         if changing and a.bootstrapped and self.may_act():
             self.backups.maybe_start(BackupJob(owner, spec, observed, cluster_id, tls), status)
         return decided
@@ -277,9 +303,12 @@ class Reconciler:
         quorum = await self._describe(nodes, addresses)
         now = self.clock()
         memory.refused = {i: v for i, v in memory.refused.items() if v[0] > now}
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        memory.creates_refused = {k: v for k, v in memory.creates_refused.items()
+                                  if v.generation == generation}
         return Observed(
             name=owner.name, spec=spec, now=now,
-            generation=int((body.get("metadata") or {}).get("generation") or 0),
+            generation=generation,
             cluster_id=cluster_id, bootstrapped=bool(status.get("bootstrapped")),
             pods=pods, claims=claims, nodes=nodes, quorum=quorum,
             members=members_from_status(status), pending=pending_from_status(status),
@@ -411,13 +440,31 @@ class Reconciler:
                 await self.kube.delete(path("ConfigMap", owner.namespace, name))
                 self.applied.pop(path("ConfigMap", owner.namespace, name), None)
 
-    async def _create(self, url: str, obj: dict[str, Any]) -> bool:
+    async def _create(self, owner: r.Owner, observed: Observed, url: str,
+                      obj: dict[str, Any]) -> bool:
+        """Create a child; whether it was made now. Not when it exists (made by an earlier pass
+        whose answer was lost), nor when the API server refuses it (kept for condition
+        CreateRefused, a Warning Event each time) or a refusal's back-off has not run out."""
+        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        before = memory.creates_refused.get(key)
+        now = self.clock()
+        if before is not None and now < before.retry_at:
+            return False
         try:
             await self.kube.create(url, obj)
         except KubeError as error:
             if error.status == 409:
+                memory.creates_refused.pop(key, None)
                 return False  # made by an earlier pass whose answer was lost
-            raise
+            if not refused_create(error):
+                raise
+            memory.creates_refused[key] = refusal = create_refused(
+                before, obj, error, now, observed.generation)
+            await self.event(owner, "CreateRefused", f"{refusal.kind} {refusal.name}: "
+                             f"{refusal.reason or error.status}: {refusal.message}", "Warning")
+            return False
+        memory.creates_refused.pop(key, None)
         return True
 
     async def _act(self, owner: r.Owner, observed: Observed, decided: Plan, action: Action,
@@ -425,7 +472,7 @@ class Reconciler:
         ns, node_id, spec = owner.namespace, action.node_id, observed.spec
         kind = action.kind
         if kind == "CreateClaim":
-            if await self._create(path("PersistentVolumeClaim", ns),
+            if await self._create(owner, observed, path("PersistentVolumeClaim", ns),
                                   r.claim(owner, spec, node_id, cluster_id)):
                 await self.event(owner, "ClaimCreated",
                                  f"volume claim {r.claim_name(owner.name, node_id)} created")
@@ -434,11 +481,9 @@ class Reconciler:
             memory = self.memories.setdefault(owner.uid or owner.name, Memory())
             restore = None if decided.assessment.bootstrapped else \
                 restore_init_container(spec, memory.restore, node_id)
-            if await self._create(path("Pod", ns), r.pod(owner, spec, node_id,
-                                                         observed.config_hash,
-                                                         switch=observed.tls_switch,
-                                                         init_containers=[restore] if restore
-                                                         else [])):
+            pod = r.pod(owner, spec, node_id, observed.config_hash, switch=observed.tls_switch,
+                        init_containers=[restore] if restore else [])
+            if await self._create(owner, observed, path("Pod", ns), pod):
                 await self.event(owner, "PodCreated",
                                  f"pod {r.pod_name(owner.name, node_id)} created")
         elif kind == "DeletePod":
@@ -539,6 +584,16 @@ class Reconciler:
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
                              "Warning" if warn else "Normal")
 
+    def _status_due(self, memory: Memory, patch: Mapping[str, Any],
+                    status: Mapping[str, Any]) -> bool:
+        """Whether the pass's status is written: when anything but volatile figures changed,
+        or they did and ``VOLATILE_STATUS_S`` has passed since the last write."""
+        if not r.differs(patch, status):
+            return False
+        if r.differs(without_volatile(patch), without_volatile(status)):
+            return True
+        return self.clock() - memory.status_written >= VOLATILE_STATUS_S
+
     # --- API helpers ----------------------------------------------------------------------
 
     async def patch_status(self, owner: r.Owner, status: Mapping[str, Any]) -> None:
@@ -547,22 +602,23 @@ class Reconciler:
 
     async def event(self, owner: r.Owner, reason: str, message: str,
                     kind: str = "Normal") -> None:
-        now = iso(self.clock())
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
-                               "namespace": owner.namespace, "uid": owner.uid},
-            "reason": reason, "message": message[:1000], "type": kind,
-            "source": {"component": MANAGER}, "reportingComponent": MANAGER,
-            "reportingInstance": MANAGER,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        logger.info("%s/%s %s: %s", owner.namespace, owner.name, reason, message)
-        try:
-            await self.kube.create(path("Event", owner.namespace), body)
-        except KubeError as error:  # an Event is worth a log line, never a failed pass
-            logger.warning("could not post event %s: %s", reason, error)
+        await self.events.post(owner, reason, message, kind)
+
+
+def refused_create(error: KubeError) -> bool:
+    """Whether the API server refused the object itself (admission, validation, permissions),
+    rather than failed to answer: retrying at once would be refused again."""
+    return 400 <= error.status < 500 and error.status not in (409, 429)
+
+
+def create_refused(before: CreateRefused | None, obj: Mapping[str, Any], error: KubeError,
+                   now: float, generation: int) -> CreateRefused:
+    """A refused create, tried again after ``CREATE_BACKOFF_S`` doubled for each refusal in a
+    row (``before``: the previous one), at most ``CREATE_BACKOFF_MAX_S``."""
+    attempts = before.attempts + 1 if before is not None else 1
+    delay = min(CREATE_BACKOFF_MAX_S, CREATE_BACKOFF_S * 2 ** min(attempts - 1, 30))
+    return CreateRefused(obj["kind"], obj["metadata"]["name"], error.reason, error.message,
+                         attempts, now + delay, generation)
 
 
 def _switch_message(before: TlsSwitch | None, after: TlsSwitch | None) -> str:

@@ -4,6 +4,7 @@ record of the last remediation. Pure functions of the plan and of what the statu
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,9 @@ from kafka_quorum_operator.plan import (
 
 CONDITION_TYPES = ("Ready", "Quorate", "AllMembersReady", "MemberReplacing", "QuorumLost",
                    "Paused", "ScalingBlocked", "Secured", "ClaimsRefused",
-                   "VolumeResizeBlocked")
+                   "VolumeResizeBlocked", "CreateRefused")
+# metav1.Condition's reason: CamelCase (the API server's Status reasons are).
+_CONDITION_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 
 
 def iso(now: float) -> str:
@@ -105,6 +108,7 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
     found["VolumeResizeBlocked"] = (observed.resize_problem is not None, "NotExpandable"
                                     if observed.resize_problem else "NotBlocked",
                                     observed.resize_problem or "")
+    found["CreateRefused"] = _create_refused(observed)
     old = {c.get("type"): c for c in previous if isinstance(c, Mapping)}
     result = []
     for kind in CONDITION_TYPES:
@@ -117,6 +121,18 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
                        "lastTransitionTime": since or now,
                        "observedGeneration": observed.generation})
     return result
+
+
+def _create_refused(observed: Observed) -> tuple[bool, str, str]:
+    """The children the API server refused to create: its reason (of the first) and, for each,
+    its message."""
+    refused = sorted(observed.creates_refused.values(), key=lambda c: (c.kind, c.name))
+    if not refused:
+        return (False, "NoneRefused", "")
+    reason = refused[0].reason
+    return (True, reason if _CONDITION_REASON.fullmatch(reason) else "Refused", "; ".join(
+        f"{c.kind} {c.name}: {c.message}" for c in refused) +
+        " (tried again after a growing back-off, at once when the spec changes)")
 
 
 def _secured(observed: Observed) -> tuple[bool, str, str]:
@@ -194,6 +210,22 @@ def status_patch(observed: Observed, plan: Plan, previous: Mapping[str, Any], se
         "message": plan.waiting,
         "conditions": conditions(observed, plan, previous.get("conditions") or []),
     }
+
+
+# Figures of the status that move with every write to the quorum (the log's offsets, the lag).
+VOLATILE = ("highWatermark",)
+VOLATILE_MEMBER = ("logEndOffset", "lag")
+
+
+def without_volatile(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The status without its volatile figures: what, when it changes, is worth a write at once
+    (a condition, a member, the pending change...)."""
+    kept = {k: v for k, v in status.items() if k not in VOLATILE}
+    members = status.get("members")
+    if isinstance(members, list):
+        kept["members"] = [{k: v for k, v in m.items() if k not in VOLATILE_MEMBER}
+                           if isinstance(m, Mapping) else m for m in members]
+    return kept
 
 
 # --- the record of a remediation ---------------------------------------------------------------

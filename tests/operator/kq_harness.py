@@ -7,11 +7,11 @@ process, its volume claim a directory.
   JSON-patch test; and the finalizers the real cluster has, so that a deleted pod stays
   Terminating until its process has stopped and a claim in use stays until its pod is gone. And
   what the operator relies on from a real API server: label selectors on lists and watches,
-  ``limit``/``continue``, server-side apply with per-manager field ownership, and 409 for a
-  write naming a stale resourceVersion. kmock matches each request against its reactions by
-  scanning every request before it, so a long test became quadratic (passes of the operator
-  that took 0.3 s took 8 s after a few minutes): its own log is kept short, and the requests
-  are in ``seen`` for the tests.
+  ``limit``/``continue``, server-side apply with per-manager field ownership, 409 for a
+  write naming a stale resourceVersion, and ResourceQuota's object counts (403 beyond them).
+  kmock matches each request against its reactions by scanning every request before it, so a
+  long test became quadratic (passes of the operator that took 0.3 s took 8 s after a few
+  minutes): its own log is kept short, and the requests are in ``seen`` for the tests.
 - ``Kubelet``: starts a node process for every pod (environment from the pod's env and
   envFrom ConfigMap), mounts its Secret volumes as directories (a pod whose Secret is missing
   stays Pending, as ContainerCreating does) and updates their files when the Secrets change (a
@@ -128,6 +128,9 @@ class K8s(kmock.KubernetesEmulator):
             if content_type.startswith("application/apply-patch"):
                 return await self._apply(request)
         if action == kmock.action.CREATE and isinstance(data, dict):
+            exceeded = self._quota_exceeded(request)
+            if exceeded is not None:
+                return await self._render_error(exceeded)
             meta = data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -155,6 +158,27 @@ class K8s(kmock.KubernetesEmulator):
         if action == kmock.action.CREATE and response.status == 200:
             response.set_status(201)
         return response
+
+    def _quota_exceeded(self, request: Any) -> Exception | None:
+        """The ResourceQuota admission of object counts (``spec.hard`` ``pods``,
+        ``persistentvolumeclaims``): a create beyond one is refused, 403 with the API server's
+        message."""
+        plural = request.resource.plural if request.resource is not None else None
+        counted = [obj.raw for (resource, namespace, _), obj in self.objects.items()
+                   if namespace == request.namespace and not obj.deleted and
+                   getattr(resource, "plural", None) in (plural, "resourcequotas")]
+        for quota in counted:
+            limit = ((quota.get("spec") or {}).get("hard") or {}).get(plural)
+            if quota.get("kind") != "ResourceQuota" or limit is None:
+                continue
+            used = sum(1 for obj in counted if obj.get("kind") != "ResourceQuota")
+            if used + 1 > int(limit):
+                name = (request.data.get("metadata") or {}).get("name")
+                return kmock.KubernetesError(status=403, reason="Forbidden", message=(
+                    f'{plural} "{name}" is forbidden: exceeded quota: '
+                    f'{quota["metadata"]["name"]}, requested: {plural}=1, used: '
+                    f'{plural}={used}, limited: {plural}={limit}'))
+        return None
 
     def _created(self, meta: dict[str, Any]) -> None:
         meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)),

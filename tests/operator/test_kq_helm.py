@@ -159,7 +159,8 @@ def test_secure_defaults() -> None:
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     env = {e["name"] for e in container["env"]}
     assert {"KQ_OPERATOR_NAMESPACE", "KQ_OPERATOR_IDENTITY"} <= env
 

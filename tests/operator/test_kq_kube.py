@@ -242,3 +242,27 @@ async def test_two_acquirers_one_wins(api: tuple[Kube, K8s]) -> None:
     won = await asyncio.gather(*(e.try_acquire_or_renew() for e in electors),
                                return_exceptions=True)
     assert [w for w in won if w is True] == [True], won
+
+
+async def test_a_released_lease_is_taken_at_once(api: tuple[Kube, K8s]) -> None:
+    """Released at shutdown (client-go's ReleaseOnCancel): the holder stops leading at once, and
+    a standby that saw it renewed a moment ago acquires it on its next round, not a lease
+    duration later; a replica that does not hold the lease releases nothing."""
+    client, _ = api
+    clock = Clock()
+    a = LeaderElector(client, NAMESPACE, "lease", "a", clock=clock)
+    b = LeaderElector(client, NAMESPACE, "lease", "b", clock=clock)
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    assert not await b.release()
+    assert await a.release() and not a.leading
+    lease = await client.get(path("Lease", NAMESPACE, "lease"))
+    assert lease is not None and "holderIdentity" not in lease["spec"]
+    assert lease["spec"]["leaseDurationSeconds"] == 1
+    clock.now += 0.1
+    assert await b.try_acquire_or_renew() and b.leading
+    lease = await client.get(path("Lease", NAMESPACE, "lease"))
+    assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
+    assert not await a.release(), "released a lease it no longer holds"
+    assert await client.get(path("Lease", NAMESPACE, "lease")) == lease

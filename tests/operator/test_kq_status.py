@@ -43,7 +43,7 @@ def test_conditions_of_a_healthy_quorum() -> None:
         "QuorumLost": ("False", "MajorityIntact"), "Paused": ("False", "Reconciling"),
         "ScalingBlocked": ("False", "NotBlocked"), "Secured": ("True", "MutualTLS"),
         "ClaimsRefused": ("False", "NoneRefused"),
-        "VolumeResizeBlocked": ("False", "NotBlocked")}
+        "VolumeResizeBlocked": ("False", "NotBlocked"), "CreateRefused": ("False", "NoneRefused")}
 
 
 def test_conditions_while_replacing_and_when_lost_and_paused() -> None:

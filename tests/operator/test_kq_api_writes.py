@@ -1,0 +1,203 @@
+"""The operator's writes to the API server on a cluster's day two, against the emulated cluster
+(``kq_cluster``): a create the API server refuses (a ResourceQuota) is a condition and a Warning
+Event and is tried again with a growing back-off; a repeated Event is counted on one Event
+object; the status is written when it changes, its volatile figures (offsets, lag) at most every
+``VOLATILE_STATUS_S`` under a steady write load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+from kafka_quorum_operator import KIND
+from kafka_quorum_operator import reconcile as rc
+from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.events import EventRecorder
+from kafka_quorum_operator.kube import Kube, KubeError, path
+from kafka_quorum_operator.observe import CreateRefused
+from kafka_quorum_operator.reconcile import CR_API
+from kq_cluster import NAME, Cluster, Writer, create_ready
+from kq_harness import NAMESPACE, K8s, condition, cr_path, declare_resources, quorum_object
+
+pytestmark = pytest.mark.timeout(240)
+QUOTAS = f"/api/v1/namespaces/{NAMESPACE}/resourcequotas"
+
+
+def creates(cluster: Cluster, plural: str, name: str) -> int:
+    """How many times the operator asked the API server to create that object."""
+    return sum(1 for q in cluster.emulator.seen
+               if q.action == kmock.action.CREATE and q.resource is not None and
+               q.resource.plural == plural and isinstance(q.data, dict) and
+               (q.data.get("metadata") or {}).get("name") == name)
+
+
+def status_patches(cluster: Cluster) -> int:
+    return sum(1 for q in cluster.emulator.seen
+               if q.action == kmock.action.UPDATE and q.resource is not None and
+               q.resource.plural == "kafkaquorums" and q.subresource == "status")
+
+
+async def events(kube: Kube, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await kube.list(path("Event", NAMESPACE), {}) if e.get("reason") == reason]
+
+
+def attempts_by(elapsed_s: float) -> int:
+    """Attempts a refused create may make in ``elapsed_s`` after its first: the back-off's
+    schedule."""
+    attempts, at = 1, 0.0
+    while True:
+        at += min(rc.CREATE_BACKOFF_MAX_S, rc.CREATE_BACKOFF_S * 2 ** (attempts - 1))
+        if at > elapsed_s:
+            return attempts
+        attempts += 1
+
+
+async def test_a_refused_create_is_a_condition_a_counted_event_and_backed_off(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ResourceQuota of two pods refuses the third pod: condition CreateRefused (the API
+    server's reason and message, the pod named), one Warning Event counting every attempt, no
+    attempt before the back-off runs out, one at once when the spec changes, and the pod made
+    once the quota is gone."""
+    monkeypatch.setattr(rc, "CREATE_BACKOFF_S", 1000.0)
+    monkeypatch.setattr(rc, "CREATE_BACKOFF_MAX_S", 1000.0)
+    await cluster.kube.create(QUOTAS, {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "compute", "namespace": NAMESPACE}, "spec": {"hard": {"pods": "2"}}})
+    await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(NAME, 3))
+
+    async def refused() -> dict[str, Any] | None:
+        body = await cluster.get()
+        found = [c for c in (body.get("status") or {}).get("conditions") or []
+                 if c["type"] == "CreateRefused" and c["status"] == "True"]
+        return found[0] if found else None
+
+    shown = await cluster.wait("condition CreateRefused", refused, 60)
+    pod = r.pod_name(NAME, 3)
+    assert shown["reason"] == "Forbidden", shown
+    assert f"Pod {pod}: " in shown["message"] and "exceeded quota: compute" in shown["message"]
+    await asyncio.sleep(3)  # six passes
+    assert creates(cluster, "pods", pod) == 1, "tried again before the back-off ran out"
+
+    # A new spec is tried at once, and the back-off starts over (short, from here on).
+    monkeypatch.setattr(rc, "CREATE_BACKOFF_S", 1.0)
+    monkeypatch.setattr(rc, "CREATE_BACKOFF_MAX_S", 4.0)
+    # (The emulator makes a new generation of a spec patch that carries metadata.)
+    await cluster.kube.patch(cr_path(NAME), {"metadata": {}, "spec": {"paused": False}})
+
+    async def tried_again() -> bool:
+        return creates(cluster, "pods", pod) == 2
+
+    await cluster.wait("an attempt after the spec changed", tried_again, 30)
+    since = time.monotonic()
+    await asyncio.sleep(10)
+    elapsed = time.monotonic() - since
+    attempts = creates(cluster, "pods", pod)
+    # The schedule since the second attempt, plus one pass's lateness in observing it.
+    assert 3 <= attempts <= 1 + attempts_by(elapsed + 1), (attempts, elapsed)
+
+    async def counted() -> list[dict[str, Any]]:
+        found = await events(cluster.kube, "CreateRefused")
+        return found if found and found[0].get("count") == creates(cluster, "pods", pod) \
+            else []
+
+    warned = await cluster.wait("the Warning counting every attempt", counted, 10)
+    assert len(warned) == 1 and warned[0]["type"] == "Warning", warned
+    assert warned[0]["message"].startswith(f"Pod {pod}: Forbidden: pods \"{pod}\" is forbidden")
+    print(f"\n[refused] {attempts} attempts in {elapsed + 0:.1f} s after the spec change "
+          f"(back-off 1 s doubling to 4 s; passes every 0.5 s); one Event, count "
+          f"{warned[0]['count']}")
+
+    await cluster.kube.delete(f"{QUOTAS}/compute")
+
+    async def made() -> bool:
+        return await cluster.kube.get(path("Pod", NAMESPACE, pod)) is not None and \
+            condition(await cluster.get(), "CreateRefused") == "False"
+
+    await cluster.wait("the pod made once the quota is gone", made, 30)
+    await cluster.ready_with(3, 120)
+
+
+def test_create_backoff_doubles_to_its_cap() -> None:
+    error = KubeError(422, 'Pod "kq-1" is invalid', "Invalid")
+    obj = {"kind": "Pod", "metadata": {"name": "kq-1"}}
+    refusal: CreateRefused | None = None
+    delays = []
+    for _ in range(10):
+        refusal = rc.create_refused(refusal, obj, error, 1000.0, 4)
+        delays.append(refusal.retry_at - 1000.0)
+    assert delays == [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]
+    assert refusal is not None and (refusal.reason, refusal.attempts, refusal.generation) == (
+        "Invalid", 10, 4)
+    assert rc.refused_create(KubeError(403, "forbidden", "Forbidden"))
+    assert rc.refused_create(error)
+    assert not rc.refused_create(KubeError(409, "exists", "AlreadyExists"))
+    assert not rc.refused_create(KubeError(500, "etcd", "InternalError"))
+    assert not rc.refused_create(KubeError(0, "connection refused"))
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[Kube]:
+    """A client of the emulated API server alone (no kubelet, no operator)."""
+    async with K8s() as emulator:
+        declare_resources(emulator)
+        async with kmock.Server(emulator) as server:
+            client = Kube.connect(str(server.url).rstrip("/"))
+            try:
+                yield client
+            finally:
+                client.close()
+
+
+async def test_a_repeated_event_is_counted_on_one_event(kube: Kube) -> None:
+    """The same Event over N passes is one Event with count N, as client-go's recorder makes it;
+    another message is another Event; one gone (expired) is posted again."""
+    now = [1_700_000_000.0]
+    recorder = EventRecorder(kube, lambda: now[0], "operator-a")
+    owner = r.Owner("kq", NAMESPACE, "uid-1")
+    for _ in range(5):
+        await recorder.post(owner, "CreateRefused", "Pod kq-3: Forbidden", "Warning")
+        now[0] += 7
+    await recorder.post(owner, "CreateRefused", "Pod kq-2: Forbidden", "Warning")
+    found = sorted(await events(kube, "CreateRefused"), key=lambda e: -e["count"])
+    assert [(e["message"], e["count"]) for e in found] == [
+        ("Pod kq-3: Forbidden", 5), ("Pod kq-2: Forbidden", 1)]
+    repeated = found[0]
+    assert (repeated["firstTimestamp"], repeated["lastTimestamp"]) == (
+        "2023-11-14T22:13:20Z", "2023-11-14T22:13:48Z")
+    assert repeated["reportingInstance"] == "operator-a"
+    assert repeated["involvedObject"]["uid"] == "uid-1"
+    await kube.delete(path("Event", NAMESPACE, repeated["metadata"]["name"]))
+    await recorder.post(owner, "CreateRefused", "Pod kq-3: Forbidden", "Warning")
+    again = [e for e in await events(kube, "CreateRefused") if e["message"].startswith("Pod kq-3")]
+    assert [e["count"] for e in again] == [1]
+
+
+async def test_status_is_written_when_it_changes_not_every_pass(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a steady writer the offsets move every pass: the status is written at most every
+    ``VOLATILE_STATUS_S`` (shortened here), and still follows the figures."""
+    monkeypatch.setattr(rc, "VOLATILE_STATUS_S", 4.0)
+    await create_ready(cluster)
+    writer = Writer(cluster.servers(range(1, 4)))
+    writer.start()
+    try:
+        await asyncio.sleep(3)  # the writer under way
+        before, high = status_patches(cluster), (await cluster.status()).get("highWatermark")
+        started = time.monotonic()
+        await asyncio.sleep(20)
+        written = status_patches(cluster) - before
+        elapsed = time.monotonic() - started
+        after = (await cluster.status()).get("highWatermark")
+    finally:
+        writer.stop()
+    assert len(writer.acknowledged) > 100, "the writer did not write"
+    print(f"\n[status] {written} status writes in {elapsed:.1f} s under a writer "
+          f"({len(writer.acknowledged)} writes acknowledged), passes every 0.5 s, volatile "
+          f"figures at most every {rc.VOLATILE_STATUS_S} s")
+    assert isinstance(high, int) and isinstance(after, int) and after > high
+    assert 2 <= written <= elapsed / rc.VOLATILE_STATUS_S + 2, written
+    assert condition(await cluster.get(), "Ready") == "True"
