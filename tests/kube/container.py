@@ -6,10 +6,10 @@ mount and UTS namespace of the container's own (``nsenter --net ... unshare --mo
 It sets the pod's hostname; builds the container's root file system as an overlay of the host's
 (writes land in a tmpfs of the container's, so the host is never written), with ``/proc``, ``/dev``
 and ``/sys``, an empty ``/tmp``, the image's user and directories, the image's Python environment at
-``/opt/venv`` (and, read-only, the virtual environment and the project where they are installed,
-which may be under ``/tmp``) and the pod's volumes at their mount paths (read-only where the pod
-says so); makes
-that root read-only when the container's ``readOnlyRootFilesystem`` says so; changes root into it,
+``/opt/venv``, the pod's volumes at their mount paths (read-only where the pod says so), and,
+read-only and over those volumes, the virtual environment and the project where they are
+installed (which may be under ``/tmp``, where a pod often mounts an emptyDir); makes that root
+read-only when the container's ``readOnlyRootFilesystem`` says so; changes root into it,
 takes the pod's user, group and supplementary groups (``fsGroup``), and executes the container's
 command in place of itself, so the kubelet's child is the container's process.
 
@@ -95,9 +95,10 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", str(root / "tmp"))
     # The image's software where it is installed, under /tmp too (a checkout there): the
     # virtual environment's scripts name its interpreter by path, and its packages the source.
-    for path in spec["software"]:  # type: ignore[attr-defined]
-        mount_point(str(path), within(root, str(path)))
-        bind(str(path), within(root, str(path)), read_only=True)
+    # Mounted last (below), over a volume at /tmp; its mount points made while /tmp is writable.
+    software = [(str(p), within(root, str(p))) for p in spec["software"]]  # type: ignore[attr-defined]
+    for source, target in software:
+        mount_point(source, target)
     for directory, owner in dict(spec["directories"]).items():  # type: ignore[call-overload]
         inside = within(root, str(directory))
         inside.mkdir(parents=True, exist_ok=True)
@@ -120,6 +121,9 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
         mount("-o", "remount,ro", str(root / "tmp"))
     for entry, target in volumes:
         bind(entry["source"], target, bool(entry["readOnly"]))
+    for source, target in software:
+        mount_point(source, target)  # again: in the volume covering it, if one does
+        bind(source, target, read_only=True)
     if read_only:
         # The overlay; the mounts on it stay as they are.
         mount("-o", "remount,ro", str(root))
