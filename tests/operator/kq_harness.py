@@ -110,13 +110,7 @@ class K8s(kmock.KubernetesEmulator):
         if len(self._requests) > self.REQUEST_LOG_MAX:
             del self._requests[:-self.REQUEST_LOG_MAX // 2]
         if request.subresource == "eviction" and request.method == "POST":
-            # No disruption controller here: an eviction deletes the pod (a DELETE served
-            # like any other), as a real API server does when no budget covers it.
-            async with aiohttp.ClientSession() as session, \
-                    session.delete(request.url.parent) as deleted:
-                return aiohttp.web.Response(
-                    status=201 if deleted.status == 200 else deleted.status,
-                    body=await deleted.read(), content_type="application/json")
+            return await self._evict(request)
         action = request.action
         data = request.data
         resource = request.resource
@@ -179,6 +173,32 @@ class K8s(kmock.KubernetesEmulator):
                     f'{quota["metadata"]["name"]}, requested: {plural}=1, used: '
                     f'{plural}={used}, limited: {plural}={limit}'))
         return None
+
+    async def _evict(self, request: Any) -> aiohttp.web.StreamResponse:
+        """The Eviction API without a disruption controller: refused (429) while a budget
+        selecting the pod has ``status.disruptionsAllowed`` 0 (a test writes it, as the
+        controller would during a drain), else the pod deleted (a DELETE served as any)."""
+        pod_url = request.url.parent
+        budgets_url = pod_url.with_path(
+            f"/apis/policy/v1/namespaces/{request.namespace}/poddisruptionbudgets")
+        async with aiohttp.ClientSession() as session:
+            async with session.get(pod_url) as found:
+                pod = await found.json() if found.status == 200 else {}
+            async with session.get(budgets_url) as found:
+                budgets = (await found.json()).get("items") or [] if found.status == 200 else []
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            for budget in budgets:
+                wanted = ((budget.get("spec") or {}).get("selector") or {}).get("matchLabels")
+                allowed = (budget.get("status") or {}).get("disruptionsAllowed")
+                if wanted and wanted.items() <= labels.items() and allowed == 0:
+                    return aiohttp.web.json_response(status=429, data={
+                        "kind": "Status", "status": "Failure", "code": 429,
+                        "reason": "TooManyRequests", "message": "Cannot evict pod as it would "
+                        "violate the pod's disruption budget."})
+            async with session.delete(pod_url) as deleted:
+                return aiohttp.web.Response(
+                    status=201 if deleted.status == 200 else deleted.status,
+                    body=await deleted.read(), content_type="application/json")
 
     def _created(self, meta: dict[str, Any]) -> None:
         meta.update(uid=str(uuid.uuid4()), resourceVersion=str(next(self._versions)),

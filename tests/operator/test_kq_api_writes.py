@@ -201,3 +201,35 @@ async def test_status_is_written_when_it_changes_not_every_pass(
     assert isinstance(high, int) and isinstance(after, int) and after > high
     assert 2 <= written <= elapsed / rc.VOLATILE_STATUS_S + 2, written
     assert condition(await cluster.get(), "Ready") == "True"
+
+
+async def test_a_roll_waits_while_the_budget_allows_no_disruption(cluster: Cluster) -> None:
+    """A rolling update restarts each pod through the Eviction API: while the quorum's budget
+    allows no disruption (a drain holds it), no pod is restarted and an Event says why; once it
+    allows one, the roll goes on, one pod at a time."""
+    await create_ready(cluster)
+    budget = path("PodDisruptionBudget", NAMESPACE, NAME)
+    await cluster.kube.patch(f"{budget}/status", {"status": {"disruptionsAllowed": 0}})
+    await cluster.kube.patch(cr_path(NAME), {"metadata": {},
+                                             "spec": {"config": {"electionTimeoutMs": 1100}}})
+
+    async def refused() -> list[dict[str, Any]] | None:
+        return await events(cluster.kube, "EvictionRefused") or None
+
+    shown = await cluster.wait("Event EvictionRefused", refused, 60)
+    assert "disruption budget allows no disruption" in shown[0]["message"], shown
+    pods = await cluster.kube.list(path("Pod", NAMESPACE), {})
+    assert not [p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")]
+    assert not await events(cluster.kube, "PodDeleted")
+
+    await cluster.kube.patch(f"{budget}/status", {"status": {"disruptionsAllowed": 1}})
+
+    async def rolled() -> list[dict[str, Any]] | None:
+        deleted = await events(cluster.kube, "PodDeleted")
+        return deleted if len(deleted) == 3 else None
+
+    deleted = await cluster.wait("every pod restarted", rolled, 120)
+    assert all("(RollingUpdate)" in e["message"] for e in deleted), deleted
+    evictions = [q for q in cluster.emulator.seen if q.subresource == "eviction"]
+    assert len({q.name for q in evictions}) == 3, [q.name for q in evictions]
+    await cluster.ready_with(3)
