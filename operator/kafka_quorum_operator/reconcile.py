@@ -61,7 +61,7 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
-from kafka_quorum_operator.spec import Spec, parse_spec
+from kafka_quorum_operator.spec import Spec, check_name, parse_spec
 from kafka_quorum_operator.status import iso, remediation_detected, remediation_step, status_patch
 from quorum_node.backup.manifest import BackupError
 from quorum_node.storage.meta_properties import random_cluster_id
@@ -128,6 +128,7 @@ class Reconciler:
     async def _reconcile(self, body: Mapping[str, Any]) -> Plan:
         meta = body.get("metadata") or {}
         owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+        check_name(owner.name)
         spec = parse_spec(body.get("spec"))
         status: Mapping[str, Any] = body.get("status") or {}
         memory = self.memories.setdefault(owner.uid or owner.name, Memory())

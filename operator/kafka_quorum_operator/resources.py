@@ -51,6 +51,7 @@ PEER_SECRET_KEY = "secret"
 NODE_PRINCIPAL_PREFIX = "quorum-node-"
 OPERATOR_PRINCIPAL = "quorum-operator"
 CERTIFICATE_ROLES = f"{OPERATOR_PRINCIPAL}:admin"
+MAX_COMMON_NAME = 64  # X.509's upper bound on a subject's common name (RFC 5280, ub-common-name)
 # Pods in the quorum's namespace with this label (value: the quorum's name) may reach its client
 # port.
 LABEL_CLIENT = f"{GROUP}/client"
@@ -190,6 +191,13 @@ def tokens_secret_name(name: str) -> str:
 def ca_bundle_name(name: str) -> str:
     """A ConfigMap with the CA bundle (``ca.crt``): what clients trust, public."""
     return f"{name}-ca-bundle"
+
+
+def ca_subject(name: str, namespace: str) -> str:
+    """The CA certificate's subject: NAMESPACE/NAME CA, or NAME CA where that exceeds the 64
+    characters X.509 allows a common name (namespaces are up to 63)."""
+    full = f"{namespace}/{name} CA"
+    return full if len(full) <= MAX_COMMON_NAME else f"{name} CA"
 
 
 def node_principal(node_id: int) -> str:
