@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka_quorum_operator import (
+    ANNOTATION_CLIENT_TLS,
     ANNOTATION_CLUSTER_ID,
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
@@ -360,9 +361,10 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
     meta["labels"] = {**template.labels, **meta["labels"], LABEL_NODE_ID: str(node_id)}
     probe_port = spec.port
     listeners = pod_listeners(spec, switch)
+    meta["annotations"][ANNOTATION_CLIENT_TLS] = "true" if listeners.client_tls else "false"
     tls = listeners.any_tls
     # The kubelet does not verify the node's certificate; the probes need no credential. The
-    # operator reads the scheme to tell which protocol the pod's client listener speaks.
+    # operator reads the scheme of a pod without ANNOTATION_CLIENT_TLS (an older operator's).
     scheme = "HTTPS" if listeners.client_tls else "HTTP"
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": spec.image_pull_policy,
