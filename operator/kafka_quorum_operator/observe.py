@@ -16,6 +16,7 @@ from kafka_quorum_operator import (
     LABEL_NODE_ID,
 )
 from kafka_quorum_operator.spec import Spec
+from quorum_node.addresses import host_port
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class PodView:
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.terminating and self.ip is not None
+
+    def address(self, port: int) -> str | None:
+        """``host:port`` of the pod's IP (an IPv6 one in brackets); None: it has none yet."""
+        return host_port(self.ip, port) if self.ip is not None else None
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):

@@ -31,6 +31,7 @@ from kafka_quorum_operator import (
 from kafka_quorum_operator.observe import TlsSwitch
 from kafka_quorum_operator.plan import majority
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Spec
+from quorum_node.addresses import host_port
 from quorum_node.node.config import KEYS_BY_NAME
 
 NODE_USER = 10001  # the node image's user (Dockerfile)
@@ -239,16 +240,17 @@ def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Seque
         # The peers reach each other's (first) controller listener; clients are redirected to
         # the leader's client listener.
         env_var("controller.quorum.voters"): ",".join(
-            f"{i}@{host}:{connect.port}" for i, host in hosts.items()),
+            f"{i}@{host_port(host, connect.port)}" for i, host in hosts.items()),
         env_var("controller.quorum.client.endpoints"): ",".join(
-            f"{i}@{host}:{spec.port}" for i, host in hosts.items()),
+            f"{i}@{host_port(host, spec.port)}" for i, host in hosts.items()),
         env_var("log.dir"): LOG_DIR,
         # A new, empty volume is formatted with a new directory id and joins as an observer;
         # the operator then makes it a voter (KIP-856). The first bootstrap is the same.
         env_var("format.if.empty"): "true",
+        # Every interface, IPv6 and IPv4: a pod of an IPv6-only cluster has no IPv4 address.
         env_var("listeners"): ",".join(
-            [f"{CLIENT_LISTENER}://0.0.0.0:{spec.port}",
-             *(f"{c.name}://0.0.0.0:{c.port}" for c in listeners.controllers)]),
+            [f"{CLIENT_LISTENER}://:{spec.port}",
+             *(f"{c.name}://:{c.port}" for c in listeners.controllers)]),
         env_var("listener.security.protocol.map"): ",".join(
             [f"{CLIENT_LISTENER}:{client_protocol}",
              *(f"{c.name}:{c.protocol}" for c in listeners.controllers)]),

@@ -3,12 +3,14 @@ operator creates (checked against the node's own configuration loader)."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from kafka_quorum_operator import ANNOTATION_CLIENT_TLS
 from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.nodes import NodeClient, Route
 from kafka_quorum_operator.observe import (
     members_from_status,
     parse_describe_quorum,
@@ -198,6 +200,24 @@ def test_a_pods_tls_mode_is_its_annotation_not_its_rewritten_probe(tls: bool) ->
     observed = with_spec(replace(healthy(), pods=views), security=Security(tls=tls))
     assert tls_switch_started(observed, None) is None
     assert plan(observed).actions == ()
+
+
+def test_an_ipv6_pod_is_reached_at_its_bracketed_address() -> None:
+    """A pod of an IPv6-only cluster: the operator's URLs for it bracket its IP."""
+    body = running_pod(1, Spec())
+    body["status"]["podIP"] = "fd00::5"
+    view = pod_view(body)
+    assert view is not None
+    address = view.address(9093)
+    assert address == "[fd00::5]:9093"
+    nodes = NodeClient()
+    nodes.route(address, Route(r.node_host("kq", "ns", 1), ssl.create_default_context()))
+    target = nodes._target(address, "/metrics")
+    assert target is not None and target[0] == "https://[fd00::5]:9093/metrics"
+    # Its node listens on every interface, IPv6 included.
+    environment = r.node_environment(r.Owner("kq", "ns", "uid-1"), Spec(), "cluster", (1, 2, 3))
+    assert all(listener.startswith(("CLIENT://:", "CONTROLLER://:"))
+               for listener in environment[r.env_var("listeners")].split(","))
 
 
 @pytest.mark.parametrize("tls", [True, False])
