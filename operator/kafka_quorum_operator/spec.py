@@ -70,6 +70,7 @@ def check_name(name: str) -> None:
                         "digits and '-' (the client Service is named after it, a DNS-1035 "
                         f"label), got {name!r}")
 
+
 @dataclass(frozen=True)
 class Storage:
     size: str = DEFAULT_STORAGE_SIZE
