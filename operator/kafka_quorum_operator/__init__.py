@@ -24,6 +24,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE_ID = f"{GROUP}/node-id"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 ANNOTATION_CLUSTER_ID = f"{GROUP}/cluster-id"
+# Whether a pod's client listener speaks TLS ("true"/"false"), as the operator created it: read
+# rather than its probes' scheme, which a service mesh may rewrite (Istio's probe rewrite).
+ANNOTATION_CLIENT_TLS = f"{GROUP}/client-tls"
 APP_NAME = "kafka-quorum"
 MANAGER = "kafka-quorum-operator"
 

@@ -41,6 +41,7 @@ from kafka_quorum_operator.observe import Observed
 from kafka_quorum_operator.plan import is_caught_up
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Bootstrap, ObjectStore, Spec
 from kafka_quorum_operator.status import iso
+from quorum_node.addresses import address_url
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
 from quorum_node.backup.store import BackupStore, S3Options, open_store
 from quorum_node.backup.writer import take_backup
@@ -168,10 +169,11 @@ class BackupScheduler:
             if node_id is None:
                 raise BackupError("no caught-up follower to take it from")
             pod = observed.pods[node_id]
+            assert pod.ip is not None  # backup_source picks a running pod with an address
             store = await _store(self.kube, owner.namespace, spec.backup.store)
             scheme = "https" if tls is not None else "http"
             taken = await asyncio.to_thread(
-                take_backup, f"{scheme}://{pod.ip}:{spec.port}", store, tls=tls,
+                take_backup, address_url(scheme, pod.ip, spec.port), store, tls=tls,
                 server_name=r.node_host(owner.name, owner.namespace, node_id),
                 timeout_s=BACKUP_TIMEOUT_S)
             deleted = await asyncio.to_thread(apply_retention, store.child(job.cluster_id),

@@ -108,7 +108,8 @@ class Keeper:
         ca_name = r.ca_secret_name(owner.name)
         data = await self._read(owner, ca_name)
         current = c.Authority.from_data(data) if data is not None else None
-        authority, change = c.next_authority(current, f"{owner.namespace}/{owner.name} CA", now)
+        authority, change = c.next_authority(
+            current, r.ca_subject(owner.name, owner.namespace), now)
         if change is not None:
             await self._write(owner, ca_name, data, authority.to_data())
             changes.append(f"{change} (Secret {ca_name})")

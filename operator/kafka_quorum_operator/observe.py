@@ -9,8 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_quorum_operator import ANNOTATION_CLUSTER_ID, ANNOTATION_CONFIG_HASH, LABEL_NODE_ID
+from kafka_quorum_operator import (
+    ANNOTATION_CLIENT_TLS,
+    ANNOTATION_CLUSTER_ID,
+    ANNOTATION_CONFIG_HASH,
+    LABEL_NODE_ID,
+)
 from kafka_quorum_operator.spec import Spec
+from quorum_node.addresses import host_port
 
 
 @dataclass(frozen=True)
@@ -24,12 +30,16 @@ class PodView:
     terminating: bool = False
     config_hash: str | None = None
     claim_name: str | None = None
-    # Whether the pod's node serves TLS (its readiness probe's scheme); None: unknown.
+    # Whether the pod's client listener serves TLS (``client_tls_of``); None: unknown.
     tls: bool | None = None
 
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.terminating and self.ip is not None
+
+    def address(self, port: int) -> str | None:
+        """``host:port`` of the pod's IP (an IPv6 one in brackets); None: it has none yet."""
+        return host_port(self.ip, port) if self.ip is not None else None
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
@@ -228,15 +238,26 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     claim = next((v["persistentVolumeClaim"].get("claimName")
                   for v in pod.get("spec", {}).get("volumes") or []
                   if isinstance(v.get("persistentVolumeClaim"), Mapping)), None)
-    containers = pod.get("spec", {}).get("containers") or [{}]
-    scheme = ((containers[0].get("readinessProbe") or {}).get("httpGet") or {}).get("scheme")
     return PodView(
         name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
         ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
         terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
-        claim_name=claim, tls=None if scheme is None else scheme == "HTTPS",
+        claim_name=claim, tls=client_tls_of(pod),
     )
+
+
+def client_tls_of(pod: Mapping[str, Any]) -> bool | None:
+    """Whether a pod's client listener speaks TLS: its ANNOTATION_CLIENT_TLS, else (a pod an
+    older operator created) its readiness probe's scheme; None: unknown. The annotation comes
+    first because a service mesh may rewrite the probe (Istio's points it at its agent, over
+    HTTP), and a scheme read from that would start TLS switches without end."""
+    annotation = (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_CLIENT_TLS)
+    if annotation in ("true", "false"):
+        return bool(annotation == "true")
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    scheme = ((containers[0].get("readinessProbe") or {}).get("httpGet") or {}).get("scheme")
+    return None if scheme is None else scheme == "HTTPS"
 
 
 def claim_view(claim: Mapping[str, Any]) -> ClaimView | None:

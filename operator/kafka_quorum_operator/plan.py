@@ -231,7 +231,7 @@ def next_to_add(observed: Observed, assessment: Assessment) -> int | None:
 
 def tls_switch_started(observed: Observed, recorded: TlsSwitch | None) -> TlsSwitch | None:
     """The TLS switch to roll to: the one recorded, or a new one (stage 1) once a pod serves
-    another protocol than spec.security.tls asks for (read from its readiness probe). A switch
+    another protocol than spec.security.tls asks for (``observe.client_tls_of``). A switch
     runs to its end even if the spec flips back meanwhile (``tls_switch_after`` then starts the
     way back): every stage is only safe next to its neighbours."""
     if recorded is not None:

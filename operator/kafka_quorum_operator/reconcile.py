@@ -63,7 +63,7 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
-from kafka_quorum_operator.spec import Spec, parse_spec
+from kafka_quorum_operator.spec import Spec, check_name, parse_spec
 from kafka_quorum_operator.status import (
     iso,
     remediation_detected,
@@ -155,6 +155,7 @@ class Reconciler:
     async def _reconcile(self, body: Mapping[str, Any]) -> Plan:
         meta = body.get("metadata") or {}
         owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+        check_name(owner.name)
         spec = parse_spec(body.get("spec"))
         status: Mapping[str, Any] = body.get("status") or {}
         memory = self.memories.setdefault(owner.uid or owner.name, Memory())
@@ -280,9 +281,10 @@ class Reconciler:
             self.kube.list(path("PersistentVolumeClaim", owner.namespace), selector))
         pods = {v.node_id: v for v in map(pod_view, pods_raw) if v is not None}
         claims = {v.node_id: v for v in map(claim_view, claims_raw) if v is not None}
-        addresses = {i: f"{p.ip}:{spec.port}" for i, p in pods.items() if p.running}
+        addresses = {i: address for i, p in pods.items()
+                     if p.running and (address := p.address(spec.port)) is not None}
         problem = None
-        # Each node in the protocol its pod serves (its readiness probe's scheme): during a TLS
+        # Each node in the protocol its pod serves (``observe.client_tls_of``): during a TLS
         # switch they differ.
         on_tls = {i: pods[i].tls if pods[i].tls is not None else spec.security.tls
                   for i in addresses}
@@ -516,12 +518,12 @@ class Reconciler:
                              action: Action) -> ChangeResult:
         leader = decided.assessment.leader_id
         pod = observed.pods.get(leader) if leader is not None else None
-        if pod is None or pod.ip is None:
+        address = pod.address(observed.spec.port) if pod is not None else None
+        if address is None:
             return ChangeResult(False, "NO_LEADER", "the leader's pod has no address")
         # Persist the intent before acting: a restarted operator resumes it.
         await self.patch_status(owner, {"pendingChange": action.pending(
             iso(observed.now)).to_status()})
-        address = f"{pod.ip}:{observed.spec.port}"
         assert action.directory_id is not None
         if not self.may_act():  # fencing, right before the call (see ``may_act``)
             return ChangeResult(False, NOT_LEADER, "this operator no longer holds the lease")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka_quorum_operator import (
+    ANNOTATION_CLIENT_TLS,
     ANNOTATION_CLUSTER_ID,
     ANNOTATION_CONFIG_HASH,
     API_VERSION,
@@ -30,6 +31,7 @@ from kafka_quorum_operator import (
 from kafka_quorum_operator.observe import TlsSwitch
 from kafka_quorum_operator.plan import majority
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Spec
+from quorum_node.addresses import host_port
 from quorum_node.node.config import KEYS_BY_NAME
 
 NODE_USER = 10001  # the node image's user (Dockerfile)
@@ -51,6 +53,7 @@ PEER_SECRET_KEY = "secret"
 NODE_PRINCIPAL_PREFIX = "quorum-node-"
 OPERATOR_PRINCIPAL = "quorum-operator"
 CERTIFICATE_ROLES = f"{OPERATOR_PRINCIPAL}:admin"
+MAX_COMMON_NAME = 64  # X.509's upper bound on a subject's common name (RFC 5280, ub-common-name)
 # Pods in the quorum's namespace with this label (value: the quorum's name) may reach its client
 # port.
 LABEL_CLIENT = f"{GROUP}/client"
@@ -192,6 +195,13 @@ def ca_bundle_name(name: str) -> str:
     return f"{name}-ca-bundle"
 
 
+def ca_subject(name: str, namespace: str) -> str:
+    """The CA certificate's subject: NAMESPACE/NAME CA, or NAME CA where that exceeds the 64
+    characters X.509 allows a common name (namespaces are up to 63)."""
+    full = f"{namespace}/{name} CA"
+    return full if len(full) <= MAX_COMMON_NAME else f"{name} CA"
+
+
 def node_principal(node_id: int) -> str:
     return f"{NODE_PRINCIPAL_PREFIX}{node_id}"
 
@@ -230,16 +240,17 @@ def node_environment(owner: Owner, spec: Spec, cluster_id: str, voter_ids: Seque
         # The peers reach each other's (first) controller listener; clients are redirected to
         # the leader's client listener.
         env_var("controller.quorum.voters"): ",".join(
-            f"{i}@{host}:{connect.port}" for i, host in hosts.items()),
+            f"{i}@{host_port(host, connect.port)}" for i, host in hosts.items()),
         env_var("controller.quorum.client.endpoints"): ",".join(
-            f"{i}@{host}:{spec.port}" for i, host in hosts.items()),
+            f"{i}@{host_port(host, spec.port)}" for i, host in hosts.items()),
         env_var("log.dir"): LOG_DIR,
         # A new, empty volume is formatted with a new directory id and joins as an observer;
         # the operator then makes it a voter (KIP-856). The first bootstrap is the same.
         env_var("format.if.empty"): "true",
+        # Every interface, IPv6 and IPv4: a pod of an IPv6-only cluster has no IPv4 address.
         env_var("listeners"): ",".join(
-            [f"{CLIENT_LISTENER}://0.0.0.0:{spec.port}",
-             *(f"{c.name}://0.0.0.0:{c.port}" for c in listeners.controllers)]),
+            [f"{CLIENT_LISTENER}://:{spec.port}",
+             *(f"{c.name}://:{c.port}" for c in listeners.controllers)]),
         env_var("listener.security.protocol.map"): ",".join(
             [f"{CLIENT_LISTENER}:{client_protocol}",
              *(f"{c.name}:{c.protocol}" for c in listeners.controllers)]),
@@ -356,9 +367,10 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
     meta["labels"] = {**template.labels, **meta["labels"], LABEL_NODE_ID: str(node_id)}
     probe_port = spec.port
     listeners = pod_listeners(spec, switch)
+    meta["annotations"][ANNOTATION_CLIENT_TLS] = "true" if listeners.client_tls else "false"
     tls = listeners.any_tls
     # The kubelet does not verify the node's certificate; the probes need no credential. The
-    # operator reads the scheme to tell which protocol the pod's client listener speaks.
+    # operator reads the scheme of a pod without ANNOTATION_CLIENT_TLS (an older operator's).
     scheme = "HTTPS" if listeners.client_tls else "HTTP"
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": spec.image_pull_policy,

@@ -7,6 +7,7 @@ an operator newer than the installed CRD (upgraded first) meets fields the CRD d
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ DEFAULT_IMAGE = "ghcr.io/quorum-node/quorum-node:0.1.0"
 DEFAULT_PORT = 9093  # the client listener: client and admin APIs, probes, metrics
 DEFAULT_CONTROLLER_PORT = 9094  # the controller listener: peer RPCs only
 DEFAULT_REPLICAS = 3
+MAX_REPLICAS = 9  # the CRD's maximum of spec.replicas: node ids run from 1 to it
 DEFAULT_STORAGE_SIZE = "1Gi"
 DEFAULT_MIN_CAUGHT_UP_SECONDS = 10
 # The node's log.dir: a subdirectory of the volume, so that a fresh volume (which may hold
@@ -44,8 +46,29 @@ DEFAULT_BACKUP_INTERVAL_SECONDS = 3600
 DEFAULT_BACKUP_RETENTION = 7
 
 
+# The longest KafkaQuorum name all of whose children have valid names: the headless Service,
+# NAME-nodes, must be a DNS label (at most 63 characters). tests/operator/test_kq_manifests.py
+# derives it from every name in resources.py and checks the CRD's rule says the same.
+MAX_NAME_LENGTH = 57
+# The client Service is named after the quorum: a DNS-1035 label (a letter first, no dots).
+NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
 class SpecError(ValueError):
     """The spec cannot be used (the CRD's schema should have refused it)."""
+
+
+def check_name(name: str) -> None:
+    """Raises SpecError for a KafkaQuorum name its children cannot be named after (the CRD
+    refuses it; an older CRD did not)."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError(f"metadata.name must be at most {MAX_NAME_LENGTH} characters (the "
+                        "headless Service, NAME-nodes, must be a DNS label of at most 63), got "
+                        f"{len(name)}")
+    if not NAME_PATTERN.fullmatch(name):
+        raise SpecError("metadata.name must start with a letter and hold only lowercase letters, "
+                        "digits and '-' (the client Service is named after it, a DNS-1035 "
+                        f"label), got {name!r}")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from quorum_node.addresses import address_url
 from quorum_node.backup.manifest import (
     MANIFEST_NAME,
     BackupError,
@@ -34,7 +35,6 @@ from quorum_node.backup.manifest import (
     VoterEntry,
     rfc3339,
 )
-from quorum_node.node.config import format_address
 from quorum_node.raft.records import HEADER_SIZE, CorruptRecordError, read_batch_header
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.storage.kafka_uuid import to_kafka_string
@@ -103,7 +103,7 @@ def pin(node: QuorumNode) -> PinnedBackup:
         snapshot=snapshot,
         voters=[VoterEntry(id=key.id, directory_id=None if key.directory_id is None
                            else to_kafka_string(key.directory_id),
-                           endpoints=[f"{scheme}://{format_address(*node.endpoints[key.id])}"]
+                           endpoints=[address_url(scheme, *node.endpoints[key.id])]
                            if key.id in node.endpoints else [])
                 for key in voters],
         meta_properties=(log_dir.path / META_PROPERTIES).read_bytes(),  # a few dozen bytes

@@ -30,6 +30,7 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from quorum_node.addresses import address_url
 from quorum_node.cli.common import (
     BOOTSTRAP_ENV,
     DEFAULT_BOOTSTRAP,
@@ -195,7 +196,7 @@ def node_statuses(servers: Sequence[tuple[str, int]], timeout_s: float,
     the nodes which answered name. Each entry has ``endpoint`` and ``reachable`` (and ``error``
     when not), then the node's answer, and ``lag`` behind the leader's log end (-1 unknown)."""
     deadline = time.monotonic() + timeout_s
-    to_ask = [_url(host, port, access.scheme) for host, port in servers]
+    to_ask = [address_url(access.scheme, host, port) for host, port in servers]
     rows: dict[str, dict[str, Any]] = {}
     while to_ask:
         url = to_ask.pop(0)
@@ -272,7 +273,7 @@ def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
         raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
-    client = QuorumClient([_url(host, port, access.scheme) for host, port in servers],
+    client = QuorumClient([address_url(access.scheme, host, port) for host, port in servers],
                           timeout_s, credentials=access.credentials, fail_fast=True)
     outcome: list[list[Voter] | QuorumClientError] = []
 
@@ -377,7 +378,7 @@ def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float,
         election = False
         for host, port in servers:
             try:
-                return _get_quorum(_url(host, port, access.scheme) + QUORUM_PATH, deadline,
+                return _get_quorum(address_url(access.scheme, host, port) + QUORUM_PATH, deadline,
                                    access)
             except _NoLeader as error:
                 election = True
@@ -387,10 +388,6 @@ def fetch_quorum(servers: Sequence[tuple[str, int]], timeout_s: float,
         if not election or time.monotonic() + RETRY_BACKOFF_S >= deadline:
             raise AdminError("cannot describe the quorum: " + "; ".join(problems))
         time.sleep(RETRY_BACKOFF_S)
-
-
-def _url(host: str, port: int, scheme: str) -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _get_quorum(url: str, deadline: float, access: Access) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from quorum_node.addresses import host_port
 from quorum_node.cli.backup import add_backup_commands
 from quorum_node.cli.common import (
     CliParser,
@@ -55,7 +56,6 @@ from quorum_node.node.config import (
     NodeConfig,
     Setting,
     config_from_settings,
-    format_address,
     load_config,
     read_properties,
     settings_from_environ,
@@ -447,8 +447,8 @@ def prepare_local_cluster(
     _check_peer_secret(secret_path)
     ports = {i: base_port + i - 1 for i in range(1, nodes + 1)}
     peer_ports = {i: base_port + nodes + i - 1 for i in range(1, nodes + 1)}
-    voters = ",".join(f"{i}@{format_address(host, port)}" for i, port in peer_ports.items())
-    client_endpoints = ",".join(f"{i}@{format_address(host, port)}"
+    voters = ",".join(f"{i}@{host_port(host, port)}" for i, port in peer_ports.items())
+    client_endpoints = ",".join(f"{i}@{host_port(host, port)}"
                                 for i, port in ports.items())
     # Every config is validated before anything is formatted or written.
     prepared = [
@@ -459,8 +459,8 @@ def prepare_local_cluster(
                 "cluster.id": Setting(cluster_id, _LOCAL_SOURCE),
                 "log.dir": Setting(str(data_dir / f"node-{node_id}"), _LOCAL_SOURCE),
                 "listeners": Setting(
-                    f"{CLIENT_LISTENER}://{format_address(host, port)},"
-                    f"{CONTROLLER_LISTENER}://{format_address(host, peer_ports[node_id])}",
+                    f"{CLIENT_LISTENER}://{host_port(host, port)},"
+                    f"{CONTROLLER_LISTENER}://{host_port(host, peer_ports[node_id])}",
                     _LOCAL_SOURCE),
                 "listener.security.protocol.map": Setting(
                     f"{CLIENT_LISTENER}:PLAINTEXT,{CONTROLLER_LISTENER}:PLAINTEXT", _LOCAL_SOURCE),
@@ -618,7 +618,7 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
                 sock.bind(address)
         except OSError as exc:
             raise LocalClusterError(
-                f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}; is another "
+                f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}; is another "
                 "quorum running? (--base-port picks other ports)"
             ) from None
 

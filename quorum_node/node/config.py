@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from quorum_node.addresses import host_port
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint, parse_quorum_voters
 from quorum_node.security.peer_identity import (
     DEFAULT_PEER_PRINCIPAL_TEMPLATE,
@@ -58,12 +59,15 @@ PROTOCOLS = ("PLAINTEXT", "SSL")
 
 
 class Listener(BaseModel):
-    """One entry of ``listeners``: ``NAME://host:port``; ``tls`` from the name's protocol."""
+    """One entry of ``listeners``: ``NAME://host:port``; ``tls`` from the name's protocol. An
+    empty host (``NAME://:port``, Kafka's default interface) listens on every interface, IPv6
+    and IPv4 (``addresses.every_interface_socket``); an address given is listened on as given
+    (``0.0.0.0``: every IPv4 interface only)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=_LISTENER_NAME.pattern)
-    host: str = Field(min_length=1)
+    host: str
     port: int = Field(ge=1, le=65535)
     tls: bool = False
 
@@ -73,7 +77,7 @@ class Listener(BaseModel):
 
     @property
     def address(self) -> str:
-        return format_address(self.host, self.port)
+        return host_port(self.host, self.port)
 
     @property
     def url(self) -> str:
@@ -411,7 +415,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("listeners", ("listeners",),
               "Where to listen: NAME://host:port,... (PLAINTEXT and SSL name their protocol, "
               "others are mapped by listener.security.protocol.map; [::1] for IPv6; a bare "
-              "host:port is PLAINTEXT). One of them serves the peers: controller.listener.names."),
+              "host:port is PLAINTEXT; NAME://:port listens on every interface, IPv6 and IPv4, "
+              "0.0.0.0 on IPv4's only). One of them serves the peers: controller.listener.names."),
     ConfigKey("listener.security.protocol.map", ("listener_security_protocol_map",),
               "The protocol of each listener name other than PLAINTEXT and SSL: "
               "NAME:PROTOCOL,... (PLAINTEXT or SSL), e.g. CONTROLLER:SSL,CLIENT:SSL."),
@@ -679,7 +684,8 @@ def parse_listeners(value: str, protocols: Mapping[str, bool]) -> tuple[Listener
 
 
 def parse_listener(value: str, protocols: Mapping[str, bool] | None = None) -> Listener:
-    """One listener, ``NAME://host:port``, ``host:port`` or ``[::1]:port``."""
+    """One listener, ``NAME://host:port``, ``host:port``, ``[::1]:port`` or ``NAME://:port``
+    (every interface)."""
     protocols = protocols if protocols is not None else parse_protocol_map("")
     name, separator, address = value.partition("://")
     if not separator:
@@ -694,24 +700,23 @@ def parse_listener(value: str, protocols: Mapping[str, bool] | None = None) -> L
         raise ValueError(f"{value!r}: listener {name} has no protocol: map it in "
                          f"listener.security.protocol.map (e.g. {name}:SSL)")
     host, colon, port = address.rpartition(":")
+    # An empty host: every interface, named only as NAME://:port (Kafka's own form).
+    every_interface = not host and bool(separator)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]  # an IPv6 literal
     elif ":" in host:
         raise ValueError(f"{value!r}: put an IPv6 address in brackets, as in [::1]:9093")
-    if not colon or not host or any(c.isspace() or c in "/[]" for c in host):
+    if not colon or (not host and not every_interface) or \
+            any(c.isspace() or c in "/[]" for c in host):
         raise ValueError(
             f"{value!r} is not of the form NAME://host:port, host:port or [::1]:port "
-            "(0.0.0.0 listens on every interface)"
+            "(NAME://:port listens on every interface, IPv6 and IPv4)"
         )
     if not port.isdigit():
         raise ValueError(f"{value!r}: port: expected an integer, got {port!r}")
     if not 1 <= int(port) <= 65535:
         raise ValueError(f"{value!r}: port: must be from 1 to 65535, got {port!r}")
     return Listener(name=name, host=host, port=int(port), tls=protocols[name])
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_properties(text: str) -> list[tuple[str, str, int]]:

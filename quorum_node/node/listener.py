@@ -36,6 +36,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 
+from quorum_node.addresses import every_interface_socket
 from quorum_node.node.transport import start_now
 
 logger = logging.getLogger(__name__)
@@ -159,9 +160,15 @@ class BoundedSite(web.TCPSite):
         # BaseSite's registers the site with its runner, which stops it at cleanup.
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), self._host, self._port, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        if not self._host:  # every interface (a listener NAME://:port)
+            self._server = await loop.create_server(
+                lambda: _Connection(self),
+                sock=every_interface_socket(self._port, backlog=self._backlog),
+                backlog=self._backlog)
+        else:
+            self._server = await loop.create_server(
+                lambda: _Connection(self), self._host, self._port, backlog=self._backlog,
+                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 

@@ -30,6 +30,7 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
+from quorum_node.addresses import host_port
 from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
@@ -175,7 +176,7 @@ class QuorumNode:
             endpoint.id: (endpoint.host, endpoint.port)
             for endpoint in config.voter_client_endpoints}
         self.story = NodeStory(self.core, config.node_id, [voter.id for voter in config.voters],
-                               ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                               ",".join(host_port(host, port)
                                         for host, port in self.client_endpoints.values()),
                                fetch_timeout_ms=config.quorum.fetch_timeout_ms,
                                wall_clock_ms=_now_ms)

@@ -48,6 +48,7 @@ import pydantic_core
 from aiohttp import web
 from pydantic import ValidationError
 
+from quorum_node.addresses import address_url
 from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.messages import (
@@ -255,7 +256,7 @@ class PeerClient:
                 connector=aiohttp.TCPConnector(enable_cleanup_closed=True))
         host, port = endpoint
         scheme = "https" if self._tls is not None else "http"
-        url = f"{scheme}://{_url_host(host)}:{port}{STREAM_PATH}"
+        url = address_url(scheme, host, port, STREAM_PATH)
         secret = self._peer_secret() if self._peer_secret is not None else None
         headers = {PEER_SECRET_HEADER: secret} if secret is not None else None
         try:
@@ -646,5 +647,3 @@ def _ignore(_: BaseException) -> None:
     pass
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from quorum_node.addresses import host_port
+
 
 class QuorumConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -58,8 +60,7 @@ class VoterEndpoint(BaseModel):
     port: int = Field(ge=1, le=65535)
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.id}@{host}:{self.port}"
+        return f"{self.id}@{host_port(self.host, self.port)}"
 
 
 def parse_quorum_voters(value: str) -> tuple[VoterEndpoint, ...]:

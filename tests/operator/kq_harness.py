@@ -569,7 +569,7 @@ class Kubelet:
         paths = {DATA_MOUNT: volume, **{path: m.directory for path, m in mounts.items()}}
         env = {k: self._localize(v, paths) for k, v in env.items()}
         # Every listener on the pod's own IP, with the ports and names the operator gave it.
-        env["QUORUM_LISTENERS"] = env.get("QUORUM_LISTENERS", "").replace("0.0.0.0", ip)
+        env["QUORUM_LISTENERS"] = env.get("QUORUM_LISTENERS", "").replace("://:", f"://{ip}:")
         hostname = f"{spec['hostname']}.{spec['subdomain']}.{meta['namespace']}.svc"
         for name in (hostname, f"{hostname}.cluster.local"):
             self.records[name] = (ip, meta["uid"])

@@ -5,7 +5,10 @@ cel-python for the CRD's CEL rules. The Helm chart is linted and rendered in tes
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+import datetime
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,10 +19,19 @@ import kubernetes_validate
 import pytest
 import yaml
 from celpy.adapter import json_to_cel
-from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL
+from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, certs
+from kafka_quorum_operator import credentials as c
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.plan import plan
-from kafka_quorum_operator.spec import NODE_CONFIG_KEYS, Spec, parse_spec
+from kafka_quorum_operator.spec import (
+    MAX_NAME_LENGTH,
+    MAX_REPLICAS,
+    NODE_CONFIG_KEYS,
+    Spec,
+    SpecError,
+    check_name,
+    parse_spec,
+)
 from kafka_quorum_operator.status import remediation_detected, status_patch
 from kq_builders import DIRS, NOW, healthy, pending, replaced
 
@@ -281,3 +293,145 @@ def test_operator_objects_are_valid_kubernetes_objects() -> None:
                r.pod(owner, spec, 1, r.config_hash(spec, environment))]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+# --- the quorum's name -------------------------------------------------------------------------
+
+# Kubernetes' limits on what the operator names after the quorum: an object's name is a DNS
+# subdomain; a Service's name a DNS-1035 label; a pod's hostname and subdomain, and a label's
+# value, at most 63 characters; a certificate's DNS names RFC 1123 names.
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+LABEL_MAX, SUBDOMAIN_MAX = 63, 253
+LONGEST_NAMESPACE = "n" * LABEL_MAX
+CLUSTER_DOMAIN = "cluster.local"
+
+
+def name_functions() -> dict[str, Callable[..., str]]:
+    """Every ``*_name`` function of resources.py: a new one is checked as soon as it exists."""
+    return {name: f for name, f in vars(r).items()
+            if name.endswith("_name") and inspect.isfunction(f)}
+
+
+def label_maps(node: Any) -> Iterator[Mapping[str, str]]:
+    if isinstance(node, list):
+        for item in node:
+            yield from label_maps(item)
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            if key in ("labels", "matchLabels", "selector") and isinstance(value, Mapping) \
+                    and all(isinstance(v, str) for v in value.values()):
+                yield value
+            else:
+                yield from label_maps(value)
+
+
+def child_name_problems(name: str) -> list[str]:
+    """What Kubernetes (or X.509) would refuse among the children of a quorum named ``name`` in
+    the longest namespace: every name function with the longest arguments it is given (the
+    highest node id, a configuration revision), and the objects the operator creates."""
+    owner = r.Owner(name, LONGEST_NAMESPACE, "uid")
+    spec = parse_spec({"security": {"tls": {"certManager": {"issuerRef": {"name": "ca"}}}}})
+    ids = range(1, MAX_REPLICAS + 1)
+    environment = r.node_environment(owner, spec, "cluster", ids)
+    revision = r.config_hash(spec, environment)
+    problems: list[str] = []
+
+    def check(what: str, value: str, limit: int, pattern: re.Pattern[str]) -> None:
+        if len(value) > limit or not pattern.fullmatch(value):
+            problems.append(f"{what} {value!r}: more than {limit} characters or not "
+                            f"{pattern.pattern}")
+
+    arguments = {"node_id": MAX_REPLICAS, "revision": revision}
+    for function_name, function in name_functions().items():
+        extra = list(inspect.signature(function).parameters)[1:]
+        check(function_name, function(name, *(arguments[p] for p in extra)), SUBDOMAIN_MAX,
+              SUBDOMAIN)
+    operator = r.OperatorPods("kafka-quorum-system", {"app.kubernetes.io/name": "kqo"})
+    objects = [*r.owned_objects(owner, spec, environment, MAX_REPLICAS, operator),
+               *(r.claim(owner, spec, i, "cluster") for i in ids),
+               *(r.pod(owner, spec, i, revision) for i in ids),
+               *r.certificates(owner, spec, ids, CLUSTER_DOMAIN),
+               c.peer_secret(owner), c.tokens_secret(owner), c.ca_bundle(owner, b"")]
+    for obj in objects:
+        kind, meta = obj["kind"], obj["metadata"]
+        check(f"{kind} name", meta["name"], SUBDOMAIN_MAX, SUBDOMAIN)
+        if kind == "Service":
+            check("Service name", meta["name"], LABEL_MAX, DNS_1035_LABEL)
+        if kind == "Pod":
+            check("pod hostname", obj["spec"]["hostname"], LABEL_MAX, DNS_LABEL)
+            check("pod subdomain", obj["spec"]["subdomain"], LABEL_MAX, DNS_LABEL)
+        if kind == "Certificate":
+            for dns_name in obj["spec"].get("dnsNames", ()):
+                check("certificate DNS name", dns_name, SUBDOMAIN_MAX, SUBDOMAIN)
+                for part in dns_name.split("."):
+                    check("certificate DNS label", part, LABEL_MAX, DNS_LABEL)
+        for labels in label_maps(obj):
+            for key, value in labels.items():
+                check(f"{kind} label {key}", value, LABEL_MAX, LABEL_VALUE)
+    ca = r.ca_subject(name, owner.namespace)
+    check("CA common name", ca, r.MAX_COMMON_NAME, re.compile(".+"))
+    return problems
+
+
+def longest_working_name() -> int:
+    return max(n for n in range(1, SUBDOMAIN_MAX + 1) if not child_name_problems("q" * n))
+
+
+def test_the_longest_name_is_derived_from_every_child_name() -> None:
+    """The limit the operator and the CRD enforce is the one every child's name allows: a new or
+    longer child name fails here, not on a cluster."""
+    longest = longest_working_name()
+    assert child_name_problems("q" * (longest + 1)), "the limit must be the longest that works"
+    assert longest == MAX_NAME_LENGTH, f"set spec.MAX_NAME_LENGTH and the CRD's rule to {longest}"
+    root_rules = SCHEMA["x-kubernetes-validations"]
+    assert any(rule["rule"] == f"size(self.metadata.name) <= {longest}"
+               and str(longest) in rule["message"] for rule in root_rules)
+
+
+def test_names_the_children_refuse() -> None:
+    """A digit first or a dot makes the client Service's name invalid (what the CRD's pattern
+    refuses); the node ids checked are the CRD's maximum of replicas."""
+    assert SPEC_SCHEMA["properties"]["replicas"]["maximum"] == MAX_REPLICAS
+    assert child_name_problems("1kq") and child_name_problems("kq.prod")
+    assert child_name_problems("kq-0") == []
+
+
+@pytest.mark.parametrize(("name", "refusal"), [
+    ("kq", None),
+    ("q", None),
+    ("kq-0-a", None),
+    ("q" * MAX_NAME_LENGTH, None),
+    ("q" * (MAX_NAME_LENGTH + 1), f"at most {MAX_NAME_LENGTH} characters"),
+    ("q" * 63, f"at most {MAX_NAME_LENGTH} characters"),
+    ("1kq", "start with a letter"),
+    ("kq.prod", "start with a letter"),
+    ("kq-", "start with a letter"),
+])
+def test_cel_quorum_names(name: str, refusal: str | None) -> None:
+    """The CRD's root rules, run by cel-python on the whole object, and the operator's own check
+    (for a quorum created under an older CRD) refuse the same names, for the same reason."""
+    doc = {"apiVersion": API_VERSION, "kind": KIND,
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": apply_defaults(SPEC_SCHEMA, {"replicas": 3})}
+    errors = cel_errors(SCHEMA, doc)
+    if refusal is None:
+        assert errors == []
+        check_name(name)
+    else:
+        assert len(errors) == 1 and refusal in errors[0], errors
+        with pytest.raises(SpecError) as refused:
+            check_name(name)
+        assert str(refused.value).startswith(f"{errors[0]}, got ")
+
+
+def test_the_ca_of_a_long_name_in_a_long_namespace_can_be_generated() -> None:
+    """X.509 allows a common name 64 characters: NAMESPACE/NAME CA exceeds it for long names."""
+    name = "q" * MAX_NAME_LENGTH
+    now = datetime.datetime.now(datetime.UTC)
+    for namespace in ("default", LONGEST_NAMESPACE):
+        common_name = r.ca_subject(name, namespace)
+        certs.new_ca(common_name, now, datetime.timedelta(days=1))
+    assert r.ca_subject("kq", "default") == "default/kq CA"

@@ -379,7 +379,7 @@ def test_the_node_accepts_the_secured_configuration() -> None:
     config = load_config(None, {}, env)
     # SSL on both listeners: clients on 9093, the peers on a controller listener of their own.
     assert [str(listener) for listener in config.listeners] == [
-        "CLIENT://0.0.0.0:9093", "CONTROLLER://0.0.0.0:9094"]
+        "CLIENT://:9093", "CONTROLLER://:9094"]
     assert all(listener.tls for listener in config.listeners)
     assert config.controller_listener.name == "CONTROLLER"
     assert [v.port for v in config.voters] == [9094] * 3
@@ -397,7 +397,7 @@ def test_security_off_is_plain_with_the_peer_secret_only() -> None:
     secret (the node refuses a PLAINTEXT controller listener without one beside an SSL one)."""
     spec = parse_spec({"security": {"tls": {"enabled": False}}})
     env = r.node_environment(OWNER, spec, "MkU3OEVBNTcwNTJENDM2Qg", (1, 2, 3))
-    assert env["QUORUM_LISTENERS"] == "CLIENT://0.0.0.0:9093,CONTROLLER://0.0.0.0:9094"
+    assert env["QUORUM_LISTENERS"] == "CLIENT://:9093,CONTROLLER://:9094"
     assert env["QUORUM_LISTENER_SECURITY_PROTOCOL_MAP"] == "CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     assert not any(k.startswith(("QUORUM_SSL_", "QUORUM_AUTH_")) for k in env)
     assert env["QUORUM_CONTROLLER_LISTENER_SECRET_FILE"] == "/etc/quorum/peer/secret"

@@ -3,10 +3,14 @@ operator creates (checked against the node's own configuration loader)."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import replace
+from typing import Any
 
 import pytest
+from kafka_quorum_operator import ANNOTATION_CLIENT_TLS
 from kafka_quorum_operator import resources as r
+from kafka_quorum_operator.nodes import NodeClient, Route
 from kafka_quorum_operator.observe import (
     members_from_status,
     parse_describe_quorum,
@@ -14,8 +18,8 @@ from kafka_quorum_operator.observe import (
     pending_from_status,
     pod_view,
 )
-from kafka_quorum_operator.plan import Action, plan
-from kafka_quorum_operator.spec import Spec, SpecError, parse_spec
+from kafka_quorum_operator.plan import Action, plan, tls_switch_started
+from kafka_quorum_operator.spec import Security, Spec, SpecError, parse_spec
 from kafka_quorum_operator.status import (
     conditions,
     iso,
@@ -23,7 +27,7 @@ from kafka_quorum_operator.status import (
     remediation_step,
     status_patch,
 )
-from kq_builders import DIRS, NEW, NOW, healthy, pending, replaced, with_spec
+from kq_builders import DIRS, HASH, NEW, NOW, healthy, pending, replaced, with_spec
 
 from quorum_node.node.config import load_config
 
@@ -166,6 +170,62 @@ def test_pod_view() -> None:
     assert (view.node_id, view.ready, view.running, view.config_hash, view.claim_name) == (
         2, True, True, "hash", "data-kq-2")
     assert pod_view({"metadata": {"name": "other"}}) is None
+
+
+def running_pod(node_id: int, spec: Spec) -> dict[str, Any]:
+    """The pod the operator creates for ``node_id``, running and ready."""
+    body = r.pod(r.Owner("kq", "ns", "uid-1"), spec, node_id, HASH)
+    body["metadata"]["uid"] = f"pod-{node_id}"
+    body["status"] = {"phase": "Running", "podIP": f"10.0.0.{node_id}",
+                      "conditions": [{"type": "Ready", "status": "True"}]}
+    return body
+
+
+def istio_rewritten(body: dict[str, Any]) -> dict[str, Any]:
+    """The pod as Istio's sidecar injector leaves it: its HTTP probes point at the agent's port,
+    over plain HTTP, whatever the node's listener speaks."""
+    container = body["spec"]["containers"][0]
+    for probe, path in (("readinessProbe", "readyz"), ("livenessProbe", "healthz")):
+        container[probe]["httpGet"] = {"path": f"/app-health/node/{path}", "port": 15020,
+                                       "scheme": "HTTP"}
+    return body
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_a_pods_tls_mode_is_its_annotation_not_its_rewritten_probe(tls: bool) -> None:
+    """A quorum whose probes a service mesh rewrote is not switched (nor rolled) for it."""
+    spec = Spec(security=Security(tls=tls))
+    views = {i: pod_view(istio_rewritten(running_pod(i, spec))) for i in (1, 2, 3)}
+    assert all(view is not None and view.tls is tls for view in views.values())
+    observed = with_spec(replace(healthy(), pods=views), security=Security(tls=tls))
+    assert tls_switch_started(observed, None) is None
+    assert plan(observed).actions == ()
+
+
+def test_an_ipv6_pod_is_reached_at_its_bracketed_address() -> None:
+    """A pod of an IPv6-only cluster: the operator's URLs for it bracket its IP."""
+    body = running_pod(1, Spec())
+    body["status"]["podIP"] = "fd00::5"
+    view = pod_view(body)
+    assert view is not None
+    address = view.address(9093)
+    assert address == "[fd00::5]:9093"
+    nodes = NodeClient()
+    nodes.route(address, Route(r.node_host("kq", "ns", 1), ssl.create_default_context()))
+    target = nodes._target(address, "/metrics")
+    assert target is not None and target[0] == "https://[fd00::5]:9093/metrics"
+    # Its node listens on every interface, IPv6 included.
+    environment = r.node_environment(r.Owner("kq", "ns", "uid-1"), Spec(), "cluster", (1, 2, 3))
+    assert all(listener.startswith(("CLIENT://:", "CONTROLLER://:"))
+               for listener in environment[r.env_var("listeners")].split(","))
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_a_pod_of_an_older_operator_has_its_tls_mode_read_from_its_probe(tls: bool) -> None:
+    body = running_pod(1, Spec(security=Security(tls=tls)))
+    del body["metadata"]["annotations"][ANNOTATION_CLIENT_TLS]
+    view = pod_view(body)
+    assert view is not None and view.tls is tls
 
 
 # --- the objects ---------------------------------------------------------------------------------

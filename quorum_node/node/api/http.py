@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from multidict import MultiMapping
 
-from quorum_node.node.config import format_address
+from quorum_node.addresses import address_url
 from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json
 from quorum_node.node.limits import read_body as read_limited_body
@@ -124,7 +124,7 @@ def from_service(error: ServiceError) -> ApiError:
 
 
 def endpoint_url(endpoint: tuple[str, int] | None, scheme: str) -> str | None:
-    return None if endpoint is None else f"{scheme}://{format_address(*endpoint)}"
+    return None if endpoint is None else address_url(scheme, *endpoint)
 
 
 def not_leader(node: QuorumNode, request: web.Request, leader_id: int | None) -> ApiError:
