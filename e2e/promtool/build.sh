@@ -2,7 +2,7 @@
 # Builds promtool of one pinned Prometheus release from the Go module proxy: the build module
 # gomod/ names it as a tool (github.com/prometheus/prometheus/cmd/promtool at the version it
 # requires); its go.sum pins every module's hash. The chart's alert rules are tested with it
-# (`promtool test rules`, tests/operator/test_kq_alerts.py).
+# (`promtool test rules`, tests/monitoring/test_monitoring_alerts.py).
 #
 #   bash e2e/promtool/build.sh            # prints the path of the promtool binary (last line)
 #   bash e2e/promtool/build.sh --locate   # only prints it, if it is built (exit 3 otherwise)
