@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import logging
 import ssl
@@ -122,6 +123,20 @@ def _seconds(text: object) -> float | None:
         return None
 
 
+def export_last_backup(owner: r.Owner, spec: Spec, status: Mapping[str, Any]) -> None:
+    """The last-backup gauge from status.backup.lastTime, which an operator that restarted still
+    has (the chart's KafkaQuorumBackupTooOld alert reads the gauge); none for a quorum without
+    spec.backup, whose old backups nobody waits on."""
+    gauge = m.LAST_BACKUP
+    if spec.backup is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(owner.namespace, owner.name)
+        return
+    recorded = _seconds((status.get("backup") or {}).get("lastTime"))
+    if recorded is not None:
+        gauge.labels(owner.namespace, owner.name).set(recorded)
+
+
 @dataclass(frozen=True)
 class BackupJob:
     """One backup, as a pass decided it: of which quorum, from what it observed."""
@@ -145,6 +160,7 @@ class BackupScheduler:
 
     def maybe_start(self, job: BackupJob, status: Mapping[str, Any]) -> None:
         """Start a backup in a task of its own if one is due and none is running."""
+        export_last_backup(job.owner, job.spec, status)
         key = job.owner.uid or job.owner.name
         running = self.tasks.get(key)
         if running is not None and not running.done():
@@ -187,7 +203,9 @@ class BackupScheduler:
             return
         manifest = taken.manifest
         m.BACKUPS.labels("ok").inc()
-        m.LAST_BACKUP.labels(owner.namespace, owner.name).set(observed.now)
+        # As status.backup.lastTime records it (export_last_backup reads that after a restart).
+        m.LAST_BACKUP.labels(owner.namespace, owner.name).set(
+            _seconds(manifest.created_at) or observed.now)
         m.LAST_BACKUP_END_OFFSET.labels(owner.namespace, owner.name).set(manifest.end_offset)
         await patch_status(owner, {"backup": {
             "lastAttemptTime": attempt, "lastTime": manifest.created_at,

@@ -200,6 +200,13 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_via_client(**kwargs)
 
 
+@kopf.on.probe(id="leading")
+def leading(**_: Any) -> bool:
+    """Whether this replica holds the operator's Lease (in the health endpoint's body; the
+    readiness probe passes on a standby too: the chart's deployment.yaml says why)."""
+    return STATE.elector is not None and STATE.elector.leading
+
+
 @kopf.on.probe(id="lastReconcile")
 def last_reconcile(**_: Any) -> str | None:
     return iso(STATE.last_pass) if STATE.last_pass is not None else None

@@ -18,6 +18,10 @@ REMEDIATION_SECONDS = Histogram(
     "kafka_quorum_operator_remediation_duration_seconds",
     "From detecting a replaced volume to the old directory's removal.",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+REMEDIATION_IN_PROGRESS = Gauge(
+    "kafka_quorum_operator_remediation_in_progress",
+    "1 while a KafkaQuorum's status.lastRemediation is InProgress (a replaced volume's voter "
+    "not yet replaced), else 0.", ["namespace", "name"])
 QUORUM_LOST = Gauge("kafka_quorum_operator_quorum_lost",
                     "1 while a KafkaQuorum has lost a majority of its voters' volumes.",
                     ["namespace", "name"])

@@ -262,6 +262,8 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
+        m.REMEDIATION_IN_PROGRESS.labels(owner.namespace, owner.name).set(
+            1 if (last_remediation or {}).get("result") == "InProgress" else 0)
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()

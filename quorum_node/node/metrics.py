@@ -33,13 +33,14 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from quorum_node.node.clock import now_ms
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
-    from quorum_node.raft.core import RaftCore, ReplicaDescription
+    from quorum_node.raft.core import QuorumDescription, RaftCore, ReplicaDescription
 
 # Kafka's current-state values (KafkaRaftMetrics, 4.x). Every one is exported, 1 for the current
 # state and 0 for the others, so that dashboards can select on a fixed label set.
@@ -100,13 +101,17 @@ class StateWatcher:
     Election latency runs from the moment the replica leaves Leader or Follower (or, from any
     state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
     Growth of the log end offset counts as records appended while Leader and as records fetched
-    while Follower; a truncation only moves the baseline down."""
+    while Follower; a truncation only moves the baseline down. ``elected_ms`` is when this
+    replica became leader of its current epoch (wall clock, as DescribeQuorum's timestamps),
+    None while it is not leader."""
 
     def __init__(self, core: WatchedCore, observe_election: Callable[[float], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_ms: Callable[[], int] = now_ms) -> None:
         self._core = core
         self._observe_election = observe_election
         self._clock = clock
+        self._wall_ms = wall_ms
         self._state = core.state
         self._epoch = core.epoch
         self._end_offset = core.log.end_offset
@@ -114,6 +119,7 @@ class StateWatcher:
         self.appended_records = 0
         self.fetched_records = 0
         self.transitions: dict[RaftState, int] = dict.fromkeys(RaftState, 0)
+        self.elected_ms: int | None = wall_ms() if self._state is RaftState.LEADER else None
 
     def on_step(self) -> None:
         core = self._core
@@ -129,6 +135,7 @@ class StateWatcher:
         if state is self._state and epoch == self._epoch:
             return
         self.transitions[state] += 1
+        self.elected_ms = self._wall_ms() if state is RaftState.LEADER else None
         if state in _STABLE:
             if self._election_started is not None:
                 self._observe_election(max(0.0, self._clock() - self._election_started))
@@ -188,7 +195,9 @@ class _CoreCollector:
                     core.flushed_offset)
         yield gauge("quorum_number_of_voters", "The number of voters in the voter set.",
                     len(core.voters))
-        observers = _observers(core)
+        now = now_ms()
+        described = _leader_view(core, now)
+        observers = described.observers if described is not None else ()
         yield gauge("quorum_number_of_observers",
                     "Observers fetching from this replica (leader only, else 0).",
                     len(observers))
@@ -223,14 +232,35 @@ class _CoreCollector:
             transitions.add_metric([state.value], count)
         yield transitions
 
+        lag = GaugeMetricFamily(
+            "quorum_voter_lag_seconds",
+            "Leader only: seconds since each other voter last held the leader's log end offset "
+            "(as of its fetch); since this leader's election if it has not yet.",
+            labels=["voter_id"])
+        if described is not None:
+            for voter_id, seconds in voter_lag_seconds(described, now, watcher.elected_ms):
+                lag.add_metric([str(voter_id)], seconds)
+        yield lag
 
-def _observers(core: RaftCore) -> tuple[ReplicaDescription, ...]:
+
+def _leader_view(core: RaftCore, now: int) -> QuorumDescription | None:
     if core.state is not RaftState.LEADER:
-        return ()
+        return None
     try:
-        return core.describe_quorum(time.time_ns() // 1_000_000).observers
+        return core.describe_quorum(now)
     except NotLeaderError:
-        return ()
+        return None
+
+
+def voter_lag_seconds(described: QuorumDescription, now: int,
+                      elected_ms: int | None) -> list[tuple[int, float]]:
+    """Each other voter's time behind the leader: since it was last caught up (Kafka's
+    lastCaughtUpTimestamp), or since the election (``elected_ms``; now if unknown) for one that
+    has not been in this epoch, such as a voter that is down."""
+    since_election = now if elected_ms is None else elected_ms
+    return [(row.key.id, max(0.0, (now - (row.last_caught_up_ms if row.last_caught_up_ms
+                                           is not None else since_election)) / 1000))
+            for row in described.voters if row.key.id != described.leader_id]
 
 
 class NodeMetrics:

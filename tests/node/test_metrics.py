@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,10 +11,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_admin_api import LocalCluster, running_cluster
 
-from quorum_node.node.metrics import KAFKA_STATES, StateWatcher, kafka_state_name, metrics_for
+from quorum_node.node.metrics import (
+    KAFKA_STATES,
+    StateWatcher,
+    kafka_state_name,
+    metrics_for,
+    voter_lag_seconds,
+)
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.raft.leader import QuorumDescription, ReplicaDescription
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
+from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 # --- the watcher, on a stand-in core ----------------------------------------------------------
@@ -92,6 +101,31 @@ def test_start_up_counts_as_an_election_only_once_campaigning() -> None:
     step(watcher, core, clock, 100.6, RaftState.CANDIDATE, epoch=1)
     step(watcher, core, clock, 100.9, RaftState.LEADER)
     assert observed == [pytest.approx(0.5)]
+
+
+def test_the_watcher_knows_since_when_the_replica_leads() -> None:
+    core = FakeCore(RaftState.FOLLOWER, 1)
+    wall = iter([5_000, 9_000])
+    watcher = StateWatcher(core, [].append, Clock(), lambda: next(wall))
+    assert watcher.elected_ms is None
+    core.state, core.epoch = RaftState.LEADER, 2
+    watcher.on_step()
+    assert watcher.elected_ms == 5_000
+    watcher.on_step()  # the same epoch: still the same election
+    assert watcher.elected_ms == 5_000
+    core.state, core.epoch = RaftState.UNATTACHED, 3
+    watcher.on_step()
+    assert watcher.elected_ms is None
+
+
+def test_voter_lag_is_from_the_last_catch_up_else_from_the_election() -> None:
+    def row(node_id: int, caught_up_ms: int | None) -> ReplicaDescription:
+        return ReplicaDescription(ReplicaKey(node_id, None), None, caught_up_ms, caught_up_ms)
+
+    described = QuorumDescription(1, 4, 10, (row(1, 20_000), row(2, 17_500), row(3, None)), ())
+    assert voter_lag_seconds(described, 20_000, elected_ms=12_000) == [(2, 2.5), (3, 8.0)]
+    # A clock step backwards reads as caught up, never as a negative lag.
+    assert voter_lag_seconds(described, 17_000, elected_ms=12_000) == [(2, 0.0), (3, 5.0)]
 
 
 def test_log_growth_counts_as_appended_by_a_leader_and_fetched_by_a_follower() -> None:
@@ -199,6 +233,27 @@ async def test_metrics_of_the_leader_and_the_followers(tmp_path: Path) -> None:
             assert ("quorum_node_info", (("cluster_id", cluster.cluster_id),
                                          ("directory_id", directory_id),
                                          ("node_id", str(leader_id)))) not in samples
+
+
+async def test_the_leader_reports_how_far_behind_each_voter_is(tmp_path: Path) -> None:
+    async with running_cluster(tmp_path) as cluster:
+        leader = await cluster.wait_for_leader()
+        await leader.append([Record(b"a")], timeout_s=5)
+        leader_id = leader.config.node_id
+        stopped, running = sorted(i for i in cluster.nodes if i != leader_id)
+        samples = await scrape(cluster, leader_id)
+        assert sorted(labels for name, labels in samples if name == "quorum_voter_lag_seconds") \
+            == [(("voter_id", str(stopped)),), (("voter_id", str(running)),)]
+        await cluster.stop(stopped)
+        await leader.append([Record(b"b")], timeout_s=5)  # the leader and one voter commit it
+        await asyncio.sleep(2)
+        samples = await scrape(cluster, leader_id)
+        behind = value(samples, "quorum_voter_lag_seconds", voter_id=str(stopped))
+        assert behind >= 2
+        # The running voter keeps fetching: caught up well after the other one stopped.
+        assert value(samples, "quorum_voter_lag_seconds", voter_id=str(running)) < behind - 1
+        follower = await scrape(cluster, running)
+        assert not [name for name, _ in follower if name == "quorum_voter_lag_seconds"]
 
 
 async def test_a_failover_is_measured_as_an_election(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.backups import (
     apply_retention,
     backup_source,
+    export_last_backup,
     restore_init_container,
 )
 from kafka_quorum_operator.kube import path
@@ -26,6 +27,7 @@ from kafka_quorum_operator.spec import Bootstrap, parse_spec
 from kq_builders import healthy, quorum, row
 from kq_cluster import NAME, Cluster, Writer
 from kq_harness import NAMESPACE, condition, cr_path, quorum_object
+from prometheus_client import REGISTRY
 from test_kq_manifests import K8S_VERSION, schema_errors
 
 from quorum_node.backup.manifest import MANIFEST_NAME
@@ -71,6 +73,26 @@ def test_the_source_is_a_caught_up_follower() -> None:
     assert backup_source(healthy(quorum=behind)) is None
     assert backup_source(healthy(ids=(1,))) == 1  # one voter: the leader is all there is
     assert backup_source(healthy(quorum=None)) is None
+
+
+def test_the_last_backup_gauge_is_read_from_status() -> None:
+    """After an operator restart too (the chart's KafkaQuorumBackupTooOld alert reads it); gone
+    with spec.backup."""
+    owner = r.Owner("kq", "gauge-test", "uid")
+    labels = {"namespace": "gauge-test", "name": "kq"}
+    backed_up = parse_spec({"replicas": 3, "backup": {"target": {"bucket": "b"}}})
+
+    def gauge() -> float | None:
+        return REGISTRY.get_sample_value("kafka_quorum_operator_last_backup_timestamp_seconds",
+                                         labels)
+
+    export_last_backup(owner, backed_up, {})
+    assert gauge() is None  # never backed up: nothing to be old
+    export_last_backup(owner, backed_up, {"backup": {"lastTime": "2026-01-02T03:04:05Z"}})
+    assert gauge() == 1767323045.0
+    export_last_backup(owner, parse_spec({"replicas": 3}), {
+        "backup": {"lastTime": "2026-01-02T03:04:05Z"}})
+    assert gauge() is None
 
 
 def test_retention_keeps_the_newest_complete_backups(tmp_path: Path) -> None:

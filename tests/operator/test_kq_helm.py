@@ -159,6 +159,8 @@ def test_secure_defaults() -> None:
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # kopf's health endpoint: up once the operator has started, leader or standby.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     assert deployment["spec"]["strategy"] == {
         "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     env = {e["name"] for e in container["env"]}

@@ -4,12 +4,15 @@ against an emulated API server, with kopf's liveness endpoint and the Prometheus
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import kmock
@@ -36,20 +39,37 @@ def fetch(url: str) -> tuple[int, str]:
         return 0, str(error)
 
 
+def start_operator(api_server: str, liveness: int, log_path: Path,
+                   **env: str) -> subprocess.Popen[bytes]:
+    """The operator's command for ``NAMESPACE``, logging to ``log_path``; ``env`` adds
+    KQ_OPERATOR_* settings."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kafka_quorum_operator", "--namespace", NAMESPACE,
+             f"--liveness=http://127.0.0.1:{liveness}/healthz"],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "KQ_OPERATOR_API_SERVER": api_server,
+                 "KQ_OPERATOR_INTERVAL": "0.3", "KQ_OPERATOR_NAMESPACE": NAMESPACE, **env})
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT (kopf's graceful stop), then SIGKILL after 20 s."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 async def test_the_operator_command(tmp_path: Path) -> None:
     async with K8s() as emulator:
         declare_resources(emulator)
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
             liveness, metrics = free_port(), free_port()
-            log = (tmp_path / "operator.log").open("wb")
-            process = subprocess.Popen(
-                [sys.executable, "-m", "kafka_quorum_operator", "--namespace", NAMESPACE,
-                 f"--liveness=http://127.0.0.1:{liveness}/healthz"],
-                stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "KQ_OPERATOR_API_SERVER": url, "KQ_OPERATOR_INTERVAL": "0.3",
-                     "KQ_OPERATOR_METRICS_PORT": str(metrics),
-                     "KQ_OPERATOR_NAMESPACE": NAMESPACE})
+            process = start_operator(url, liveness, tmp_path / "operator.log",
+                                     KQ_OPERATOR_METRICS_PORT=str(metrics))
             kube = Kube.connect(url)
             try:
                 await kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object("kq", 3))
@@ -75,12 +95,65 @@ async def test_the_operator_command(tmp_path: Path) -> None:
                 assert 'kafka_quorum_operator_actions_total{kind="CreateClaim",result="NONE"}' \
                     in text
             finally:
-                process.send_signal(signal.SIGINT)
-                try:
-                    await asyncio.to_thread(process.wait, 20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                log.close()
+                await asyncio.to_thread(stop, process)
                 kube.close()
             lines = (tmp_path / "operator.log").read_text().splitlines()
             assert any(line.startswith("{") and '"message"' in line for line in lines)
+
+
+@contextlib.contextmanager
+def operators(api_server: str, directory: Path,
+              identities: tuple[str, ...]) -> Iterator[dict[str, int]]:
+    """One operator process per identity; yields each one's liveness port."""
+    ports = {identity: free_port() for identity in identities}
+    processes = []
+    try:
+        for identity, port in ports.items():
+            processes.append(start_operator(api_server, port, directory / f"{identity}.log",
+                                            KQ_OPERATOR_IDENTITY=identity))
+        yield ports
+    finally:
+        for process in processes:
+            stop(process)
+
+
+async def test_the_readiness_probe_passes_on_the_leader_and_on_a_standby(
+        tmp_path: Path) -> None:
+    """The chart's readiness probe asks kopf's health endpoint: it answers once the operator has
+    started, whether it holds the Lease or stands by; its body says which (``leading``)."""
+    async with K8s() as emulator:
+        declare_resources(emulator)
+        async with kmock.Server(emulator) as server:
+            url = str(server.url).rstrip("/")
+            kube = Kube.connect(url)
+
+            def logs() -> str:
+                return "\n".join(f.read_text()[-2000:] for f in tmp_path.glob("*.log"))
+
+            async def holder() -> str | None:
+                lease = await kube.get(path("Lease", NAMESPACE, "kafka-quorum-operator"))
+                return None if lease is None else lease["spec"].get("holderIdentity")
+
+            async def probe(port: int) -> dict[str, object] | None:
+                status, text = await asyncio.to_thread(
+                    fetch, f"http://127.0.0.1:{port}/healthz")
+                return json.loads(text) if status == 200 else None
+
+            try:
+                with operators(url, tmp_path, ("first",)) as first:
+                    await wait_for("the first operator to take the lease", holder, 60, logs)
+                    with operators(url, tmp_path, ("second",)) as second:
+                        answered = await wait_for("the standby to be ready",
+                                                  lambda: probe(second["second"]), 60, logs)
+                        assert answered["leading"] is False, answered
+                        assert await holder() == "first"
+
+                        async def leader_says_so() -> bool:
+                            answered = await probe(first["first"])
+                            return answered is not None and answered["leading"] is True
+
+                        # kopf caches probe results for 10 s.
+                        await wait_for("the leader to be ready and leading", leader_says_so,
+                                       30, logs)
+            finally:
+                kube.close()
