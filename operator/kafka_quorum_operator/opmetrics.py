@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("kafka_quorum_operator_reconciles",
@@ -33,3 +36,9 @@ LAST_BACKUP = Gauge("kafka_quorum_operator_last_backup_timestamp_seconds",
 LAST_BACKUP_END_OFFSET = Gauge("kafka_quorum_operator_last_backup_end_offset",
                                "The end offset of a KafkaQuorum's last successful backup.",
                                ["namespace", "name"])
+
+
+def export_remediation(namespace: str, name: str, last: Mapping[str, Any] | None) -> None:
+    """REMEDIATION_IN_PROGRESS from a KafkaQuorum's status.lastRemediation."""
+    in_progress = last is not None and last.get("result") == "InProgress"
+    REMEDIATION_IN_PROGRESS.labels(namespace, name).set(1 if in_progress else 0)

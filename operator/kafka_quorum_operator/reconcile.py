@@ -199,11 +199,7 @@ class Reconciler:
                 secured = Secured()
                 observed = replace(observed, security_problem=str(error))
             voters = max(len(a.voters), spec.replicas)
-            for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
-                        *secured.objects]:
-                await self._apply(obj)
-            for kind, name in r.withdrawn_objects(owner, voters):
-                await self._withdraw(path(kind, owner.namespace, name))
+            await self._keep_owned(owner, spec, environment, voters, secured.objects)
             for change in secured.changes:
                 await self.event(owner, "CredentialsChanged", change)
 
@@ -262,8 +258,7 @@ class Reconciler:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
         m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        m.REMEDIATION_IN_PROGRESS.labels(owner.namespace, owner.name).set(
-            1 if (last_remediation or {}).get("result") == "InProgress" else 0)
+        m.export_remediation(owner.namespace, owner.name, last_remediation)
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
@@ -387,6 +382,15 @@ class Reconciler:
             return
         await self.kube.apply(obj)
         self.applied[key] = (digest, now)
+
+    async def _keep_owned(self, owner: r.Owner, spec: Spec, environment: Mapping[str, str],
+                          voters: int, credentials: list[dict[str, Any]]) -> None:
+        """The owned objects as specified, and those no longer wanted deleted."""
+        for obj in [*r.owned_objects(owner, spec, environment, voters, self.operator_pods),
+                    *credentials]:
+            await self._apply(obj)
+        for kind, name in r.withdrawn_objects(owner, voters):
+            await self._withdraw(path(kind, owner.namespace, name))
 
     async def _withdraw(self, url: str) -> None:
         """An object no longer wanted, deleted; checked again only now and then, like _apply."""
