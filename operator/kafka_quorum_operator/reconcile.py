@@ -63,8 +63,9 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
-from kafka_quorum_operator.spec import Spec, check_name, parse_spec
+from kafka_quorum_operator.spec import Spec, SpecError, check_name, parse_spec
 from kafka_quorum_operator.status import (
+    invalid_spec_conditions,
     iso,
     remediation_detected,
     remediation_step,
@@ -145,6 +146,10 @@ class Reconciler:
         started = time.monotonic()
         try:
             result = await self._reconcile(body)
+        except SpecError as error:
+            m.RECONCILES.labels("error").inc()
+            await self._refuse_spec(body, str(error))
+            raise
         except Exception:
             m.RECONCILES.labels("error").inc()
             raise
@@ -382,6 +387,20 @@ class Reconciler:
             return
         await self.kube.apply(obj)
         self.applied[key] = (digest, now)
+
+    async def _refuse_spec(self, body: Mapping[str, Any], message: str) -> None:
+        """A spec or name the operator cannot act on (an older CRD let it through): condition
+        Ready False, reason InvalidSpec, and a Warning Event; nothing else is done."""
+        meta = body.get("metadata") or {}
+        owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+        status = body.get("status") or {}
+        generation = int(meta.get("generation") or 0)
+        found = invalid_spec_conditions(status.get("conditions") or [], message, generation,
+                                        self.clock())
+        if r.differs(found, status.get("conditions")) and self.may_act():
+            await self.patch_status(owner, {"conditions": found,
+                                            "observedGeneration": generation})
+        await self.event(owner, "InvalidSpec", message, "Warning")
 
     async def _keep_owned(self, owner: r.Owner, spec: Spec, environment: Mapping[str, str],
                           voters: int, credentials: list[dict[str, Any]]) -> None:

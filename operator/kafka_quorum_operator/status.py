@@ -123,6 +123,21 @@ def conditions(observed: Observed, plan: Plan, previous: Sequence[Mapping[str, A
     return result
 
 
+def invalid_spec_conditions(previous: Sequence[Mapping[str, Any]], message: str,
+                            generation: int, now: float) -> list[dict[str, Any]]:
+    """The conditions of a KafkaQuorum whose spec or name the operator refuses (one an older
+    CRD let through): Ready False, reason InvalidSpec, with the reason; the others as they were
+    (nothing is observed while the spec cannot be read)."""
+    ready = {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message,
+             "observedGeneration": generation}
+    result = [dict(c) for c in previous if isinstance(c, Mapping) and c.get("type") != "Ready"]
+    before = next((c for c in previous if isinstance(c, Mapping) and c.get("type") == "Ready"),
+                  {})
+    since = before.get("lastTransitionTime") if before.get("status") == "False" else None
+    ready["lastTransitionTime"] = since or iso(now)
+    return [ready, *result]
+
+
 def _create_refused(observed: Observed) -> tuple[bool, str, str]:
     """The children the API server refused to create: its reason (of the first) and, for each,
     its message."""

@@ -233,3 +233,22 @@ async def test_a_roll_waits_while_the_budget_allows_no_disruption(cluster: Clust
     evictions = [q for q in cluster.emulator.seen if q.subresource == "eviction"]
     assert len({q.name for q in evictions}) == 3, [q.name for q in evictions]
     await cluster.ready_with(3)
+
+
+async def test_a_spec_the_operator_refuses_is_a_condition_and_an_event(cluster: Cluster
+                                                                        ) -> None:
+    """A spec an older CRD let through (an unknown node setting): Ready False, reason
+    InvalidSpec, the reason in its message, one Warning Event; no child is made."""
+    body = quorum_object(NAME, 3, config={"colour": 1})
+    await cluster.kube.create(path(KIND, NAMESPACE, api=CR_API), body)
+
+    async def refused() -> dict[str, Any] | None:
+        found = [c for c in (await cluster.status()).get("conditions") or []
+                 if c["type"] == "Ready" and c.get("reason") == "InvalidSpec"]
+        return found[0] if found else None
+
+    shown = await cluster.wait("condition Ready InvalidSpec", refused, 60)
+    assert shown["status"] == "False" and "spec.config.colour" in shown["message"], shown
+    warned = await events(cluster.kube, "InvalidSpec")
+    assert len(warned) == 1 and warned[0]["type"] == "Warning", warned
+    assert not await cluster.kube.list(path("Pod", NAMESPACE), {})
