@@ -21,6 +21,8 @@ class PodView:
     ip: str | None = None
     ready: bool = False
     phase: str = "Pending"
+    # Why the kubelet ended the pod (status.reason: Evicted, Terminated by a node shutdown).
+    reason: str | None = None
     terminating: bool = False
     config_hash: str | None = None
     claim_name: str | None = None
@@ -30,6 +32,13 @@ class PodView:
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.terminating and self.ip is not None
+
+    @property
+    def failed(self) -> bool:
+        """Phase Failed: every container stopped for good (kubelet eviction, a graceful node
+        shutdown); the kubelet never restarts it and nothing deletes it soon (the pod garbage
+        collector waits for thousands of terminated pods)."""
+        return self.phase == "Failed" and not self.terminating
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
@@ -216,7 +225,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     return PodView(
         name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
         ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
-        terminating=bool(meta.get("deletionTimestamp")),
+        reason=status.get("reason") or None, terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
         claim_name=claim, tls=None if scheme is None else scheme == "HTTPS",
     )
