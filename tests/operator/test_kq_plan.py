@@ -28,6 +28,7 @@ from kq_builders import (
     NOW_MS,
     claim,
     healthy,
+    lagging,
     member,
     node,
     pending,
@@ -138,12 +139,7 @@ def test_caught_up_since_starts_when_first_seen_caught_up() -> None:
 
 
 def test_replacement_needs_a_caught_up_majority_of_the_other_voters() -> None:
-    observed = replaced(healthy(), 3, since=NOW - 11)
-    assert observed.quorum is not None
-    lagging = replace(observed, quorum=replace(observed.quorum, voters=tuple(
-        replace(r, lag=50, last_caught_up_ms=NOW_MS - 30_000) if r.node_id == 2 else r
-        for r in observed.quorum.voters)))
-    decided = plan(lagging)
+    decided = plan(lagging(replaced(healthy(), 3, since=NOW - 11), 2))
     assert decided.actions == ()
     assert "only 1 of the other voters" in decided.blocked["MemberReplacing"]
 
@@ -433,13 +429,9 @@ def failed(observed: Observed, *ids: int, reason: str = "Evicted",
     """Pods ``ids`` in phase Failed (the kubelet stopped them for good): no metrics of their
     own, and the leader no longer counts them caught up unless ``caught_up`` (it noticed not
     yet: their last fetch within the fetch timeout)."""
-    assert observed.quorum is not None
     pods = updated(observed.pods, **{f"n{i}": replace(
         pod(i), phase="Failed", reason=reason, ready=False, ip=None) for i in ids})
-    voters = tuple(r if r.node_id not in ids or caught_up else
-                   replace(r, lag=9, last_caught_up_ms=NOW_MS - 60_000)
-                   for r in observed.quorum.voters)
-    return replace(observed, pods=pods, quorum=replace(observed.quorum, voters=voters),
+    return replace(observed if caught_up else lagging(observed, *ids), pods=pods,
                    nodes={i: n for i, n in observed.nodes.items() if i not in ids})
 
 
@@ -488,15 +480,11 @@ def test_a_failed_voter_still_counted_caught_up_waits_for_the_quorum_check() -> 
     the majority on the leader's books; it goes once the leader stops counting it."""
     observed = failed(healthy(), 3, caught_up=True)
     assert only(observed) == Action("DeletePod", 3, "Failed")  # 1 and 2 are a majority
-    assert observed.quorum is not None
-    lagging = replace(observed, quorum=replace(observed.quorum, voters=tuple(
-        replace(r, lag=9, last_caught_up_ms=NOW_MS - 60_000) if r.node_id == 2 else r
-        for r in observed.quorum.voters)))
-    decided = plan(lagging)
+    decided = plan(lagging(observed, 2))
     assert decided.actions == ()
     assert decided.waiting == ("failed pod kq-3 waits for the quorum check (1 other voters "
                                "caught up, 2 needed)")
-    noticed = failed(replace(lagging, pods=healthy().pods), 3)
+    noticed = lagging(observed, 2, 3)
     assert only(noticed) == Action("DeletePod", 3, "Failed")
 
 
