@@ -32,12 +32,14 @@ K8S_VERSION = "1.33.0"
 OWNER = r.Owner("kq", "default", "0b6f2a52-7c1e-4c43-8d43-1ac39b0d2d3e")
 
 
-def container(spec: Mapping[str, Any], node_id: int = 1) -> dict[str, Any]:
-    return r.pod(OWNER, parse_spec(spec), node_id, "h")["spec"]["containers"][0]
-
-
 def pod_spec(spec: Mapping[str, Any], node_id: int = 1) -> dict[str, Any]:
-    return r.pod(OWNER, parse_spec(spec), node_id, "h")["spec"]
+    rendered: dict[str, Any] = r.pod(OWNER, parse_spec(spec), node_id, "h")["spec"]
+    return rendered
+
+
+def container(spec: Mapping[str, Any], node_id: int = 1) -> dict[str, Any]:
+    found: dict[str, Any] = pod_spec(spec, node_id)["containers"][0]
+    return found
 
 
 # --- resources ----------------------------------------------------------------------------------
