@@ -34,11 +34,12 @@ class PodView:
         return self.phase == "Running" and not self.terminating and self.ip is not None
 
     @property
-    def failed(self) -> bool:
-        """Phase Failed: every container stopped for good (kubelet eviction, a graceful node
-        shutdown); the kubelet never restarts it and nothing deletes it soon (the pod garbage
-        collector waits for thousands of terminated pods)."""
-        return self.phase == "Failed" and not self.terminating
+    def terminal(self) -> bool:
+        """Every container stopped for good: phase Failed (kubelet eviction, a graceful node
+        shutdown), or Succeeded (the same where the container exited 0 on SIGTERM, as some
+        releases record a node shutdown). The kubelet never restarts such a pod and nothing
+        deletes it soon (the pod garbage collector waits for thousands of terminated pods)."""
+        return self.phase in ("Failed", "Succeeded") and not self.terminating
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):

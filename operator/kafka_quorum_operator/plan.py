@@ -331,8 +331,9 @@ class _Planner:
         return None
 
     def _replace_failed(self) -> Plan | None:
-        """Delete a pod in phase Failed (kubelet eviction, a graceful node shutdown), which
-        nothing else would replace: ``_create_missing`` makes it again on the next pass.
+        """Delete a pod the kubelet ended for good (``PodView.terminal``: phase Failed after an
+        eviction or a graceful node shutdown), which nothing else would replace:
+        ``_create_missing`` makes it again on the next pass.
 
         One at a time, and never while another pod is stopping: no two disruptions at once. The
         quorum check of a rolling update (``_quorum_check``) applies too, but a failed pod's node
@@ -341,7 +342,7 @@ class _Planner:
         fetch timeout). Neither a leader nor a caught-up majority is needed otherwise: two of
         three voters evicted is when a replacement matters most."""
         observed, a = self.observed, self.assessment
-        failed = sorted((p for p in observed.pods.values() if p.failed),
+        failed = sorted((p for p in observed.pods.values() if p.terminal),
                         key=lambda p: (p.node_id not in a.voter_ids, p.node_id))  # voters first
         if not failed:
             return None

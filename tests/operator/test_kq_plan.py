@@ -440,9 +440,11 @@ def test_pod_view_reads_a_failed_pod() -> None:
             "status": {"phase": "Failed", "reason": "Evicted",
                        "message": "The node was low on resource: memory."}}
     view = pod_view(body)
-    assert view is not None and view.failed and view.reason == "Evicted"
-    assert not replace(view, terminating=True).failed  # being deleted already
-    assert not replace(view, phase="Running").failed
+    assert view is not None and view.terminal and view.reason == "Evicted"
+    assert replace(view, phase="Succeeded").terminal  # a container that exited 0 on SIGTERM
+    assert not replace(view, terminating=True).terminal  # being deleted already
+    assert not replace(view, phase="Running").terminal
+    assert not replace(view, phase="Pending").terminal
 
 
 @pytest.mark.parametrize("reason", ["Evicted", "Terminated"])
@@ -452,6 +454,10 @@ def test_a_failed_pod_is_deleted_then_made_again(reason: str) -> None:
     assert decided.waiting == f"replacing failed pod kq-3 ({reason})"
     gone = replace(failed(healthy(), 3), pods=updated(healthy().pods, n3=None))
     assert actions(gone) == [("CreatePod", 3)]
+    exited = failed(healthy(), 3)
+    exited = replace(exited, pods=updated(exited.pods, n3=replace(exited.pods[3],
+                                                                  phase="Succeeded")))
+    assert only(exited) == Action("DeletePod", 3, "Failed")
 
 
 def test_failed_pods_are_deleted_one_at_a_time_without_a_leader() -> None:
