@@ -27,6 +27,8 @@ class PodView:
     ip: str | None = None
     ready: bool = False
     phase: str = "Pending"
+    # Why the kubelet ended the pod (status.reason: Evicted, Terminated by a node shutdown).
+    reason: str | None = None
     terminating: bool = False
     config_hash: str | None = None
     claim_name: str | None = None
@@ -40,6 +42,14 @@ class PodView:
     def address(self, port: int) -> str | None:
         """``host:port`` of the pod's IP (an IPv6 one in brackets); None: it has none yet."""
         return host_port(self.ip, port) if self.ip is not None else None
+
+    @property
+    def terminal(self) -> bool:
+        """Every container stopped for good: phase Failed (kubelet eviction, a graceful node
+        shutdown), or Succeeded (the same where the container exited 0 on SIGTERM, as some
+        releases record a node shutdown). The kubelet never restarts such a pod and nothing
+        deletes it soon (the pod garbage collector waits for thousands of terminated pods)."""
+        return self.phase in ("Failed", "Succeeded") and not self.terminating
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
@@ -241,7 +251,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     return PodView(
         name=meta.get("name", ""), node_id=node_id, uid=meta.get("uid", ""),
         ip=status.get("podIP") or None, ready=ready, phase=status.get("phase") or "Pending",
-        terminating=bool(meta.get("deletionTimestamp")),
+        reason=status.get("reason") or None, terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
         claim_name=claim, tls=client_tls_of(pod),
     )

@@ -8,6 +8,9 @@ in this order, stopping at the first step that has something to do or must wait:
    (QuorumLost: recovery is manual, see docs/operator.md).
 2. Create the volume claims and pods that members lack (several at once: this only restores
    what should run, it changes no membership).
+   Then delete a pod the kubelet failed for good (phase Failed: evicted, or stopped by a node
+   shutdown), one at a time, so that it is made again: its node is down already, so neither a
+   leader nor a caught-up majority is needed (``_replace_failed`` says why).
 3. Finish a voter change recorded in status (after an operator restart, or a timed-out call).
 4. Remediation of a replaced volume (KIP-856): once the new replica, an observer with the
    voter's node id and a new directory id, has been caught up long enough, AddVoter(id, new),
@@ -48,6 +51,7 @@ REMEDIATION = "Remediation"
 SCALE_UP = "ScaleUp"
 SCALE_DOWN = "ScaleDown"
 ROLLING_UPDATE = "RollingUpdate"
+POD_FAILED = "Failed"
 
 
 def majority(count: int) -> int:
@@ -297,8 +301,9 @@ class _Planner:
             return self._plan((), self.pending,
                               f"a majority of voters lost their volumes ({lost}); manual "
                               "recovery needed")
-        for step in (self._create_missing, self._resume_pending, self._remediate,
-                     self._delete_unwanted, self._scale_down, self._roll, self._scale_up):
+        for step in (self._create_missing, self._replace_failed, self._resume_pending,
+                     self._remediate, self._delete_unwanted, self._scale_down, self._roll,
+                     self._scale_up):
             result = step()
             if result is not None:
                 return result
@@ -324,6 +329,47 @@ class _Planner:
                 actions.append(Action("CreatePod", node_id))
         if actions:
             return self._plan(actions, self.pending, "creating claims and pods")
+        return None
+
+    def _replace_failed(self) -> Plan | None:
+        """Delete a pod the kubelet ended for good (``PodView.terminal``: phase Failed after an
+        eviction or a graceful node shutdown), which nothing else would replace:
+        ``_create_missing`` makes it again on the next pass.
+
+        One at a time, and never while another pod is stopping: no two disruptions at once. The
+        quorum check of a rolling update (``_quorum_check``) applies too, but a failed pod's node
+        is down already: deleting it takes no caught-up voter away, so the check can only hold
+        it back while the leader still counts the node caught up (its last fetch is within the
+        fetch timeout). Neither a leader nor a caught-up majority is needed otherwise: two of
+        three voters evicted is when a replacement matters most."""
+        observed, a = self.observed, self.assessment
+        failed = sorted((p for p in observed.pods.values() if p.terminal),
+                        key=lambda p: (p.node_id not in a.voter_ids, p.node_id))  # voters first
+        if not failed:
+            return None
+        pod = failed[0]
+        stopping = [p.name for p in observed.pods.values() if p.terminating]
+        if stopping:
+            return self._plan((), self.pending, f"failed pod {pod.name} waits for "
+                              f"{', '.join(stopping)} to stop")
+        if any(node_id == pod.node_id for node_id, _ in a.caught_up):
+            blocked = self._quorum_check(pod.node_id)
+            if blocked is not None:
+                return self._plan((), self.pending, f"failed pod {pod.name} waits for the "
+                                  f"{blocked}")
+        why = f" ({pod.reason})" if pod.reason else ""
+        return self._plan([Action("DeletePod", pod.node_id, POD_FAILED)], self.pending,
+                          f"replacing failed pod {pod.name}{why}")
+
+    def _quorum_check(self, node_id: int) -> str | None:
+        """Why ``node_id``'s pod may not go now (None: it may): a voter's only while a majority
+        of the voters other than it are caught up, so that the quorum keeps a majority."""
+        a = self.assessment
+        if node_id not in a.voter_ids:
+            return None
+        others, needed = a.others_caught_up(node_id), majority(len(a.voters))
+        if others < needed:
+            return f"quorum check ({others} other voters caught up, {needed} needed)"
         return None
 
     def _resume_pending(self) -> Plan | None:
@@ -460,12 +506,9 @@ class _Planner:
         if unready:
             return self._plan((), None, f"rolling update: waiting for {', '.join(unready)} "
                               "to be ready")
-        if pod.node_id in a.voter_ids:
-            others = a.others_caught_up(pod.node_id)
-            if others < majority(len(a.voters)):
-                return self._plan((), None, f"rolling update: {pod.name} waits for the quorum "
-                                  f"check ({others} other voters caught up, "
-                                  f"{majority(len(a.voters))} needed)")
+        blocked = self._quorum_check(pod.node_id)
+        if blocked is not None:
+            return self._plan((), None, f"rolling update: {pod.name} waits for the {blocked}")
         return self._plan([Action("DeletePod", pod.node_id, ROLLING_UPDATE)], None,
                           f"rolling update of {pod.name}")
 

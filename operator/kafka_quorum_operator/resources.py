@@ -7,6 +7,7 @@ which member is removed, none of which a StatefulSet lets it decide.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,12 @@ from quorum_node.addresses import host_port
 from quorum_node.node.config import KEYS_BY_NAME
 
 NODE_USER = 10001  # the node image's user (Dockerfile)
+ZONE_KEY = "topology.kubernetes.io/zone"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+# How long a starting node may take to answer its health probe (replaying a long log), and how
+# often the kubelet asks meanwhile.
+STARTUP_SECONDS = 600
+STARTUP_PROBE_PERIOD_SECONDS = 5
 CONTAINER = "node"
 # Where a node finds its certificate, key and CA (a kubernetes.io/tls Secret's layout) and its
 # token file: whole Secrets mounted as directories, never with subPath (never updated).
@@ -283,7 +290,10 @@ def config_hash(spec: Spec, environment: Mapping[str, str]) -> str:
               "affinity": template.affinity, "tolerations": list(template.tolerations),
               "nodeSelector": dict(template.node_selector),
               "priorityClassName": template.priority_class_name,
-              "labels": dict(template.labels), "annotations": dict(template.annotations)}
+              "labels": dict(template.labels), "annotations": dict(template.annotations),
+              "imagePullSecrets": list(template.image_pull_secrets),
+              "topologySpreadConstraints": None if template.topology_spread_constraints is None
+              else list(template.topology_spread_constraints)}
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -384,10 +394,15 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": probe_port,
                                        "scheme": scheme},
                            "periodSeconds": 2, "failureThreshold": 3},
+        # A node that starts replays its log from the last snapshot before it serves: the
+        # startup probe gives it up to STARTUP_SECONDS to answer, and only then does the
+        # liveness probe (which restarts a node that stopped answering for a minute) begin.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": probe_port, "scheme": scheme},
+                         "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+                         "failureThreshold": STARTUP_SECONDS // STARTUP_PROBE_PERIOD_SECONDS},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": probe_port,
                                       "scheme": scheme},
-                          "initialDelaySeconds": 10, "periodSeconds": 10,
-                          "failureThreshold": 6},
+                          "periodSeconds": 10, "failureThreshold": 6},
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
@@ -411,7 +426,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
         volumes.append({"name": "peer", "secret": {"secretName": peer_secret_name(owner.name),
                                                    "defaultMode": 0o440}})
     if spec.resources:
-        container["resources"] = dict(spec.resources)
+        container["resources"] = copy.deepcopy(dict(spec.resources))
     pod_spec: dict[str, Any] = {
         "hostname": pod_name(owner.name, node_id), "subdomain": headless_name(owner.name),
         "serviceAccountName": service_account_name(owner.name),
@@ -428,9 +443,12 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
             # Spread voters over nodes where possible: losing a node then costs one voter.
             "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                 "weight": 100, "podAffinityTerm": {
-                    "topologyKey": "kubernetes.io/hostname",
+                    "topologyKey": HOSTNAME_KEY,
                     "labelSelector": {"matchLabels": labels(owner.name)}}}]}},
     }
+    pod_spec["topologySpreadConstraints"] = spread_constraints(owner, spec)
+    if template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in template.image_pull_secrets]
     if template.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in template.tolerations]
     if template.node_selector:
@@ -438,6 +456,19 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
     if template.priority_class_name:
         pod_spec["priorityClassName"] = template.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def spread_constraints(owner: Owner, spec: Spec) -> list[dict[str, Any]]:
+    """spec.template.topologySpreadConstraints (one without a labelSelector counts the
+    quorum's pods); by default, over zones and then hosts, as evenly as the scheduler can place
+    them (ScheduleAnyway: a cluster of one zone, or of nodes without zone labels, still runs
+    the quorum, and elsewhere losing a zone costs as few voters as the nodes allow)."""
+    selector = {"matchLabels": labels(owner.name)}
+    given = spec.template.topology_spread_constraints
+    if given is None:
+        return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+                 "labelSelector": selector} for key in (ZONE_KEY, HOSTNAME_KEY)]
+    return [{"labelSelector": selector, **copy.deepcopy(dict(c))} for c in given]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,17 @@ DEFAULT_RENEW_BEFORE_DAYS = 30
 ISSUER_KINDS = ("Issuer", "ClusterIssuer")
 DEFAULT_BACKUP_INTERVAL_SECONDS = 3600
 DEFAULT_BACKUP_RETENTION = 7
+# The node container's resources unless spec.resources says otherwise (an empty object: none).
+# Requests near what a node uses, so that the scheduler places it where that is free and the
+# kubelet, under memory pressure, evicts pods using more than they asked for first; a memory
+# limit, so that a leak ends in the node's own restart rather than the machine's pressure. No
+# CPU limit: the node is one Python process, and CFS throttling would stall its heartbeats and
+# fetches long enough to cost elections, while a CPU request already guarantees its share
+# (CloudNativePG's and Strimzi's advice too).
+DEFAULT_RESOURCES: Mapping[str, Mapping[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
 
 
 # The longest KafkaQuorum name all of whose children have valid names: the headless Service,
@@ -115,6 +126,11 @@ class PodTemplate:
     priority_class_name: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # Names of Secrets of the registry credentials to pull the image with.
+    image_pull_secrets: tuple[str, ...] = ()
+    # None: the operator's default (spread over zones and hosts where possible); a list, even
+    # an empty one, replaces it.
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ class Spec:
     port: int = DEFAULT_PORT
     controller_port: int = DEFAULT_CONTROLLER_PORT
     storage: Storage = field(default_factory=Storage)
-    resources: Mapping[str, Any] = field(default_factory=dict)
+    resources: Mapping[str, Any] = field(default_factory=lambda: DEFAULT_RESOURCES)
     # Node configuration overrides, by the node's key (controller.quorum.fetch.timeout.ms=...).
     node_config: Mapping[str, int] = field(default_factory=dict)
     template: PodTemplate = field(default_factory=PodTemplate)
@@ -200,7 +216,8 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
             storage_class_name=storage_raw.get("storageClassName") or None,
             delete_claims=bool(storage_raw.get("deleteClaims", False)),
         ),
-        resources=_mapping(raw, "resources"),
+        resources=_mapping(raw, "resources") if raw.get("resources") is not None
+        else DEFAULT_RESOURCES,
         node_config=node_config,
         template=PodTemplate(
             affinity=affinity if isinstance(affinity, Mapping) else None,
@@ -209,6 +226,9 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
             priority_class_name=template_raw.get("priorityClassName") or None,
             labels=dict(_mapping(template_raw, "labels")),
             annotations=dict(_mapping(template_raw, "annotations")),
+            image_pull_secrets=_pull_secrets(template_raw.get("imagePullSecrets")),
+            topology_spread_constraints=_objects(
+                template_raw, "topologySpreadConstraints", "spec.template."),
         ),
         remediation=Remediation(
             enabled=bool(remediation_raw.get("enabled", True)),
@@ -274,6 +294,28 @@ def _security(raw: Mapping[str, Any]) -> Security:
                     renew_before_days=renew, issuer=issuer,
                     network_policy=bool(policy.get("enabled", True)),
                     allow_from=tuple(allow_from))
+
+
+def _pull_secrets(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple) or not all(
+            isinstance(ref, Mapping) and isinstance(ref.get("name"), str) and ref["name"]
+            for ref in raw):
+        raise SpecError(f"spec.template.imagePullSecrets: expected a list of {{name: ...}}, got "
+                        f"{raw!r}")
+    return tuple(ref["name"] for ref in raw)
+
+
+def _objects(raw: Mapping[str, Any], key: str, where: str
+             ) -> tuple[Mapping[str, Any], ...] | None:
+    """A list of objects, or None where the field is absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(isinstance(v, Mapping) for v in value):
+        raise SpecError(f"{where}{key}: expected a list of objects, got {value!r}")
+    return tuple(value)
 
 
 def _mapping(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

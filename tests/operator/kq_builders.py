@@ -107,6 +107,14 @@ def replaced(observed: Observed, node_id: int, *, lag: int = 0, since: float | N
         members=members)
 
 
+def lagging(observed: Observed, *ids: int) -> Observed:
+    """Voters ``ids`` behind the leader, and not caught up for a minute, in its view."""
+    assert observed.quorum is not None
+    return replace(observed, quorum=replace(observed.quorum, voters=tuple(
+        replace(r, lag=9, last_caught_up_ms=NOW_MS - 60_000) if r.node_id in ids else r
+        for r in observed.quorum.voters)))
+
+
 def pending(kind: str, node_id: int, directory_id: str, reason: str = "Remediation",
             old: str | None = None) -> PendingChange:
     return PendingChange(kind, node_id, directory_id, reason, "2023-11-14T22:13:20Z", old)

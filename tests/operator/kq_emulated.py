@@ -75,6 +75,11 @@ class EmulatedQuorum:
     async def delete_pod(self, node_id: int) -> None:
         await self.cluster.kube.delete(path("Pod", NAMESPACE, r.pod_name(self.name, node_id)))
 
+    async def evict(self, node_id: int, reason: str) -> None:
+        pod = await self.cluster.kube.get(path("Pod", NAMESPACE, r.pod_name(self.name, node_id)))
+        assert pod is not None, f"no pod of node {node_id}"
+        self.cluster.kubelet.evict(pod["metadata"]["uid"], reason)
+
     async def _credentials(self) -> ClientCredentials:
         """The operator's client credentials, checking the node's name in its certificate."""
         return replace(await self.cluster.credentials(self.name), check_hostname=True)

@@ -444,6 +444,8 @@ class Kubelet:
                                                         "quorum_node.cli.node"])
     processes: dict[str, Process] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    # Pods (uid) the kubelet ends for good, with the reason their status gives (``evict``).
+    evicted: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     # The cluster DNS: name -> IP, and which pod (uid) each record is for.
     records: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -519,6 +521,8 @@ class Kubelet:
             process = self.processes.get(uid)
             if meta.get("deletionTimestamp"):
                 await self._terminate(pod, process)
+            elif uid in self.evicted:
+                await self._fail(pod, process, self.evicted[uid])
             elif process is None:
                 await self._launch(pod, claims)
             else:
@@ -699,6 +703,31 @@ class Kubelet:
                 return
         self.processes.pop(pod["metadata"]["uid"], None)
         await self._drop_finalizer("Pod", pod, POD_FINALIZER)
+
+    def evict(self, uid: str, reason: str) -> None:
+        """End the pod for good, as a kubelet evicting it under node pressure (``Evicted``) or
+        a graceful node shutdown (``Terminated``) does: its container is stopped and it stays,
+        in phase Failed, until someone deletes it."""
+        self.evicted[uid] = reason
+
+    async def _fail(self, pod: Mapping[str, Any], process: Process | None, reason: str) -> None:
+        if process is not None:
+            if process.popen.poll() is None:
+                if not process.stopping:
+                    process.stopping = True
+                    process.popen.terminate()
+                return
+            self.processes.pop(process.uid)
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            return
+        # A terminal pod is no endpoint of its service any more.
+        uid = pod["metadata"]["uid"]
+        for name in [n for n, (_, owner) in self.records.items() if owner == uid]:
+            del self.records[name]
+        self._write_hosts()
+        await self._status(pod, {"phase": "Failed", "reason": reason,
+                                 "message": f"the test kubelet ended the pod ({reason})",
+                                 "conditions": [{"type": "Ready", "status": "False"}]})
 
     async def _status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
         await self.kube.patch(path("Pod", NAMESPACE, pod["metadata"]["name"]) + "/status",

@@ -90,6 +90,15 @@ class QuorumCluster(Protocol):
         """An image the nodes may be updated to."""
 
 
+class EvictingCluster(QuorumCluster, Protocol):
+    """A cluster whose kubelet can be made to end a pod for good."""
+
+    async def evict(self, node_id: int, reason: str) -> None:
+        """The member's pod ends for good, its container stopped, in phase Failed with
+        ``reason`` (Evicted: node pressure; Terminated: a graceful node shutdown); the pod
+        object stays, as the kubelet leaves it."""
+
+
 @dataclass
 class Timings:
     """What each scenario took, printed as it is measured."""
@@ -377,6 +386,41 @@ async def quorum_loss(cluster: QuorumCluster, timings: Timings, hold_s: float) -
     later = [reason for reason, _ in (await cluster.events())[since:]]
     assert not CHANGES & set(later), later
     assert members(body) == before  # kept for the manual recovery
+    return elapsed
+
+
+async def heal_evicted(cluster: EvictingCluster, timings: Timings) -> float:
+    """Both followers' pods end in phase Failed (one evicted, one stopped by a node shutdown):
+    the leader alone is no majority, and nothing but their replacement brings it back. The
+    operator deletes each Failed pod (Event PodDeleted, reason Failed) and makes it again on its
+    volume: the same directories, so no voter change; Ready again."""
+    body = await ready_with(cluster, 3)
+    before = members(body)
+    first = await leader(cluster)
+    followers = [i for i in (1, 2, 3) if i != first]
+    names = {f"{cluster.name}-{i}" for i in followers}
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await cluster.pods()}
+    since = len(await cluster.events())
+    started = time.monotonic()
+    for node_id, reason in zip(followers, ("Evicted", "Terminated"), strict=True):
+        await cluster.evict(node_id, reason)
+
+    async def back() -> bool:
+        pods = {p["metadata"]["name"]: p for p in await running_pods(cluster)}
+        return all(name in pods and pods[name]["metadata"]["uid"] != uids[name] and
+                   (pods[name].get("status") or {}).get("phase") == "Running"
+                   for name in names) and \
+            condition(await cluster.quorum(), "Ready") == "True"
+
+    await wait_for(cluster, "the Failed pods made again, the quorum Ready", back)
+    elapsed = timings.record("evicted followers back", time.monotonic() - started)
+    later = await cluster.events()
+    deleted = sorted(message.split()[1] for reason, message in later[since:]
+                     if reason == "PodDeleted" and "(Failed)" in message)
+    assert deleted == sorted(names), [m for _, m in later[since:]]
+    reasons = {reason for reason, _ in later[since:]}
+    assert not reasons & {"VoterAdded", "VoterRemoved", "QuorumLostTrue"}, reasons
+    assert members(await cluster.quorum()) == before
     return elapsed
 
 

@@ -24,6 +24,7 @@ from kafka_quorum_operator import credentials as c
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.plan import plan
 from kafka_quorum_operator.spec import (
+    DEFAULT_RESOURCES,
     MAX_NAME_LENGTH,
     MAX_REPLICAS,
     NODE_CONFIG_KEYS,
@@ -149,6 +150,12 @@ def test_crd_defaults_are_the_operators() -> None:
     defaulted = apply_defaults(SCHEMA["properties"]["spec"], {})
     assert parse_spec(defaulted) == parse_spec({}) == Spec()
     assert defaulted["replicas"] == 3 and defaulted["remediation"]["minCaughtUpSeconds"] == 10
+    # The API server fills spec.resources, and the operator's own default is the same.
+    assert defaulted["resources"] == DEFAULT_RESOURCES == Spec().resources
+    # Given, spec.resources replaces the default whole; an empty object asks for none.
+    given = apply_defaults(SPEC_SCHEMA, {"resources": {"limits": {"memory": "2Gi"}}})
+    assert parse_spec(given).resources == {"limits": {"memory": "2Gi"}}
+    assert parse_spec(apply_defaults(SPEC_SCHEMA, {"resources": {}})).resources == {}
 
 
 # --- KafkaQuorum objects ----------------------------------------------------------------------
@@ -157,7 +164,10 @@ def test_crd_defaults_are_the_operators() -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_valid(example: Path) -> None:
     for doc in load_all(example):
-        assert doc["apiVersion"] == API_VERSION and doc["kind"] == KIND
+        if doc["kind"] != KIND:  # what the example creates besides (a PriorityClass)
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            continue
+        assert doc["apiVersion"] == API_VERSION
         assert schema_errors(apply_defaults(SCHEMA, doc)) == []
         parse_spec(apply_defaults(SCHEMA["properties"]["spec"], doc["spec"]))
         assert cel_errors(SCHEMA["properties"]["spec"], doc["spec"]) == []
@@ -181,6 +191,17 @@ def test_examples_exist() -> None:
     ({"security": {"tls": {"certManager": {}}}}, "'issuerRef' is a required property"),
     ({"security": {"networkPolicy": {"allowFrom": [{"ipBlock": {}}]}}},
      "'cidr' is a required property"),
+    ({"template": {"imagePullSecrets": [{}]}}, "'name' is a required property"),
+    ({"template": {"imagePullSecrets": ["regcred"]}}, "is not of type 'object'"),
+    ({"template": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "Sometimes"}]}}, "is not one of"),
+    ({"template": {"topologySpreadConstraints": [
+        {"maxSkew": 0, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "DoNotSchedule"}]}}, "less than the minimum"),
+    ({"template": {"topologySpreadConstraints": [{"maxSkew": 1}]}},
+     "'topologyKey' is a required property"),
+    ({"resources": {"requests": {"cpu": 0.5}}}, "is not valid under any of the given schemas"),
 ])
 def test_bad_objects_are_refused(change: dict[str, Any], error: str) -> None:
     doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from kafka_quorum_operator.observe import Observed, TlsSwitch
+from kafka_quorum_operator import LABEL_NODE_ID
+from kafka_quorum_operator.observe import Observed, TlsSwitch, pod_view
 from kafka_quorum_operator.plan import (
     Action,
     assess,
@@ -27,6 +28,7 @@ from kq_builders import (
     NOW_MS,
     claim,
     healthy,
+    lagging,
     member,
     node,
     pending,
@@ -137,12 +139,7 @@ def test_caught_up_since_starts_when_first_seen_caught_up() -> None:
 
 
 def test_replacement_needs_a_caught_up_majority_of_the_other_voters() -> None:
-    observed = replaced(healthy(), 3, since=NOW - 11)
-    assert observed.quorum is not None
-    lagging = replace(observed, quorum=replace(observed.quorum, voters=tuple(
-        replace(r, lag=50, last_caught_up_ms=NOW_MS - 30_000) if r.node_id == 2 else r
-        for r in observed.quorum.voters)))
-    decided = plan(lagging)
+    decided = plan(lagging(replaced(healthy(), 3, since=NOW - 11), 2))
     assert decided.actions == ()
     assert "only 1 of the other voters" in decided.blocked["MemberReplacing"]
 
@@ -422,6 +419,106 @@ def test_roll_gates(blocker: str) -> None:
 def test_roll_before_bootstrap_needs_no_quorum_check() -> None:
     observed = outdated(healthy(bootstrapped=False, quorum=None, members={}), 1, 2)
     assert only(observed) == Action("DeletePod", 1, "RollingUpdate")
+
+
+# --- failed pods (eviction, node shutdown) ----------------------------------------------------
+
+
+def failed(observed: Observed, *ids: int, reason: str = "Evicted",
+           caught_up: bool = False) -> Observed:
+    """Pods ``ids`` in phase Failed (the kubelet stopped them for good): no metrics of their
+    own, and the leader no longer counts them caught up unless ``caught_up`` (it noticed not
+    yet: their last fetch within the fetch timeout)."""
+    pods = updated(observed.pods, **{f"n{i}": replace(
+        pod(i), phase="Failed", reason=reason, ready=False, ip=None) for i in ids})
+    return replace(observed if caught_up else lagging(observed, *ids), pods=pods,
+                   nodes={i: n for i, n in observed.nodes.items() if i not in ids})
+
+
+def test_pod_view_reads_a_failed_pod() -> None:
+    body = {"metadata": {"name": "kq-2", "labels": {LABEL_NODE_ID: "2"}},
+            "status": {"phase": "Failed", "reason": "Evicted",
+                       "message": "The node was low on resource: memory."}}
+    view = pod_view(body)
+    assert view is not None and view.terminal and view.reason == "Evicted"
+    assert replace(view, phase="Succeeded").terminal  # a container that exited 0 on SIGTERM
+    assert not replace(view, terminating=True).terminal  # being deleted already
+    assert not replace(view, phase="Running").terminal
+    assert not replace(view, phase="Pending").terminal
+
+
+@pytest.mark.parametrize("reason", ["Evicted", "Terminated"])
+def test_a_failed_pod_is_deleted_then_made_again(reason: str) -> None:
+    decided = plan(failed(healthy(), 3, reason=reason))
+    assert decided.actions == (Action("DeletePod", 3, "Failed"),)
+    assert decided.waiting == f"replacing failed pod kq-3 ({reason})"
+    gone = replace(failed(healthy(), 3), pods=updated(healthy().pods, n3=None))
+    assert actions(gone) == [("CreatePod", 3)]
+    exited = failed(healthy(), 3)
+    exited = replace(exited, pods=updated(exited.pods, n3=replace(exited.pods[3],
+                                                                  phase="Succeeded")))
+    assert only(exited) == Action("DeletePod", 3, "Failed")
+
+
+def test_failed_pods_are_deleted_one_at_a_time_without_a_leader() -> None:
+    """Two of three voters evicted: no leader, no caught-up majority, and the replacements are
+    what brings them back. The voters' pods go first, one at a time."""
+    observed = replace(failed(healthy(), 2, 3), quorum=None,
+                       nodes={1: node(1, leader=None)})
+    assert only(observed) == Action("DeletePod", 2, "Failed")
+    stopping = replace(observed, pods=updated(observed.pods, n2=pod(2, terminating=True)))
+    decided = plan(stopping)
+    assert decided.actions == ()
+    assert decided.waiting == "failed pod kq-3 waits for kq-2 to stop"
+    made_again = replace(observed, pods=updated(observed.pods, n2=replace(pod(2, ready=False),
+                                                                           phase="Pending")))
+    assert only(made_again) == Action("DeletePod", 3, "Failed")
+
+
+def test_a_failed_pod_waits_for_any_pod_stopping() -> None:
+    observed = failed(healthy(), 3)
+    rolling = replace(observed, pods=updated(observed.pods, n2=pod(2, terminating=True)))
+    assert plan(rolling).actions == ()
+
+
+def test_a_failed_voter_still_counted_caught_up_waits_for_the_quorum_check() -> None:
+    """Just evicted: the leader still counts node 3 caught up. With node 2 lagging, 3 is one of
+    the majority on the leader's books; it goes once the leader stops counting it."""
+    observed = failed(healthy(), 3, caught_up=True)
+    assert only(observed) == Action("DeletePod", 3, "Failed")  # 1 and 2 are a majority
+    decided = plan(lagging(observed, 2))
+    assert decided.actions == ()
+    assert decided.waiting == ("failed pod kq-3 waits for the quorum check (1 other voters "
+                               "caught up, 2 needed)")
+    noticed = lagging(observed, 2, 3)
+    assert only(noticed) == Action("DeletePod", 3, "Failed")
+
+
+def test_a_failed_voter_goes_before_a_failed_new_member() -> None:
+    base = healthy(replicas=5)
+    joining = replace(base, pods=updated(base.pods, n4=pod(4)),
+                      claims=updated(base.claims, n4=claim(4)),
+                      quorum=quorum(observers=[row(4)]))
+    assert only(failed(joining, 4, 3)) == Action("DeletePod", 3, "Failed")
+    assert only(failed(joining, 4)) == Action("DeletePod", 4, "Failed")
+
+
+def test_a_failed_pod_goes_before_the_roll_that_waits_for_it() -> None:
+    """An outdated failed pod is replaced (on the current revision) rather than left to block
+    the roll, which waits for every voter's pod to be ready."""
+    observed = failed(outdated(healthy(), 1, 2), 3)
+    assert only(observed) == Action("DeletePod", 3, "Failed")
+
+
+@pytest.mark.parametrize("gate", ["paused", "quorum_lost"])
+def test_failed_pod_gates(gate: str) -> None:
+    if gate == "paused":
+        observed = with_spec(failed(healthy(), 3), paused=True)
+    else:  # two volumes of three lost: manual recovery, nothing is touched
+        wiped = two_wiped()
+        observed = replace(wiped, pods=updated(wiped.pods, n3=replace(
+            pod(3), phase="Failed", reason="Evicted", ready=False)))
+    assert plan(observed).actions == ()
 
 
 # --- scaling ------------------------------------------------------------------------------------

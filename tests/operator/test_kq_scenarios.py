@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kq_cluster import running_cluster
 from kq_emulated import EmulatedQuorum
-from kq_scenarios import Timings, lifecycle, scaling
+from kq_scenarios import Timings, create_and_ready, heal_evicted, lifecycle, scaling
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -31,3 +31,13 @@ async def test_scaling(tmp_path: Path) -> None:
         quorum = EmulatedQuorum(cluster, {"remediation": {"enabled": True,
                                                           "minCaughtUpSeconds": 1}})
         await scaling(quorum, Timings("emulated"))
+
+
+async def test_evicted_pods(tmp_path: Path) -> None:
+    """Pods ended by their kubelet (phase Failed) are deleted and made again, with the
+    operator's default timings."""
+    async with running_cluster(tmp_path) as cluster:
+        quorum = EmulatedQuorum(cluster, {})
+        timings = Timings("emulated")
+        await create_and_ready(quorum, timings)
+        await heal_evicted(quorum, timings)
