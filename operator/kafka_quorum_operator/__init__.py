@@ -22,6 +22,9 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_NODE_ID = f"{GROUP}/node-id"
+# "true" on the pods of the quorum's voters (kept by the operator as voters change): the
+# PodDisruptionBudget selects these only.
+LABEL_VOTER = f"{GROUP}/voter"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 ANNOTATION_CLUSTER_ID = f"{GROUP}/cluster-id"
 # Whether a pod's client listener speaks TLS ("true"/"false"), as the operator created it: read

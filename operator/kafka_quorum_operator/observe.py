@@ -14,6 +14,7 @@ from kafka_quorum_operator import (
     ANNOTATION_CLUSTER_ID,
     ANNOTATION_CONFIG_HASH,
     LABEL_NODE_ID,
+    LABEL_VOTER,
 )
 from kafka_quorum_operator.spec import Spec
 from quorum_node.addresses import host_port
@@ -34,6 +35,8 @@ class PodView:
     claim_name: str | None = None
     # Whether the pod's client listener serves TLS (``client_tls_of``); None: unknown.
     tls: bool | None = None
+    # Whether the pod carries LABEL_VOTER.
+    labelled_voter: bool = False
 
     @property
     def running(self) -> bool:
@@ -254,6 +257,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         reason=status.get("reason") or None, terminating=bool(meta.get("deletionTimestamp")),
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
         claim_name=claim, tls=client_tls_of(pod),
+        labelled_voter=(meta.get("labels") or {}).get(LABEL_VOTER) == "true",
     )
 
 

@@ -11,7 +11,7 @@ import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +21,7 @@ from kafka_quorum_operator import (
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
+    LABEL_VOTER,
     MANAGER,
     PLURAL,
     VERSION,
@@ -203,8 +204,10 @@ class Reconciler:
             except SecretNotOwned as error:  # nothing of it used: condition Secured
                 secured = Secured()
                 observed = replace(observed, security_problem=str(error))
-            voters = max(len(a.voters), spec.replicas)
-            await self._keep_owned(owner, spec, environment, voters, secured.objects)
+            # The budget counts the voters there are (a scale-up's new members join it as
+            # they become voters, one by one).
+            await self._keep_owned(owner, spec, environment, len(a.voters), secured.objects)
+            await self._label_voters(owner, observed, a.voter_ids)
             for change in secured.changes:
                 await self.event(owner, "CredentialsChanged", change)
 
@@ -410,6 +413,16 @@ class Reconciler:
             await self._apply(obj)
         for kind, name in r.withdrawn_objects(owner, voters):
             await self._withdraw(path(kind, owner.namespace, name))
+
+    async def _label_voters(self, owner: r.Owner, observed: Observed,
+                            voter_ids: Collection[int]) -> None:
+        """LABEL_VOTER on the voters' pods, and off the others' (the budget selects by it)."""
+        for node_id, pod in sorted(observed.pods.items()):
+            wanted = node_id in voter_ids
+            if pod.labelled_voter == wanted or pod.terminating:
+                continue
+            await self.kube.patch(path("Pod", owner.namespace, pod.name), {
+                "metadata": {"labels": {LABEL_VOTER: "true" if wanted else None}}})
 
     async def _withdraw(self, url: str) -> None:
         """An object no longer wanted, deleted; checked again only now and then, like _apply."""

@@ -27,6 +27,7 @@ from kafka_quorum_operator import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_NODE_ID,
+    LABEL_VOTER,
     MANAGER,
 )
 from kafka_quorum_operator.observe import TlsSwitch
@@ -336,16 +337,19 @@ def client_service(owner: Owner, spec: Spec) -> dict[str, Any]:
 
 
 def disruption_budget(owner: Owner, voters: int) -> dict[str, Any] | None:
-    """minAvailable = a majority of the voters: an integer, so that it does not re-base while
-    members come and go (a percentage or maxUnavailable would). None where the majority is every
-    voter (one or two): any disruption stops that quorum, and a budget allowing none would block
-    every drain, and the cluster autoscaler, for good."""
+    """Over the voters' pods only (LABEL_VOTER), minAvailable = a majority of the voters: an
+    integer, so that it does not re-base while members come and go (a percentage or
+    maxUnavailable would). Observers are left out: a new member's pod, unready until the voters
+    are rolled to know it, would otherwise hold the budget at none, and the roll, evicting, would
+    wait for it for ever; a ready one would widen the budget past the voters' majority. None
+    where the majority is every voter (one or two): any disruption stops that quorum, and a
+    budget allowing none would block every drain, and the cluster autoscaler, for good."""
     if majority(voters) >= voters:
         return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": _meta(owner, owner.name, "node"),
             "spec": {"minAvailable": majority(voters),
-                     "selector": {"matchLabels": labels(owner.name)}}}
+                     "selector": {"matchLabels": {**labels(owner.name), LABEL_VOTER: "true"}}}}
 
 
 def service_account(owner: Owner) -> dict[str, Any]:

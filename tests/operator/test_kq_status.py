@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from kafka_quorum_operator import ANNOTATION_CLIENT_TLS
+from kafka_quorum_operator import ANNOTATION_CLIENT_TLS, LABEL_VOTER
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.nodes import NodeClient, Route
 from kafka_quorum_operator.observe import (
@@ -266,6 +266,8 @@ def test_disruption_budget_is_a_majority(voters: int, min_available: int) -> Non
     owner = r.Owner("kq", "ns", "u")
     pdb = r.disruption_budget(owner, voters)
     assert pdb is not None and pdb["spec"]["minAvailable"] == min_available
+    # The voters' pods only: a new member's unready pod would hold a scale-up's roll for ever.
+    assert pdb["spec"]["selector"]["matchLabels"] == {**r.labels("kq"), LABEL_VOTER: "true"}
     assert pdb in r.owned_objects(owner, Spec(), {}, voters, r.OperatorPods("ns", {}))
     assert r.withdrawn_objects(owner, voters) == []
 
