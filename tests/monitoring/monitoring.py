@@ -3,7 +3,6 @@ names a PromQL expression reads, and the names a node and the operator export.""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import urllib.request
 from collections.abc import Iterable
@@ -18,14 +17,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("render_install", ROOT / "helm" /
-                                               "render_install.py")
-assert _spec is not None and _spec.loader is not None
-render_install = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(render_install)
+# The chart's renderer and helm, as the chart's own tests load them (tests/operator).
+from test_kq_helm import HELM, render_install
 
-HELM: str | None = render_install.helm_binary()
+ROOT = Path(__file__).resolve().parents[2]
 # What Prometheus itself adds to every target (the alerts use it: a node that does not answer).
 PROMETHEUS_SERIES = frozenset({"up"})
 
