@@ -63,9 +63,10 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums/finalizers]
   verbs: [update]
+{{- /* Pods are patched for one label: kraft.quorum.dev/voter, which the PDB selects. */}}
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- /* A rolling update's restarts go through the Eviction API: the budget counts them. */}}
 - apiGroups: [""]
   resources: [pods/eviction]
