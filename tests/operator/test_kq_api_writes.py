@@ -56,6 +56,7 @@ def attempts_by(elapsed_s: float) -> int:
         attempts += 1
 
 
+@pytest.mark.slow
 async def test_a_refused_create_is_a_condition_a_counted_event_and_backed_off(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ResourceQuota of two pods refuses the third pod: condition CreateRefused (the API
@@ -176,6 +177,7 @@ async def test_a_repeated_event_is_counted_on_one_event(kube: Kube) -> None:
     assert [e["count"] for e in again] == [1]
 
 
+@pytest.mark.slow
 async def test_status_is_written_when_it_changes_not_every_pass(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under a steady writer the offsets move every pass: the status is written at most every
@@ -203,6 +205,7 @@ async def test_status_is_written_when_it_changes_not_every_pass(
     assert condition(await cluster.get(), "Ready") == "True"
 
 
+@pytest.mark.slow
 async def test_a_roll_waits_while_the_budget_allows_no_disruption(cluster: Cluster) -> None:
     """A rolling update restarts each pod through the Eviction API: while the quorum's budget
     allows no disruption (a drain holds it), no pod is restarted and an Event says why; once it

@@ -216,6 +216,7 @@ async def scenario(cluster: Cluster, processes: dict[str, subprocess.Popen[bytes
     assert in_between == 4, "the active operator was not frozen between AddVoter and RemoveVoter"
 
 
+@pytest.mark.slow
 async def test_an_upgrade_mid_replacement_hands_over_at_once(tmp_path: Path) -> None:
     """The chart's rolling update of the operator in the middle of a disk replacement: the new
     operator's pod starts, then the active one is stopped (SIGTERM, as the kubelet stops a pod).

@@ -33,6 +33,7 @@ async def test_scaling(tmp_path: Path) -> None:
         await scaling(quorum, Timings("emulated"))
 
 
+@pytest.mark.slow
 async def test_evicted_pods(tmp_path: Path) -> None:
     """Pods ended by their kubelet (phase Failed) are deleted and made again, with the
     operator's default timings."""
