@@ -30,6 +30,9 @@ ANNOTATION_CLUSTER_ID = f"{GROUP}/cluster-id"
 # Whether a pod's client listener speaks TLS ("true"/"false"), as the operator created it: read
 # rather than its probes' scheme, which a service mesh may rewrite (Istio's probe rewrite).
 ANNOTATION_CLIENT_TLS = f"{GROUP}/client-tls"
+# On a pod made in place of ones the kubelet rejected at admission: how many were, in a row (the
+# replacement's back-off grows with it, and survives an operator restart on the pod itself).
+ANNOTATION_REJECTIONS = f"{GROUP}/admission-rejections"
 APP_NAME = "kafka-quorum"
 MANAGER = "kafka-quorum-operator"
 

@@ -13,6 +13,7 @@ from kafka_quorum_operator import (
     ANNOTATION_CLIENT_TLS,
     ANNOTATION_CLUSTER_ID,
     ANNOTATION_CONFIG_HASH,
+    ANNOTATION_REJECTIONS,
     LABEL_NODE_ID,
     LABEL_VOTER,
 )
@@ -37,6 +38,12 @@ class PodView:
     tls: bool | None = None
     # Whether the pod carries LABEL_VOTER.
     labelled_voter: bool = False
+    # Whether any of its containers ever started (status.containerStatuses).
+    started: bool = True
+    message: str = ""  # status.message: the kubelet's words for ``reason``
+    # Pods of this name the kubelet rejected at admission, in a row, before this one
+    # (ANNOTATION_REJECTIONS).
+    rejections: int = 0
 
     @property
     def running(self) -> bool:
@@ -53,6 +60,14 @@ class PodView:
         releases record a node shutdown). The kubelet never restarts such a pod and nothing
         deletes it soon (the pod garbage collector waits for thousands of terminated pods)."""
         return self.phase in ("Failed", "Succeeded") and not self.terminating
+
+    @property
+    def rejected(self) -> bool:
+        """Failed before any container started: the kubelet refused it at admission (OutOfcpu,
+        NodeAffinity, UnexpectedAdmissionError, Evicted under pressure, ...). A pod made again
+        in its place may well be refused again (the scheduler's view of the node lags the
+        kubelet's), so it is replaced after a growing back-off (``rejection``)."""
+        return self.phase == "Failed" and not self.started and not self.terminating
 
 
 # The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
@@ -258,7 +273,26 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         config_hash=(meta.get("annotations") or {}).get(ANNOTATION_CONFIG_HASH),
         claim_name=claim, tls=client_tls_of(pod),
         labelled_voter=(meta.get("labels") or {}).get(LABEL_VOTER) == "true",
+        started=_ever_started(status), message=status.get("message") or "",
+        rejections=_count((meta.get("annotations") or {}).get(ANNOTATION_REJECTIONS)),
     )
+
+
+def _ever_started(status: Mapping[str, Any]) -> bool:
+    """Whether a container of the pod ever started: running, or terminated after a start (a
+    pod the kubelet rejects at admission gets no status, or a terminated one without
+    ``startedAt``)."""
+    for container in [*(status.get("initContainerStatuses") or []),
+                      *(status.get("containerStatuses") or [])]:
+        state, last = container.get("state") or {}, container.get("lastState") or {}
+        if state.get("running") or any((s.get("terminated") or {}).get("startedAt")
+                                       for s in (state, last)):
+            return True
+    return False
+
+
+def _count(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
 
 
 def client_tls_of(pod: Mapping[str, Any]) -> bool | None:

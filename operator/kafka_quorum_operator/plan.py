@@ -10,7 +10,8 @@ in this order, stopping at the first step that has something to do or must wait:
    what should run, it changes no membership).
    Then delete a pod the kubelet failed for good (phase Failed: evicted, or stopped by a node
    shutdown), one at a time, so that it is made again: its node is down already, so neither a
-   leader nor a caught-up majority is needed (``_replace_failed`` says why).
+   leader nor a caught-up majority is needed (``_replace_failed`` says why). One it rejected
+   at admission is replaced only after a growing back-off (``_backing_off``).
 3. Finish a voter change recorded in status (after an operator restart, or a timed-out call).
 4. Remediation of a replaced volume (KIP-856): once the new replica, an observer with the
    voter's node id and a new directory id, has been caught up long enough, AddVoter(id, new),
@@ -343,7 +344,8 @@ class _Planner:
         fetch timeout). Neither a leader nor a caught-up majority is needed otherwise: two of
         three voters evicted is when a replacement matters most."""
         observed, a = self.observed, self.assessment
-        failed = sorted((p for p in observed.pods.values() if p.terminal),
+        failed = sorted((p for p in observed.pods.values()
+                         if p.terminal and not self._backing_off(p.name)),
                         key=lambda p: (p.node_id not in a.voter_ids, p.node_id))  # voters first
         if not failed:
             return None
@@ -360,6 +362,14 @@ class _Planner:
         why = f" ({pod.reason})" if pod.reason else ""
         return self._plan([Action("DeletePod", pod.node_id, POD_FAILED)], self.pending,
                           f"replacing failed pod {pod.name}{why}")
+
+    def _backing_off(self, pod_name: str) -> bool:
+        """Whether a pod is not to be made again yet: the kubelet rejected it at admission
+        (recorded as a refused create of its name, ``reconcile.note_rejections``) and the
+        create back-off has not run out. Other steps go on meanwhile (condition CreateRefused
+        says why the member is down)."""
+        record = self.observed.creates_refused.get(f"Pod/{pod_name}")
+        return record is not None and self.observed.now < record.retry_at
 
     def _quorum_check(self, node_id: int) -> str | None:
         """Why ``node_id``'s pod may not go now (None: it may): a voter's only while a majority

@@ -11,11 +11,12 @@ import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kafka_quorum_operator import (
+    ANNOTATION_REJECTIONS,
     GROUP,
     KIND,
     LABEL_COMPONENT,
@@ -44,6 +45,7 @@ from kafka_quorum_operator.observe import (
     NodeView,
     Observed,
     PendingChange,
+    PodView,
     QuorumView,
     TlsSwitch,
     claim_view,
@@ -113,6 +115,9 @@ class Memory:
     addresses: set[str] = field(default_factory=set)  # the nodes' addresses last observed
     restore: Mapping[str, Any] = field(default_factory=dict)  # status.restore, this pass
     creates_refused: dict[str, CreateRefused] = field(default_factory=dict)  # by "Kind/name"
+    # Pods the kubelet rejected whose rejection is recorded in creates_refused: uid by
+    # "Pod/name" (recorded once per pod, even after a new spec dropped the record).
+    rejected: dict[str, str] = field(default_factory=dict)
     status_written: float = 0.0  # when this operator last wrote the pass's status (its clock)
 
 
@@ -313,13 +318,18 @@ class Reconciler:
         generation = int((body.get("metadata") or {}).get("generation") or 0)
         memory.creates_refused = {k: v for k, v in memory.creates_refused.items()
                                   if v.generation == generation}
+        for rejection in note_rejections(memory, pods.values(), now, generation):
+            await self.event(owner, "PodRejected", f"pod {rejection.name} rejected by the "
+                             f"kubelet at admission ({rejection.reason}: {rejection.message});"
+                             f" made again in {rejection.retry_at - now:.0f} s", "Warning")
         return Observed(
             name=owner.name, spec=spec, now=now,
             generation=generation,
             cluster_id=cluster_id, bootstrapped=bool(status.get("bootstrapped")),
             pods=pods, claims=claims, nodes=nodes, quorum=quorum,
             members=members_from_status(status), pending=pending_from_status(status),
-            refused=dict(memory.refused), security_problem=problem)
+            refused=dict(memory.refused), security_problem=problem,
+            creates_refused=dict(memory.creates_refused))
 
     async def _describe(self, nodes: Mapping[int, NodeView], addresses: Mapping[int, str]
                         ) -> QuorumView | None:
@@ -523,6 +533,9 @@ class Reconciler:
                 restore_init_container(spec, memory.restore, node_id)
             pod = r.pod(owner, spec, node_id, observed.config_hash, switch=observed.tls_switch,
                         init_containers=[restore] if restore else [])
+            failed = memory.creates_refused.get(f"Pod/{pod['metadata']['name']}")
+            if failed is not None:  # its predecessors' failures in a row, kept on the pod
+                pod["metadata"]["annotations"][ANNOTATION_REJECTIONS] = str(failed.attempts)
             if await self._create(owner, observed, path("Pod", ns), pod):
                 await self.event(owner, "PodCreated",
                                  f"pod {r.pod_name(owner.name, node_id)} created")
@@ -656,9 +669,39 @@ def create_refused(before: CreateRefused | None, obj: Mapping[str, Any], error: 
     """A refused create, tried again after ``CREATE_BACKOFF_S`` doubled for each refusal in a
     row (``before``: the previous one), at most ``CREATE_BACKOFF_MAX_S``."""
     attempts = before.attempts + 1 if before is not None else 1
-    delay = min(CREATE_BACKOFF_MAX_S, CREATE_BACKOFF_S * 2 ** min(attempts - 1, 30))
     return CreateRefused(obj["kind"], obj["metadata"]["name"], error.reason, error.message,
-                         attempts, now + delay, generation)
+                         attempts, now + create_backoff(attempts), generation)
+
+
+def create_backoff(attempts: int) -> float:
+    """The wait after the ``attempts``-th failed create in a row."""
+    return min(CREATE_BACKOFF_MAX_S, CREATE_BACKOFF_S * 2.0 ** min(attempts - 1, 30))
+
+
+def note_rejections(memory: Memory, pods: Iterable[PodView], now: float,
+                    generation: int) -> list[CreateRefused]:
+    """Record each pod the kubelet rejected at admission (``PodView.rejected``), once per pod,
+    as a refused create of its name: the planner replaces it once the create back-off has run
+    out, condition CreateRefused says why meanwhile. The attempts count the rejections in a
+    row: the pod's own ANNOTATION_REJECTIONS (what its predecessors had) plus one, so an
+    operator restart goes on with the same back-off rather than none. A new spec drops the
+    record (``_observe``) and the pod is replaced at once. The new records are returned."""
+    rejected = {p.uid: p for p in pods if p.rejected}
+    memory.rejected = {k: uid for k, uid in memory.rejected.items() if uid in rejected}
+    new = []
+    for uid, pod in rejected.items():
+        key = f"Pod/{pod.name}"
+        if memory.rejected.get(key) == uid:
+            continue
+        attempts = pod.rejections + 1
+        memory.rejected[key] = uid
+        memory.creates_refused[key] = record = CreateRefused(
+            "Pod", pod.name, pod.reason or "Rejected",
+            f"rejected by the kubelet at admission, {attempts} in a row: "
+            f"{pod.message or pod.reason or 'no reason given'}",
+            attempts, now + create_backoff(attempts), generation)
+        new.append(record)
+    return new
 
 
 def _switch_message(before: TlsSwitch | None, after: TlsSwitch | None) -> str:

@@ -725,9 +725,14 @@ class Kubelet:
         for name in [n for n, (_, owner) in self.records.items() if owner == uid]:
             del self.records[name]
         self._write_hosts()
+        # The container ran (the operator tells a pod ended so from one rejected at admission).
+        ran = [{"name": "node", "state": {"terminated": {
+            "exitCode": 143, "startedAt": pod["metadata"].get("creationTimestamp") or _now(),
+            "finishedAt": _now()}}}] if process is not None else []
         await self._status(pod, {"phase": "Failed", "reason": reason,
                                  "message": f"the test kubelet ended the pod ({reason})",
-                                 "conditions": [{"type": "Ready", "status": "False"}]})
+                                 "conditions": [{"type": "Ready", "status": "False"}],
+                                 "containerStatuses": ran})
 
     async def _status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
         await self.kube.patch(path("Pod", NAMESPACE, pod["metadata"]["name"]) + "/status",

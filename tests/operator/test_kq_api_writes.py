@@ -13,11 +13,12 @@ from typing import Any
 
 import kmock
 import pytest
-from kafka_quorum_operator import KIND
+from kafka_quorum_operator import ANNOTATION_REJECTIONS, KIND
 from kafka_quorum_operator import reconcile as rc
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.events import EventRecorder
 from kafka_quorum_operator.kube import Kube, KubeError, path
+from kafka_quorum_operator.nodes import NodeClient
 from kafka_quorum_operator.observe import CreateRefused
 from kafka_quorum_operator.reconcile import CR_API
 from kq_cluster import NAME, Cluster, Writer, create_ready
@@ -255,3 +256,99 @@ async def test_a_spec_the_operator_refuses_is_a_condition_and_an_event(cluster: 
     warned = await events(cluster.kube, "InvalidSpec")
     assert len(warned) == 1 and warned[0]["type"] == "Warning", warned
     assert not await cluster.kube.list(path("Pod", NAMESPACE), {})
+
+
+REJECTED = {"phase": "Failed", "reason": "OutOfcpu", "message": "Pod was rejected: Node didn't "
+            "have enough resource: cpu, requested: 250, used: 3900, capacity: 4000"}
+
+
+async def test_a_pod_rejected_at_admission_is_made_again_after_a_growing_back_off(
+        kube: Kube) -> None:
+    """The kubelet rejects the quorum's pod at admission (phase Failed, no container started)
+    every time it is made: each replacement waits for the create back-off (5 s, then 10 s, on
+    the reconciler's clock), not one per pass; a Warning Event PodRejected and condition
+    CreateRefused (reason OutOfcpu) say why; a restarted operator keeps the count (the new pod
+    carries it); a new spec replaces the pod at once."""
+    now = [1_700_000_000.0]
+    pod_path = path("Pod", NAMESPACE, r.pod_name(NAME, 1))
+    await kube.create(path(KIND, NAMESPACE, api=CR_API), quorum_object(
+        NAME, 1, security={"tls": {"enabled": False}, "networkPolicy": {"enabled": False}}))
+
+    def operator() -> rc.Reconciler:
+        return rc.Reconciler(kube, NodeClient(), clock=lambda: now[0])
+
+    async def passes(reconciler: rc.Reconciler, count: int = 1) -> dict[str, Any] | None:
+        for _ in range(count):
+            body = await kube.get(cr_path(NAME))
+            assert body is not None
+            await reconciler.reconcile(body)
+        return await kube.get(pod_path)
+
+    async def deleted() -> bool:
+        """Whether the operator deleted the pod; if so it goes (its kubelet finalizer
+        dropped, as the harness's kubelet would)."""
+        found = await kube.get(pod_path)
+        if found is None or not found["metadata"].get("deletionTimestamp"):
+            return False
+        await kube.patch(pod_path, {"metadata": {"finalizers": None}})
+        return await kube.get(pod_path) is None
+
+    async def reject() -> str:
+        await kube.patch(f"{pod_path}/status", {"status": REJECTED})
+        made = await kube.get(pod_path)
+        assert made is not None
+        return str(made["metadata"]["uid"])
+
+    first = operator()
+    try:
+        made = await passes(first, 2)  # the claim, then the pod
+        assert made is not None
+        uid = await reject()
+        kept = await passes(first, 3)  # three passes at the same instant
+        assert kept is not None and kept["metadata"]["uid"] == uid
+        assert not kept["metadata"].get("deletionTimestamp"), "replaced at once"
+        refused = next(c for c in (await kube.get(cr_path(NAME)) or {})["status"]["conditions"]
+                       if c["type"] == "CreateRefused")
+        assert (refused["status"], refused["reason"]) == ("True", "OutOfcpu"), refused
+        assert "rejected by the kubelet at admission, 1 in a row" in refused["message"]
+        warned = await events(kube, "PodRejected")
+        assert len(warned) == 1 and warned[0]["count"] == 1 and warned[0]["type"] == "Warning"
+        assert "OutOfcpu" in warned[0]["message"] and "in 5 s" in warned[0]["message"]
+
+        now[0] += 5
+        await passes(first)
+        assert await deleted(), "not deleted once the back-off ran out"
+        made = await passes(first)
+        assert made is not None and made["metadata"]["uid"] != uid
+        assert made["metadata"]["annotations"][ANNOTATION_REJECTIONS] == "1"
+        assert condition(await kube.get(cr_path(NAME)), "CreateRefused") == "False"
+        await reject()
+        now[0] += 5
+        await passes(first)
+        assert not await deleted()  # 10 s now
+    finally:
+        await first.nodes.close()
+
+    restarted = operator()  # nothing in memory: the count is on the pod
+    try:
+        now[0] += 5
+        await passes(restarted)
+        assert not await deleted()
+        now[0] += 10
+        await passes(restarted)
+        assert await deleted()
+        made = await passes(restarted)
+        assert made is not None
+        assert made["metadata"]["annotations"][ANNOTATION_REJECTIONS] == "2"
+        await reject()
+        await passes(restarted)
+        assert not await deleted()  # 20 s now
+        # A new spec (more room, another node) is tried at once.
+        await kube.patch(cr_path(NAME), {"metadata": {}, "spec": {"paused": False}})
+        await passes(restarted)
+        assert await deleted()
+        made = await passes(restarted)
+        assert made is not None
+        assert ANNOTATION_REJECTIONS not in made["metadata"]["annotations"]
+    finally:
+        await restarted.nodes.close()

@@ -4,10 +4,11 @@ checks the one thing the operator does (or that it does nothing), gate by gate."
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from kafka_quorum_operator import LABEL_NODE_ID
-from kafka_quorum_operator.observe import Observed, TlsSwitch, pod_view
+from kafka_quorum_operator import ANNOTATION_REJECTIONS, LABEL_NODE_ID
+from kafka_quorum_operator.observe import CreateRefused, Observed, TlsSwitch, pod_view
 from kafka_quorum_operator.plan import (
     Action,
     assess,
@@ -508,6 +509,51 @@ def test_a_failed_pod_goes_before_the_roll_that_waits_for_it() -> None:
     the roll, which waits for every voter's pod to be ready."""
     observed = failed(outdated(healthy(), 1, 2), 3)
     assert only(observed) == Action("DeletePod", 3, "Failed")
+
+
+def test_pod_view_tells_a_pod_rejected_at_admission_from_one_that_ran() -> None:
+    """Failed before any container started: the kubelet refused it at admission. An evicted pod
+    whose container ran is not."""
+    body: dict[str, Any] = {
+        "metadata": {"name": "kq-2", "labels": {LABEL_NODE_ID: "2"},
+                     "annotations": {ANNOTATION_REJECTIONS: "3"}},
+        "status": {"phase": "Failed", "reason": "OutOfcpu",
+                   "message": "Pod was rejected: Node didn't have enough resource: cpu"}}
+    view = pod_view(body)
+    assert view is not None and view.rejected and view.terminal
+    assert (view.reason, view.rejections) == ("OutOfcpu", 3)
+    assert view.message.startswith("Pod was rejected")
+    unknown = {"name": "node", "state": {"terminated": {"exitCode": 137,
+                                                        "reason": "ContainerStatusUnknown"}}}
+    body["status"]["containerStatuses"] = [unknown]
+    assert pod_view(body).rejected  # type: ignore[union-attr]
+    ran = {"name": "node", "state": {"terminated": {"exitCode": 143, "reason": "Error",
+                                                    "startedAt": "2026-01-01T00:00:00Z"}}}
+    body["status"].update(reason="Evicted", containerStatuses=[ran])
+    evicted = pod_view(body)
+    assert evicted is not None and evicted.terminal and not evicted.rejected
+    running = {"name": "node", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+    body["status"].update(phase="Running", containerStatuses=[running])
+    assert not pod_view(body).rejected  # type: ignore[union-attr]
+
+
+def rejected(observed: Observed, node_id: int, retry_at: float) -> Observed:
+    """Pod ``node_id`` rejected at admission, its rejection recorded with that back-off."""
+    observed = failed(observed, node_id, reason="OutOfcpu")
+    pods = updated(observed.pods, **{f"n{node_id}": replace(observed.pods[node_id],
+                                                            started=False)})
+    record = CreateRefused("Pod", f"kq-{node_id}", "OutOfcpu", "rejected", 2, retry_at, 0)
+    return replace(observed, pods=pods, creates_refused={f"Pod/kq-{node_id}": record})
+
+
+def test_a_pod_rejected_at_admission_is_replaced_once_its_back_off_ran_out() -> None:
+    waiting = rejected(healthy(), 3, retry_at=NOW + 10)
+    assert not plan(waiting).actions
+    assert only(rejected(healthy(), 3, retry_at=NOW)) == Action("DeletePod", 3, "Failed")
+    # Another failed pod is not held up by the one backing off.
+    both = failed(waiting, 2)
+    assert only(replace(both, pods=updated(both.pods, n3=waiting.pods[3]))) == \
+        Action("DeletePod", 2, "Failed")
 
 
 @pytest.mark.parametrize("gate", ["paused", "quorum_lost"])
