@@ -2,7 +2,8 @@
 
     kafka-quorum-operator [--namespace NS ...] [--liveness URL] [--verbose]
 
-Watches every namespace unless ``--namespace`` is given; logs are JSON lines.
+Watches every namespace unless ``--namespace`` is given; logs are JSON lines. The health
+endpoint (``--liveness``) listens on every interface, IPv6 and IPv4, unless the URL names a host.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import kopf
 
 from kafka_quorum_operator import handlers
+from kafka_quorum_operator.serving import parse_endpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,10 +24,16 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--namespace", "-n", action="append", default=[],
                         help="watch this namespace (repeatable); default: all namespaces")
-    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                        help="kopf's liveness endpoint (default %(default)s)")
+    parser.add_argument("--liveness", default="http://:8080/healthz",
+                        help="the health endpoint of the liveness and readiness probes; no "
+                             "host: every interface (default %(default)s)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        parse_endpoint(args.liveness)
+    except ValueError as error:
+        parser.error(f"--liveness: {error}")
+    handlers.STATE.health_url = args.liveness
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     assert handlers.STATE is not None  # registers the handlers
     # Named explicitly: kopf would otherwise name the process after its user (getpass), which
@@ -33,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     # does not list).
     identity = os.environ.get("KQ_OPERATOR_IDENTITY") or socket.gethostname()
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-             liveness_endpoint=args.liveness, identity=identity)  # type: ignore[arg-type]
+             identity=identity)  # type: ignore[arg-type]
     return 0
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from prometheus_client import start_http_server
+from aiohttp import web
 
 from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
 from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
@@ -45,6 +45,7 @@ from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
 from kafka_quorum_operator.nodes import VOTER_CHANGE_TIMEOUT_MS, NodeClient
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
 from kafka_quorum_operator.resources import OperatorPods
+from kafka_quorum_operator.serving import metrics, parse_endpoint, serve
 from kafka_quorum_operator.status import iso
 
 LEASE_NAME = "kafka-quorum-operator"
@@ -83,6 +84,9 @@ class _State:
     last_pass: float | None = None
     # Set at shutdown: nothing more is changed, and the loops end after their pass.
     stopping: bool = False
+    # The health endpoint (``--liveness``; None: none), and the HTTP servers running.
+    health_url: str | None = None
+    servers: list[web.AppRunner] = field(default_factory=list)
 
     def connect(self, kube: Kube, default_namespace: str = "default") -> None:
         namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or default_namespace
@@ -125,6 +129,8 @@ class _State:
             await self.reconciler.backups.close()
             await self.reconciler.nodes.close()
             self.reconciler.kube.close()
+        while self.servers:
+            await self.servers.pop().cleanup()
 
     def start_loop(self, namespace: str, name: str,
                    logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -171,9 +177,13 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True
     port = int(_env_float("KQ_OPERATOR_METRICS_PORT", 0))
     if port:
-        start_http_server(port)
+        STATE.servers.append(await serve([("/metrics", metrics)], port))
     kube = await asyncio.to_thread(Kube.connect, os.environ.get("KQ_OPERATOR_API_SERVER"))
     STATE.connect(kube, _own_namespace())
+    # Last: the probes pass once the operator is started.
+    if STATE.health_url:
+        host, port, url_path = parse_endpoint(STATE.health_url)
+        STATE.servers.append(await serve([(url_path, health)], port, host))
 
 
 def _own_namespace() -> str:
@@ -200,16 +210,13 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_via_client(**kwargs)
 
 
-@kopf.on.probe(id="leading")
-def leading(**_: Any) -> bool:
-    """Whether this replica holds the operator's Lease (in the health endpoint's body; the
-    readiness probe passes on a standby too: the chart's deployment.yaml says why)."""
-    return STATE.elector is not None and STATE.elector.leading
-
-
-@kopf.on.probe(id="lastReconcile")
-def last_reconcile(**_: Any) -> str | None:
-    return iso(STATE.last_pass) if STATE.last_pass is not None else None
+async def health(_: web.Request) -> web.Response:
+    """The liveness and readiness probes' endpoint: 200 while the operator's loop runs, with
+    whether this replica holds the Lease (``leading``; the readiness probe passes on a standby
+    too: the chart's deployment.yaml says why) and when its last pass ended."""
+    return web.json_response({
+        "leading": STATE.elector is not None and STATE.elector.leading,
+        "lastReconcile": iso(STATE.last_pass) if STATE.last_pass is not None else None})
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

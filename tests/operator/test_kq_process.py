@@ -1,5 +1,5 @@
 """The operator as its image runs it: the ``kafka-quorum-operator`` command in its own process
-against an emulated API server, with kopf's liveness endpoint and the Prometheus metrics."""
+against an emulated API server, with its health endpoint and the Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -23,12 +23,25 @@ from kafka_quorum_operator.reconcile import CR_API
 from kq_harness import NAMESPACE, K8s, cr_path, declare_resources, quorum_object, wait_for
 
 pytestmark = pytest.mark.timeout(120)
+# The loopback of each family the host has.
+LOOPBACKS = ("127.0.0.1", "[::1]") if socket.has_dualstack_ipv6() else ("127.0.0.1",)
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free on IPv4 and IPv6 loopback alike (where the host has IPv6)."""
+    for _ in range(20):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not socket.has_dualstack_ipv6():
+            return port
+        with socket.socket(socket.AF_INET6) as sock6:
+            try:
+                sock6.bind(("::1", port))
+            except OSError:
+                continue
+        return port
+    raise OSError("no port free on both loopbacks")
 
 
 def fetch(url: str) -> tuple[int, str]:
@@ -39,14 +52,15 @@ def fetch(url: str) -> tuple[int, str]:
         return 0, str(error)
 
 
-def start_operator(api_server: str, liveness: int, log_path: Path,
+def start_operator(api_server: str, liveness: int, log_path: Path, host: str = "127.0.0.1",
                    **env: str) -> subprocess.Popen[bytes]:
-    """The operator's command for ``NAMESPACE``, logging to ``log_path``; ``env`` adds
-    KQ_OPERATOR_* settings."""
+    """The operator's command for ``NAMESPACE``, logging to ``log_path``, its health endpoint on
+    ``host`` (empty: every interface, as the chart runs it); ``env`` adds KQ_OPERATOR_*
+    settings."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "kafka_quorum_operator", "--namespace", NAMESPACE,
-             f"--liveness=http://127.0.0.1:{liveness}/healthz"],
+             f"--liveness=http://{host}:{liveness}/healthz"],
             stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "KQ_OPERATOR_API_SERVER": api_server,
                  "KQ_OPERATOR_INTERVAL": "0.3", "KQ_OPERATOR_NAMESPACE": NAMESPACE, **env})
@@ -68,7 +82,7 @@ async def test_the_operator_command(tmp_path: Path) -> None:
         async with kmock.Server(emulator) as server:
             url = str(server.url).rstrip("/")
             liveness, metrics = free_port(), free_port()
-            process = start_operator(url, liveness, tmp_path / "operator.log",
+            process = start_operator(url, liveness, tmp_path / "operator.log", host="",
                                      KQ_OPERATOR_METRICS_PORT=str(metrics))
             kube = Kube.connect(url)
             try:
@@ -85,15 +99,19 @@ async def test_the_operator_command(tmp_path: Path) -> None:
                 lease = await kube.get(path("Lease", NAMESPACE, "kafka-quorum-operator"))
                 assert lease is not None and lease["spec"]["holderIdentity"]
 
-                status, text = await asyncio.to_thread(
-                    fetch, f"http://127.0.0.1:{liveness}/healthz")
-                assert status == 200 and "lastReconcile" in text
-                status, text = await asyncio.to_thread(
-                    fetch, f"http://127.0.0.1:{metrics}/metrics")
-                assert status == 200
-                assert 'kafka_quorum_operator_reconciles_total{result="ok"}' in text
-                assert 'kafka_quorum_operator_actions_total{kind="CreateClaim",result="NONE"}' \
-                    in text
+                # Both endpoints on every interface: an IPv4-only cluster probes and scrapes the
+                # pod's IPv4 address, an IPv6-only one its IPv6 address.
+                for host in LOOPBACKS:
+                    status, text = await asyncio.to_thread(
+                        fetch, f"http://{host}:{liveness}/healthz")
+                    assert status == 200 and "lastReconcile" in text, (host, text)
+                    assert json.loads(text)["leading"] is True
+                    status, text = await asyncio.to_thread(
+                        fetch, f"http://{host}:{metrics}/metrics")
+                    assert status == 200, (host, text)
+                    assert 'kafka_quorum_operator_reconciles_total{result="ok"}' in text
+                    assert 'kafka_quorum_operator_actions_total{kind="CreateClaim",' \
+                        'result="NONE"}' in text
             finally:
                 await asyncio.to_thread(stop, process)
                 kube.close()
@@ -119,8 +137,9 @@ def operators(api_server: str, directory: Path,
 
 async def test_the_readiness_probe_passes_on_the_leader_and_on_a_standby(
         tmp_path: Path) -> None:
-    """The chart's readiness probe asks kopf's health endpoint: it answers once the operator has
-    started, whether it holds the Lease or stands by; its body says which (``leading``)."""
+    """The chart's readiness probe asks the operator's health endpoint: it answers once the
+    operator has started, whether it holds the Lease or stands by; its body says which
+    (``leading``)."""
     async with K8s() as emulator:
         declare_resources(emulator)
         async with kmock.Server(emulator) as server:
@@ -152,7 +171,6 @@ async def test_the_readiness_probe_passes_on_the_leader_and_on_a_standby(
                             answered = await probe(first["first"])
                             return answered is not None and answered["leading"] is True
 
-                        # kopf caches probe results for 10 s.
                         await wait_for("the leader to be ready and leading", leader_says_so,
                                        30, logs)
             finally:
