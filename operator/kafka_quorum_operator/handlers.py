@@ -39,6 +39,7 @@ import kopf
 from aiohttp import web
 
 from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
@@ -95,7 +96,10 @@ class _State:
         keeper = Keeper(kube, os.environ.get("KQ_OPERATOR_CLUSTER_DOMAIN") or CLUSTER_DOMAIN)
         identity = os.environ.get("KQ_OPERATOR_IDENTITY") or \
             f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        elector = LeaderElector(kube, namespace, LEASE_NAME, identity)
+        # A replica that no longer leads stops exporting the figures of the quorums it ran:
+        # the holder's are the current ones, and a scrape of both must not show stale ones.
+        elector = LeaderElector(kube, namespace, LEASE_NAME, identity,
+                                on_lost=m.forget_quorums)
         self.elector = elector
         # Fencing: every voter change and deletion asks the elector right before it is sent.
         self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
@@ -142,6 +146,7 @@ class _State:
 
     async def stop_loop(self, key: tuple[str, str]) -> None:
         task = self.loops.pop(key, None)
+        m.forget_quorum(*key)
         self.wakers.pop(key, None)
         self.generations.pop(key, None)
         if task is not None and not task.done():

@@ -18,6 +18,9 @@ immediately before each voter change or deletion (``LeaderElector.leading``).
   about the same rate.
 - Writes are conditional on the lease's resourceVersion: of two replicas acquiring at once, one
   gets 409 and stays a follower.
+- Whoever loses the lease (its renewal deadline passed, another holds it, or it released it) is
+  told at once (``on_lost``; the operator stops exporting its per-quorum gauges): ``run`` asks
+  after every round, so within a retry period even while no pass runs.
 - At shutdown the holder releases the lease (client-go's ``ReleaseOnCancel``): once it has
   stopped acting it clears the holder, and a standby acquires it on its next round instead of
   waiting out the lease duration (an upgrade's rolling replacement hands over in seconds).
@@ -72,6 +75,8 @@ class LeaderElector:
     lease_duration_s: float = LEASE_DURATION_S
     renew_deadline_s: float = RENEW_DEADLINE_S
     retry_period_s: float = RETRY_PERIOD_S
+    # Called when this replica stops leading (once per loss; not for a replica never leading).
+    on_lost: Callable[[], None] = lambda: None
 
     # When this replica sent its last successful renewal (its own clock); None: not holding.
     _renewed_at: float | None = None
@@ -88,6 +93,8 @@ class LeaderElector:
             self.clock() - self._renewed_at < self.renew_deadline_s
         if self._was_leading and not leading:
             logger.warning("lost the lease %s/%s", self.namespace, self.name)
+            self._was_leading = False
+            self.on_lost()
         self._was_leading = leading
         return leading
 
@@ -101,6 +108,7 @@ class LeaderElector:
                 logger.warning("lease %s/%s: %s", self.namespace, self.name, error)
             except Exception:  # the elector must keep running; a bug shows in the log
                 logger.exception("lease %s/%s", self.namespace, self.name)
+            _ = self.leading  # a loss is noticed (on_lost) though no pass asks
             await asyncio.sleep(max(0.0, self.retry_period_s - (self.clock() - started)))
 
     async def try_acquire_or_renew(self) -> bool:
@@ -156,7 +164,9 @@ class LeaderElector:
         just before (its answer lost to the shutdown) makes it read the lease again. Whether it
         was released."""
         self._renewed_at = None
-        self._was_leading = False
+        if self._was_leading:
+            self._was_leading = False
+            self.on_lost()
         lease_path = path("Lease", self.namespace, self.name)
         for _ in range(3):
             lease = await self.kube.get(lease_path)

@@ -1,7 +1,13 @@
-"""The operator's own Prometheus metrics (served on ``--metrics-port``, see ``handlers``)."""
+"""The operator's own Prometheus metrics (served on ``KQ_OPERATOR_METRICS_PORT``, see
+``handlers``).
+
+The gauges by quorum (namespace, name) are exported by the Lease's holder only: a replica that
+loses the Lease, or stops managing a quorum, drops them (``forget_quorums``, ``forget_quorum``),
+so that a scrape of every replica shows each quorum's figures once, and current."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,3 +48,19 @@ def export_remediation(namespace: str, name: str, last: Mapping[str, Any] | None
     """REMEDIATION_IN_PROGRESS from a KafkaQuorum's status.lastRemediation."""
     in_progress = last is not None and last.get("result") == "InProgress"
     REMEDIATION_IN_PROGRESS.labels(namespace, name).set(1 if in_progress else 0)
+
+
+QUORUM_GAUGES = (REMEDIATION_IN_PROGRESS, QUORUM_LOST, LAST_BACKUP, LAST_BACKUP_END_OFFSET)
+
+
+def forget_quorums() -> None:
+    """Drop every quorum's gauges (this replica lost the Lease: the holder exports them)."""
+    for gauge in QUORUM_GAUGES:
+        gauge.clear()
+
+
+def forget_quorum(namespace: str, name: str) -> None:
+    """Drop one quorum's gauges (deleted, or no longer managed here)."""
+    for gauge in QUORUM_GAUGES:
+        with contextlib.suppress(KeyError):  # never set
+            gauge.remove(namespace, name)

@@ -270,8 +270,7 @@ class Reconciler:
         if last_remediation is not None:
             patch["lastRemediation"] = last_remediation
         await self._conditions_events(owner, status, patch)
-        m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if a.quorum_lost else 0)
-        m.export_remediation(owner.namespace, owner.name, last_remediation)
+        self._export(owner, a.quorum_lost, last_remediation)
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
@@ -636,6 +635,14 @@ class Reconciler:
             warn = (kind in _BAD_WHEN_TRUE) == (value == "True")
             await self.event(owner, f"{kind}{value}", condition["message"] or condition["reason"],
                              "Warning" if warn else "Normal")
+
+    def _export(self, owner: r.Owner, quorum_lost: bool,
+                last_remediation: Mapping[str, Any] | None) -> None:
+        """The quorum's gauges; not by a replica that lost the Lease during the pass (it
+        dropped them: ``opmetrics.forget_quorums``)."""
+        if self.may_act():
+            m.QUORUM_LOST.labels(owner.namespace, owner.name).set(1 if quorum_lost else 0)
+            m.export_remediation(owner.namespace, owner.name, last_remediation)
 
     def _status_due(self, memory: Memory, patch: Mapping[str, Any],
                     status: Mapping[str, Any]) -> bool:

@@ -5,11 +5,13 @@ alerts and the dashboard query is one a real node or the operator exports."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kafka_quorum_operator.opmetrics import QUORUM_GAUGES
 from kafka_quorum_operator.resources import labels
 from monitoring import (
     HELM,
@@ -134,6 +136,27 @@ def test_the_dashboard_queries_only_exported_metrics(exported: set[str]) -> None
     assert {"quorum_current_leader", "quorum_voter_lag_seconds",
             "kafka_quorum_operator_reconciles_total"} <= read
     assert not read - exported, sorted(read - exported)
+
+
+@needs_helm
+def test_per_quorum_operator_gauges_are_read_with_max_not_summed() -> None:
+    """Every operator replica is scraped (the ServiceMonitor selects them all); only the Lease's
+    holder exports a quorum's gauges, but during a handover both may for a moment: the alerts
+    and the dashboard take the max by quorum, which counts the quorum once."""
+    objects = chart_objects("metrics.prometheusRule.enabled=true",
+                            "metrics.dashboard.enabled=true")
+    rule = one(objects, "PrometheusRule")
+    expressions = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    dashboard = json.loads(one(objects, "ConfigMap")["data"]["kafka-quorum.json"])
+    expressions += [target["expr"] for panel in dashboard["panels"]
+                    for target in panel.get("targets", [])]
+    gauges = {gauge._name for gauge in QUORUM_GAUGES}
+    reading = [e for e in expressions if metric_names(e) & gauges]
+    assert len(reading) >= 6, reading
+    for expression in reading:
+        for name in metric_names(expression) & gauges:
+            assert re.search(r"\bmax by \((namespace, )?name\) \(" + name, expression), \
+                expression
 
 
 def test_metric_names_are_read_from_promql() -> None:

@@ -17,9 +17,11 @@ import aiohttp
 import kmock
 import pytest
 from kafka_quorum_operator import MANAGER, kube
+from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.lease import LeaderElector
 from kq_harness import NAMESPACE, K8s, declare_resources
+from prometheus_client import REGISTRY, generate_latest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -266,3 +268,44 @@ async def test_a_released_lease_is_taken_at_once(api: tuple[Kube, K8s]) -> None:
     assert lease["spec"]["leaseTransitions"] == 1
     assert not await a.release(), "released a lease it no longer holds"
     assert await client.get(path("Lease", NAMESPACE, "lease")) == lease
+
+
+def exported(name: str) -> str:
+    """The lines of the operator's metric ``name`` its registry exports now."""
+    return "\n".join(line for line in generate_latest(REGISTRY).decode().splitlines()
+                     if line.startswith(name + "{"))
+
+
+async def test_a_replica_that_loses_the_lease_stops_exporting_per_quorum_gauges(
+        api: tuple[Kube, K8s]) -> None:
+    """The holder exports each quorum's gauges; once another replica holds the lease, the
+    former holder's elector (its own loop, no reconciliation pass asking) drops them, so that a
+    scrape of both replicas shows each quorum's figures once, the holder's."""
+    client, _ = api
+    clock_a, clock_b = Clock(), Clock()
+    a = LeaderElector(client, NAMESPACE, "gauges", "a", clock=clock_a, retry_period_s=0.05,
+                      on_lost=m.forget_quorums)
+    b = LeaderElector(client, NAMESPACE, "gauges", "b", clock=clock_b)
+    assert await a.try_acquire_or_renew() and a.leading
+    m.QUORUM_LOST.labels("team-a", "kq").set(1)
+    m.LAST_BACKUP.labels("team-a", "kq").set(1_700_000_000)
+    m.export_remediation("team-a", "kq", {"result": "InProgress"})
+    assert 'name="kq",namespace="team-a"} 1.0' in exported("kafka_quorum_operator_quorum_lost")
+    # A stops renewing (paused); B finds the lease expired on its own clock and takes it.
+    assert not await b.try_acquire_or_renew()
+    clock_b.now += 16
+    assert await b.try_acquire_or_renew()
+    task = asyncio.get_running_loop().create_task(a.run())  # A resumed
+    try:
+        for _ in range(200):
+            if not exported("kafka_quorum_operator_quorum_lost"):
+                break
+            await asyncio.sleep(0.05)
+        for gauge in ("quorum_lost", "remediation_in_progress", "last_backup_timestamp_seconds"):
+            assert exported(f"kafka_quorum_operator_{gauge}") == "", gauge
+        assert not a.leading
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        m.forget_quorums()
