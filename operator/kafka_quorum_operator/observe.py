@@ -70,7 +70,7 @@ class PodView:
         return self.phase == "Failed" and not self.started and not self.terminating
 
 
-# The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator.md):
+# The stages of a TLS switch, each one ordinary one-pod-at-a-time roll (docs/operator-design.md):
 # 1 serve the new protocol on a second controller listener too, 2 connect to the peers on it,
 # 3 the first controller listener and the client listener take the new protocol, 4 connect on
 # the first controller listener again; then the steady configuration drops the second one.

@@ -712,7 +712,7 @@ def note_rejections(memory: Memory, pods: Iterable[PodView], now: float,
 
 
 def _switch_message(before: TlsSwitch | None, after: TlsSwitch | None) -> str:
-    """The Event of a TLS switch's step (docs/operator.md, TLS switch)."""
+    """The Event of a TLS switch's step (docs/operator-design.md, Switching TLS)."""
     if after is None:
         assert before is not None
         return f"TLS switched {'on' if before.enabled else 'off'} on every node; rolling to " \

@@ -1,8 +1,8 @@
 """The Kubernetes objects the operator owns for one KafkaQuorum, as plain dicts (pure).
 
-Pods and volume claims are created one by one by the operator rather than by a StatefulSet (see
-docs/operator.md): it decides when a member's pod comes back, in which order pods restart, and
-which member is removed, none of which a StatefulSet lets it decide.
+Pods and volume claims are created one by one by the operator rather than by a StatefulSet
+(see docs/operator-design.md): it decides when a member's pod comes back, in which order pods
+restart, and which member is removed, none of which a StatefulSet lets it decide.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ LABEL_CLIENT = f"{GROUP}/client"
 CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"
 # The second controller listener of a TLS switch, on ``migration_port``: the new protocol is
-# served there while the first one still speaks the old (docs/operator.md, TLS switch).
+# served there while the first one still speaks the old (docs/operator-design.md, Switching TLS).
 MIGRATION_LISTENER = "CONTROLLER_MIGRATION"
 
 
