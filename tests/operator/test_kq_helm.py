@@ -162,7 +162,7 @@ def test_secure_defaults() -> None:
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    # kopf's health endpoint: up once the operator has started, leader or standby.
+    # The operator's health endpoint: up once it has started, leader or standby.
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     assert deployment["spec"]["strategy"] == {
         "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
