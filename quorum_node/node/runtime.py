@@ -37,6 +37,7 @@ from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import (
     BoundedSite,
     ConnectionLimits,
+    SecondProtocol,
     principals_middleware,
     probes_reserve_middleware,
     start_site,
@@ -218,6 +219,7 @@ class QuorumNode:
         # Peers whose last request failed, or whose stream ended, since the shutdown began.
         self._unreachable: set[int] = set()
         self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
+        self._kafka_protocol: Callable[[Listener], SecondProtocol] | None = None
         self._stopped = asyncio.Event()
         self.failure: BaseException | None = None
         # Observers of the node (metrics): called after every step, and with each append's
@@ -229,11 +231,14 @@ class QuorumNode:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, app: web.Application | None = None) -> None:
+    async def start(self, app: web.Application | None = None,
+                    kafka_protocol: Callable[[Listener], SecondProtocol] | None = None) -> None:
         """Serve the peer RPCs on the controller listener(s), ``app`` (the client and admin APIs,
         probes, metrics) on the client listeners, and start the timers. With one listener for
-        everything, ``app`` gets the peer routes too."""
+        everything, ``app`` gets the peer routes too. ``kafka_protocol``: the Kafka protocol's
+        handlers of each controller listener, served on its port beside HTTP."""
         config = self.config
+        self._kafka_protocol = kafka_protocol
         app = app if app is not None else web.Application()
         controllers = config.controller_listeners
         if config.combined_listener:
@@ -268,6 +273,7 @@ class QuorumNode:
                      serves_peers: bool, serves_clients: bool) -> None:
         """Serve ``app`` on ``listeners`` (all of one protocol), with its own runner."""
         config, security, listener = self.config, self.security, listeners[0]
+        kafka_protocol = self._kafka_protocol if serves_peers else None
         # Outermost: the probes' reserve answers probes only; on a listener of the peers alone,
         # a refused request closes its connection.
         app.middlewares.insert(0, probes_reserve_middleware() if serves_clients
@@ -295,7 +301,8 @@ class QuorumNode:
             site = await start_site(
                 runner, each.host, each.port, tls.listening if tls and each.tls else None,
                 handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
-                serves_probes=serves_clients, admits=admits)
+                serves_probes=serves_clients, admits=admits,
+                second_protocol=kafka_protocol(each) if kafka_protocol is not None else None)
             self._sites.append(site)
             if serves_peers and not each.tls:
                 self._secret_sites.append(site)
