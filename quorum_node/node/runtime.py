@@ -30,7 +30,7 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
-from quorum_node.addresses import host_port
+from quorum_node.addresses import address_url, host_port
 from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
@@ -52,6 +52,7 @@ from quorum_node.node.transport import (
     claimed_node_id,
     max_response_bytes,
     refusals_close_connections,
+    wrong_listener_middleware,
 )
 from quorum_node.node.waits import WaitInterrupted, Waits
 from quorum_node.raft.core import (
@@ -275,9 +276,11 @@ class QuorumNode:
         config, security, listener = self.config, self.security, listeners[0]
         kafka_protocol = self._kafka_protocol if serves_peers else None
         # Outermost: the probes' reserve answers probes only; on a listener of the peers alone,
-        # a refused request closes its connection.
+        # a refused request closes its connection, and a client's is told where to go.
         app.middlewares.insert(0, probes_reserve_middleware() if serves_clients
                                else refusals_close_connections)
+        if not serves_clients:
+            app.middlewares.insert(1, wrong_listener_middleware(self._where_clients_go()))
         # Refusals happen before any handler runs: a refused request changes nothing.
         app.middlewares.extend(security.middlewares(listener, serves_peers=serves_peers))
         if security.authenticates(listener):
@@ -306,6 +309,15 @@ class QuorumNode:
             self._sites.append(site)
             if serves_peers and not each.tls:
                 self._secret_sites.append(site)
+
+    def _where_clients_go(self) -> str:
+        """Where this node serves clients and the admin API, for a client that came to the
+        controller listener."""
+        config = self.config
+        own = self.client_endpoints.get(config.node_id)
+        listeners = ", ".join(str(listener) for listener in config.client_listeners)
+        url = f" ({address_url(config.url_scheme, *own)})" if own is not None else ""
+        return f"clients and the admin API are served on {listeners}{url}"
 
     def _close_connections(self) -> None:
         """The TLS files changed: close every connection made under the old ones, both ways,
