@@ -308,11 +308,10 @@ class KafkaConnection(asyncio.Protocol):
                                                 "it needs the admin role")
         except Refused as refusal:
             audit_log.warning("denied Kafka %s from %s: %s", name, self._peer, refusal)
-            detail = str(refusal)
-            if refusal.status == 401:
-                detail += " (over the Kafka protocol: a client certificate, or SASL/PLAIN "\
-                          "with a bearer token as the password)"
-            return detail
+            if refusal.status == 401 and self._identity is None:
+                return ("authentication required: over Kafka's protocol, a client certificate "
+                        "(SSL), or SASL/PLAIN with a bearer token as the password")
+            return str(refusal)
         return None
 
     # --- the admin RPCs ---------------------------------------------------------------------
