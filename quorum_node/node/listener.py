@@ -21,8 +21,9 @@ included, so every bound below holds for connections that never complete one.
 - A second protocol on the same port (``second_protocol``: the controller listener's Kafka
   protocol): once admitted, a connection waits for its first byte, which tells the two apart (a
   Kafka request starts with its size, a big-endian int32 under 16 MiB, so a zero byte; an HTTP
-  request with a method's letter). The wait is bounded by the handshake timeout, and ``admits``
-  is asked of HTTP connections only (the second protocol authenticates each request itself).
+  request with a method's letter). The wait is bounded by the handshake timeout; ``admits`` is
+  asked of HTTP connections only (the second protocol authenticates each request itself), and
+  ``admits_either`` of every connection before its first byte.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ class BoundedSite(web.TCPSite):
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
                  limits: ConnectionLimits, serves_probes: bool = False,
                  admits: Admits | None = None,
-                 second_protocol: SecondProtocol | None = None) -> None:
+                 second_protocol: SecondProtocol | None = None,
+                 admits_either: Admits | None = None) -> None:
         # The kernel's most (as Go's listeners, so etcd's, take): aiohttp's 128 made many
         # clients connecting at once wait a second or more for a SYN retry.
         super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True,
@@ -195,6 +197,7 @@ class BoundedSite(web.TCPSite):
         self.serves_probes = serves_probes
         self._admits = admits
         self._second_protocol = second_protocol
+        self._admits_either = admits_either
         self._connections: set[_Connection] = set()
         self._regular = 0
         self._by_address: Counter[str] = Counter()
@@ -283,6 +286,12 @@ class BoundedSite(web.TCPSite):
         """Hand an admitted connection to the server's handler (or, with a second protocol,
         to the one its first byte names)."""
         if self._second_protocol is not None:
+            refusal = self._admits_either(transport) if self._admits_either is not None else None
+            if refusal is not None:
+                self._refuse("admission", f"{refusal} ({connection.address})")
+                transport.abort()
+                self._left(connection)
+                return
             connection.decide_later(transport, self.handshake_timeout_s)
             return
         self._chosen(connection, transport, second=False)
@@ -414,13 +423,14 @@ async def start_site(runner: web.BaseRunner, host: str, port: int,
                      ssl_context: ssl.SSLContext | None, *, handshake_timeout_s: float,
                      limits: ConnectionLimits, serves_probes: bool = False,
                      admits: Admits | None = None,
-                     second_protocol: SecondProtocol | None = None
-                     ) -> BoundedSite:
+                     second_protocol: SecondProtocol | None = None,
+                     admits_either: Admits | None = None) -> BoundedSite:
     """Listen on ``host:port`` for ``runner``'s server (set up already) until its cleanup;
-    ``second_protocol``: the handler of connections whose first byte is zero."""
+    ``second_protocol``: the handler of connections whose first byte is zero;
+    ``admits_either``: as ``admits``, asked before that byte (of any connection)."""
     site = BoundedSite(runner, host, port, ssl_context=ssl_context,
                        handshake_timeout_s=handshake_timeout_s, limits=limits,
                        serves_probes=serves_probes, admits=admits,
-                       second_protocol=second_protocol)
+                       second_protocol=second_protocol, admits_either=admits_either)
     await site.start()
     return site

@@ -305,7 +305,9 @@ class QuorumNode:
                 runner, each.host, each.port, tls.listening if tls and each.tls else None,
                 handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
                 serves_probes=serves_clients, admits=admits,
-                second_protocol=kafka_protocol(each) if kafka_protocol is not None else None)
+                second_protocol=kafka_protocol(each) if kafka_protocol is not None else None,
+                # Kafka's admin tools may come without a node's certificate.
+                admits_either=security.admits_peer_or_admin if admits is not None else None)
             self._sites.append(site)
             if serves_peers and not each.tls:
                 self._secret_sites.append(site)

@@ -15,6 +15,7 @@ import json
 import logging
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -57,7 +58,8 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def one_node(tmp_path: Path, *, tokens: bool = False) -> AsyncIterator[Node]:
+async def one_node(tmp_path: Path, *, tokens: bool = False,
+                   **more: str) -> AsyncIterator[Node]:
     """A one-voter quorum with a client listener and a controller listener of its own."""
     client_port, controller_port = free_port(), free_port()
     cluster_id = random_cluster_id()
@@ -78,6 +80,7 @@ async def one_node(tmp_path: Path, *, tokens: bool = False) -> AsyncIterator[Nod
         (tmp_path / "secret").write_text("a-peer-secret-of-the-quorum\n")
         settings |= {"auth.token.file": str(tmp_path / "tokens"),
                      "controller.listener.secret.file": str(tmp_path / "secret")}
+    settings |= {key.replace("_", "."): value for key, value in more.items()}
     config = load_config(None, settings, {}).model_copy(update={"quorum": FAST})
     node = QuorumNode(config)
     try:
@@ -243,3 +246,27 @@ async def test_credentials_over_the_kafka_protocol(tmp_path: Path) -> None:
         with pytest.raises(KafkaAdminError) as refused:
             await asyncio.to_thread(admin.remove_voter, 1, "AAAAAAAAAAAAAAAAAAAAAQ")
         assert refused.value.code == "VOTER_NOT_FOUND"
+
+
+async def test_silent_and_idle_connections_are_closed(tmp_path: Path) -> None:
+    """A connection that never says which protocol it speaks, and a Kafka connection idle
+    after its answer, are closed after http.read.timeout.ms."""
+
+    def seconds_until_closed(sock: socket.socket) -> float:
+        started = time.monotonic()
+        sock.settimeout(5)
+        assert sock.recv(1) == b""
+        return time.monotonic() - started
+
+    async with one_node(tmp_path, http_read_timeout_ms="300") as node:
+        with socket.create_connection(node.controller, timeout=5) as silent:
+            assert await asyncio.to_thread(seconds_until_closed, silent) < 2
+        with socket.create_connection(node.controller, timeout=5) as idle:
+            def answered_then_closed() -> float:
+                idle.sendall(encode_request(1, None, api_versions_request.ApiVersionsRequest(
+                    client_software_name="a", client_software_version="b")))
+                size = struct.unpack(">i", _read(idle, 4))[0]
+                assert len(_read(idle, size)) == size
+                return seconds_until_closed(idle)
+
+            assert await asyncio.to_thread(answered_then_closed) < 2
