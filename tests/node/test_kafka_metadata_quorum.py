@@ -185,8 +185,7 @@ def test_describe_and_disk_replacement_with_kafkas_tool(kafka_lib: Path,
 
 def test_kafkas_tool_is_refused_what_the_quorum_refuses(kafka_lib: Path,
                                                         cluster: ProcessCluster) -> None:
-    """Kafka's error codes reach Kafka's tool: a voter that is not there, and the HTTP client
-    tools told where to go when pointed at the controller listener."""
+    """Kafka's error codes reach Kafka's tool: removing a voter that is not there."""
     quorum = json.loads(quorum_admin("--bootstrap-controller", controller(cluster, 1),
                                      "describe", "--status", "--json").stdout)
     voter = quorum["voters"][0]
