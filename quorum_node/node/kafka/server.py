@@ -16,11 +16,12 @@ it the answer is CLUSTER_AUTHORIZATION_FAILED. The first authenticated request c
 connection as its principal's (``max.connections.per.principal``).
 
 Bounds: a frame is at most ``MAX_REQUEST_BYTES`` (an admin request is a few hundred bytes); a
-larger one, or one that does not parse whole, closes the connection with a log line. Requests
-are answered in order, one at a time; while ``MAX_QUEUED_REQUESTS`` wait the connection is not
-read. A connection that sends no request for ``idle_timeout_s`` (``http.read.timeout.ms``) while
-none is being answered is closed. The listener's connection bounds count these connections as
-any other.
+larger one, or one that does not parse whole, closes the connection with a log line (one per
+reason every few seconds at most), and so does a failed SASL authentication after its answer.
+Requests are answered in order, one at a time; while ``MAX_QUEUED_REQUESTS`` wait the connection
+is not read. A connection that sends no request for ``idle_timeout_s``
+(``http.read.timeout.ms``) while none is being answered is closed. The listener's connection
+bounds count these connections as any other.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import dataclasses
 import datetime
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode as KafkaError
@@ -116,12 +118,12 @@ class KafkaConnection(asyncio.Protocol):
         self._identity: Identity | None = None
         self._claimed = False
         self._reading = True
+        self._failed_authentication = False
 
     # --- the transport's side ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport) or hasattr(transport, "write")
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are no subclasses
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and peer else "-"
         self._arm_idle()
@@ -162,7 +164,7 @@ class KafkaConnection(asyncio.Protocol):
             self._transport.abort()
 
     def _close(self, reason: str) -> None:
-        logger.warning("Kafka protocol: closing the connection of %s: %s", self._peer, reason)
+        _CLOSINGS.note(self._peer, reason)
         self.force_close()
 
     def _arm_idle(self) -> None:
@@ -186,6 +188,9 @@ class KafkaConnection(asyncio.Protocol):
                 if self._transport is not None:
                     self._transport.write(answer)
                     self._arm_idle()
+                if self._failed_authentication:  # as Kafka: answered, then closed
+                    self._close("SASL authentication failed")
+                    return
         except _Closed as error:
             self._close(str(error))
         except Exception:  # a fault of this server: this connection ends, the node goes on
@@ -275,7 +280,7 @@ class KafkaConnection(asyncio.Protocol):
             audit_log.warning("denied Kafka SaslAuthenticate (user %r) from %s: %s", user,
                               self._peer, refusal)
             # Kafka closes the connection after this answer; the client reports it.
-            self._sasl_mechanism = None
+            self._failed_authentication = True
             return answer(KafkaError.sasl_authentication_failed,
                           "Authentication failed: invalid credentials")
         assert identity is not None  # a credential was sent
@@ -456,6 +461,31 @@ class KafkaConnection(asyncio.Protocol):
             return (f"endpoint {name}://{endpoint.host}:{endpoint.port} differs from voter "
                     f"{voter_id}'s in controller.quorum.voters ({host}:{port})")
         return None
+
+
+class _ClosingLog:
+    """One log line per reason every ``_LOG_REPEAT_S`` at most (a client sending the same bad
+    request again and again is counted, not logged each time)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def note(self, peer: str, reason: str) -> None:
+        now = time.monotonic()
+        last, left_out = self._last.get(reason, (-_LOG_REPEAT_S, 0))
+        if now - last < _LOG_REPEAT_S:
+            self._last[reason] = (last, left_out + 1)
+            return
+        if len(self._last) > _MAX_LOGGED_REASONS:
+            self._last.clear()  # bounded, whatever the reasons
+        self._last[reason] = (now, 0)
+        more = f" ({left_out} more since the last line)" if left_out else ""
+        logger.warning("Kafka protocol: closing the connection of %s: %s%s", peer, reason, more)
+
+
+_LOG_REPEAT_S: Final = 10.0
+_MAX_LOGGED_REASONS: Final = 1000
+_CLOSINGS: Final = _ClosingLog()
 
 
 # Kafka's errors by the core's (the same codes).
