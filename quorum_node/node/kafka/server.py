@@ -200,8 +200,7 @@ class KafkaConnection(asyncio.Protocol):
             self._worker = None
 
     async def _answer(self, frame: bytes) -> bytes:
-        api_key, api_version, correlation_id = (
-            _peeked(frame))
+        api_key, api_version, correlation_id = _peeked(frame)
         supported = SUPPORTED.get(api_key)
         if supported is None:
             raise _Closed(f"api key {api_key} is not served here (ApiVersions lists those that "
