@@ -2,12 +2,17 @@
 ``kafka-metadata-quorum``.
 
     quorum-admin --bootstrap-server HOST:PORT[,HOST:PORT...] describe --status
+    quorum-admin --bootstrap-controller HOST:CONTROLLER_PORT describe --status   # Kafka's protocol
     quorum-admin --bootstrap-server HOST:PORT describe --replication [--human-readable]
     quorum-admin describe --status --json
     quorum-admin add-voter --id 3 --uuid DIRECTORY_ID      # AddVoter (KIP-856)
     quorum-admin remove-voter --id 3 --uuid DIRECTORY_ID   # RemoveVoter
     quorum-admin remove-voter --id 5 --uuid DIRECTORY_ID --decommission   # scale down
 
+``--bootstrap-server`` names client listeners (the HTTP admin API); ``--bootstrap-controller``,
+as in Kafka, controller listeners, spoken to over Kafka's protocol as Kafka's own
+``kafka-metadata-quorum`` does (``quorum_node.kafka_admin_client``): describe, add-voter and
+remove-voter work either way (``status`` and ``--decommission`` need the HTTP API).
 The bootstrap servers are tried in order; a non-leader redirects to the leader, which is followed.
 While no leader is known (an election), the servers are retried until ``--timeout SECONDS``
 (default 5 for describe, 30 for a voter change, which waits for the new voter set to commit);
@@ -48,6 +53,7 @@ from quorum_node.cli.common import (
 )
 from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import QuorumClient, QuorumClientError, Voter
+from quorum_node.kafka_admin_client import KafkaAdminError, KafkaQuorumAdmin
 from quorum_node.security.client_credentials import ClientCredentials
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 
@@ -128,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.bootstrap_controller is not None:
+        if args.bootstrap_server is not None:
+            raise CliError("give --bootstrap-server or --bootstrap-controller, not both",
+                           EXIT_USAGE, api_code="BAD_REQUEST")
+        return _run_on_controllers(args)
     bootstrap = bootstrap_from(args)
     try:
         servers = parse_bootstrap(bootstrap)
@@ -139,6 +150,74 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "status":
         return _status(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
     return _change_voters(args, servers, timeout_from(args, VOTER_CHANGE_TIMEOUT_S), access)
+
+
+def _run_on_controllers(args: argparse.Namespace) -> int:
+    """The command over Kafka's protocol, to the controller listeners."""
+    try:
+        servers = parse_bootstrap(args.bootstrap_controller, "--bootstrap-controller")
+    except ValueError as error:
+        raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
+    if args.command == "status":
+        raise CliError("status asks each node's own client listener: use --bootstrap-server",
+                       EXIT_USAGE, api_code="BAD_REQUEST")
+    if getattr(args, "decommission", False):
+        raise CliError("--decommission has no field in Kafka's RemoveRaftVoter: use "
+                       "--bootstrap-server (the HTTP admin API)", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    credentials = credentials_from_args(args)
+    if args.command == "describe":
+        if args.human_readable and not args.replication:
+            raise CliError("--human-readable is only valid with --replication", EXIT_USAGE,
+                           api_code="BAD_REQUEST")
+        admin = KafkaQuorumAdmin(servers, timeout_from(args, DESCRIBE_TIMEOUT_S), credentials)
+        try:
+            quorum = admin.describe()
+        except KafkaAdminError as error:
+            raise CliError(f"cannot describe the quorum: {error}", EXIT_FAILED,
+                           api_code=error.code) from None
+        _print_quorum(args, quorum)
+        return 0
+    voter_id, directory_id = _voter_arguments(args)
+    adding = args.command == "add-voter"
+    voter = f"voter {voter_id} with directory id {directory_id}"
+    admin = KafkaQuorumAdmin(servers, timeout_from(args, VOTER_CHANGE_TIMEOUT_S), credentials)
+    try:
+        if adding:
+            admin.add_voter(voter_id, directory_id)
+        else:
+            admin.remove_voter(voter_id, directory_id)
+        voters = admin.describe()["voters"]
+    except KafkaAdminError as error:
+        raise CliError(f"cannot {'add' if adding else 'remove'} {voter}: {error}", EXIT_FAILED,
+                       api_code=error.code) from None
+    keys = [Voter(row["id"], row["directory_id"]) for row in voters]
+    if args.json:
+        emit_json({"error": "NONE", "id": voter_id, "directory_id": directory_id,
+                   "voters": [{"id": key.id, "directory_id": key.directory_id} for key in keys]})
+        return 0
+    print(f"{'Added' if adding else 'Removed'} {voter}")
+    print(f"{'CurrentVoters:':<{_LABEL_WIDTH}}[{', '.join(map(_voter_entry, keys))}]")
+    return 0
+
+
+def _voter_arguments(args: argparse.Namespace) -> tuple[int, str]:
+    if args.voter_id < 0:
+        raise CliError(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE,
+                       api_code="BAD_REQUEST")
+    try:
+        return args.voter_id, to_kafka_string(parse_uuid(args.uuid))
+    except ValueError as error:
+        raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
+
+
+def _print_quorum(args: argparse.Namespace, quorum: dict[str, Any]) -> None:
+    if args.json:
+        emit_json(quorum)
+    elif args.status:
+        print(format_status(quorum))
+    else:
+        print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
 
 
 class Access:
@@ -176,12 +255,7 @@ def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_
         quorum = fetch_quorum(servers, timeout_s, access)
     except AdminError as error:
         raise CliError(str(error), EXIT_FAILED, api_code="UNAVAILABLE") from None
-    if args.json:
-        emit_json(quorum)
-    elif args.status:
-        print(format_status(quorum))
-    else:
-        print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
+    _print_quorum(args, quorum)
     return 0
 
 
@@ -264,13 +338,7 @@ def _status(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_s:
 
 def _change_voters(args: argparse.Namespace, servers: list[tuple[str, int]],
                    timeout_s: float, access: Access) -> int:
-    if args.voter_id < 0:
-        raise CliError(f"--id must be a node id (>= 0), got {args.voter_id}", EXIT_USAGE,
-                       api_code="BAD_REQUEST")
-    try:
-        directory_id = to_kafka_string(parse_uuid(args.uuid))
-    except ValueError as error:
-        raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
+    _, directory_id = _voter_arguments(args)
     adding = args.command == "add-voter"
     voter = f"voter {args.voter_id} with directory id {directory_id}"
     client = QuorumClient([address_url(access.scheme, host, port) for host, port in servers],
@@ -351,7 +419,7 @@ def _voter_entry(voter: Voter) -> str:
 # --- talking to the nodes --------------------------------------------------------------------
 
 
-def parse_bootstrap(value: str) -> list[tuple[str, int]]:
+def parse_bootstrap(value: str, option: str = "--bootstrap-server") -> list[tuple[str, int]]:
     """``host:port[,host:port...]``; IPv6 literals in brackets; an ``http://`` prefix is allowed."""
     servers: list[tuple[str, int]] = []
     for entry in (e.strip() for e in value.split(",")):
@@ -362,10 +430,10 @@ def parse_bootstrap(value: str) -> list[tuple[str, int]]:
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
         if not (colon and host and port.isdigit() and 1 <= int(port) <= 65535):
-            raise ValueError(f"--bootstrap-server: {entry!r} is not HOST:PORT")
+            raise ValueError(f"{option}: {entry!r} is not HOST:PORT")
         servers.append((host, int(port)))
     if not servers:
-        raise ValueError("--bootstrap-server is empty: expected HOST:PORT[,HOST:PORT...]")
+        raise ValueError(f"{option} is empty: expected HOST:PORT[,HOST:PORT...]")
     return servers
 
 

@@ -1,8 +1,10 @@
 """The conventions every ``quorum-*`` command line follows, in one place.
 
-- ``--bootstrap-server``/``-b`` (alias ``--bootstrap-controller``, Kafka's name) lists the nodes
-  to contact, ``HOST:PORT[,HOST:PORT...]``; the default is ``$QUORUM_BOOTSTRAP_SERVER``, else
-  the three client ports of ``quorum-node local`` (``DEFAULT_BOOTSTRAP``).
+- ``--bootstrap-server``/``-b`` lists the nodes to contact, ``HOST:PORT[,HOST:PORT...]``; the
+  default is ``$QUORUM_BOOTSTRAP_SERVER``, else the three client ports of ``quorum-node local``
+  (``DEFAULT_BOOTSTRAP``). ``--bootstrap-controller`` means what it means in Kafka: the
+  controller listeners, over Kafka's protocol; only ``quorum-admin`` talks to them (another tool
+  refuses it, saying to use the client listeners).
 - ``--timeout SECONDS`` bounds a whole command, retries included.
 - One retry policy (``QuorumClient(fail_fast=True)``): answers that say nothing took effect (no
   leader during an election, a node shutting down) are retried across the list until the
@@ -115,9 +117,14 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool,
         return value if top else argparse.SUPPRESS
 
     parser.add_argument(
-        "-b", "--bootstrap-server", "--bootstrap-controller", dest="bootstrap_server",
+        "-b", "--bootstrap-server", dest="bootstrap_server",
         metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
         help=f"nodes to contact, any of them (default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
+    parser.add_argument(
+        "--bootstrap-controller", dest="bootstrap_controller",
+        metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
+        help="controller listeners to contact over Kafka's protocol, as Kafka's "
+             "--bootstrap-controller (quorum-admin only)")
     parser.add_argument(
         "--timeout", type=positive_float, metavar="SECONDS", default=default(default_timeout_s),
         help="give up after this long, retries included"
@@ -137,6 +144,13 @@ def add_protocol_option(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:
+    """The client listeners to contact; a usage error for --bootstrap-controller (the
+    controller listeners serve peers and Kafka's admin protocol, not this tool's API)."""
+    if getattr(args, "bootstrap_controller", None) is not None:
+        raise CliError("--bootstrap-controller names controller listeners, which serve the "
+                       "peers and Kafka's admin protocol (quorum-admin); this tool talks to the "
+                       "client listeners: use --bootstrap-server", EXIT_USAGE,
+                       api_code="WRONG_LISTENER")
     environ = os.environ if environ is None else environ
     value: str | None = args.bootstrap_server
     return value or environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP

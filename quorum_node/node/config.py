@@ -26,6 +26,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 
@@ -121,6 +122,11 @@ class NodeConfig(BaseModel):
     node_id: int = Field(ge=0)
     cluster_id: Annotated[str, AfterValidator(_cluster_id)]
     log_dir: Path
+    # Kafka's name of the same directory (a controller's metadata log): Kafka's tools read it
+    # (kafka-metadata-quorum add-controller finds meta.properties there). Always log_dir's.
+    metadata_log_dir: Path | None = None
+    # Kafka's process.roles: a node of this quorum is a controller, and only that.
+    process_roles: str = "controller"
     # Declared before listeners: parsing a listener's name reads it.
     listener_security_protocol_map: str = Field("", validate_default=True)
     # The controller listener serves the peer RPCs only, the others the client and admin APIs,
@@ -256,6 +262,33 @@ class NodeConfig(BaseModel):
             if missing:
                 raise ValueError(f"no client endpoint for voter {missing[0]}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_log_dir(cls, data: Any) -> Any:
+        """log.dir and metadata.log.dir name one directory: either sets both."""
+        if not isinstance(data, dict):
+            return data
+        given = {name: data.get(name) for name in ("log_dir", "metadata_log_dir")
+                 if data.get(name) is not None and str(data.get(name)).strip()}
+        if len(given) == 2 and Path(str(given["log_dir"])) != Path(
+                str(given["metadata_log_dir"])):
+            raise ValueError(f"log.dir ({given['log_dir']}) and metadata.log.dir "
+                             f"({given['metadata_log_dir']}) differ: they name the one "
+                             "directory of the node's log; set one of them")
+        if len(given) == 1:
+            value = next(iter(given.values()))
+            data = {**data, "log_dir": value, "metadata_log_dir": value}
+        return data
+
+    @field_validator("process_roles")
+    @classmethod
+    def _controller_only(cls, value: str) -> str:
+        roles = {role.strip() for role in value.split(",") if role.strip()}
+        if roles != {"controller"}:
+            raise ValueError(f"expected 'controller', got {value!r}: a node of this quorum is a "
+                             "KRaft controller only (no broker role)")
+        return "controller"
 
     @field_validator("log_dir", mode="before")
     @classmethod
@@ -412,6 +445,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "meta.properties."),
     ConfigKey("log.dir", ("log_dir",),
               "The log directory, formatted by `quorum-node format` (or format.if.empty)."),
+    ConfigKey("metadata.log.dir", ("metadata_log_dir",),
+              "Kafka's name of log.dir (a controller's metadata log directory), where Kafka's "
+              "kafka-metadata-quorum add-controller reads meta.properties: either key sets "
+              "both (unset: log.dir's)."),
+    ConfigKey("process.roles", ("process_roles",),
+              "Kafka's roles of a node: controller, the only one (Kafka's tools check for it)."),
     ConfigKey("listeners", ("listeners",),
               "Where to listen: NAME://host:port,... (PLAINTEXT and SSL name their protocol, "
               "others are mapped by listener.security.protocol.map; [::1] for IPv6; a bare "
@@ -795,6 +834,8 @@ def _escape(value: str) -> str:
 
 
 def _render(key: ConfigKey, config: NodeConfig) -> str:
+    if key.name == "metadata.log.dir":
+        return str(config.log_dir)
     if key.name == "listeners":
         return ",".join(str(listener) for listener in config.listeners)
     if key.name == "controller.quorum.voters":

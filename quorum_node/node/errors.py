@@ -15,6 +15,7 @@ class ErrorCode(enum.StrEnum):
     REQUEST_TIMEOUT = "REQUEST_TIMEOUT"  # the body did not arrive in time
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     NOT_FOUND = "NOT_FOUND"  # no such endpoint
+    WRONG_LISTENER = "WRONG_LISTENER"  # a client's request on the peers' controller listener
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     UNAUTHENTICATED = "UNAUTHENTICATED"  # no or wrong credentials
     FORBIDDEN = "FORBIDDEN"  # credentials without the role the endpoint needs

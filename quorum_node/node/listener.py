@@ -18,6 +18,12 @@ included, so every bound below holds for connections that never complete one.
 - ``close_connections`` closes every connection, keep-alive requests and WebSocket streams
   alike: after the TLS files or the peer secret change, nothing admitted under the old ones
   stays open.
+- A second protocol on the same port (``second_protocol``: the controller listener's Kafka
+  protocol): once admitted, a connection waits for its first byte, which tells the two apart (a
+  Kafka request starts with its size, a big-endian int32 under 16 MiB, so a zero byte; an HTTP
+  request with a method's letter). The wait is bounded by the handshake timeout; ``admits`` is
+  asked of HTTP connections only (the second protocol authenticates each request itself), and
+  ``admits_either`` of every connection before its first byte.
 """
 
 from __future__ import annotations
@@ -30,11 +36,10 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from aiohttp.web_protocol import RequestHandler
 
 from quorum_node.addresses import every_interface_socket
 from quorum_node.node.transport import start_now
@@ -51,6 +56,26 @@ _LOG_REPEAT_S: Final = 10.0
 # Why a connection is refused after its TLS handshake (None: it is not).
 Admits = Callable[[asyncio.Transport], "str | None"]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The first byte of every connection of the second protocol (the high byte of a Kafka request's
+# size, which is far below 16 MiB); never the first byte of an HTTP request.
+SECOND_PROTOCOL_FIRST_BYTE: Final = 0
+
+
+class ConnectionHandler(Protocol):
+    """What serves an admitted connection: aiohttp's RequestHandler, or the second protocol's."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+    def data_received(self, data: bytes) -> None: ...
+    def eof_received(self) -> bool | None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+    def connection_lost(self, exc: Exception | None) -> None: ...
+    def force_close(self) -> None: ...
+
+
+# Makes the handler of one connection of the second protocol, given the connection's claim: a
+# principal's (at its first authenticated request), False when that principal holds its bound.
+SecondProtocol = Callable[[Callable[[str], bool]], ConnectionHandler]
 
 
 @dataclass(frozen=True)
@@ -73,16 +98,35 @@ class _Connection(asyncio.Protocol):
         self.counted = False
         self.principal: str | None = None
         self.raw: asyncio.Transport | None = None  # the TCP connection, until the handler's
-        self.handler: RequestHandler | None = None
+        self.handler: ConnectionHandler | None = None
         self._early: list[bytes] = []  # data a TLS handshake let through before the handler
         self._paused = False
+        # Admitted, waiting for its first byte to tell which protocol serves it.
+        self.undecided: asyncio.Transport | None = None
+        self._undecided_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         stream = cast(asyncio.Transport, transport)  # uvloop's transports are no subclasses
         self.raw = stream
         self.site._arrived(self, stream)
 
-    def attach(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+    def decide_later(self, transport: asyncio.Transport, timeout_s: float) -> None:
+        """Wait for the first byte (at most ``timeout_s``) before choosing the handler."""
+        self.undecided = transport
+        self._undecided_timer = asyncio.get_running_loop().call_later(timeout_s, self.close)
+        if self._early:
+            self._decide()
+
+    def _decide(self) -> None:
+        transport, self.undecided = self.undecided, None
+        if self._undecided_timer is not None:
+            self._undecided_timer.cancel()
+            self._undecided_timer = None
+        assert transport is not None
+        first = self._early[0][0]
+        self.site._chosen(self, transport, second=first == SECOND_PROTOCOL_FIRST_BYTE)
+
+    def attach(self, handler: ConnectionHandler, transport: asyncio.Transport) -> None:
         self.handler = handler
         self.raw = None
         handler.connection_made(transport)
@@ -96,8 +140,10 @@ class _Connection(asyncio.Protocol):
         handler = self.handler
         if handler is not None:
             handler.data_received(data)
-        else:
+        elif data:
             self._early.append(data)
+            if self.undecided is not None:
+                self._decide()
 
     def eof_received(self) -> None:
         if self.handler is not None:
@@ -114,6 +160,9 @@ class _Connection(asyncio.Protocol):
             self.handler.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._undecided_timer is not None:
+            self._undecided_timer.cancel()
+            self._undecided_timer = None
         self.site._left(self)
         if self.handler is not None:
             self.handler.connection_lost(exc)
@@ -122,6 +171,9 @@ class _Connection(asyncio.Protocol):
         """Close the connection now, whatever it is doing."""
         if self.handler is not None:
             self.handler.force_close()
+        elif self.undecided is not None:
+            self.undecided.abort()
+            self.site._left(self)
         elif self.raw is not None:
             self.raw.abort()
             self.site._left(self)  # a transport aborted mid-handshake may never say so
@@ -133,7 +185,9 @@ class BoundedSite(web.TCPSite):
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
                  limits: ConnectionLimits, serves_probes: bool = False,
-                 admits: Admits | None = None) -> None:
+                 admits: Admits | None = None,
+                 second_protocol: SecondProtocol | None = None,
+                 admits_either: Admits | None = None) -> None:
         # The kernel's most (as Go's listeners, so etcd's, take): aiohttp's 128 made many
         # clients connecting at once wait a second or more for a SYN retry.
         super().__init__(runner, host, port, ssl_context=ssl_context, reuse_address=True,
@@ -142,6 +196,8 @@ class BoundedSite(web.TCPSite):
         self.limits = limits
         self.serves_probes = serves_probes
         self._admits = admits
+        self._second_protocol = second_protocol
+        self._admits_either = admits_either
         self._connections: set[_Connection] = set()
         self._regular = 0
         self._by_address: Counter[str] = Counter()
@@ -227,7 +283,27 @@ class BoundedSite(web.TCPSite):
             self._open(connection, transport)
 
     def _open(self, connection: _Connection, transport: asyncio.Transport) -> None:
-        """Hand an admitted connection to the server's handler."""
+        """Hand an admitted connection to the server's handler (or, with a second protocol,
+        to the one its first byte names)."""
+        if self._second_protocol is not None:
+            refusal = self._admits_either(transport) if self._admits_either is not None else None
+            if refusal is not None:
+                self._refuse("admission", f"{refusal} ({connection.address})")
+                transport.abort()
+                self._left(connection)
+                return
+            connection.decide_later(transport, self.handshake_timeout_s)
+            return
+        self._chosen(connection, transport, second=False)
+
+    def _chosen(self, connection: _Connection, transport: asyncio.Transport, *,
+                second: bool) -> None:
+        if second:
+            assert self._second_protocol is not None
+            connection.attach(
+                self._second_protocol(lambda principal: self.claim(connection, principal)),
+                transport)
+            return
         refusal = self._admits(transport) if self._admits is not None else None
         server = self._runner.server
         if refusal is not None or server is None:
@@ -236,7 +312,7 @@ class BoundedSite(web.TCPSite):
             transport.abort()
             self._left(connection)
             return
-        connection.attach(server(), transport)
+        connection.attach(cast(ConnectionHandler, server()), transport)
 
     def _left(self, connection: _Connection) -> None:
         if not connection.counted:
@@ -346,10 +422,15 @@ def principals_middleware(principal_of: Callable[[web.Request], str | None]) -> 
 async def start_site(runner: web.BaseRunner, host: str, port: int,
                      ssl_context: ssl.SSLContext | None, *, handshake_timeout_s: float,
                      limits: ConnectionLimits, serves_probes: bool = False,
-                     admits: Admits | None = None) -> BoundedSite:
-    """Listen on ``host:port`` for ``runner``'s server (set up already) until its cleanup."""
+                     admits: Admits | None = None,
+                     second_protocol: SecondProtocol | None = None,
+                     admits_either: Admits | None = None) -> BoundedSite:
+    """Listen on ``host:port`` for ``runner``'s server (set up already) until its cleanup;
+    ``second_protocol``: the handler of connections whose first byte is zero;
+    ``admits_either``: as ``admits``, asked before that byte (of any connection)."""
     site = BoundedSite(runner, host, port, ssl_context=ssl_context,
                        handshake_timeout_s=handshake_timeout_s, limits=limits,
-                       serves_probes=serves_probes, admits=admits)
+                       serves_probes=serves_probes, admits=admits,
+                       second_protocol=second_protocol, admits_either=admits_either)
     await site.start()
     return site

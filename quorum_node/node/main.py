@@ -1,7 +1,8 @@
 """The node's process: ``quorum-node run``'s entry point (``run_node``), serving a node with
 its HTTP application until a signal or a failure (``serve``), and the process tuning that goes
 with it (uvloop, the garbage collector). The outermost layer: it imports the application, which
-imports the APIs, which import the runtime; nothing imports this module but the CLI."""
+imports the APIs, and the Kafka protocol, which import the runtime; nothing imports this module
+but the CLI."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import uvloop
 
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
+from quorum_node.node.kafka.server import kafka_protocol_of
 from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
 
@@ -26,7 +28,8 @@ async def serve(config: NodeConfig) -> int:
     node = QuorumNode(config)
     # One service for every client transport: they share its bound on waiting calls.
     service = KvService(node)
-    await node.start(build_app(node, service))
+    # The controller listener also speaks Kafka's protocol to Kafka's admin tools (KIP-919).
+    await node.start(build_app(node, service), kafka_protocol_of(node))
     _tune_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

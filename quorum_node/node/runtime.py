@@ -30,13 +30,14 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
-from quorum_node.addresses import host_port
+from quorum_node.addresses import address_url, host_port
 from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.listener import (
     BoundedSite,
     ConnectionLimits,
+    SecondProtocol,
     principals_middleware,
     probes_reserve_middleware,
     start_site,
@@ -51,6 +52,7 @@ from quorum_node.node.transport import (
     claimed_node_id,
     max_response_bytes,
     refusals_close_connections,
+    wrong_listener_middleware,
 )
 from quorum_node.node.waits import WaitInterrupted, Waits
 from quorum_node.raft.core import (
@@ -218,6 +220,7 @@ class QuorumNode:
         # Peers whose last request failed, or whose stream ended, since the shutdown began.
         self._unreachable: set[int] = set()
         self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
+        self._kafka_protocol: Callable[[Listener], SecondProtocol] | None = None
         self._stopped = asyncio.Event()
         self.failure: BaseException | None = None
         # Observers of the node (metrics): called after every step, and with each append's
@@ -229,11 +232,14 @@ class QuorumNode:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, app: web.Application | None = None) -> None:
+    async def start(self, app: web.Application | None = None,
+                    kafka_protocol: Callable[[Listener], SecondProtocol] | None = None) -> None:
         """Serve the peer RPCs on the controller listener(s), ``app`` (the client and admin APIs,
         probes, metrics) on the client listeners, and start the timers. With one listener for
-        everything, ``app`` gets the peer routes too."""
+        everything, ``app`` gets the peer routes too. ``kafka_protocol``: the Kafka protocol's
+        handlers of each controller listener, served on its port beside HTTP."""
         config = self.config
+        self._kafka_protocol = kafka_protocol
         app = app if app is not None else web.Application()
         controllers = config.controller_listeners
         if config.combined_listener:
@@ -268,10 +274,13 @@ class QuorumNode:
                      serves_peers: bool, serves_clients: bool) -> None:
         """Serve ``app`` on ``listeners`` (all of one protocol), with its own runner."""
         config, security, listener = self.config, self.security, listeners[0]
+        kafka_protocol = self._kafka_protocol if serves_peers else None
         # Outermost: the probes' reserve answers probes only; on a listener of the peers alone,
-        # a refused request closes its connection.
+        # a refused request closes its connection, and a client's is told where to go.
         app.middlewares.insert(0, probes_reserve_middleware() if serves_clients
                                else refusals_close_connections)
+        if not serves_clients:
+            app.middlewares.insert(1, wrong_listener_middleware(self._where_clients_go()))
         # Refusals happen before any handler runs: a refused request changes nothing.
         app.middlewares.extend(security.middlewares(listener, serves_peers=serves_peers))
         if security.authenticates(listener):
@@ -295,10 +304,22 @@ class QuorumNode:
             site = await start_site(
                 runner, each.host, each.port, tls.listening if tls and each.tls else None,
                 handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
-                serves_probes=serves_clients, admits=admits)
+                serves_probes=serves_clients, admits=admits,
+                second_protocol=kafka_protocol(each) if kafka_protocol is not None else None,
+                # Kafka's admin tools may come without a node's certificate.
+                admits_either=security.admits_peer_or_admin if admits is not None else None)
             self._sites.append(site)
             if serves_peers and not each.tls:
                 self._secret_sites.append(site)
+
+    def _where_clients_go(self) -> str:
+        """Where this node serves clients and the admin API, for a client that came to the
+        controller listener."""
+        config = self.config
+        own = self.client_endpoints.get(config.node_id)
+        listeners = ", ".join(str(listener) for listener in config.client_listeners)
+        url = f" ({address_url(config.url_scheme, *own)})" if own is not None else ""
+        return f"clients and the admin API are served on {listeners}{url}"
 
     def _close_connections(self) -> None:
         """The TLS files changed: close every connection made under the old ones, both ways,

@@ -46,9 +46,11 @@ from typing import Any, Final, TypeVar
 import aiohttp
 import pydantic_core
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from pydantic import ValidationError
 
 from quorum_node.addresses import address_url
+from quorum_node.node.errors import ErrorCode
 from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.messages import (
@@ -588,6 +590,29 @@ async def refusals_close_connections(
     if response.status >= 400:
         request.protocol.close()
     return response
+
+
+def wrong_listener_middleware(where_clients_go: str) -> Middleware:
+    """On a listener that serves peers only: a request for anything but a peer RPC (a client
+    or an admin tool pointed at the controller listener) is answered with the one error body,
+    421 ``WRONG_LISTENER``, saying where clients are served (``where_clients_go``)."""
+
+    @web.middleware
+    async def wrong_listener(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                             ) -> web.StreamResponse:
+        problem = request.match_info.http_exception
+        if problem is None or problem.status not in (404, 405) \
+                or request.path.startswith(RPC_PREFIX):
+            return await handler(request)
+        return web.json_response(
+            {"code": ErrorCode.WRONG_LISTENER.value,
+             "message": f"{request.method} {request.path}: this is a controller listener, which "
+                        f"serves the peers (and Kafka's admin protocol, as "
+                        f"--bootstrap-controller); {where_clients_go}"},
+            status=421)
+
+    return wrong_listener
 
 
 class _ServedStream:

@@ -20,7 +20,7 @@ from quorum_node.security.peer_secret import (
     load_peer_secret,
     peer_secret_middleware,
 )
-from quorum_node.security.roles import parse_principal_grants
+from quorum_node.security.roles import Role, parse_principal_grants, roles_of_principal
 from quorum_node.security.tls import (
     ReloadingTls,
     TlsFiles,
@@ -77,6 +77,7 @@ class NodeSecurity:
                 raise SecuritySetupError(f"controller.listener.secret.file: {error}") from None
         tokens = self.tokens
         grants = parse_principal_grants(config.auth_certificate_roles)
+        self._grants = grants
         token_table = (lambda: tokens.current) if tokens is not None else None
         self._peers = PeerPrincipals(config.auth_peer_principal_template)
         # By protocol: whether a listener can see client certificates decides what it asks for.
@@ -129,6 +130,19 @@ class NodeSecurity:
         if len(names) == 1 and self._peers.node_id_of(names[0]) is not None:
             return None
         return "no node certificate" if not names else f"not a node's certificate ({names[0]})"
+
+    def admits_peer_or_admin(self, transport: asyncio.Transport) -> str | None:
+        """As ``admits_peer``, for an SSL controller listener that also serves Kafka's admin
+        protocol: a connection is kept, until its first byte says which protocol it speaks,
+        when some request on it could be served: a node's certificate (peer RPCs), a
+        certificate of the admin role, or none where tokens could authenticate (SASL/PLAIN)."""
+        refusal = self.admits_peer(transport)
+        if refusal is None or self.tokens is not None:
+            return None
+        names = certificate_common_names(transport.get_extra_info("peercert"))
+        if len(names) == 1 and Role.ADMIN in roles_of_principal(self._grants, names[0]):
+            return None
+        return refusal
 
     @staticmethod
     def principal_of(request: web.Request) -> str | None:

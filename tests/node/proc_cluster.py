@@ -173,15 +173,17 @@ class ProcessCluster:
     @classmethod
     def create(cls, directory: Path, size: int,
                node_settings: Callable[[int], Mapping[str, object]] | None = None,
-               tls: bool = False, **settings: int) -> ProcessCluster:
+               tls: bool = False, proxied: bool = True, **settings: int) -> ProcessCluster:
         """``settings`` apply to every node (``_`` for ``.`` in key names); ``node_settings(i)``
         adds node i's own keys (e.g. its certificate), by their real names; ``tls`` makes both
-        listeners SSL (else the peers share a secret)."""
+        listeners SSL (else the peers share a secret); ``proxied=False``: the voters are named
+        by their own controller ports (no fault proxy between the nodes)."""
         cluster = cls(directory)
         ports = {i: free_port() for i in range(1, size + 1)}
         peer_ports = {i: free_port() for i in range(1, size + 1)}
         proxies = {i: FaultProxy(port) for i, port in peer_ports.items()}
-        voters = ",".join(f"{i}@127.0.0.1:{proxies[i].port}" for i in ports)
+        voter_ports = {i: proxies[i].port if proxied else peer_ports[i] for i in ports}
+        voters = ",".join(f"{i}@127.0.0.1:{voter_ports[i]}" for i in ports)
         clients = ",".join(f"{i}@127.0.0.1:{port}" for i, port in ports.items())
         protocol = "SSL" if tls else "PLAINTEXT"
         security: dict[str, object] = {}

@@ -157,8 +157,8 @@ def test_unknown_quorum_variable_is_refused_and_others_ignored() -> None:
 
 
 def test_unknown_flag_key_is_refused() -> None:
-    assert error_of(flags={**REQUIRED, "process.roles": "controller"}).startswith(
-        "unknown key 'process.roles'")
+    assert error_of(flags={**REQUIRED, "num.partitions": "3"}).startswith(
+        "unknown key 'num.partitions'")
 
 
 def test_a_key_set_twice_in_the_file_is_refused(tmp_path: Path) -> None:
@@ -472,3 +472,20 @@ def test_the_peer_secret_while_a_plaintext_controller_listener_is_one_of_two(
         **MIGRATING, "controller.listener.secret.file": "/s/secret",
         "listener.security.protocol.map": "CLIENT:PLAINTEXT,CONTROLLER:SSL,CONTROLLER_SSL:SSL"})
     assert "only used with a PLAINTEXT controller listener" in message, message
+
+
+def test_kafkas_names_of_the_log_directory_and_the_role(tmp_path: Path) -> None:
+    """metadata.log.dir (Kafka's name of a controller's log directory) sets log.dir, and either
+    sets both; process.roles is controller only. Kafka's add-controller reads them."""
+    without = {key: value for key, value in REQUIRED.items() if key != "log.dir"}
+    config = load_config(None, {**without, "metadata.log.dir": "/data/m"}, {})
+    assert config.log_dir == config.metadata_log_dir == Path("/data/m")
+    assert load_config(None, REQUIRED, {}).metadata_log_dir == Path(REQUIRED["log.dir"])
+    text = load_config(None, REQUIRED, {}).to_properties()
+    assert f"\nmetadata.log.dir={REQUIRED['log.dir']}\n" in text
+    assert "\nprocess.roles=controller\n" in text
+    assert load_config(None, {**REQUIRED, "metadata.log.dir": REQUIRED["log.dir"]}, {})
+    assert "log.dir (/var/lib/quorum/node-1) and metadata.log.dir (/elsewhere) differ" in \
+        error_of(flags={**REQUIRED, "metadata.log.dir": "/elsewhere"})
+    assert error_of(flags={**REQUIRED, "process.roles": "broker,controller"}).startswith(
+        "process.roles (from --process-roles): expected 'controller', got 'broker,controller'")

@@ -9,6 +9,7 @@ follower and depose the leader, or Fetch every record past the client API's cred
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import subprocess
@@ -146,9 +147,14 @@ def test_peer_rpcs_on_the_client_listener_are_not_routed(cluster: ProcessCluster
                          {PEER_SECRET_HEADER: cluster.peer_secret})
         assert status == 404, name
     assert get(f"{cluster.nodes[target].url}/raft/v1/stream")[0] == 404
-    # Nor do the client API, probes or metrics answer on the controller listener.
+    # Nor do the client API, probes or metrics answer on the controller listener: a client
+    # that came there is told, in the one error body, where they are served.
     for path in ("/v1/quorum", "/v1/records", "/readyz", "/metrics"):
-        assert get(f"{cluster.nodes[leader].peer_url}{path}")[0] == 404, path
+        status, body = get(f"{cluster.nodes[leader].peer_url}{path}")
+        assert status == 421, path
+        answer = json.loads(body)
+        assert answer["code"] == "WRONG_LISTENER"
+        assert f"CLIENT://127.0.0.1:{cluster.nodes[leader].port}" in answer["message"]
     assert_nothing_changes(cluster, before)
 
 

@@ -47,16 +47,15 @@ from typing import Any
 from aiohttp import web
 
 from quorum_node.backup.endpoint import backup_routes
+from quorum_node.node.admin_service import QuorumAdmin
 from quorum_node.node.api.http import (
     ApiError,
     Query,
     bad_request,
     endpoint_url,
-    node_failed,
     parse_integer,
     read_json,
 )
-from quorum_node.node.clock import now_ms
 from quorum_node.node.errors import ErrorCode
 from quorum_node.node.metrics import could_be_voter
 from quorum_node.node.runtime import QuorumNode
@@ -146,12 +145,13 @@ def node_status_json(node: QuorumNode) -> dict[str, Any]:
 
 
 def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
+    admin = QuorumAdmin(node)
+
     async def node_status(_: web.Request) -> web.Response:
         return web.json_response(node_status_json(node))
 
     async def describe_quorum(request: web.Request) -> web.Response:
-        node_failed(node)
-        description = node.core.describe_quorum(now_ms())  # NotLeaderError: redirected
+        description = admin.describe()  # NotLeaderError: redirected
         return web.json_response(describe_quorum_json(node, description))
 
     async def add_voter(request: web.Request) -> web.Response:
@@ -165,7 +165,7 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
         if body:
             bad_request(f"unknown field {sorted(body)[0]!r} (expected id, directory_id, "
                         f"timeout_ms)")
-        return await change_voters(node.add_voter, key, _timeout_ms(query, body_timeout))
+        return await change_voters(admin.add_voter, key, _timeout_ms(query, body_timeout))
 
     async def remove_voter(request: web.Request) -> web.Response:
         query = Query.of(request, frozenset({"timeout_ms", "decommission"}))
@@ -173,20 +173,20 @@ def admin_routes(node: QuorumNode) -> list[web.RouteDef]:
                          _directory_id(request.match_info["directory_id"]))
         decommission = query.boolean("decommission")
 
-        async def remove(key: ReplicaKey, timeout_s: float) -> None:
-            await node.remove_voter(key, timeout_s, decommission=decommission)
+        async def remove(key: ReplicaKey, timeout_ms: int) -> tuple[ReplicaKey, ...]:
+            return await admin.remove_voter(key, timeout_ms, decommission=decommission)
 
         return await change_voters(remove, key, _timeout_ms(query, None))
 
-    async def change_voters(change: Callable[[ReplicaKey, float], Awaitable[None]],
-                            key: ReplicaKey, timeout_ms: int) -> web.Response:
-        node_failed(node)
+    async def change_voters(
+            change: Callable[[ReplicaKey, int], Awaitable[tuple[ReplicaKey, ...]]],
+            key: ReplicaKey, timeout_ms: int) -> web.Response:
         try:
-            await change(key, timeout_ms / 1000)  # NotLeaderError: redirected
+            voters = await change(key, timeout_ms)  # NotLeaderError: redirected
         except VoterChangeError as error:
             raise _refused(error) from None
         return web.json_response({"error": "NONE", **_key_json(key),
-                                  "voters": [_key_json(voter) for voter in node.core.voters]})
+                                  "voters": [_key_json(voter) for voter in voters]})
 
     return [
         web.get(NODE_PATH, node_status),
