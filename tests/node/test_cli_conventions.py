@@ -5,6 +5,7 @@ subcommand given bad input answers in one line with a documented exit code and n
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from proc_cluster import free_port
 
 from quorum_audit import cli as audit_cli
 from quorum_node.cli import admin, client, launch, node
+from quorum_node.node.config import CONFIG_KEYS
 
 TOOLS: dict[str, Callable[[list[str]], int]] = {
     "quorum-node": node.main,
@@ -68,6 +70,11 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-node", ["local", "--data-dir", str(tmp), "--replace", "1"], 2),
         ("quorum-node", ["export", "--log-dir", str(missing)], 2),
         ("quorum-node", ["info", "--log-dir", str(a_file)], 2),
+        ("quorum-node", ["backup", *b, "--to", str(tmp / "backups")], 1),
+        ("quorum-node", ["backup", "-b", "nope", "--to", str(tmp / "backups")], 2),
+        ("quorum-node", ["backup", *b, "--to", str(tmp / "backups"), "--timeout", "0"], 2),
+        ("quorum-node", ["restore", "--from", str(missing), "--voters", "x",
+                         "--log-dir", str(tmp / "r-{id}")], 2),
         ("quorum-client", [], 2),
         ("quorum-client", [*b, "put", "k"], 2),
         ("quorum-client", [*b, "put", "k", "v", "--file", str(a_file)], 2),
@@ -104,6 +111,10 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-audit", ["run"], 2),
         ("quorum-audit", ["consistency", "p", "--high-watermark", "x"], 2),
         ("quorum-audit", ["history", "--out"], 2),
+        # A path that does not exist is refused before Spark starts (seconds), within 2 s.
+        ("quorum-audit", ["run", str(missing)], 2),
+        ("quorum-audit", ["consistency", f"file://{missing}"], 2),
+        ("quorum-audit", ["history", str(tmp), str(missing)], 2),
     ]
 
 
@@ -115,7 +126,9 @@ def test_every_subcommand_answers_bad_input_in_one_line(
                 for tool, argv, _ in cases}
     # Every subcommand of every tool has a case.
     assert {c for t, c in commands if t == "quorum-node"} >= {
-        "format", "random-cluster-id", "run", "repair-log", "local", "export", "info"}
+        "format", "random-cluster-id", "run", "repair-log", "local", "export", "info", "backup",
+        "restore"}
+    assert {c for t, c in commands if t == "quorum-audit"} >= {"run", "consistency", "history"}
     assert {c for t, c in commands if t == "quorum-client"} >= {
         "put", "get", "delete", "cas", "list", "watch", "append", "read"}
     assert {c for t, c in commands if t == "quorum-admin"} >= {
@@ -132,6 +145,42 @@ def test_every_subcommand_answers_bad_input_in_one_line(
         if (code, out, one_line) != (expected, "", True) or "Traceback" in err or elapsed > 2:
             wrong.append((tool, argv, code, out, err, elapsed))
     assert wrong == []
+
+
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "quorum-node": node._build_parser,
+    "quorum-client": client._build_parser,
+    "quorum-admin": admin._build_parser,
+    "quorum-audit": audit_cli._parser,
+}
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def test_one_flag_for_the_nodes_and_one_for_the_timeout_everywhere() -> None:
+    """Every subcommand that contacts a node names it with -b/--bootstrap-server and bounds
+    itself with --timeout SECONDS; no --server, --timeout-s or other spelling (the node's own
+    configuration keys, Kafka's names, aside)."""
+    key_flags = {key.flag for key in CONFIG_KEYS}
+    contacting = set()
+    for tool, build in PARSERS.items():
+        top = build()
+        for name, parser in {"": top, **subcommands(top)}.items():
+            options = {option for action in parser._actions for option in action.option_strings
+                       if option not in key_flags}
+            where = f"{tool} {name}".strip()
+            assert not options & {"--server", "--timeout-s", "--timeout-ms"}, where
+            assert not [o for o in options if "timeout" in o and o != "--timeout"], where
+            if options & {"-b", "--bootstrap-server"}:
+                assert {"-b", "--bootstrap-server", "--timeout"} <= options, where
+                contacting.add(where)
+    assert {"quorum-node backup", "quorum-client get", "quorum-admin describe"} <= contacting
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
