@@ -289,7 +289,8 @@ def emit_json(document: Any) -> None:
 def run_command(prog: str, command: Callable[[], int], *, json_errors: bool = False) -> int:
     """Run ``command`` with the conventions' error handling: a CliError (or ValueError, a
     refusal before anything was sent) as one line, Ctrl-C as ``interrupted`` and exit 130, a
-    closed stdout (``| head``) quietly."""
+    closed stdout (``| head``) quietly, any other OSError (a file that cannot be written) as
+    one line and exit 1."""
     try:
         return command()
     except CliError as error:
@@ -306,6 +307,10 @@ def run_command(prog: str, command: Callable[[], int], *, json_errors: bool = Fa
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
+    except OSError as error:  # a file that cannot be written, a full disk: one line, no traceback
+        where = f"{error.filename}: " if error.filename else ""
+        return fail(prog, f"{where}{error.strerror or error}", EXIT_FAILED,
+                    json_errors=json_errors)
 
 
 def fail(prog: str, message: str, code: int, *, json_errors: bool = False,

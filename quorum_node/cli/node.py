@@ -796,14 +796,25 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _control_local(prog: str, data_dir: Path, action: str, node_id: int) -> int:
+    """Ask the running ``local`` to act on a node: its answer on stdout, or its refusal as one
+    error line (exit 1; 2 for a node the quorum does not have)."""
+    if not (data_dir / f"node-{node_id}.properties").exists() \
+            and (data_dir / CLUSTER_ID_FILE).exists():
+        found = {int(m.group(1)) for e in os.listdir(data_dir)
+                 if (m := _NODE_ENTRY.fullmatch(e)) and e.endswith(".properties")}
+        _error(prog, f"no node {node_id}: the quorum in {data_dir} has nodes {_id_list(found)}")
+        return EXIT_REFUSED
     try:
         reply = send_request(data_dir, action, node_id)
     except ControlError as exc:
         _error(prog, exc)
         return EXIT_REFUSED
+    if not reply.ok:
+        _error(prog, "; ".join(reply.lines))
+        return EXIT_FAILED
     for line in reply.lines:
         print(line)
-    return 0 if reply.ok else EXIT_FAILED
+    return 0
 
 
 def handle_control_request(cluster: LocalCluster, request: ControlRequest,

@@ -22,6 +22,7 @@ from proc_cluster import free_port
 from quorum_audit import cli as audit_cli
 from quorum_node.cli import admin, client, launch, node
 from quorum_node.node.config import CONFIG_KEYS
+from quorum_node.storage.meta_properties import format_log_dir
 
 TOOLS: dict[str, Callable[[list[str]], int]] = {
     "quorum-node": node.main,
@@ -51,6 +52,10 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
     a_file.write_text("not a directory\n")
     missing = tmp / "missing"
     b = ["-b", dead]
+    formatted = tmp / "formatted"
+    format_log_dir(formatted, CLUSTER_ID, 1)
+    quorum = tmp / "quorum"
+    node.prepare_local_cluster(quorum, 3, base_port=free_port())
     return [
         ("quorum-node", [], 2),
         ("quorum-node", ["frobnicate"], 2),
@@ -69,6 +74,9 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-node", ["local", "--data-dir", str(missing), "--restart", "1"], 2),
         ("quorum-node", ["local", "--data-dir", str(tmp), "--replace", "1"], 2),
         ("quorum-node", ["export", "--log-dir", str(missing)], 2),
+        ("quorum-node", ["export", "--log-dir", str(formatted), "--output",
+                         str(missing / "x.tar")], 2),
+        ("quorum-node", ["local", "--data-dir", str(quorum), "--stop-node", "9"], 2),
         ("quorum-node", ["info", "--log-dir", str(a_file)], 2),
         ("quorum-node", ["backup", *b, "--to", str(tmp / "backups")], 1),
         ("quorum-node", ["backup", "-b", "nope", "--to", str(tmp / "backups")], 2),
@@ -317,3 +325,14 @@ def test_a_local_quorum_needs_no_extra(tmp_path: Path) -> None:
                             timeout=60, check=False,
                             env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
+
+
+def test_an_output_that_cannot_be_written_is_one_line() -> None:
+    """An I/O error no command expects (stdout on a full disk) is one line and exit 1, never a
+    traceback."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", MODULES["quorum-node"],
+                                 "random-cluster-id"], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (
+        1, "quorum-node: error: No space left on device\n")
