@@ -1,7 +1,8 @@
 # The quorum-node image: `quorum-node run` configured by QUORUM_* variables (the operator's pods),
 # plus quorum-admin and quorum-client, and boto3 for backups to object storage (the s3 extra).
 # Build from the repository root:
-#   docker build -t quorum-node:dev .
+#   docker build -t ghcr.io/quorum-node/quorum-node:0.1.0 .
+# (the name the chart, the CRD and the operator default to; README.md, "Kubernetes operator")
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

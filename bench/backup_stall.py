@@ -70,7 +70,7 @@ def run() -> None:
             began = time.perf_counter()
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                assert main(["backup", "--server", cluster.nodes[leader].url,
+                assert main(["backup", "-b", cluster.nodes[leader].url,
                              "--to", str(directory / "backups")]) == 0
             windows.append((began, time.perf_counter()))
             print(out.getvalue().strip())

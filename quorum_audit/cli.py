@@ -13,9 +13,11 @@ interrupted. The options follow the conventions of every ``quorum-*`` tool
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quorum_node.cli.common import (
@@ -56,7 +58,8 @@ def _audit(args: argparse.Namespace) -> int:
     from quorum_audit.discover import s3_endpoint  # noqa: PLC0415
     from quorum_audit.report import write_outputs  # noqa: PLC0415
 
-    spark, created = _session(args.master)
+    check_local_paths(args.paths)  # before Spark's start, which takes seconds
+    spark, created = _session(args.master, verbose=args.verbose)
     try:
         result = run_audit(spark, args.paths, args.high_watermark, args.s3_endpoint_url)
     except (ValueError, OSError) as error:
@@ -92,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--high-watermark", type=int,
                          help="check offsets below this one (default: what a majority holds)")
         sub.add_argument("--json", action="store_true", help="print the findings as JSON")
+        sub.add_argument("-v", "--verbose", action="store_true",
+                         help="show Spark's own log (WARN and up) and progress bars on stderr "
+                         "(default: only the audit's output and errors)")
         sub.add_argument("--s3-endpoint-url", metavar="URL",
                          help="an S3-compatible server for s3:// paths and --out (default: "
                          "$AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL; credentials from the usual "
@@ -99,14 +105,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _session(master: str | None) -> tuple[SparkSession, bool]:
+def check_local_paths(paths: Sequence[str]) -> None:
+    """Refuse a local path that does not exist at once (a URI is left to its file system)."""
+    for path in paths:
+        scheme, _, rest = path.partition("://")
+        local = path if not rest else (rest if scheme == "file" else None)
+        if local is not None and not Path(local).exists():
+            raise CliError(f"{path}: no such file or directory", EXIT_USAGE,
+                           api_code="BAD_REQUEST")
+
+
+def _session(master: str | None, *, verbose: bool) -> tuple[SparkSession, bool]:
     """The active session if there is one (a test, a notebook), else a new one; with
-    ``spark-submit`` the master comes from it, otherwise it defaults to local[*]."""
+    ``spark-submit`` the master comes from it, otherwise it defaults to local[*]. Unless
+    ``verbose``, Spark says nothing on stderr: no progress bars, its log at ERROR, and the
+    JVM that this process starts writes its start-up chatter (printed before any log level
+    applies) to /dev/null; its errors still reach the audit as exceptions."""
     from pyspark.sql import SparkSession  # noqa: PLC0415 (the spark extra, checked by now)
 
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
         return active, False
+    spark = _new_session(master, verbose)
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    return spark, True
+
+
+def _new_session(master: str | None, verbose: bool) -> SparkSession:
+    from pyspark.sql import SparkSession  # noqa: PLC0415
     # The workers must run this interpreter: it has pyarrow and this package.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("quorum-audit")
@@ -117,7 +143,25 @@ def _session(master: str | None) -> tuple[SparkSession, bool]:
         # Few shuffle partitions: the audit's shuffles are small (a row per batch or fewer).
         builder = builder.master("local[*]").config("spark.ui.enabled", "false") \
             .config("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
-    return builder.getOrCreate(), True
+    if verbose:
+        return builder.getOrCreate()
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    with _stderr_to_devnull():  # the JVM started here inherits it for its lifetime
+        return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _summary(result: AuditResult, job: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 from collections import defaultdict
 from datetime import UTC, datetime
 
@@ -19,6 +20,8 @@ import matplotlib.pyplot as plt
 import pyarrow as pa
 import pyarrow.parquet as pq
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
 
 from quorum_audit.audit import (
     AuditResult,
@@ -138,32 +141,77 @@ def render_report(result: AuditResult) -> str:
 
 def render_chart(result: AuditResult) -> bytes:
     """Per cluster: who led when (bars per leader, labelled with the epoch), membership changes
-    (vertical lines), and the write rate below."""
-    clusters = sorted({r.cluster_id for r in result.replicas})[:MAX_CHARTED_CLUSTERS]
-    figure, axes = plt.subplots(2 * len(clusters), 1, figsize=(11, 4.5 * len(clusters)),
-                                squeeze=False,
-                                gridspec_kw={"height_ratios": [2, 1] * len(clusters)})
-    epochs: dict[str, list[LeaderEpoch]] = defaultdict(list)
-    for epoch in result.history.leadership:
-        epochs[epoch.cluster_id].append(epoch)
-    for index, cluster in enumerate(clusters):
-        leaders, rates = axes[2 * index][0], axes[2 * index + 1][0]
-        cluster_rates = [r for r in result.rates if r.cluster_id == cluster]
-        # Seconds from the cluster's first record: unix seconds are unreadable on an axis.
-        origin = min([e.start_ms for e in epochs[cluster]]
-                     + [r.second_ms for r in cluster_rates], default=0)
-        _leadership_chart(leaders, cluster, epochs[cluster], result.history.membership, origin)
-        _rate_chart(rates, cluster_rates, origin)
-        rates.sharex(leaders)
-    figure.tight_layout()
+    (vertical lines, labelled in lanes that never overlap), and the write rate below."""
+    figure = chart_figure(result)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
+    figure.savefig(buffer, format="png", dpi=CHART_DPI)
     plt.close(figure)
     return buffer.getvalue()
 
 
+CHART_DPI = 100
+
+
+def chart_figure(result: AuditResult) -> Figure:
+    """The timeline as a matplotlib figure, laid out as ``render_chart`` saves it."""
+    clusters = sorted({r.cluster_id for r in result.replicas})[:MAX_CHARTED_CLUSTERS]
+    figure, axes = plt.subplots(2 * len(clusters), 1, figsize=(11, 4.5 * len(clusters)),
+                                squeeze=False, dpi=CHART_DPI,
+                                gridspec_kw={"height_ratios": [2, 1] * len(clusters)})
+    epochs: dict[str, list[LeaderEpoch]] = defaultdict(list)
+    for epoch in result.history.leadership:
+        epochs[epoch.cluster_id].append(epoch)
+    charted: list[tuple[Axes, list[MembershipChange], int]] = []
+    for index, cluster in enumerate(clusters):
+        leaders, rates = axes[2 * index][0], axes[2 * index + 1][0]
+        cluster_rates = [r for r in result.rates if r.cluster_id == cluster]
+        changes = [m for m in result.history.membership
+                   if m.cluster_id == cluster and m.change != "initial"]
+        # Seconds from the cluster's first record: unix seconds are unreadable on an axis.
+        origin = min([e.start_ms for e in epochs[cluster]]
+                     + [r.second_ms for r in cluster_rates], default=0)
+        _leadership_chart(leaders, cluster, epochs[cluster], changes, origin)
+        _rate_chart(rates, cluster_rates, origin)
+        rates.sharex(leaders)
+        charted.append((leaders, changes, origin))
+    figure.tight_layout()
+    # Labelled once the axes have their final size: the lanes depend on where the labels land.
+    for axis, changes, origin in charted:
+        _label_membership_changes(axis, changes, origin)
+    return figure
+
+
+# A membership label's lanes run down from the top of the leadership chart, a line apart.
+_LANE_POINTS = 10
+_LABEL_FONT_SIZE = 7
+
+
+def _label_membership_changes(axis: Axes, changes: list[MembershipChange],
+                              origin: int) -> None:
+    """One label a change ("+3:AbCdEf" added, "-3:AbCdEf" removed) beside its line, in the
+    first lane (from the top) where it overlaps no label placed before it: a disk replacement's
+    add and remove, a second apart, would otherwise print one over the other."""
+    renderer = axis.figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    placed: list[Bbox] = []
+    for change in sorted(changes, key=lambda m: (m.timestamp_ms, m.offset)):
+        at = (change.timestamp_ms - origin) / 1000
+        sign, colour = ("+", "green") if change.change == "add" else ("-", "red")
+        for lane in itertools.count():
+            label = axis.annotate(
+                f"{sign}{change.node_id}:{change.directory_id[:6]}", (at, 1.0),
+                xycoords=("data", "axes fraction"), xytext=(2, -2 - lane * _LANE_POINTS),
+                textcoords="offset points", va="top", fontsize=_LABEL_FONT_SIZE, color=colour,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                      "alpha": 0.8})
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            label.remove()
+
+
 def _leadership_chart(axis: Axes, cluster: str, epochs: list[LeaderEpoch],
-                      membership: list[MembershipChange], origin: int) -> None:
+                      changes: list[MembershipChange], origin: int) -> None:
     colours = plt.get_cmap("tab10")
     for epoch in epochs:
         start = (epoch.start_ms - origin) / 1000
@@ -173,17 +221,19 @@ def _leadership_chart(axis: Axes, cluster: str, epochs: list[LeaderEpoch],
         axis.barh(row, width, left=start, height=0.6, edgecolor="black", linewidth=0.5,
                   color=colours(row % 10) if epoch.leader_id is not None else "lightgrey")
         axis.annotate(f"e{epoch.epoch}", (start, row + 0.35), fontsize=7)
-    for change in (m for m in membership if m.cluster_id == cluster and m.change != "initial"):
+    for change in changes:
         colour = "green" if change.change == "add" else "red"
-        at = (change.timestamp_ms - origin) / 1000
-        axis.axvline(at, color=colour, linestyle="--", linewidth=1)
-        axis.annotate(f"{change.change} {change.node_id}:{change.directory_id[:6]}",
-                      (at, axis.get_ylim()[1]), fontsize=7,
-                      color=colour, rotation=90, va="top")
+        axis.axvline((change.timestamp_ms - origin) / 1000, color=colour, linestyle="--",
+                     linewidth=1)
     axis.set_ylabel("leader (node id)")
-    axis.set_title(f"cluster {cluster}: leadership by epoch, voter changes (dashed)")
+    axis.set_title(f"cluster {cluster}: leadership by epoch; voters added (+, green) and "
+                   "removed (-, red)")
     rows = sorted({e.leader_id or 0 for e in epochs})
     axis.set_yticks(rows, [str(row) if row else "unknown" for row in rows])
+    # Headroom above the top leader for the lanes of membership labels.
+    if changes and rows:
+        bottom, top = axis.get_ylim()
+        axis.set_ylim(bottom, top + 0.25 * (top - bottom) + 0.5)
 
 
 def _rate_chart(axis: Axes, rates: list[WriteRate], origin: int) -> None:

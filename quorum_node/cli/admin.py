@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from quorum_node.addresses import address_url
@@ -42,14 +42,16 @@ from quorum_node.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    LOCAL_DATA_DIR,
     CliError,
     CliParser,
     add_connection_options,
     add_standard_options,
-    bootstrap_from,
+    bootstrap_source,
     emit_json,
     run_cli,
     timeout_from,
+    unreachable_hint,
 )
 from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import QuorumClient, QuorumClientError, Voter
@@ -72,6 +74,10 @@ class AdminError(Exception):
     """The quorum could not be described; the message is one line."""
 
 
+class _Refused(AdminError):
+    """Nothing listens at the address: the node is stopped (or not started)."""
+
+
 class _NoLeader(AdminError):
     """A server answered that no leader is known: worth retrying once an election is over."""
 
@@ -81,7 +87,8 @@ def _build_parser() -> CliParser:
         prog=PROG,
         description="Describe a quorum-node quorum (like Kafka's kafka-metadata-quorum) and "
         "change its voters.",
-        epilog=f"The default servers are ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. Exit codes: "
+        epilog=f"The default servers are ${BOOTSTRAP_ENV}, else those of the quorum-node local "
+        f"in ./{LOCAL_DATA_DIR}, else {DEFAULT_BOOTSTRAP}. Exit codes: "
         "0 done, 1 failed (the quorum could not be described, or the voter change was refused "
         "or not done in time), 2 bad usage, 130 interrupted.",
     )
@@ -139,12 +146,23 @@ def _run(args: argparse.Namespace) -> int:
             raise CliError("give --bootstrap-server or --bootstrap-controller, not both",
                            EXIT_USAGE, api_code="BAD_REQUEST")
         return _run_on_controllers(args)
-    bootstrap = bootstrap_from(args)
+    bootstrap, source = bootstrap_source(args)
     try:
         servers = parse_bootstrap(bootstrap)
     except ValueError as error:
         raise CliError(str(error), EXIT_USAGE, api_code="BAD_REQUEST") from None
     access = Access.of(credentials_from_args(args), bootstrap)
+    try:
+        return _run_command(args, servers, access)
+    except CliError as error:
+        if error.api_code != "UNAVAILABLE":
+            raise
+        raise CliError(f"{error}{unreachable_hint(source)}", error.code,
+                       api_code=error.api_code, body=error.body) from None
+
+
+def _run_command(args: argparse.Namespace, servers: list[tuple[str, int]],
+                 access: Access) -> int:
     if args.command == "describe":
         return _describe(args, servers, timeout_from(args, DESCRIBE_TIMEOUT_S), access)
     if args.command == "status":
@@ -211,11 +229,13 @@ def _voter_arguments(args: argparse.Namespace) -> tuple[int, str]:
         raise CliError(f"--uuid: {error}", EXIT_USAGE, api_code="BAD_REQUEST") from None
 
 
-def _print_quorum(args: argparse.Namespace, quorum: dict[str, Any]) -> None:
+def _print_quorum(args: argparse.Namespace, quorum: dict[str, Any],
+                  stopped: Collection[int] = ()) -> None:
+    """``stopped``: voters whose client listener refused a connection (see ``stopped_voters``)."""
     if args.json:
         emit_json(quorum)
     elif args.status:
-        print(format_status(quorum))
+        print(format_status(quorum, stopped))
     else:
         print(format_replication(quorum, args.human_readable, time.time_ns() // 1_000_000))
 
@@ -251,11 +271,17 @@ def _describe(args: argparse.Namespace, servers: list[tuple[str, int]], timeout_
     if args.human_readable and not args.replication:
         raise CliError("--human-readable is only valid with --replication", EXIT_USAGE,
                        api_code="BAD_REQUEST")
+    started = time.monotonic()
     try:
         quorum = fetch_quorum(servers, timeout_s, access)
     except AdminError as error:
         raise CliError(str(error), EXIT_FAILED, api_code="UNAVAILABLE") from None
-    _print_quorum(args, quorum)
+    stopped: set[int] = set()
+    if args.status and not args.json:
+        remaining = timeout_s - (time.monotonic() - started)
+        if remaining > 0:
+            stopped = stopped_voters(servers, min(remaining, STOPPED_PROBE_S), access)
+    _print_quorum(args, quorum, stopped)
     return 0
 
 
@@ -284,7 +310,8 @@ def node_statuses(servers: Sequence[tuple[str, int]], timeout_s: float,
                 raise AdminError(f"HTTP {status}" + (f": {message}" if message else ""))
         except AdminError as error:
             rows[url] = {"endpoint": url, "reachable": False,
-                         "error": str(error).removeprefix(f"{url}{NODE_PATH}: ")}
+                         "error": str(error).removeprefix(f"{url}{NODE_PATH}: "),
+                         "refused": isinstance(error, _Refused)}
             continue
         rows[url] = {"endpoint": url, "reachable": True, **answer}
         to_ask += [e["url"] for e in answer.get("client_endpoints", [])
@@ -295,6 +322,23 @@ def node_statuses(servers: Sequence[tuple[str, int]], timeout_s: float,
     for row in answered:
         row["lag"] = -1 if leader is None else leader["log_end_offset"] - row["log_end_offset"]
     return sorted(rows.values(), key=lambda row: (row.get("node_id", 1 << 31), row["endpoint"]))
+
+
+# How long describe --status spends asking the voters' client listeners whether they are up.
+STOPPED_PROBE_S = 1.0
+
+
+def stopped_voters(servers: Sequence[tuple[str, int]], timeout_s: float,
+                   access: Access = PLAIN) -> set[int]:
+    """The ids of the nodes whose client listener refuses connections: stopped, which their
+    leader notices only once they have not fetched for UNREACHABLE_AFTER_MS. Only a refusal
+    counts (a timeout may be a firewall between this host and the node, not a stopped node)."""
+    rows = node_statuses(servers, timeout_s, access)
+    ids = {endpoint["url"]: endpoint["id"] for row in rows if row["reachable"]
+           for endpoint in row.get("client_endpoints", [])
+           if isinstance(endpoint, dict) and isinstance(endpoint.get("id"), int)}
+    return {ids[row["endpoint"]] for row in rows
+            if not row["reachable"] and row.get("refused") and row["endpoint"] in ids}
 
 
 def format_node_statuses(rows: Sequence[dict[str, Any]]) -> str:
@@ -493,6 +537,8 @@ def _get(url: str, deadline: float, access: Access) -> tuple[int, dict[str, str]
         return response.status, headers, body
     except TimeoutError:
         raise AdminError(f"{url}: timed out") from None
+    except ConnectionRefusedError as error:
+        raise _Refused(f"{url}: {error.strerror or error}") from None
     except OSError as error:
         raise AdminError(f"{url}: {error.strerror or error}") from None
     except http.client.HTTPException as error:
@@ -538,20 +584,24 @@ def _leader_row(quorum: dict[str, Any]) -> dict[str, Any] | None:
 UNREACHABLE_AFTER_MS = 5000
 
 
-def unreachable_voters(quorum: dict[str, Any]) -> list[dict[str, Any]]:
+def unreachable_voters(quorum: dict[str, Any],
+                       stopped: Collection[int] = ()) -> list[dict[str, Any]]:
     """The voters the leader has not heard from: no fetch in this epoch, or none for
-    UNREACHABLE_AFTER_MS before the leader's own row (which carries its clock)."""
+    UNREACHABLE_AFTER_MS before the leader's own row (which carries its clock); and the
+    ``stopped`` ones (``stopped_voters``), which the leader has not noticed yet."""
     leader = _leader_row(quorum)
     now_ms = leader["last_fetch_timestamp"] if leader is not None else -1
     return [
         voter for voter in quorum["voters"]
         if voter is not leader and (
-            voter["log_end_offset"] < 0 or voter["last_fetch_timestamp"] < 0
+            voter["id"] in stopped
+            or voter["log_end_offset"] < 0 or voter["last_fetch_timestamp"] < 0
             or (now_ms >= 0 and now_ms - voter["last_fetch_timestamp"] > UNREACHABLE_AFTER_MS))
     ]
 
 
-def max_follower_lag(quorum: dict[str, Any]) -> tuple[int, int]:
+def max_follower_lag(quorum: dict[str, Any],
+                     stopped: Collection[int] = ()) -> tuple[int, int]:
     """Kafka's MaxFollowerLag and MaxFollowerLagTimeMs over the voters the leader hears from
     (``unreachable_voters`` are listed apart, not allowed to hide the others' lag): the laggiest
     one's offsets behind the leader, and how much longer ago it was last caught up (0 if the
@@ -559,7 +609,7 @@ def max_follower_lag(quorum: dict[str, Any]) -> tuple[int, int]:
     leader = _leader_row(quorum)
     if leader is None or not quorum["voters"]:
         return -1, -1
-    unreachable = {id(voter) for voter in unreachable_voters(quorum)}
+    unreachable = {id(voter) for voter in unreachable_voters(quorum, stopped)}
     # The leader first, so that it wins ties: no follower is behind then.
     voters = [leader, *(v for v in quorum["voters"] if v is not leader
                         and id(v) not in unreachable)]
@@ -584,8 +634,8 @@ def _replica_list(replicas: Iterable[dict[str, Any]]) -> str:
     return "[" + ", ".join(map(_replica_entry, replicas)) + "]"
 
 
-def format_status(quorum: dict[str, Any]) -> str:
-    lag, lag_time_ms = max_follower_lag(quorum)
+def format_status(quorum: dict[str, Any], stopped: Collection[int] = ()) -> str:
+    lag, lag_time_ms = max_follower_lag(quorum, stopped)
     lines = [
         ("ClusterId", quorum["cluster_id"]),
         ("LeaderId", quorum["leader_id"]),
@@ -598,8 +648,10 @@ def format_status(quorum: dict[str, Any]) -> str:
         # KIP-856: the observers that AddVoter could make voters (the leader decides which).
         ("CouldBeVoters", _replica_list(o for o in quorum["observers"]
                                         if o.get("could_be_voter"))),
+        # A node's replaced disk, listed until the leader forgets it: never one to add back.
+        ("RetiredObservers", _replica_list(o for o in quorum["observers"] if o.get("retired"))),
         # Not in MaxFollowerLag: a voter the leader does not hear from.
-        ("UnreachableVoters", _replica_list(unreachable_voters(quorum))),
+        ("UnreachableVoters", _replica_list(unreachable_voters(quorum, stopped))),
     ]
     return "\n".join(f"{label + ':':<{_LABEL_WIDTH}}{value}" for label, value in lines)
 
@@ -615,7 +667,8 @@ def format_replication(quorum: dict[str, Any], human_readable: bool, now_ms: int
     rows: list[tuple[dict[str, Any], str]] = [
         *([(leader, "Leader")] if leader is not None else []),
         *((v, "Follower") for v in others),
-        *((o, "Observer") for o in sorted(quorum["observers"], key=lambda o: o["id"])),
+        *((o, "Observer (retired)" if o.get("retired") else "Observer")
+          for o in sorted(quorum["observers"], key=lambda o: o["id"])),
     ]
 
     def timestamp(value: int) -> str:

@@ -1,7 +1,7 @@
 """``quorum-node backup`` and ``quorum-node restore``::
 
-    quorum-node backup --server 127.0.0.1:9092 --to s3://backups/quorums
-    quorum-node backup --server 127.0.0.1:9092 --to ./backups --name before-upgrade
+    quorum-node backup -b 127.0.0.1:9092 --to s3://backups/quorums
+    quorum-node backup -b 127.0.0.1:9092 --to ./backups --name before-upgrade
     quorum-node restore --from s3://backups/quorums/CLUSTER/20260102T030405Z-node-2 \\
         --voters 1,2,3 --log-dir './restored/node-{id}'
     quorum-node restore --from ... --voters 1:DIRID1,2:DIRID2,3:DIRID3 --node-id 2 \\
@@ -34,6 +34,7 @@ from quorum_node.backup.manifest import BackupError
 from quorum_node.backup.restore import new_voter_set, restore
 from quorum_node.backup.store import S3Options, open_store
 from quorum_node.backup.writer import DEFAULT_TIMEOUT_S, take_backup
+from quorum_node.cli.common import positive_float
 from quorum_node.cli.credentials import add_credential_options, credentials_from_args
 from quorum_node.client import parse_bootstrap
 from quorum_node.security.client_credentials import CredentialsError
@@ -50,13 +51,15 @@ def add_backup_commands(commands: argparse._SubParsersAction[Any]) -> None:
         description="Take a consistent backup of a running node: its latest snapshot and its "
         "committed log after it, up to its high watermark, with a manifest (backup.json), "
         "written under --to as <cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>/.")
-    backup.add_argument("--server", required=True, metavar="HOST:PORT",
+    backup.add_argument("-b", "--bootstrap-server", "--bootstrap-controller", dest="server",
+                        required=True, metavar="HOST:PORT",
                         help="the node's client listener (http:// or https:// optional)")
     backup.add_argument("--to", required=True, metavar="LOCATION",
                         help="a directory or s3://bucket/prefix")
     backup.add_argument("--name", help="the backup's place under --to (default "
                         "<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>)")
-    backup.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+    backup.add_argument("--timeout", dest="timeout_s", type=positive_float,
+                        default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help=f"give up when the node is silent this long (default "
                         f"{DEFAULT_TIMEOUT_S:g})")
     _add_endpoint_option(backup)
@@ -108,7 +111,7 @@ def _cmd_backup(args: argparse.Namespace) -> int:
     except (CredentialsError, ValueError) as error:
         return _fail("backup", str(error), EXIT_USAGE)
     if len(server) != 1:
-        return _fail("backup", "--server names one node", EXIT_USAGE)
+        return _fail("backup", "-b names one node", EXIT_USAGE)
     try:
         target = open_store(args.to, S3Options(endpoint_url=args.endpoint_url))
         taken = take_backup(server[0], target, credentials, name=args.name,

@@ -22,19 +22,21 @@ from quorum_node.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    LOCAL_DATA_DIR,
     STDIN_VALUE,
     CliError,
     CliParser,
     add_connection_options,
     add_protocol_option,
     add_standard_options,
-    bootstrap_from,
+    bootstrap_source,
     emit_json,
     non_negative_int,
     positive_int,
     read_value,
     run_cli,
     timeout_from,
+    unreachable_hint,
 )
 from quorum_node.cli.credentials import credentials_from_args
 from quorum_node.client import (
@@ -51,7 +53,8 @@ __all__ = ["EXIT_FAILED", "EXIT_FALSE", "EXIT_OK", "EXIT_USAGE", "main"]
 
 _EPILOG = f"""\
 Any node will do: requests that need the leader are redirected to it. The default servers are
-${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}. A value of '-' is read from stdin. Exit codes:
+${BOOTSTRAP_ENV}, else those of the quorum-node local in ./{LOCAL_DATA_DIR}, else
+{DEFAULT_BOOTSTRAP}. A value of '-' is read from stdin. Exit codes:
 0 done, 1 the request failed, 2 bad usage, 3 key not found or cas/delete not applied,
 {EXIT_INTERRUPTED} interrupted (a write may still commit: read it back).
 """
@@ -158,9 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     credentials = credentials_from_args(args)
+    bootstrap, source = bootstrap_source(args)
     try:
-        servers = parse_bootstrap(bootstrap_from(args),
-                                  "https" if credentials.uses_tls else "http")
+        servers = parse_bootstrap(bootstrap, "https" if credentials.uses_tls else "http")
     except ValueError as error:
         raise CliError(f"--bootstrap-server: {error}", EXIT_USAGE,
                        api_code="BAD_REQUEST") from None
@@ -178,7 +181,10 @@ def _run(args: argparse.Namespace) -> int:
                         from None
                 raise
     except QuorumClientError as error:
-        raise CliError(str(error), EXIT_FAILED, api_code=error.code, body=error.body) from None
+        message = str(error)
+        if error.code == "UNAVAILABLE":
+            message += unreachable_hint(source)
+        raise CliError(message, EXIT_FAILED, api_code=error.code, body=error.body) from None
 
 
 

@@ -1,10 +1,13 @@
 """The conventions every ``quorum-*`` command line follows, in one place.
 
 - ``--bootstrap-server``/``-b`` lists the nodes to contact, ``HOST:PORT[,HOST:PORT...]``; the
-  default is ``$QUORUM_BOOTSTRAP_SERVER``, else the three client ports of ``quorum-node local``
-  (``DEFAULT_BOOTSTRAP``). ``--bootstrap-controller`` means what it means in Kafka: the
-  controller listeners, over Kafka's protocol; only ``quorum-admin`` talks to them (another tool
-  refuses it, saying to use the client listeners).
+  default is ``$QUORUM_BOOTSTRAP_SERVER``, else the client ports of the ``quorum-node local``
+  whose data directory is ``./quorum-data`` (``LOCAL_DATA_DIR``: where the quick start runs it,
+  on whatever ``--base-port``), else those of ``quorum-node local --nodes 3`` on its default
+  ports (``DEFAULT_BOOTSTRAP``). When no node of a default list answers, the error says how to
+  name the nodes. ``--bootstrap-controller`` means what it means in Kafka: the controller
+  listeners, over Kafka's protocol; only ``quorum-admin`` talks to them (another tool refuses it,
+  saying to use the client listeners).
 - ``--timeout SECONDS`` bounds a whole command, retries included.
 - One retry policy (``QuorumClient(fail_fast=True)``): answers that say nothing took effect (no
   leader during an election, a node shutting down) are retried across the list until the
@@ -38,6 +41,7 @@ from typing import Any, NoReturn, TextIO
 import shtab
 
 from quorum_node.cli.credentials import add_credential_options
+from quorum_node.node.config import ConfigError, read_properties
 from quorum_node.wire import CLIENT_PROTOCOLS, DEFAULT_CLIENT_PROTOCOL
 
 EXIT_OK = 0
@@ -52,6 +56,8 @@ BOOTSTRAP_ENV = "QUORUM_BOOTSTRAP_SERVER"
 # What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
 # without flags on a fresh machine.
 DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+# `quorum-node local`'s default data directory; its node-*.properties name the client ports.
+LOCAL_DATA_DIR = Path("quorum-data")
 DISTRIBUTION = "quorum-node"
 STDIN_VALUE = "-"
 
@@ -119,7 +125,8 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top: bool,
     parser.add_argument(
         "-b", "--bootstrap-server", dest="bootstrap_server",
         metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
-        help=f"nodes to contact, any of them (default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
+        help=f"nodes to contact, any of them (default: ${BOOTSTRAP_ENV}, else the quorum-node "
+        f"local in ./{LOCAL_DATA_DIR}, else {DEFAULT_BOOTSTRAP})")
     parser.add_argument(
         "--bootstrap-controller", dest="bootstrap_controller",
         metavar="HOST:PORT[,HOST:PORT...]", default=default(None),
@@ -146,6 +153,13 @@ def add_protocol_option(parser: argparse.ArgumentParser, *, top: bool) -> None:
 def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:
     """The client listeners to contact; a usage error for --bootstrap-controller (the
     controller listeners serve peers and Kafka's admin protocol, not this tool's API)."""
+    return bootstrap_source(args, environ)[0]
+
+
+def bootstrap_source(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+                     data_dir: Path = LOCAL_DATA_DIR) -> tuple[str, str]:
+    """The nodes to contact and where that list came from (for ``unreachable_hint``): ``-b``,
+    ``$QUORUM_BOOTSTRAP_SERVER``, the local quorum in ``data_dir``, or the default."""
     if getattr(args, "bootstrap_controller", None) is not None:
         raise CliError("--bootstrap-controller names controller listeners, which serve the "
                        "peers and Kafka's admin protocol (quorum-admin); this tool talks to the "
@@ -153,7 +167,37 @@ def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None =
                        api_code="WRONG_LISTENER")
     environ = os.environ if environ is None else environ
     value: str | None = args.bootstrap_server
-    return value or environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+    if value:
+        return value, "-b"
+    if environ.get(BOOTSTRAP_ENV):
+        return environ[BOOTSTRAP_ENV], f"${BOOTSTRAP_ENV}"
+    local = local_quorum_bootstrap(data_dir)
+    if local is not None:
+        return local, f"the quorum-node local in ./{data_dir}"
+    return DEFAULT_BOOTSTRAP, "the default"
+
+
+def local_quorum_bootstrap(data_dir: Path) -> str | None:
+    """The client ports of the ``quorum-node local`` kept in ``data_dir`` (its nodes'
+    properties, which it rewrites at every start), or None when there is none."""
+    for path in sorted(data_dir.glob("node-*.properties")):
+        try:
+            endpoints = read_properties(path).get("controller.quorum.client.endpoints")
+        except ConfigError:
+            continue
+        if endpoints is not None:
+            # id@host:port,... -> host:port,...
+            return ",".join(entry.strip().partition("@")[2]
+                            for entry in endpoints.value.split(",") if "@" in entry)
+    return None
+
+
+def unreachable_hint(source: str) -> str:
+    """What to add to "no node reachable": how to name the nodes when none of these answers."""
+    if source == "-b":
+        return ""  # named on the command line already
+    return (f" (nodes from {source}; name the quorum's client listeners with -b HOST:PORT,... or "
+            f"export {BOOTSTRAP_ENV}=HOST:PORT,..., which quorum-node local prints)")
 
 
 def timeout_from(args: argparse.Namespace, default_s: float) -> float:
@@ -259,7 +303,8 @@ def emit_json(document: Any) -> None:
 def run_command(prog: str, command: Callable[[], int], *, json_errors: bool = False) -> int:
     """Run ``command`` with the conventions' error handling: a CliError (or ValueError, a
     refusal before anything was sent) as one line, Ctrl-C as ``interrupted`` and exit 130, a
-    closed stdout (``| head``) quietly."""
+    closed stdout (``| head``) quietly, any other OSError (a file that cannot be written) as
+    one line and exit 1."""
     try:
         return command()
     except CliError as error:
@@ -276,6 +321,10 @@ def run_command(prog: str, command: Callable[[], int], *, json_errors: bool = Fa
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
+    except OSError as error:  # a file that cannot be written, a full disk: one line, no traceback
+        where = f"{error.filename}: " if error.filename else ""
+        return fail(prog, f"{where}{error.strerror or error}", EXIT_FAILED,
+                    json_errors=json_errors)
 
 
 def fail(prog: str, message: str, code: int, *, json_errors: bool = False,

@@ -69,7 +69,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.output == "-":
             export(log_dir, sys.stdout.buffer, name)
         else:
-            with open(args.output, "wb") as output:
+            try:
+                output = open(args.output, "wb")  # noqa: SIM115 (closed below)
+            except OSError as exc:
+                print(f"quorum-node export: error: --output {args.output}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return 2
+            with output:
                 export(log_dir, output, name)
     finally:
         if lock is not None:

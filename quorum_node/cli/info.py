@@ -45,7 +45,7 @@ def describe_log_dir(log_dir: Path) -> dict[str, Any]:
     snapshots = sorted((int(m.group(1)), int(m.group(2)), p) for p in _entries(partition)
                        if (m := _CHECKPOINT.fullmatch(p.name)))
     end_offset, last_epoch, tail = _log_end(segments[-1][1]) if segments else (None, None, None)
-    state_path = log_dir / QUORUM_STATE
+    state_path = partition / QUORUM_STATE  # the node keeps it beside its log
     try:
         election: Any = json.loads(state_path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -29,6 +29,8 @@ from typing import IO
 from quorum_node.addresses import host_port
 from quorum_node.cli.backup import add_backup_commands
 from quorum_node.cli.common import (
+    BOOTSTRAP_ENV,
+    LOCAL_DATA_DIR,
     CliParser,
     add_logging_options,
     add_standard_options,
@@ -86,10 +88,11 @@ PROG = "quorum-node"
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 
-DEFAULT_DATA_DIR = Path("quorum-data")
+DEFAULT_DATA_DIR = LOCAL_DATA_DIR  # where quorum-client and quorum-admin look for it
 DEFAULT_BASE_PORT = 9091
 DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
+SERVING_TIMEOUT_S = 60.0  # a node restarted by `local --restart` must serve within this
 STATUS_POLL_S = 0.5  # how often `local` asks its nodes who leads
 CLUSTER_ID_FILE = "cluster.id"
 PEER_SECRET_FILE = "peer-secret"
@@ -654,11 +657,13 @@ class LocalCluster:
         *,
         out: IO[str] | None = None,
         grace_s: float = STOP_GRACE_S,
+        serving_timeout_s: float = SERVING_TIMEOUT_S,
     ) -> None:
         self.nodes = list(nodes)
         self._command = command
         self._out = out if out is not None else sys.stderr
         self._grace_s = grace_s
+        self.serving_timeout_s = serving_timeout_s  # how long a restart waits for the node
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._reported: set[int] = set()  # nodes whose exit was reported (or requested)
 
@@ -791,14 +796,25 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 def _control_local(prog: str, data_dir: Path, action: str, node_id: int) -> int:
+    """Ask the running ``local`` to act on a node: its answer on stdout, or its refusal as one
+    error line (exit 1; 2 for a node the quorum does not have)."""
+    if not (data_dir / f"node-{node_id}.properties").exists() \
+            and (data_dir / CLUSTER_ID_FILE).exists():
+        found = {int(m.group(1)) for e in os.listdir(data_dir)
+                 if (m := _NODE_ENTRY.fullmatch(e)) and e.endswith(".properties")}
+        _error(prog, f"no node {node_id}: the quorum in {data_dir} has nodes {_id_list(found)}")
+        return EXIT_REFUSED
     try:
         reply = send_request(data_dir, action, node_id)
     except ControlError as exc:
         _error(prog, exc)
         return EXIT_REFUSED
+    if not reply.ok:
+        _error(prog, "; ".join(reply.lines))
+        return EXIT_FAILED
     for line in reply.lines:
         print(line)
-    return 0 if reply.ok else EXIT_FAILED
+    return 0
 
 
 def handle_control_request(cluster: LocalCluster, request: ControlRequest,
@@ -816,12 +832,34 @@ def handle_control_request(cluster: LocalCluster, request: ControlRequest,
     if request.action == "restart":
         was_running = cluster.stop_node(node_id, kill_now)
         process = cluster.start_node(node_id)
-        return ControlAnswer(True, [f"node {node_id} {'restarted' if was_running else 'started'}"
-                                    f" (pid {process.pid}); {cluster.quorum_left()}"])
+        serving = wait_until_serving(cluster, node_id, kill_now)
+        return ControlAnswer(serving.startswith("serving"), [
+            f"node {node_id} {'restarted' if was_running else 'started'} (pid {process.pid}), "
+            f"{serving}; {cluster.quorum_left()}"])
     try:
         return ControlAnswer(True, replace_node_disk(cluster, node_id, kill_now))
     except (StorageError, OSError) as exc:
         return ControlAnswer(False, [f"cannot replace node {node_id}'s disk: {exc}"])
+
+
+def wait_until_serving(cluster: LocalCluster, node_id: int,
+                       kill_now: Callable[[], bool] = lambda: False) -> str:
+    """Wait until a node just started serves clients (its client listener answers and it knows
+    its leader, to which it redirects), and say so: "serving ... after N s", or why not."""
+    node = cluster.node(node_id)
+    listener = node.config.client_listeners[0]
+    started = time.monotonic()
+    while time.monotonic() - started < cluster.serving_timeout_s and not kill_now():
+        process = cluster.processes.get(node_id)
+        if process is None or process.poll() is not None:
+            return f"but it exited (its log: {node.log_path})"
+        status = fetch_status(listener.host, listener.port)
+        if status is not None and status.get("leader_id") is not None:
+            return (f"serving clients on {node.config.client_url} after "
+                    f"{time.monotonic() - started:.1f} s (leader: node {status['leader_id']})")
+        time.sleep(0.1)
+    return (f"not serving clients after {time.monotonic() - started:.0f} s "
+            f"(its log: {node.log_path})")
 
 
 def replace_node_disk(cluster: LocalCluster, node_id: int,
@@ -836,17 +874,23 @@ def replace_node_disk(cluster: LocalCluster, node_id: int,
     log_dir.rename(kept)
     new = format_log_dir(log_dir, node.config.cluster_id, node_id)
     process = cluster.start_node(node_id)
+    serving = wait_until_serving(cluster, node_id, kill_now)
     old_id = kafka_uuid.to_kafka_string(old.directory_id)
     new_id = kafka_uuid.to_kafka_string(new.directory_id)
-    bootstrap = ",".join(n.config.client_listeners[0].address for n in cluster.nodes)
+    bootstrap = local_bootstrap(cluster.nodes)
     return [
-        f"node {node_id} restarted (pid {process.pid}) on a new disk: directory id {new_id} "
-        f"(the old disk, {old_id}, is kept in {kept})",
+        f"node {node_id} restarted (pid {process.pid}) on a new disk, {serving}: directory id "
+        f"{new_id} (the old disk, {old_id}, is kept in {kept})",
         "it joins as an observer; once it has caught up, make it a voter and retire the old "
         "directory:",
         f"  quorum-admin -b {bootstrap} add-voter --id {node_id} --uuid {new_id}",
         f"  quorum-admin -b {bootstrap} remove-voter --id {node_id} --uuid {old_id}",
     ]
+
+
+def local_bootstrap(nodes: Sequence[LocalNode]) -> str:
+    """The nodes' client listeners, as -b and $QUORUM_BOOTSTRAP_SERVER take them."""
+    return ",".join(node.config.client_listeners[0].address for node in nodes)
 
 
 def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) -> int:
@@ -905,6 +949,10 @@ def _run_local(args: argparse.Namespace, prog: str, held: contextlib.ExitStack) 
                   f"log {node.log_path})")
         print(f"peer RPCs need the secret in {nodes[0].config.controller_listener_secret_file}")
         data_dir = nodes[0].config_path.parent
+        # From the directory holding ./quorum-data the other CLIs find the nodes by
+        # themselves (its node-*.properties); elsewhere, or with another --data-dir, this does.
+        print("quorum-client and quorum-admin in another terminal reach these nodes after:")
+        print(f"  export {BOOTSTRAP_ENV}={local_bootstrap(nodes)}")
         print(f"Ctrl-C stops every node. From another terminal: {PROG} local --data-dir "
               f"{data_dir} --restart N (or --stop-node N, --replace N)", flush=True)
         code = cluster.supervise(lambda: signals_seen > 0, lambda: signals_seen > 1, tick=tick)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
@@ -34,13 +34,14 @@ from prometheus_client.metrics_core import (
 )
 
 from quorum_node.node.clock import now_ms
+from quorum_node.node.voter_candidates import could_be_voter
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
-    from quorum_node.raft.core import QuorumDescription, RaftCore, ReplicaDescription
+    from quorum_node.raft.core import QuorumDescription, RaftCore
 
 # Kafka's current-state values (KafkaRaftMetrics, 4.x). Every one is exported, 1 for the current
 # state and 0 for the others, so that dashboards can select on a fixed label set.
@@ -198,12 +199,14 @@ class _CoreCollector:
         now = now_ms()
         described = _leader_view(core, now)
         observers = described.observers if described is not None else ()
+        voters = described.voters if described is not None else ()
         yield gauge("quorum_number_of_observers",
                     "Observers fetching from this replica (leader only, else 0).",
                     len(observers))
         yield gauge("quorum_number_of_possible_voters",
                     "Observers that AddVoter could make voters (leader only, else 0).",
-                    sum(1 for row in observers if could_be_voter(row, self._voter_ids)))
+                    sum(1 for row in observers
+                        if could_be_voter(row, self._voter_ids, voters)))
         pending = core.pending_voter_change
         pending_kind = None if pending is None else pending[0]
         yield gauge("quorum_pending_add_voter", "1 while an AddVoter is in progress, else 0.",
@@ -293,12 +296,6 @@ class NodeMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def could_be_voter(observer: ReplicaDescription, voter_ids: Container[int]) -> bool:
-    """Whether AddVoter could make this observer a voter: it fetches with a directory id, and
-    its id is a configured voter's (the leader refuses any other id, KIP-856)."""
-    return observer.key.directory_id is not None and observer.key.id in voter_ids
 
 
 # Keyed weakly by node; a NodeMetrics refers to the core only, never back to the node, so a

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from quorum_node.node.voter_candidates import could_be_voter
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey
@@ -155,8 +156,8 @@ class NodeStory:
                             voter.key, voter.log_end_offset)
         for observer in description.observers:
             key = observer.key
-            if key.directory_id is None or key.id not in self._voter_ids \
-                    or key in self._observers_said:
+            if key.directory_id is None or key in self._observers_said \
+                    or not could_be_voter(observer, self._voter_ids, description.voters):
                 continue
             self._observers_said.add(key)
             directory_id = to_kafka_string(key.directory_id)

@@ -95,7 +95,7 @@ class Writer:
 
 def _backup(server: str, to: str, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     """Run ``quorum-node backup``; the backup's location."""
-    assert main(["backup", "--server", server, "--to", to, *extra]) == 0, capsys.readouterr()
+    assert main(["backup", "-b", server, "--to", to, *extra]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     return out.split(": node ", 1)[0]
 
@@ -171,7 +171,7 @@ def test_backup_under_load_restores_every_acknowledged_key(
 @pytest.fixture(scope="module")
 def local_backup(live: ProcessCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("backups")
-    code = main(["backup", "--server", live.nodes[1].url, "--to", str(target),
+    code = main(["backup", "-b", live.nodes[1].url, "--to", str(target),
                  "--name", "one"])
     assert code == 0
     return target / "one"
@@ -363,14 +363,14 @@ def test_a_backup_needs_the_admin_role(tmp_path: Path, capsys: pytest.CaptureFix
         url = cluster.nodes[1].url
         target = str(tmp_path / "backups")
         deadline = time.monotonic() + 20
-        while main(["backup", "--server", url, "--to", target, "--name", "ok",
+        while main(["backup", "-b", url, "--to", target, "--name", "ok",
                     "--token-file", str(tmp_path / "admin")]) != 0:
             assert time.monotonic() < deadline, capsys.readouterr().err
             time.sleep(0.2)  # until the node has a committed offset
         assert (tmp_path / "backups" / "ok" / MANIFEST_NAME).exists()
         capsys.readouterr()
         for credential in ([], ["--token-file", str(tmp_path / "reader")]):
-            code = main(["backup", "--server", url, "--to", target, "--name", "refused",
+            code = main(["backup", "-b", url, "--to", target, "--name", "refused",
                          *credential])
             err = capsys.readouterr().err
             assert code == 1 and err.count("\n") == 1, err

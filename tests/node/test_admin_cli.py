@@ -77,7 +77,8 @@ async def test_status_through_a_follower(trio: LocalCluster,
     lines = status_lines(out)
     assert list(lines) == ["ClusterId", "LeaderId", "LeaderEpoch", "HighWatermark",
                            "MaxFollowerLag", "MaxFollowerLagTimeMs", "CurrentVoters",
-                           "CurrentObservers", "CouldBeVoters", "UnreachableVoters"]
+                           "CurrentObservers", "CouldBeVoters", "RetiredObservers",
+                           "UnreachableVoters"]
     assert lines["ClusterId"] == trio.cluster_id
     assert lines["LeaderId"] == str(leader.config.node_id)
     assert lines["LeaderEpoch"] == str(leader.core.epoch)
@@ -267,8 +268,11 @@ def test_status_format() -> None:
     leader = replica(1, 100, 5000, 5000, "AAAAAAAAAAAAAAAAAAAAAQ")
     leader["endpoint"] = "http://h:1"
     candidate = replica(2, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAAAg") | {"could_be_voter": True}
+    retired = replica(2, 60, 2000, 2000, "AAAAAAAAAAAAAAAAAAAABw") | {"could_be_voter": False,
+                                                                     "retired": True}
     answer = quorum(leader, replica(2, 95, 4990, 4000),
-                    observers=(candidate, replica(9, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAACQ")
+                    observers=(candidate, retired,
+                               replica(9, 90, 4000, 3000, "AAAAAAAAAAAAAAAAAAAACQ")
                                | {"could_be_voter": False}))
     assert format_status(answer) == "\n".join([
         "ClusterId:              c",
@@ -280,11 +284,19 @@ def test_status_format() -> None:
         'CurrentVoters:          [{"id": 1, "directoryId": "AAAAAAAAAAAAAAAAAAAAAQ", '
         '"endpoints": ["http://h:1"]}, {"id": 2, "directoryId": null, "endpoints": []}]',
         'CurrentObservers:       [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAAAg", '
-        '"endpoints": []}, {"id": 9, "directoryId": "AAAAAAAAAAAAAAAAAAAACQ", "endpoints": []}]',
+        '"endpoints": []}, {"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAABw", "endpoints": []}, '
+        '{"id": 9, "directoryId": "AAAAAAAAAAAAAAAAAAAACQ", "endpoints": []}]',
         'CouldBeVoters:          [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAAAg", '
+        '"endpoints": []}]',
+        'RetiredObservers:       [{"id": 2, "directoryId": "AAAAAAAAAAAAAAAAAAAABw", '
         '"endpoints": []}]',
         "UnreachableVoters:      []",
     ])
+    # A voter whose client listener refuses connections (stopped) is unreachable at once, and
+    # left out of MaxFollowerLag, though the leader heard from it 10 ms ago.
+    stopped = status_lines(format_status(answer, stopped={2}))
+    assert json.loads(stopped["UnreachableVoters"])[0]["id"] == 2
+    assert (stopped["MaxFollowerLag"], stopped["MaxFollowerLagTimeMs"]) == ("0", "0")
 
 
 def test_replication_format() -> None:
@@ -306,6 +318,9 @@ def test_replication_format() -> None:
     human = format_replication(answer, human_readable=True, now_ms=6000).splitlines()
     assert human[1].split()[4:] == ["1000", "ms", "ago", "1000", "ms", "ago", "Leader"]
     assert human[2].split()[4:] == ["unknown", "unknown", "Follower"]
+    retired = quorum(leader, observers=(replica(1, 90, 4000, 3000) | {"retired": True},))
+    assert format_replication(retired, human_readable=False, now_ms=6000).splitlines()[2] \
+        .endswith(" Observer (retired)")
 
 
 # --- status: every node's own view ----------------------------------------------------------------

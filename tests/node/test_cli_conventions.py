@@ -5,6 +5,7 @@ subcommand given bad input answers in one line with a documented exit code and n
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -20,6 +21,8 @@ from proc_cluster import free_port
 
 from quorum_audit import cli as audit_cli
 from quorum_node.cli import admin, client, launch, node
+from quorum_node.node.config import CONFIG_KEYS
+from quorum_node.storage.meta_properties import format_log_dir
 
 TOOLS: dict[str, Callable[[list[str]], int]] = {
     "quorum-node": node.main,
@@ -49,6 +52,10 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
     a_file.write_text("not a directory\n")
     missing = tmp / "missing"
     b = ["-b", dead]
+    formatted = tmp / "formatted"
+    format_log_dir(formatted, CLUSTER_ID, 1)
+    quorum = tmp / "quorum"
+    node.prepare_local_cluster(quorum, 3, base_port=free_port())
     return [
         ("quorum-node", [], 2),
         ("quorum-node", ["frobnicate"], 2),
@@ -67,7 +74,15 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-node", ["local", "--data-dir", str(missing), "--restart", "1"], 2),
         ("quorum-node", ["local", "--data-dir", str(tmp), "--replace", "1"], 2),
         ("quorum-node", ["export", "--log-dir", str(missing)], 2),
+        ("quorum-node", ["export", "--log-dir", str(formatted), "--output",
+                         str(missing / "x.tar")], 2),
+        ("quorum-node", ["local", "--data-dir", str(quorum), "--stop-node", "9"], 2),
         ("quorum-node", ["info", "--log-dir", str(a_file)], 2),
+        ("quorum-node", ["backup", *b, "--to", str(tmp / "backups")], 1),
+        ("quorum-node", ["backup", "-b", "nope", "--to", str(tmp / "backups")], 2),
+        ("quorum-node", ["backup", *b, "--to", str(tmp / "backups"), "--timeout", "0"], 2),
+        ("quorum-node", ["restore", "--from", str(missing), "--voters", "x",
+                         "--log-dir", str(tmp / "r-{id}")], 2),
         ("quorum-client", [], 2),
         ("quorum-client", [*b, "put", "k"], 2),
         ("quorum-client", [*b, "put", "k", "v", "--file", str(a_file)], 2),
@@ -104,6 +119,10 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
         ("quorum-audit", ["run"], 2),
         ("quorum-audit", ["consistency", "p", "--high-watermark", "x"], 2),
         ("quorum-audit", ["history", "--out"], 2),
+        # A path that does not exist is refused before Spark starts (seconds), within 2 s.
+        ("quorum-audit", ["run", str(missing)], 2),
+        ("quorum-audit", ["consistency", f"file://{missing}"], 2),
+        ("quorum-audit", ["history", str(tmp), str(missing)], 2),
     ]
 
 
@@ -115,7 +134,9 @@ def test_every_subcommand_answers_bad_input_in_one_line(
                 for tool, argv, _ in cases}
     # Every subcommand of every tool has a case.
     assert {c for t, c in commands if t == "quorum-node"} >= {
-        "format", "random-cluster-id", "run", "repair-log", "local", "export", "info"}
+        "format", "random-cluster-id", "run", "repair-log", "local", "export", "info", "backup",
+        "restore"}
+    assert {c for t, c in commands if t == "quorum-audit"} >= {"run", "consistency", "history"}
     assert {c for t, c in commands if t == "quorum-client"} >= {
         "put", "get", "delete", "cas", "list", "watch", "append", "read"}
     assert {c for t, c in commands if t == "quorum-admin"} >= {
@@ -132,6 +153,42 @@ def test_every_subcommand_answers_bad_input_in_one_line(
         if (code, out, one_line) != (expected, "", True) or "Traceback" in err or elapsed > 2:
             wrong.append((tool, argv, code, out, err, elapsed))
     assert wrong == []
+
+
+PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "quorum-node": node._build_parser,
+    "quorum-client": client._build_parser,
+    "quorum-admin": admin._build_parser,
+    "quorum-audit": audit_cli._parser,
+}
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def test_one_flag_for_the_nodes_and_one_for_the_timeout_everywhere() -> None:
+    """Every subcommand that contacts a node names it with -b/--bootstrap-server and bounds
+    itself with --timeout SECONDS; no --server, --timeout-s or other spelling (the node's own
+    configuration keys, Kafka's names, aside)."""
+    key_flags = {key.flag for key in CONFIG_KEYS}
+    contacting = set()
+    for tool, build in PARSERS.items():
+        top = build()
+        for name, parser in {"": top, **subcommands(top)}.items():
+            options = {option for action in parser._actions for option in action.option_strings
+                       if option not in key_flags}
+            where = f"{tool} {name}".strip()
+            assert not options & {"--server", "--timeout-s", "--timeout-ms"}, where
+            assert not [o for o in options if "timeout" in o and o != "--timeout"], where
+            if options & {"-b", "--bootstrap-server"}:
+                assert {"-b", "--bootstrap-server", "--timeout"} <= options, where
+                contacting.add(where)
+    assert {"quorum-node backup", "quorum-client get", "quorum-admin describe"} <= contacting
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
@@ -268,3 +325,14 @@ def test_a_local_quorum_needs_no_extra(tmp_path: Path) -> None:
                             timeout=60, check=False,
                             env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
+
+
+def test_an_output_that_cannot_be_written_is_one_line() -> None:
+    """An I/O error no command expects (stdout on a full disk) is one line and exit 1, never a
+    traceback."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", MODULES["quorum-node"],
+                                 "random-cluster-id"], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (
+        1, "quorum-node: error: No space left on device\n")

@@ -37,6 +37,10 @@ async def test_info_on_a_running_node_and_a_copy_with_a_torn_tail(
         assert facts["log_end_offset"] == node.log_dir.log.end_offset
         assert facts["last_epoch"] == node.core.epoch
         assert facts["tail"] is None
+        # The election state the node keeps beside its log (not above it).
+        election = facts["quorum_state"]
+        assert isinstance(election, dict), election
+        assert election["leaderEpoch"] == node.core.epoch and election["leaderId"] == 1
         copy = tmp_path / "copy"
         shutil.copytree(log_dir, copy)
     segment = sorted((copy / "__cluster_metadata-0").glob("*.log"))[-1]
@@ -49,6 +53,7 @@ async def test_info_on_a_running_node_and_a_copy_with_a_torn_tail(
     assert main(["info", "--log-dir", str(copy)]) == 0
     text = capsys.readouterr().out
     assert "in use by:       no process" in text and "torn tail:" in text
+    assert "quorum-state:    {" in text and "quorum-state:    null" not in text
 
 
 def test_info_on_something_else_is_one_line(tmp_path: Path,

@@ -388,7 +388,8 @@ def test_supervisor_reports_a_node_that_exits_and_the_others_go_on(tmp_path: Pat
 
 def test_control_requests_stop_restart_and_replace_a_node(tmp_path: Path) -> None:
     nodes = prepare_local_cluster(tmp_path, 3)
-    cluster = LocalCluster(nodes, lambda node: SLEEPER, out=StringIO())
+    # Sleepers never serve: a restart says so once the wait for it is over.
+    cluster = LocalCluster(nodes, lambda node: SLEEPER, out=StringIO(), serving_timeout_s=0.3)
     cluster.start()
     try:
         first_pid = cluster.processes[2].pid
@@ -400,7 +401,8 @@ def test_control_requests_stop_restart_and_replace_a_node(tmp_path: Path) -> Non
                                                                       ["node 2 is not running"])
         restart = handle_control_request(cluster, ControlRequest("r3", "restart", 2),
                                          lambda: False)
-        assert restart.ok and restart.lines[0].startswith("node 2 started (pid ")
+        assert not restart.ok and restart.lines[0].startswith("node 2 started (pid ")
+        assert ", not serving clients after 0 s (its log: " in restart.lines[0]
         assert cluster.processes[2].pid != first_pid and cluster.running() == [1, 2, 3]
         old_id = read_meta_properties(tmp_path / "node-3" / "meta.properties").directory_id
         replace = handle_control_request(cluster, ControlRequest("r4", "replace", 3),
@@ -453,6 +455,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class _Health(BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/v1/node":  # serving, following node 1: what `local --restart` awaits
+            body = b'{"node_id": 0, "state": "follower", "leader_id": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(200 if self.path == "/healthz" else 404)
         self.end_headers()
 

@@ -259,10 +259,12 @@ async def test_replacing_a_voters_disk(tmp_path: Path,
         samples = await scrape(cluster, leader.config.node_id)
         assert value(samples, "quorum_number_of_voters") == 3
         # As in Kafka, a removed voter stays listed as an observer until its fetch session
-        # expires: the old disk could still be added back.
+        # expires; the old disk, which no process runs, is marked retired and not offered back.
         observers = leader.core.describe_quorum(time.time_ns() // 1_000_000).observers
         assert {row.key for row in observers} <= {ReplicaKey(3, old)}
-        assert value(samples, "quorum_number_of_possible_voters") == len(observers)
+        assert value(samples, "quorum_number_of_possible_voters") == 0
+        _, quorum, _ = await get_json(cluster.url(leader.config.node_id) + "/v1/quorum")
+        assert all(o["retired"] and not o["could_be_voter"] for o in quorum["observers"]), quorum
         assert value(samples, "quorum_pending_remove_voter") == 0
 
 

@@ -9,7 +9,9 @@ does); without it the tests that need it skip, and the committed install.yaml is
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +190,60 @@ def test_helm_test_runs_quorum_admin_describe() -> None:
     assert volumes["auth"]["secret"] == {"secretName": "metadata-tokens", "items": [
         {"key": "admin-token", "path": "admin-token"}]}
     assert hooks[0]["metadata"]["labels"]["kraft.quorum.dev/client"] == "metadata"
+
+
+@needs_helm
+def test_helm_test_and_the_notes_follow_watch_namespaces() -> None:
+    """With watchNamespaces={team-a} the example quorum is applied, and `helm test` runs, in
+    team-a: the release's own namespace is no quorum's the operator manages."""
+    assert HELM is not None
+    hooks = [d for d in template("--set", "watchNamespaces={team-a,team-b}")
+             if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    assert [hook["metadata"]["namespace"] for hook in hooks] == ["team-a"]
+    command = hooks[0]["spec"]["containers"][0]["command"]
+    assert command[command.index("--bootstrap-server") + 1] == "metadata.team-a.svc:9093"
+    notes = install_notes("--set", "watchNamespaces={team-a,team-b}")
+    assert "  kubectl apply -n team-a -f - <<YAML" in notes
+    assert "kubectl get kafkaquorums -n team-a -w" in notes
+    assert f"helm test {render_install.RELEASE} -n {render_install.NAMESPACE}" in notes
+    # Managing its own namespace only (the default), the release's namespace is the quorum's.
+    assert f"  kubectl apply -n {render_install.NAMESPACE} -f - <<YAML" in install_notes()
+
+
+def install_notes(*extra: str) -> str:
+    """The NOTES `helm install` prints (a client-side dry run: no cluster)."""
+    assert HELM is not None
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "HELM_CACHE_HOME": home, "HELM_CONFIG_HOME": home,
+               "HELM_DATA_HOME": home}
+        done = subprocess.run([HELM, "install", render_install.RELEASE,
+                               str(render_install.CHART), "--namespace",
+                               render_install.NAMESPACE, "--dry-run=client", *extra],
+                              capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\nNOTES:\n", 1)[1]
+
+
+def test_image_names_agree_and_the_readme_builds_them() -> None:
+    """The chart's, the CRD's and the operator's default images are the names the Dockerfiles'
+    and the README's build commands tag, and the README loads both into the cluster."""
+    values = yaml.safe_load((render_install.CHART / "values.yaml").read_text())
+    chart = yaml.safe_load((render_install.CHART / "Chart.yaml").read_text())
+    operator_tag = values["image"]["tag"] or chart["appVersion"]
+    operator_image = f"{values['image']['repository']}:{operator_tag}"
+    node_image = f"{values['test']['image']['repository']}:{values['test']['image']['tag']}"
+    crd = yaml.safe_load((ROOT / "crds" / "kafkaquorums.kraft.quorum.dev.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["image"]["default"] == node_image
+    assert (ROOT / "operator" / "kafka_quorum_operator" / "spec.py").read_text().count(
+        f'DEFAULT_IMAGE = "{node_image}"') == 1
+    assert f"docker build -t {node_image} ." in (ROOT / "Dockerfile").read_text()
+    assert f"docker build -f operator/Dockerfile -t {operator_image} ." in \
+        (ROOT / "operator" / "Dockerfile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert f"\ndocker build -t {node_image} .\n" in readme
+    assert f"\ndocker build -f operator/Dockerfile -t {operator_image} .\n" in readme
+    assert f"\nkind load docker-image {node_image} {operator_image}\n" in readme
 
 
 @needs_helm

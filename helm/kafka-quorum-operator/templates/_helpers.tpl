@@ -50,6 +50,16 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 {{- end -}}
 {{- end -}}
 
+{{/* Where the NOTES' example quorum and `helm test` go: the first namespace the operator
+manages (the release's when it manages every namespace, or none is listed). */}}
+{{- define "kqo.quorumNamespace" -}}
+{{- if and (not .Values.clusterWide) .Values.watchNamespaces -}}
+{{- first .Values.watchNamespaces -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kqo.workloadRules" -}}
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums]

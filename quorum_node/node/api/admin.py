@@ -13,7 +13,8 @@ body of ``quorum_node.node.api.http``, ``"leader": {"id", "url"}`` on both).
 DescribeQuorum answers::
 
     {"cluster_id": "...", "leader_id": 1, "leader_epoch": 3, "high_watermark": 42,
-     "voters": [REPLICA, ...], "observers": [REPLICA + {"could_be_voter": bool}, ...]}
+     "voters": [REPLICA, ...],
+     "observers": [REPLICA + {"could_be_voter": bool, "retired": bool}, ...]}
 
     REPLICA = {"id": 2, "directory_id": "<22-char base64url>" | null, "log_end_offset": 42,
                "lag": 0, "last_fetch_timestamp": <ms>, "last_caught_up_timestamp": <ms>,
@@ -26,7 +27,9 @@ Replicas are listed by id. Timestamps are wall-clock milliseconds; the leader's 
 ``directory_id`` is known for the leader itself and for replicas the core knows by directory id;
 statically configured voters are known by id only (Kafka's static quorums report them the same way).
 ``could_be_voter``: the observer has a directory id and the id of a configured voter, the only
-ids AddVoter accepts (KIP-856's CouldBeVoters).
+ids AddVoter accepts (KIP-856's CouldBeVoters), and is not ``retired``. ``retired``: a replaced
+disk, listed until its fetch state expires: another directory of its node id is a voter and has
+fetched since it last did.
 
 A voter change takes ``timeout_ms`` (query, or the POST body; default 30000, at most 600000) and
 answers once the new voter set is committed: 200 ``{"error": "NONE", "id", "directory_id",
@@ -57,8 +60,8 @@ from quorum_node.node.api.http import (
     read_json,
 )
 from quorum_node.node.errors import ErrorCode
-from quorum_node.node.metrics import could_be_voter
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.voter_candidates import could_be_voter, retired_directory
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
 from quorum_node.raft.types import Errors, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
@@ -100,7 +103,9 @@ def describe_quorum_json(node: QuorumNode, description: QuorumDescription) -> di
         "high_watermark": _or_unknown(description.high_watermark),
         # By id: the core keeps the leader first, which would move rows around on a failover.
         "voters": [replica(row) for row in sorted(description.voters, key=_by_id)],
-        "observers": [{**replica(row), "could_be_voter": could_be_voter(row, node.endpoints)}
+        "observers": [{**replica(row),
+                       "could_be_voter": could_be_voter(row, node.endpoints, description.voters),
+                       "retired": retired_directory(row, description.voters)}
                       for row in sorted(description.observers, key=_by_id)],
     }
 

@@ -163,7 +163,8 @@ SCHEMAS: dict[str, Any] = {
                        "last_fetch_timestamp": {"type": "integer"},
                        "last_caught_up_timestamp": {"type": "integer"},
                        "endpoint": {"type": "string", "nullable": True},
-                       "could_be_voter": {"type": "boolean"}},
+                       "could_be_voter": {"type": "boolean"},
+                       "retired": {"type": "boolean"}},
     },
     "NodeStatus": {
         "type": "object",
