@@ -71,13 +71,15 @@ def bind(source: str, target: Path, read_only: bool) -> None:
 
 def reachable(path: str, root: Path) -> None:
     """Let any user through the directories above ``path`` (the interpreter under a private
-    home, for one): in the overlay only, where a change never reaches the host."""
+    home, for one): in the overlay only, where a change never reaches the host. Through the
+    group's bits too: a user of group 0 (an arbitrary uid, as OpenShift runs images) is held
+    to those of root's directories, not to the others'."""
     current = Path(path).resolve().parent
     for directory in [current, *current.parents]:
         inside = root / directory.relative_to("/")
         mode = inside.stat().st_mode
-        if not mode & 0o001:
-            inside.chmod((mode & 0o7777) | 0o005)
+        if mode & 0o011 != 0o011:
+            inside.chmod((mode & 0o7777) | 0o055)
 
 
 def build_root(spec: dict[str, object], scratch: Path) -> Path:
