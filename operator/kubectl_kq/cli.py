@@ -302,9 +302,8 @@ async def set_paused(session: Session, name: str, paused: bool) -> int:
     if bool((quorum.get("spec") or {}).get("paused")) == paused:
         _print(f"{KIND.lower()}.{GROUP}/{name} already {word}")
         return EXIT_OK
-    # A merge patch: None removes the field (the CRD's default, false).
     if await session.kube.patch(session.quorum_path(name),
-                                {"spec": {"paused": True if paused else None}}) is None:
+                                {"spec": {"paused": paused}}) is None:
         raise Outcome(EXIT_ERROR, f"kafkaquorum {name} was deleted")
     _print(f"{KIND.lower()}.{GROUP}/{name} {word}")
     return EXIT_OK

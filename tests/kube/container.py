@@ -101,10 +101,10 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     software = [(str(p), within(root, str(p))) for p in spec["software"]]  # type: ignore[attr-defined]
     for source, target in software:
         mount_point(source, target)
-    for directory, owner in dict(spec["directories"]).items():  # type: ignore[call-overload]
+    for directory, (uid, gid) in dict(spec["directories"]).items():  # type: ignore[call-overload]
         inside = within(root, str(directory))
         inside.mkdir(parents=True, exist_ok=True)
-        os.chown(inside, int(owner), int(owner))
+        os.chown(inside, int(uid), int(gid))
     for line in spec["passwd"]:  # type: ignore[attr-defined]
         name, _, _, gid = line.split(":")[:4]
         with (root / "etc" / "passwd").open("a") as passwd:

@@ -580,7 +580,8 @@ class PodWorker:
         scratch.mkdir(parents=True)
         hostname = str(pod_spec.get("hostname") or self.pod["metadata"]["name"])
         shim = {"hostname": hostname[:63], "scratch": str(scratch),
-                "directories": dict(image.directories), "passwd": [image.passwd_line()],
+                "directories": {d: [uid, image.group] for d, uid in image.directories.items()},
+                "passwd": [image.passwd_line()],
                 "venv": self.kubelet.config.venv,
                 "software": [str(Path(self.kubelet.config.venv).resolve()), str(REPOSITORY)],
                 "venv_target": images.VENV, "mounts": mounts,
