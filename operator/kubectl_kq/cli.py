@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, VERSION
 from kafka_quorum_operator.kube import Kube, KubeError, path
-from kafka_quorum_operator.resources import labels, pod_name
+from kafka_quorum_operator.resources import labels
 from kubernetes import client, config
 from urllib3.util.retry import Retry
 
@@ -278,8 +278,8 @@ async def restart(session: Session, args: argparse.Namespace) -> int:
     refusal = views.restart_refusal(quorum, pods, args.node_id)
     if refusal is not None:
         raise Outcome(EXIT_REFUSED, refusal)
-    name = pod_name(args.quorum, args.node_id)
     old = next(p for p in pods if views.pod_node_id(p) == args.node_id)
+    name = str(old["metadata"]["name"])
     if not await session.kube.evict(session.namespace, name):
         raise Outcome(EXIT_REFUSED, f"the PodDisruptionBudget allows no disruption now "
                       f"(eviction of {name} answered 429); try again later")

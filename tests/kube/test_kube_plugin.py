@@ -101,6 +101,7 @@ async def test_kubectl_kq_on_a_quorum_without_fixed_ids(
     started = time.monotonic()
     text = kq(kube_cluster, "status", quorum.name)
     timings.record("kubectl kq status, again", time.monotonic() - started)
+    print(f"\n$ kubectl kq status {quorum.name}\n{text.stdout}")
     assert text.returncode == 0 and f"Leader:     node {shown['leader']['nodeId']}, epoch" in \
         text.stdout, text
 
@@ -134,6 +135,7 @@ async def test_kubectl_kq_on_a_quorum_without_fixed_ids(
     timings.record("kubectl kq restart --wait", time.monotonic() - started)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"pod/{quorum.name}-1 evicted", done.stdout
+    print(f"\n$ kubectl kq restart {quorum.name} 1 --wait\n{done.stdout}")
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in await quorum.pods()}
     assert after[f"{quorum.name}-1"] != uids[f"{quorum.name}-1"]
     assert all(after[n] == uids[n] for n in (f"{quorum.name}-2", f"{quorum.name}-3"))
@@ -165,6 +167,8 @@ async def test_kubectl_kq_on_a_quorum_without_fixed_ids(
         bundle = tmp_path / done.stdout.strip()
         with zipfile.ZipFile(bundle) as written:
             files = {n.split("/", 1)[1]: written.read(n) for n in written.namelist()}
+        print(f"\n$ kubectl kq report {quorum.name}\n{done.stdout}" +
+              "\n".join(f"  {f}" for f in sorted(files)))
     finally:
         if applied:
             kube_cluster.kubectl("delete", "crd", BACKUP_CRD, "--timeout=120s")
