@@ -13,6 +13,9 @@ fsGroup ids (``spec.template.securityContext`` without them, the pods the operat
   stand-in CRD is applied when the chart has none, and removed after);
 - ``report``: a zip with the KafkaQuorum, pods, claims, events, each pod's log and the
   operator's, and no Secret's value anywhere in it.
+
+And the chart with ``openshift.adaptSecurityContext=force``: the operator's pod and the pods of
+the quorums it makes without the ids, a quorum Ready.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
-from kq_real import NAMESPACE, RealQuorum
+from kq_real import CHART, NAMESPACE, RealQuorum, create_namespace
 from kq_scenarios import Timings, condition, create_and_ready, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -38,6 +41,7 @@ PLUGIN = Path(sys.executable).parent / "kubectl-kq"
 BACKUP_CRD = "quorumbackups.kraft.quorum.dev"
 # As OpenShift's restricted SCC leaves them to the platform: no runAsUser, runAsGroup, fsGroup.
 WITHOUT_IDS = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+IDS = ("runAsUser", "runAsGroup", "fsGroup")
 
 
 def kq(cluster: Cluster, *args: str, cwd: Path | None = None,
@@ -191,3 +195,33 @@ def check_report(files: dict[str, bytes], name: str, secrets: set[bytes]) -> Non
                          if s in content]
     assert not leaked, leaked
     assert secrets, "the quorum's Secrets (TLS keys, tokens) were found to compare with"
+
+
+async def test_operator_and_quorum_without_fixed_ids(kube_cluster: Cluster,
+                                                     operator_installed: None) -> None:
+    """The chart with ``openshift.adaptSecurityContext=force`` (what ``auto`` does on OpenShift):
+    the operator's pod without the ids (the image's uid, gid 0) and a quorum it makes
+    (``KQ_OPERATOR_POD_IDS=platform``) without them either, Ready."""
+    operator_namespace, release, team = "platform-operator", "kqo-platform", "platform"
+    for namespace in (operator_namespace, team):
+        create_namespace(kube_cluster, namespace)
+    kube_cluster.helm("install", release, str(CHART), "--namespace", operator_namespace,
+                      "--set", "crds.install=false", "--set", f"watchNamespaces={{{team}}}",
+                      "--set", "openshift.adaptSecurityContext=force", "--wait",
+                      "--timeout", "5m")
+    try:
+        [operator] = json.loads(kube_cluster.kubectl(
+            "--namespace", operator_namespace, "get", "pods", "-l",
+            f"app.kubernetes.io/instance={release}", "-o", "json"))["items"]
+        assert not set(IDS) & set(operator["spec"]["securityContext"]), operator["spec"]
+        env = {e["name"]: e.get("value") for e in operator["spec"]["containers"][0]["env"]}
+        assert env["KQ_OPERATOR_POD_IDS"] == "platform"
+        quorum = RealQuorum.named(kube_cluster, "platform", team)
+        await create_and_ready(quorum, Timings("real"), replicas=1)
+        [pod] = await quorum.pods()
+        assert pod["spec"]["securityContext"] == WITHOUT_IDS, pod["spec"]["securityContext"]
+    finally:
+        kube_cluster.helm("uninstall", release, "--namespace", operator_namespace, "--wait")
+        for namespace in (team, operator_namespace):
+            kube_cluster.kubectl("delete", "namespace", namespace, "--timeout=300s",
+                                 timeout_s=330)
