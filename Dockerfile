@@ -12,9 +12,12 @@ RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-cache-dir '.[s3]'
 
 FROM python:3.11-slim
 COPY --from=build /opt/venv /opt/venv
-# A fixed non-root user (the operator's pods run as 10001 with fsGroup 10001 on the volume).
-RUN useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/quorum quorum \
-    && mkdir -p /var/lib/quorum && chown 10001:10001 /var/lib/quorum
+# A non-root user, 10001, of group 0 (root's group, which grants nothing by itself): the image
+# runs as well under any uid with gid 0, as OpenShift's restricted SCC runs it, its home the
+# group's too. The operator's pods run as 10001, group and fsGroup 10001, unless the platform
+# assigns its own (KQ_OPERATOR_POD_IDS=platform).
+RUN useradd --uid 10001 --gid 0 --no-create-home --home-dir /var/lib/quorum quorum \
+    && mkdir -p /var/lib/quorum && chown 10001:0 /var/lib/quorum && chmod 0770 /var/lib/quorum
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001
 EXPOSE 9093

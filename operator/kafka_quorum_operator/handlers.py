@@ -14,6 +14,9 @@ Settings (environment): ``KQ_OPERATOR_INTERVAL`` (seconds between passes, defaul
 name), ``KQ_OPERATOR_POD_SELECTOR`` (the operator pods' labels, ``k=v,...``, which the quorums'
 NetworkPolicies let in; default ``app.kubernetes.io/name=kafka-quorum-operator``),
 ``KQ_OPERATOR_CLUSTER_DOMAIN`` (in the nodes' certificates; default ``cluster.local``),
+``KQ_OPERATOR_POD_IDS`` (``fixed``, the default: the quorums' pods run as the image's user
+10001, group and fsGroup 10001; ``platform``: none set, for OpenShift's restricted SCC, which
+assigns its own; ``resources.POD_IDS``),
 ``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and tests;
 otherwise the service account, then the kubeconfig).
 
@@ -45,7 +48,7 @@ from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
 from kafka_quorum_operator.nodes import VOTER_CHANGE_TIMEOUT_MS, NodeClient
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
-from kafka_quorum_operator.resources import OperatorPods
+from kafka_quorum_operator.resources import POD_IDS, OperatorPods
 from kafka_quorum_operator.serving import metrics, parse_endpoint, serve
 from kafka_quorum_operator.status import iso
 
@@ -70,6 +73,15 @@ def _labels(text: str) -> dict[str, str]:
     if not pairs or any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
         raise ValueError(f"KQ_OPERATOR_POD_SELECTOR: expected k=v,..., got {text!r}")
     return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _pod_ids(text: str | None) -> str:
+    """KQ_OPERATOR_POD_IDS (a wrong value is an error at start, not pods the platform refuses)."""
+    value = (text or "fixed").strip()
+    if value not in POD_IDS:
+        raise ValueError(f"KQ_OPERATOR_POD_IDS: expected one of {', '.join(POD_IDS)}, got "
+                         f"{text!r}")
+    return value
 
 
 @dataclass
@@ -104,7 +116,8 @@ class _State:
         # Fencing: every voter change and deletion asks the elector right before it is sent.
         self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
                                      may_act=lambda: elector.leading and not self.stopping,
-                                     identity=identity)
+                                     identity=identity,
+                                     pod_ids=_pod_ids(os.environ.get("KQ_OPERATOR_POD_IDS")))
         self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:

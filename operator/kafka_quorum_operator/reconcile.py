@@ -139,6 +139,8 @@ class Reconciler:
     may_act: Callable[[], bool] = lambda: True
     # This operator's identity (its pod's name): who reports its Events.
     identity: str = MANAGER
+    # Who the quorums' pods run as (resources.POD_IDS): the operator's KQ_OPERATOR_POD_IDS.
+    pod_ids: str = "fixed"
     backups: BackupScheduler = field(init=False)
     events: EventRecorder = field(init=False)
 
@@ -167,7 +169,7 @@ class Reconciler:
         meta = body.get("metadata") or {}
         owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
         check_name(owner.name)
-        spec = parse_spec(body.get("spec"))
+        spec = r.with_pod_ids(parse_spec(body.get("spec")), self.pod_ids)
         status: Mapping[str, Any] = body.get("status") or {}
         memory = self.memories.setdefault(owner.uid or owner.name, Memory())
         cluster_id = status.get("clusterId")
@@ -282,7 +284,7 @@ class Reconciler:
 
     async def _observe(self, owner: r.Owner, body: Mapping[str, Any], cluster_id: str,
                        memory: Memory, tls: ssl.SSLContext | None) -> Observed:
-        spec = parse_spec(body.get("spec"))
+        spec = r.with_pod_ids(parse_spec(body.get("spec")), self.pod_ids)
         status: Mapping[str, Any] = body.get("status") or {}
         selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
         pods_raw, claims_raw = await asyncio.gather(

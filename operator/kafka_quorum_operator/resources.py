@@ -11,7 +11,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kafka_quorum_operator import (
@@ -37,6 +37,13 @@ from quorum_node.addresses import host_port
 from quorum_node.node.config import KEYS_BY_NAME
 
 NODE_USER = 10001  # the node image's user (Dockerfile)
+# Who the pods run as. "fixed": the image's user and group (NODE_USER), and the volume's group
+# (fsGroup) the same; "platform": none of the three set, for a platform that assigns them itself
+# and refuses fixed ones (OpenShift's restricted SCC: a uid of the namespace's range, gid 0 and
+# an fsGroup of its own). The operator's setting (KQ_OPERATOR_POD_IDS); a quorum's
+# spec.template.securityContext replaces either.
+POD_IDS = ("fixed", "platform")
+FIXED_IDS = {"runAsUser": NODE_USER, "runAsGroup": NODE_USER, "fsGroup": NODE_USER}
 ZONE_KEY = "topology.kubernetes.io/zone"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 # How long a starting node may take to answer its health probe (replaying a long log), and how
@@ -295,6 +302,9 @@ def config_hash(spec: Spec, environment: Mapping[str, str]) -> str:
               "imagePullSecrets": list(template.image_pull_secrets),
               "topologySpreadConstraints": None if template.topology_spread_constraints is None
               else list(template.topology_spread_constraints)}
+    # Only when given: the pods of a quorum without one keep the hash they had.
+    if template.security_context is not None:
+        inputs["securityContext"] = dict(template.security_context)
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -417,7 +427,9 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
         container["volumeMounts"] += [
             {"name": "tls", "mountPath": TLS_MOUNT, "readOnly": True},
             {"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
-        # Readable by the node's group (fsGroup) only; of the tokens Secret, the token file only.
+        # Readable by the files' group only, the fsGroup (fixed ids, or the one OpenShift
+        # assigns), else root's: under an arbitrary uid the image's group is 0. Of the tokens
+        # Secret, the token file only.
         volumes += [
             {"name": "tls", "secret": {"secretName": node_secret_name(owner.name, node_id),
                                        "defaultMode": 0o440}},
@@ -437,9 +449,7 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
         "automountServiceAccountToken": False, "enableServiceLinks": False,
         # The node resigns leadership on SIGTERM and waits up to 5 s for a successor.
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": NODE_USER,
-                            "runAsGroup": NODE_USER, "fsGroup": NODE_USER,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(spec),
         "containers": [container],
         **({"initContainers": [dict(c) for c in init_containers]} if init_containers else {}),
         "volumes": volumes,
@@ -460,6 +470,24 @@ def pod(owner: Owner, spec: Spec, node_id: int, hash_value: str, *,
     if template.priority_class_name:
         pod_spec["priorityClassName"] = template.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def pod_security_context(spec: Spec) -> dict[str, Any]:
+    """spec.template.securityContext as given, else the fixed ids (``POD_IDS``)."""
+    given = spec.template.security_context
+    if given is not None:
+        return copy.deepcopy(dict(given))
+    return {"runAsNonRoot": True, **FIXED_IDS, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def with_pod_ids(spec: Spec, pod_ids: str) -> Spec:
+    """``spec`` under the operator's POD_IDS setting: "platform" gives a quorum without
+    spec.template.securityContext one without the fixed ids (recorded in the spec, so its hash
+    rolls the pods once when the setting changes)."""
+    if pod_ids == "fixed" or spec.template.security_context is not None:
+        return spec
+    context = {k: v for k, v in pod_security_context(spec).items() if k not in FIXED_IDS}
+    return replace(spec, template=replace(spec.template, security_context=context))
 
 
 def spread_constraints(owner: Owner, spec: Spec) -> list[dict[str, Any]]:

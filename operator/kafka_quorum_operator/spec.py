@@ -131,6 +131,8 @@ class PodTemplate:
     # None: the operator's default (spread over zones and hosts where possible); a list, even
     # an empty one, replaces it.
     topology_spread_constraints: tuple[Mapping[str, Any], ...] | None = None
+    # The pods' PodSecurityContext; None: the operator's (resources.pod_security_context).
+    security_context: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,7 @@ def parse_spec(raw: Mapping[str, Any] | None) -> Spec:
             image_pull_secrets=_pull_secrets(template_raw.get("imagePullSecrets")),
             topology_spread_constraints=_objects(
                 template_raw, "topologySpreadConstraints", "spec.template."),
+            security_context=_object(template_raw, "securityContext", "spec.template."),
         ),
         remediation=Remediation(
             enabled=bool(remediation_raw.get("enabled", True)),
@@ -305,6 +308,16 @@ def _pull_secrets(raw: Any) -> tuple[str, ...]:
         raise SpecError(f"spec.template.imagePullSecrets: expected a list of {{name: ...}}, got "
                         f"{raw!r}")
     return tuple(ref["name"] for ref in raw)
+
+
+def _object(raw: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
+    """An object, or None where the field is absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}{key}: expected an object, got {value!r}")
+    return value
 
 
 def _objects(raw: Mapping[str, Any], key: str, where: str

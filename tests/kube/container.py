@@ -71,13 +71,15 @@ def bind(source: str, target: Path, read_only: bool) -> None:
 
 def reachable(path: str, root: Path) -> None:
     """Let any user through the directories above ``path`` (the interpreter under a private
-    home, for one): in the overlay only, where a change never reaches the host."""
+    home, for one): in the overlay only, where a change never reaches the host. Through the
+    group's bits too: a user of group 0 (an arbitrary uid, as OpenShift runs images) is held
+    to those of root's directories, not to the others'."""
     current = Path(path).resolve().parent
     for directory in [current, *current.parents]:
         inside = root / directory.relative_to("/")
         mode = inside.stat().st_mode
-        if not mode & 0o001:
-            inside.chmod((mode & 0o7777) | 0o005)
+        if mode & 0o011 != 0o011:
+            inside.chmod((mode & 0o7777) | 0o055)
 
 
 def build_root(spec: dict[str, object], scratch: Path) -> Path:
@@ -99,10 +101,10 @@ def build_root(spec: dict[str, object], scratch: Path) -> Path:
     software = [(str(p), within(root, str(p))) for p in spec["software"]]  # type: ignore[attr-defined]
     for source, target in software:
         mount_point(source, target)
-    for directory, owner in dict(spec["directories"]).items():  # type: ignore[call-overload]
+    for directory, (uid, gid) in dict(spec["directories"]).items():  # type: ignore[call-overload]
         inside = within(root, str(directory))
         inside.mkdir(parents=True, exist_ok=True)
-        os.chown(inside, int(owner), int(owner))
+        os.chown(inside, int(uid), int(gid))
     for line in spec["passwd"]:  # type: ignore[attr-defined]
         name, _, _, gid = line.split(":")[:4]
         with (root / "etc" / "passwd").open("a") as passwd:

@@ -26,6 +26,8 @@ class Image:
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
     user: int
+    # The user's primary group (useradd --gid 0: the images run under any uid with gid 0).
+    group: int = 0
     env: Mapping[str, str] = field(default_factory=lambda: dict(_PYTHON_ENV))
     # The user the image adds (RUN useradd ...): its name, and its home directory.
     user_name: str = ""
@@ -34,7 +36,7 @@ class Image:
     directories: Mapping[str, int] = field(default_factory=dict)
 
     def passwd_line(self) -> str:
-        return f"{self.user_name}:x:{self.user}:{self.user}::{self.home}:/bin/sh"
+        return f"{self.user_name}:x:{self.user}:{self.group}::{self.home}:/bin/sh"
 
 
 NODE = Image(entrypoint=(), cmd=("quorum-node", "run"), user=10001, user_name="quorum",

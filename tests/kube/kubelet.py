@@ -563,7 +563,9 @@ class PodWorker:
         context = {**(pod_spec.get("securityContext") or {}),
                    **(spec.get("securityContext") or {})}
         user = int(context.get("runAsUser", image.user))
-        group = int(context.get("runAsGroup", user if user else 0))
+        # The image's group for its own user; gid 0 for a uid its passwd does not list, as
+        # container runtimes do (OpenShift's arbitrary uids).
+        group = int(context.get("runAsGroup", image.group if user == image.user else 0))
         groups = [group, *(int(g) for g in context.get("supplementalGroups") or [])]
         if context.get("fsGroup") is not None:
             groups.append(int(context["fsGroup"]))
@@ -578,7 +580,8 @@ class PodWorker:
         scratch.mkdir(parents=True)
         hostname = str(pod_spec.get("hostname") or self.pod["metadata"]["name"])
         shim = {"hostname": hostname[:63], "scratch": str(scratch),
-                "directories": dict(image.directories), "passwd": [image.passwd_line()],
+                "directories": {d: [uid, image.group] for d, uid in image.directories.items()},
+                "passwd": [image.passwd_line()],
                 "venv": self.kubelet.config.venv,
                 "software": [str(Path(self.kubelet.config.venv).resolve()), str(REPOSITORY)],
                 "venv_target": images.VENV, "mounts": mounts,

@@ -43,10 +43,12 @@ def test_images_are_the_dockerfiles(dockerfile: str, image: images.Image) -> Non
         {k: v for k, v in image.env.items() if k != "PATH"}
     run = found["RUN"]
     assert f"--uid {image.user}" in run and f" {image.user_name}" in run
+    assert f"--gid {image.group}" in run
     if image.home != "/":
         assert f"--home-dir {image.home}" in run
     for directory, owner in image.directories.items():
-        assert f"mkdir -p {directory}" in run and f"chown {owner}:{owner} {directory}" in run
+        assert f"mkdir -p {directory}" in run and \
+            f"chown {owner}:{image.group} {directory}" in run
 
 
 def test_image_names() -> None:

@@ -116,3 +116,20 @@ manages (the release's when it manages every namespace, or none is listed). */}}
   resources: [events]
   verbs: [create, patch]
 {{- end -}}
+
+{{/* "true" when the pods' fixed uid, gid and fsGroup are left out (openshift.adaptSecurityContext). */}}
+{{- define "kqo.platformIds" -}}
+{{- $mode := .Values.openshift.adaptSecurityContext -}}
+{{- if or (eq $mode "force") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* A securityContext without the ids the platform assigns, when it does. */}}
+{{- define "kqo.securityContext" -}}
+{{- $context := index . 0 -}}
+{{- if include "kqo.platformIds" (index . 1) -}}
+{{- $context = omit $context "runAsUser" "runAsGroup" "fsGroup" -}}
+{{- end -}}
+{{- toYaml $context -}}
+{{- end -}}

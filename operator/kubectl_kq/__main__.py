@@ -1,0 +1,7 @@
+"""``python -m kubectl_kq``: the same as ``kubectl-kq``."""
+
+import sys
+
+from kubectl_kq.cli import main
+
+sys.exit(main())
