@@ -47,6 +47,7 @@ from quorum_node.cli.local_control import (
     pending_requests,
     send_request,
 )
+from quorum_node.cli.local_layout import CLUSTER_ID_FILE
 from quorum_node.node.config import (
     CONFIG_KEYS,
     ENV_PREFIX,
@@ -91,7 +92,6 @@ DEFAULT_BASE_PORT = 9091
 DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 STATUS_POLL_S = 0.5  # how often `local` asks its nodes who leads
-CLUSTER_ID_FILE = "cluster.id"
 PEER_SECRET_FILE = "peer-secret"
 CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"
