@@ -52,11 +52,13 @@ from kafka_quorum_operator.observe import (
     pending_from_status,
     pod_view,
 )
+from kafka_quorum_operator.ondemand import OnDemandBackups
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
     ROLLING_UPDATE,
     SCALE_DOWN,
     Action,
+    Assessment,
     Plan,
     assess,
     configured_voter_ids,
@@ -135,6 +137,7 @@ class Reconciler:
     # This operator's identity (its pod's name): who reports its Events.
     identity: str = MANAGER
     backups: BackupScheduler = field(init=False)
+    on_demand: OnDemandBackups = field(init=False)
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +145,7 @@ class Reconciler:
             self.keeper = Keeper(self.kube, clock=self.clock)
         self.events = EventRecorder(self.kube, self.clock, self.identity)
         self.backups = BackupScheduler(self.kube, self.event, self.patch_status)
+        self.on_demand = OnDemandBackups(self.kube, self.backups, self.event, self.clock)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -270,9 +274,20 @@ class Reconciler:
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
+        job = BackupJob(owner, spec, observed, cluster_id, tls)
+        if self.may_act():
+            # Before the schedule's: a QuorumBackup asked for takes the free slot first.
+            await self._on_demand_backups(job, _not_backed_up(spec, a))
         if changing and a.bootstrapped and self.may_act():
-            self.backups.maybe_start(BackupJob(owner, spec, observed, cluster_id, tls), status)
+            self.backups.maybe_start(job, status)
         return decided
+
+    async def _on_demand_backups(self, job: BackupJob, waiting: str | None) -> None:
+        try:
+            await self.on_demand.reconcile(job, waiting)
+        except KubeError as error:  # a cluster without the QuorumBackup CRD or its RBAC yet
+            logger.warning("QuorumBackups of %s/%s: %s", job.owner.namespace, job.owner.name,
+                           error)
 
     # --- observing ------------------------------------------------------------------------
 
@@ -643,6 +658,17 @@ class Reconciler:
     async def event(self, owner: r.Owner, reason: str, message: str,
                     kind: str = "Normal") -> None:
         await self.events.post(owner, reason, message, kind)
+
+
+def _not_backed_up(spec: Spec, assessment: Assessment) -> str | None:
+    """Why the quorum cannot be backed up now (None: it can)."""
+    if spec.paused:
+        return "the KafkaQuorum is paused"
+    if assessment.quorum_lost:
+        return "the quorum has lost its majority"
+    if not assessment.bootstrapped:
+        return "the quorum is not running yet"
+    return None
 
 
 def refused_create(error: KubeError) -> bool:

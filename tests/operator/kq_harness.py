@@ -64,7 +64,16 @@ import kmock
 import kopf
 import pytest
 from hosts_file import rewrite_in_place
-from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
+from kafka_quorum_operator import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    QB_KIND,
+    QB_PLURAL,
+    VERSION,
+    handlers,
+)
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.reconcile import CR_API
 from kafka_quorum_operator.resources import node_host
@@ -376,6 +385,10 @@ def declare_resources(emulator: Any) -> None:
         kind=KIND, singular="kafkaquorum", namespaced=True, shortnames={"kq"},
         verbs={"list", "watch", "get", "create", "patch", "update", "delete"},
         subresources={"status", "scale"})
+    emulator.resources[f"{GROUP}/{VERSION}/{QB_PLURAL}"] = kmock.ResourceInfo(
+        kind=QB_KIND, singular="quorumbackup", namespaced=True, shortnames={"qbk"},
+        verbs={"list", "watch", "get", "create", "patch", "update", "delete"},
+        subresources={"status"})
 
 
 # --- the kubelet --------------------------------------------------------------------------------

@@ -63,6 +63,13 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums/finalizers]
   verbs: [update]
+{{- /* On-demand backups: owner references (metadata) and their status. */}}
+- apiGroups: [kraft.quorum.dev]
+  resources: [quorumbackups]
+  verbs: [get, list, watch, patch]
+- apiGroups: [kraft.quorum.dev]
+  resources: [quorumbackups/status]
+  verbs: [get, patch]
 {{- /* Pods are patched for one label: kraft.quorum.dev/voter, which the PDB selects. */}}
 - apiGroups: [""]
   resources: [pods]
