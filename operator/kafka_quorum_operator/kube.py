@@ -54,6 +54,7 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Event": ("/api/v1", "events"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Job": ("/apis/batch/v1", "jobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     "Secret": ("/api/v1", "secrets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),

@@ -34,6 +34,7 @@ from kafka_quorum_operator.backups import (
     restore_init_container,
     restore_plan,
 )
+from kafka_quorum_operator.drills import Drills
 from kafka_quorum_operator.events import EventRecorder
 from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
@@ -138,6 +139,7 @@ class Reconciler:
     identity: str = MANAGER
     backups: BackupScheduler = field(init=False)
     on_demand: OnDemandBackups = field(init=False)
+    drills: Drills = field(init=False)
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +148,7 @@ class Reconciler:
         self.events = EventRecorder(self.kube, self.clock, self.identity)
         self.backups = BackupScheduler(self.kube, self.event, self.patch_status)
         self.on_demand = OnDemandBackups(self.kube, self.backups, self.event, self.clock)
+        self.drills = Drills(self.kube, self.event, self.patch_status, self.clock)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -280,6 +283,12 @@ class Reconciler:
             await self._on_demand_backups(job, _not_backed_up(spec, a))
         if changing and a.bootstrapped and self.may_act():
             self.backups.maybe_start(job, status)
+        if self.may_act():
+            try:
+                await self.drills.reconcile(owner, spec, status, cluster_id,
+                                            ready=changing and a.bootstrapped)
+            except KubeError as error:  # a cluster without the chart's Job RBAC yet
+                logger.warning("restore drill of %s/%s: %s", owner.namespace, owner.name, error)
         return decided
 
     async def _on_demand_backups(self, job: BackupJob, waiting: str | None) -> None:

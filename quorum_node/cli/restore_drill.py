@@ -33,9 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from quorum_node.backup.content import restored_content
+from quorum_node.backup.drill_report import MAX_MESSAGE, DrillReport
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
 from quorum_node.backup.restore import MAX_MANIFEST_BYTES
 from quorum_node.backup.store import BackupStore, S3Options, open_store
@@ -56,23 +55,6 @@ PORT_ATTEMPTS = 5
 
 class DrillFailed(Exception):
     """The drill did not pass; one line saying why."""
-
-
-class DrillReport(BaseModel):
-    """What a drill found, as the operator records it (``status.backup.lastDrill``)."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    passed: bool
-    message: str
-    backup: str | None = None  # the backup drilled (its location)
-    end_offset: int | None = Field(default=None, alias="endOffset")
-    keys: int | None = None
-    leader: int | None = None
-    epoch: int | None = None
-    started_at: str = Field(alias="startedAt")
-    completed_at: str = Field(alias="completedAt")
-    duration_seconds: float = Field(alias="durationSeconds")
 
 
 def add_restore_drill_command(commands: argparse._SubParsersAction[Any]) -> None:
@@ -133,8 +115,8 @@ def run_drill(location: str, options: S3Options, *, nodes: int, timeout_s: float
         passed = True
     except (BackupError, DrillFailed) as error:
         message, passed = str(error), False
-    return DrillReport(passed=passed, message=message, **found, started_at=started_at,
-                       completed_at=_now(),
+    return DrillReport(passed=passed, message=message[:MAX_MESSAGE], **found,
+                       started_at=started_at, completed_at=_now(),
                        duration_seconds=round(time.monotonic() - started, 3))
 
 

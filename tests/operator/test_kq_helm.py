@@ -120,6 +120,8 @@ def test_rbac_is_least_privilege() -> None:
     # QuorumBackups: owner references patched in, status written; never created or deleted.
     assert verbs["kraft.quorum.dev", "quorumbackups"] == {"get", "list", "watch", "patch"}
     assert verbs["kraft.quorum.dev", "quorumbackups/status"] == {"get", "patch"}
+    # Restore drills' Jobs: created and read, deleted by their TTL (with their pods).
+    assert verbs["batch", "jobs"] == {"get", "list", "create"}
     # blockOwnerDeletion under OwnerReferencesPermissionEnforcement (tests/kube runs with it).
     assert verbs["kraft.quorum.dev", "kafkaquorums/finalizers"] == {"update"}
     deployment = by_kind(docs, "Deployment")[0]

@@ -3,11 +3,14 @@ strict, structural, the chart's identical copy, its CEL rule), the operator's de
 table, retention that never counts it, and its lifecycle in the operator's harness (the emulated
 API server, real node processes, moto's S3 server): taken once from a caught-up follower,
 status filled, owned by its quorum; Failed for a quorum without storage or without a
-KafkaQuorum."""
+KafkaQuorum. Restore drills (spec.backup.restoreDrill): the Job, when one is due, its outcome;
+and in the harness a drill Job run for real (the harness's kubelet runs its pod's command) with
+its report in status.backup.lastDrill."""
 
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,15 @@ import kubernetes_validate
 import pytest
 import yaml
 from kafka_quorum_operator import API_VERSION, GROUP, KIND, QB_KIND, QB_PLURAL
+from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.backups import apply_retention
+from kafka_quorum_operator.drills import (
+    drill_due,
+    drill_job,
+    drill_location,
+    drill_result,
+    job_outcome,
+)
 from kafka_quorum_operator.kube import path
 from kafka_quorum_operator.ondemand import (
     COMPLETED,
@@ -28,11 +39,13 @@ from kafka_quorum_operator.ondemand import (
     next_step,
 )
 from kafka_quorum_operator.reconcile import CR_API
+from kafka_quorum_operator.spec import RestoreDrill, parse_spec
 from kq_cluster import NAME, Cluster
 from kq_harness import NAMESPACE, cr_path, quorum_object
 from test_kq_backup import BUCKET, CREDENTIALS, SECRET, s3_endpoint
-from test_kq_manifests import K8S_VERSION, cel_errors, to_jsonschema, walk
+from test_kq_manifests import K8S_VERSION, cel_errors, schema_errors, to_jsonschema, walk
 
+from quorum_node.backup.drill_report import DrillReport
 from quorum_node.backup.manifest import MANIFEST_NAME
 from quorum_node.backup.store import LocalStore, S3Options, open_store
 from quorum_node.client import QuorumClient
@@ -224,6 +237,27 @@ async def test_a_quorum_backup_is_taken_once_from_a_follower_and_owned_by_its_qu
     again = await cluster.kube.get(_qb_path("before-upgrade")) or {}
     assert again["status"] == status
 
+    # A restore drill (the harness's kubelet runs the Job's pod, its command for real): the
+    # schedule's interval made long first, so that no retention deletes what it restores.
+    drills = {**backup, "intervalSeconds": 3600, "restoreDrill": {
+        "intervalSeconds": 3600, "nodes": 1, "timeoutSeconds": 120}}
+    await cluster.kube.patch(cr_path(NAME), {"spec": {"backup": drills}})
+
+    async def drilled() -> dict[str, Any] | None:
+        last = ((await cluster.status()).get("backup") or {}).get("lastDrill") or {}
+        return last if last.get("outcome") in ("Passed", "Failed") else None
+
+    last = await cluster.wait("a restore drill", drilled, 240)
+    assert last["outcome"] == "Passed", last
+    assert last["backup"].startswith(f"s3://{BUCKET}/fleet/{cluster_id}/")
+    assert last["endOffset"] >= status["endOffset"] and last["keys"] >= 1
+    assert last["durationSeconds"] > 0 and last["startedAt"] <= last["time"]
+    jobs = await cluster.kube.list(path("Job", NAMESPACE), {})
+    assert [job["metadata"]["name"] for job in jobs] == [last["job"]]
+    assert jobs[0]["metadata"]["ownerReferences"][0]["uid"] == quorum["metadata"]["uid"]
+    reasons = [reason for reason, _ in await cluster.events()]
+    assert "RestoreDrillStarted" in reasons and "RestoreDrillPassed" in reasons
+
     # Without storage: Failed, saying so.
     await cluster.kube.patch(cr_path(NAME), {"spec": {"backup": None}})
     await _create(cluster, "no-storage", NAME)
@@ -231,3 +265,70 @@ async def test_a_quorum_backup_is_taken_once_from_a_follower_and_owned_by_its_qu
     assert failed["phase"] == FAILED
     assert failed["message"] == ("its KafkaQuorum has no backup storage configured "
                                  "(spec.backup.target)")
+
+
+# --- restore drills: the parts ------------------------------------------------------------------
+
+
+DRILL_SPEC = {"replicas": 3, "backup": {
+    "target": {"bucket": "kq-backups", "prefix": "fleet", "endpoint": "http://s3:9000",
+               "credentialsSecret": SECRET},
+    "restoreDrill": {"intervalSeconds": 86400}}}
+OWNER = r.Owner("kq", "default", "0b6f2a52-7c1e-4c43-8d43-1ac39b0d2d3e")
+
+
+def test_a_drill_job_runs_restore_drill_in_the_node_image() -> None:
+    spec = parse_spec(DRILL_SPEC)
+    assert spec.backup is not None
+    assert spec.backup.restore_drill == RestoreDrill(86400, nodes=3, timeout_seconds=600)
+    job = drill_job(OWNER, spec, "CLUSTER")
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == spec.image
+    assert container["command"] == [
+        "quorum-node", "restore-drill", "--from", "s3://kq-backups/fleet/CLUSTER",
+        "--nodes", "3", "--timeout", "600", "--work-dir", "/drill/run",
+        "--report", "/dev/termination-log", "--endpoint-url", "http://s3:9000"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["envFrom"] == [{"secretRef": {"name": SECRET}}]
+    assert job["metadata"]["ownerReferences"] == [OWNER.reference()]
+    assert job["spec"]["backoffLimit"] == 0
+    assert drill_location(replace(spec.backup.store, prefix=""), "C") == "s3://kq-backups/C"
+
+
+@pytest.mark.parametrize(("last", "now", "due"), [
+    ({}, 0.0, True),
+    ({"startedAt": "2026-01-01T00:00:00Z", "outcome": "Passed"}, 1767225600.0 + 86399, False),
+    ({"startedAt": "2026-01-01T00:00:00Z", "outcome": "Failed"}, 1767225600.0 + 86400, True),
+])
+def test_a_drill_is_due_an_interval_after_the_last_one_started(
+        last: dict[str, Any], now: float, due: bool) -> None:
+    assert drill_due(RestoreDrill(86400), last, now) is due
+
+
+def test_a_drill_outcome_is_its_report_else_what_the_job_says() -> None:
+    job = {"metadata": {"name": "kq-drill-x"}, "status": {}}
+    assert job_outcome(job) is None
+    done = {**job, "status": {"succeeded": 1,
+                              "conditions": [{"type": "Complete", "status": "True"}]}}
+    assert job_outcome(done) == "Passed"
+    report = DrillReport(passed=True, message="ok", backup="s3://b/p/C/x", end_offset=7,
+                         keys=3, leader=1, epoch=2, started_at="2026-01-01T00:00:00Z",
+                         completed_at="2026-01-01T00:00:05Z", duration_seconds=5.0)
+    pod = {"status": {"containerStatuses": [{"name": "restore-drill", "state": {
+        "terminated": {"exitCode": 0, "message": report.model_dump_json(by_alias=True)}}}]}}
+    assert drill_result(done, [pod], 0.0) == {
+        "job": "kq-drill-x", "startedAt": "2026-01-01T00:00:00Z",
+        "time": "2026-01-01T00:00:05Z", "outcome": "Passed", "backup": "s3://b/p/C/x",
+        "endOffset": 7, "keys": 3, "durationSeconds": 5.0, "message": "ok"}
+    deadline = {**job, "status": {"failed": 1, "conditions": [{
+        "type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+        "message": "Job was active longer than specified deadline"}]}}
+    assert job_outcome(deadline) == "Failed"
+    result = drill_result(deadline, [], 0.0)
+    assert result["outcome"] == "Failed" and result["message"] == (
+        "the drill's Job ended without a report: Job was active longer than specified deadline")
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "kq"},
+           "spec": DRILL_SPEC, "status": {"backup": {"lastDrill": {
+               k: v for k, v in result.items() if v is not None}}}}
+    assert schema_errors(doc) == []

@@ -70,6 +70,10 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [kraft.quorum.dev]
   resources: [quorumbackups/status]
   verbs: [get, patch]
+{{- /* Restore drills run as Jobs (spec.backup.restoreDrill); Kubernetes deletes them (TTL). */}}
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, create]
 {{- /* Pods are patched for one label: kraft.quorum.dev/voter, which the PDB selects. */}}
 - apiGroups: [""]
   resources: [pods]
