@@ -14,9 +14,10 @@ KafkaQuorum from a backup (docs/operator.md, "Backups").
 - Status ``backup``: the last backup's time, end offset, location and node, and the last
   failure; metrics ``kafka_quorum_operator_backups{result}`` and the last backup's time and end
   offset; an Event for every backup taken (BackupTaken) and every failure (BackupFailed).
-- Retention: once a backup is complete, the complete backups of the cluster beyond
+- Retention: once a backup is complete, the complete scheduled backups of the cluster beyond
   ``retentionCount`` are deleted oldest first, with any incomplete one older than the newest
-  complete one (a failed upload's leftovers).
+  complete one (a failed upload's leftovers); a QuorumBackup's (``ondemand``) is never counted
+  nor deleted.
 - ``spec.bootstrap.fromBackup``: the cluster id is the backup's, the operator chooses a directory
   id for every voter (status ``restore``), and until the quorum is bootstrapped every pod it
   creates has an init container running ``quorum-node restore`` for its node with those ids
