@@ -11,7 +11,8 @@ whether it served.
   operator's pod has not to spare, and a Job's pod is scheduled where there is room, with the
   namespace's limits, and torn down with what it used (an emptyDir).
 - Schedule: an interval from the last drill's start (``lastDrill.startedAt``), as the backups'
-  is; one drill at a time per quorum; none before the quorum runs.
+  is; one drill at a time per quorum; none before the quorum runs and the schedule has taken a
+  backup (``status.backup.lastTime``).
 - Outcome: the drill writes its report (JSON, ``DrillReport``) to its container's termination
   message; the operator reads it once the Job has finished and records it in
   ``status.backup.lastDrill`` (outcome Passed or Failed, the backup drilled, its end offset,
@@ -165,7 +166,7 @@ class Drills:
     async def reconcile(self, owner: r.Owner, spec: Spec, status: Mapping[str, Any],
                         cluster_id: str, ready: bool) -> None:
         """One pass: record the running drill's outcome once its Job has finished; else start
-        one if due (``ready``: the quorum runs, so it has backups to drill)."""
+        one if due (``ready``: the quorum runs), once the schedule has taken a backup."""
         last: Mapping[str, Any] = (status.get("backup") or {}).get("lastDrill") or {}
         jobs = await self.kube.list(path("Job", owner.namespace),
                                     r.labels(owner.name, DRILL_COMPONENT))
@@ -174,7 +175,8 @@ class Drills:
             await self._finish(owner, last, {j["metadata"]["name"]: j for j in jobs}, now)
             return
         drill = spec.backup.restore_drill if spec.backup is not None else None
-        if drill is None or not ready or not drill_due(drill, last, now) \
+        backed_up = bool((status.get("backup") or {}).get("lastTime"))
+        if drill is None or not ready or not backed_up or not drill_due(drill, last, now) \
                 or any(job_outcome(job) is None for job in jobs):
             return
         created = await self.kube.create(path("Job", owner.namespace),
