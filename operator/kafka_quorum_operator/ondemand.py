@@ -31,7 +31,7 @@ from kafka_quorum_operator import QB_KIND
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.backups import BackupJob, BackupScheduler, Event, backup_source
-from kafka_quorum_operator.kube import Kube, path
+from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.status import iso
 from quorum_node.backup.manifest import BackupError
 
@@ -128,8 +128,14 @@ class OnDemandBackups:
         if any(ref.get("uid") == owner.uid for ref in references):
             return
         references.append(owner.reference())
-        await self.kube.patch(path(QB_KIND, owner.namespace, str(meta["name"])),
-                              {"metadata": {"ownerReferences": references}})
+        try:
+            await self.kube.patch(path(QB_KIND, owner.namespace, str(meta["name"])),
+                                  {"metadata": {"ownerReferences": references}})
+        except KubeError as error:
+            # Refused (an older chart's RBAC): the backup is still taken; only the garbage
+            # collection with the quorum is missing.
+            logger.warning("QuorumBackup %s/%s: no owner reference: %s", owner.namespace,
+                           meta.get("name"), error)
 
     def _start(self, job: BackupJob, name: str, uid: str) -> None:
         node_id = backup_source(job.observed)

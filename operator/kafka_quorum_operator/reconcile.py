@@ -277,26 +277,29 @@ class Reconciler:
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
-        job = BackupJob(owner, spec, observed, cluster_id, tls)
-        if self.may_act():
-            # Before the schedule's: a QuorumBackup asked for takes the free slot first.
-            await self._on_demand_backups(job, _not_backed_up(spec, a))
-        if changing and a.bootstrapped and self.may_act():
-            self.backups.maybe_start(job, status)
-        if self.may_act():
-            try:
-                await self.drills.reconcile(owner, spec, status, cluster_id,
-                                            ready=changing and a.bootstrapped)
-            except KubeError as error:  # a cluster without the chart's Job RBAC yet
-                logger.warning("restore drill of %s/%s: %s", owner.namespace, owner.name, error)
+        await self._backups(BackupJob(owner, spec, observed, cluster_id, tls), status, a)
         return decided
 
-    async def _on_demand_backups(self, job: BackupJob, waiting: str | None) -> None:
+    async def _backups(self, job: BackupJob, status: Mapping[str, Any], a: Assessment) -> None:
+        """QuorumBackups, then the scheduled backup (a QuorumBackup asked for takes the free
+        slot first), then the restore drill."""
+        owner, spec = job.owner, job.spec
+        waiting = _not_backed_up(spec, a)
+        if not self.may_act():
+            return
         try:
             await self.on_demand.reconcile(job, waiting)
         except KubeError as error:  # a cluster without the QuorumBackup CRD or its RBAC yet
-            logger.warning("QuorumBackups of %s/%s: %s", job.owner.namespace, job.owner.name,
-                           error)
+            logger.warning("QuorumBackups of %s/%s: %s", owner.namespace, owner.name, error)
+        if waiting is None and self.may_act():
+            self.backups.maybe_start(job, status)
+        if not self.may_act():
+            return
+        try:
+            await self.drills.reconcile(owner, spec, status, job.cluster_id,
+                                        ready=waiting is None)
+        except KubeError as error:  # a cluster without the chart's Job RBAC yet
+            logger.warning("restore drill of %s/%s: %s", owner.namespace, owner.name, error)
 
     # --- observing ------------------------------------------------------------------------
 

@@ -117,8 +117,10 @@ def test_rbac_is_least_privilege() -> None:
     assert verbs["networking.k8s.io", "networkpolicies"] == {"get", "create", "patch"}
     assert ("cert-manager.io", "certificates") not in verbs
     assert verbs["kraft.quorum.dev", "kafkaquorums/status"] == {"get", "patch"}
-    # QuorumBackups: owner references patched in, status written; never created or deleted.
-    assert verbs["kraft.quorum.dev", "quorumbackups"] == {"get", "list", "watch", "patch"}
+    # QuorumBackups: owner references patched in (which needs delete under
+    # OwnerReferencesPermissionEnforcement), status written; never created.
+    assert verbs["kraft.quorum.dev", "quorumbackups"] == {"get", "list", "watch", "patch",
+                                                          "delete"}
     assert verbs["kraft.quorum.dev", "quorumbackups/status"] == {"get", "patch"}
     # Restore drills' Jobs: created and read, deleted by their TTL (with their pods).
     assert verbs["batch", "jobs"] == {"get", "list", "create"}

@@ -63,10 +63,12 @@ the release namespace alone; none with clusterWide (a ClusterRole instead). */ -
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums/finalizers]
   verbs: [update]
-{{- /* On-demand backups: owner references (metadata) and their status. */}}
+{{- /* On-demand backups: owner references (metadata) and their status. The operator never
+     deletes one, but where OwnerReferencesPermissionEnforcement is on (tests/kube runs with
+     it), setting an owner reference needs delete on the object. */}}
 - apiGroups: [kraft.quorum.dev]
   resources: [quorumbackups]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [kraft.quorum.dev]
   resources: [quorumbackups/status]
   verbs: [get, patch]
