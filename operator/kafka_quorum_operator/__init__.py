@@ -16,6 +16,9 @@ VERSION = "v1alpha1"
 KIND = "KafkaQuorum"
 PLURAL = "kafkaquorums"
 API_VERSION = f"{GROUP}/{VERSION}"
+# An on-demand backup of a KafkaQuorum (``ondemand``).
+QB_KIND = "QuorumBackup"
+QB_PLURAL = "quorumbackups"
 # Labels and annotations the operator puts on what it creates.
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"

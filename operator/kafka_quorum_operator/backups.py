@@ -14,9 +14,10 @@ KafkaQuorum from a backup (docs/operator.md, "Backups").
 - Status ``backup``: the last backup's time, end offset, location and node, and the last
   failure; metrics ``kafka_quorum_operator_backups{result}`` and the last backup's time and end
   offset; an Event for every backup taken (BackupTaken) and every failure (BackupFailed).
-- Retention: once a backup is complete, the complete backups of the cluster beyond
+- Retention: once a backup is complete, the complete scheduled backups of the cluster beyond
   ``retentionCount`` are deleted oldest first, with any incomplete one older than the newest
-  complete one (a failed upload's leftovers).
+  complete one (a failed upload's leftovers); a QuorumBackup's (``ondemand``) is never counted
+  nor deleted.
 - ``spec.bootstrap.fromBackup``: the cluster id is the backup's, the operator chooses a directory
   id for every voter (status ``restore``), and until the quorum is bootstrapped every pod it
   creates has an init container running ``quorum-node restore`` for its node with those ids
@@ -30,8 +31,9 @@ import base64
 import contextlib
 import datetime
 import logging
+import re
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,7 @@ from kafka_quorum_operator.status import iso
 from quorum_node.addresses import address_url
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
 from quorum_node.backup.store import BackupStore, S3Options, open_store
-from quorum_node.backup.writer import take_backup
+from quorum_node.backup.writer import TakenBackup, take_backup
 from quorum_node.storage.kafka_uuid import random_uuid, to_kafka_string
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ logger = logging.getLogger(__name__)
 ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
 BACKUP_TIMEOUT_S = 300.0
+# The names the schedule gives its backups (``default_backup_name`` without a suffix).
+SCHEDULED_NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-node-[0-9]+")
 RESTORE_CONTAINER = "restore"
 
 Event = Callable[[r.Owner, str, str, str], Awaitable[None]]
@@ -92,15 +96,18 @@ def backup_source(observed: Observed) -> int | None:
 
 
 def apply_retention(cluster: BackupStore, keep: int) -> list[str]:
-    """Delete the complete backups under ``cluster`` beyond the newest ``keep``, and incomplete
-    ones older than the newest complete one; the names deleted. Names start with their UTC time,
-    so their order is their age."""
+    """Delete the complete scheduled backups under ``cluster`` beyond the newest ``keep``, and
+    incomplete ones older than the newest complete one; the names deleted. Names start with
+    their UTC time, so their order is their age. A QuorumBackup's backup (its name ends with the
+    QuorumBackup's) is never counted nor deleted: it was asked for by name, and goes when its
+    owner deletes it (docs/backup.md, "On-demand backups")."""
     names = cluster.children()
     complete = [name for name in names if cluster.child(name).read_bytes(MANIFEST_NAME)]
     if not complete:
         return []
-    doomed = set(complete[:-keep]) | {name for name in names
-                                      if name not in complete and name < complete[-1]}
+    scheduled = [name for name in complete if SCHEDULED_NAME.fullmatch(name)]
+    doomed = set(scheduled[:-keep]) | {name for name in names
+                                       if name not in complete and name < complete[-1]}
     for name in sorted(doomed):
         cluster.child(name).delete_all()
     return sorted(doomed)
@@ -175,23 +182,49 @@ class BackupScheduler:
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
-    async def _run(self, job: BackupJob) -> None:
+    def start(self, owner: r.Owner, run: Coroutine[Any, Any, None]) -> bool:
+        """Run ``run`` (a QuorumBackup's backup) in the quorum's backup slot, if free; False
+        (and ``run`` closed) if a backup of the quorum is running."""
+        key = owner.uid or owner.name
+        running = self.tasks.get(key)
+        if running is not None and not running.done():
+            run.close()
+            return False
+        self.tasks[key] = asyncio.get_running_loop().create_task(run)
+        return True
+
+    def busy(self, owner: r.Owner) -> bool:
+        running = self.tasks.get(owner.uid or owner.name)
+        return running is not None and not running.done()
+
+    async def take(self, job: BackupJob, node_id: int | None, name_suffix: str = ""
+                   ) -> tuple[TakenBackup, BackupStore]:
+        """Back node ``node_id`` of the quorum up to its spec.backup target (BackupError when
+        there is no source or the backup fails); the backup, and the target."""
         owner, spec, observed, tls = job.owner, job.spec, job.observed, job.tls
+        if spec.backup is None:
+            raise BackupError(f"KafkaQuorum {owner.name} has no backup storage configured "
+                              f"(spec.backup.target)")
+        if node_id is None:
+            raise BackupError("no caught-up follower to take it from")
+        pod = observed.pods[node_id]
+        assert pod.ip is not None  # backup_source picks a running pod with an address
+        store = await _store(self.kube, owner.namespace, spec.backup.store)
+        scheme = "https" if tls is not None else "http"
+        taken = await asyncio.to_thread(
+            take_backup, address_url(scheme, pod.ip, spec.port), store, tls=tls,
+            server_name=r.node_host(owner.name, owner.namespace, node_id),
+            name_suffix=name_suffix, timeout_s=BACKUP_TIMEOUT_S)
+        return taken, store
+
+    async def _run(self, job: BackupJob) -> None:
+        owner, spec, observed = job.owner, job.spec, job.observed
         event, patch_status = self.event, self.patch_status
         assert spec.backup is not None
         attempt = iso(observed.now)
         node_id = backup_source(observed)
         try:
-            if node_id is None:
-                raise BackupError("no caught-up follower to take it from")
-            pod = observed.pods[node_id]
-            assert pod.ip is not None  # backup_source picks a running pod with an address
-            store = await _store(self.kube, owner.namespace, spec.backup.store)
-            scheme = "https" if tls is not None else "http"
-            taken = await asyncio.to_thread(
-                take_backup, address_url(scheme, pod.ip, spec.port), store, tls=tls,
-                server_name=r.node_host(owner.name, owner.namespace, node_id),
-                timeout_s=BACKUP_TIMEOUT_S)
+            taken, store = await self.take(job, node_id)
             deleted = await asyncio.to_thread(apply_retention, store.child(job.cluster_id),
                                               spec.backup.retention_count)
         except BackupError as error:

@@ -41,12 +41,21 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from kafka_quorum_operator import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from kafka_quorum_operator import (
+    GROUP,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGER,
+    PLURAL,
+    QB_PLURAL,
+    VERSION,
+)
 from kafka_quorum_operator import opmetrics as m
 from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
 from kafka_quorum_operator.nodes import VOTER_CHANGE_TIMEOUT_MS, NodeClient
+from kafka_quorum_operator.ondemand import fail_orphan
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
 from kafka_quorum_operator.resources import POD_IDS, OperatorPods
 from kafka_quorum_operator.serving import metrics, parse_endpoint, serve
@@ -295,3 +304,24 @@ def pod_changed(meta: Mapping[str, Any], **_: Any) -> None:
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={LABEL_MANAGED_BY: MANAGER})
 def claim_changed(meta: Mapping[str, Any], **_: Any) -> None:
     _wake_owner(meta)
+
+
+@kopf.on.event(GROUP, VERSION, QB_PLURAL)
+async def quorum_backup_event(body: Mapping[str, Any], namespace: str | None,
+                              **_: Any) -> None:
+    """A QuorumBackup is taken by its KafkaQuorum's pass (``ondemand``): wake that loop; one
+    naming no KafkaQuorum of the namespace is Failed here, as no pass will ever see it."""
+    quorum = (body.get("spec") or {}).get("quorum")
+    if namespace is None or not isinstance(quorum, str):
+        return
+    if (namespace, quorum) in STATE.loops:
+        STATE.wake(namespace, quorum)
+        return
+    reconciler, elector = STATE.reconciler, STATE.elector
+    if reconciler is not None and elector is not None and elector.leading \
+            and not STATE.stopping:
+        try:
+            await fail_orphan(reconciler.kube, body, reconciler.clock)
+        except KubeError as error:
+            logger.warning("QuorumBackup %s/%s: %s", namespace,
+                           (body.get("metadata") or {}).get("name"), error)

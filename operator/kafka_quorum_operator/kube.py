@@ -29,7 +29,7 @@ from kubernetes.utils import parse_quantity
 from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
-from kafka_quorum_operator import GROUP, MANAGER, PLURAL, VERSION
+from kafka_quorum_operator import GROUP, MANAGER, PLURAL, QB_KIND, QB_PLURAL, VERSION
 
 JSON = dict[str, Any]
 
@@ -54,11 +54,13 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Event": ("/api/v1", "events"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Job": ("/apis/batch/v1", "jobs"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     "Secret": ("/api/v1", "secrets"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Certificate": ("/apis/cert-manager.io/v1", "certificates"),
     "KafkaQuorum": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    QB_KIND: (f"/apis/{GROUP}/{VERSION}", QB_PLURAL),
 }
 CLUSTER_RESOURCES: Mapping[str, tuple[str, str]] = {
     "StorageClass": ("/apis/storage.k8s.io/v1", "storageclasses"),

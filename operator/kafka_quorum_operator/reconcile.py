@@ -35,6 +35,7 @@ from kafka_quorum_operator.backups import (
     restore_init_container,
     restore_plan,
 )
+from kafka_quorum_operator.drills import Drills
 from kafka_quorum_operator.events import EventRecorder
 from kafka_quorum_operator.keeper import Keeper, SecretNotOwned, Secured
 from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quantity
@@ -54,11 +55,13 @@ from kafka_quorum_operator.observe import (
     pending_from_status,
     pod_view,
 )
+from kafka_quorum_operator.ondemand import OnDemandBackups
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
     ROLLING_UPDATE,
     SCALE_DOWN,
     Action,
+    Assessment,
     Plan,
     assess,
     configured_voter_ids,
@@ -142,6 +145,8 @@ class Reconciler:
     # Who the quorums' pods run as (resources.POD_IDS): the operator's KQ_OPERATOR_POD_IDS.
     pod_ids: str = "fixed"
     backups: BackupScheduler = field(init=False)
+    on_demand: OnDemandBackups = field(init=False)
+    drills: Drills = field(init=False)
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +154,8 @@ class Reconciler:
             self.keeper = Keeper(self.kube, clock=self.clock)
         self.events = EventRecorder(self.kube, self.clock, self.identity)
         self.backups = BackupScheduler(self.kube, self.event, self.patch_status)
+        self.on_demand = OnDemandBackups(self.kube, self.backups, self.event, self.clock)
+        self.drills = Drills(self.kube, self.event, self.patch_status, self.clock)
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         started = time.monotonic()
@@ -276,9 +283,29 @@ class Reconciler:
         if self._status_due(memory, patch, status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
-        if changing and a.bootstrapped and self.may_act():
-            self.backups.maybe_start(BackupJob(owner, spec, observed, cluster_id, tls), status)
+        await self._backups(BackupJob(owner, spec, observed, cluster_id, tls), status, a)
         return decided
+
+    async def _backups(self, job: BackupJob, status: Mapping[str, Any], a: Assessment) -> None:
+        """QuorumBackups, then the scheduled backup (a QuorumBackup asked for takes the free
+        slot first), then the restore drill."""
+        owner, spec = job.owner, job.spec
+        waiting = _not_backed_up(spec, a)
+        if not self.may_act():
+            return
+        try:
+            await self.on_demand.reconcile(job, waiting)
+        except KubeError as error:  # a cluster without the QuorumBackup CRD or its RBAC yet
+            logger.warning("QuorumBackups of %s/%s: %s", owner.namespace, owner.name, error)
+        if waiting is None and self.may_act():
+            self.backups.maybe_start(job, status)
+        if not self.may_act():
+            return
+        try:
+            await self.drills.reconcile(owner, spec, status, job.cluster_id,
+                                        ready=waiting is None)
+        except KubeError as error:  # a cluster without the chart's Job RBAC yet
+            logger.warning("restore drill of %s/%s: %s", owner.namespace, owner.name, error)
 
     # --- observing ------------------------------------------------------------------------
 
@@ -665,6 +692,17 @@ class Reconciler:
     async def event(self, owner: r.Owner, reason: str, message: str,
                     kind: str = "Normal") -> None:
         await self.events.post(owner, reason, message, kind)
+
+
+def _not_backed_up(spec: Spec, assessment: Assessment) -> str | None:
+    """Why the quorum cannot be backed up now (None: it can)."""
+    if spec.paused:
+        return "the KafkaQuorum is paused"
+    if assessment.quorum_lost:
+        return "the quorum has lost its majority"
+    if not assessment.bootstrapped:
+        return "the quorum is not running yet"
+    return None
 
 
 def refused_create(error: KubeError) -> bool:

@@ -44,6 +44,8 @@ DEFAULT_RENEW_BEFORE_DAYS = 30
 ISSUER_KINDS = ("Issuer", "ClusterIssuer")
 DEFAULT_BACKUP_INTERVAL_SECONDS = 3600
 DEFAULT_BACKUP_RETENTION = 7
+DEFAULT_DRILL_NODES = 3
+DEFAULT_DRILL_TIMEOUT_SECONDS = 600
 # The node container's resources unless spec.resources says otherwise (an empty object: none).
 # Requests near what a node uses, so that the scheduler places it where that is free and the
 # kubelet, under memory pressure, evicts pods using more than they asked for first; a memory
@@ -148,12 +150,22 @@ class ObjectStore:
 
 
 @dataclass(frozen=True)
+class RestoreDrill:
+    """Scheduled restore drills of the newest backup (docs/backup.md, "Restore drills")."""
+
+    interval_seconds: int
+    nodes: int = DEFAULT_DRILL_NODES
+    timeout_seconds: int = DEFAULT_DRILL_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
 class Backup:
     """Scheduled backups (docs/operator.md, "Backups")."""
 
     store: ObjectStore
     interval_seconds: int = DEFAULT_BACKUP_INTERVAL_SECONDS
     retention_count: int = DEFAULT_BACKUP_RETENTION
+    restore_drill: RestoreDrill | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +269,17 @@ def _backup(raw: Mapping[str, Any]) -> Backup | None:
                           credentials_secret=target.get("credentialsSecret") or None),
         interval_seconds=_int(raw, "intervalSeconds", DEFAULT_BACKUP_INTERVAL_SECONDS,
                               minimum=1),
-        retention_count=_int(raw, "retentionCount", DEFAULT_BACKUP_RETENTION, minimum=1))
+        retention_count=_int(raw, "retentionCount", DEFAULT_BACKUP_RETENTION, minimum=1),
+        restore_drill=_restore_drill(_mapping(raw, "restoreDrill")))
+
+
+def _restore_drill(raw: Mapping[str, Any]) -> RestoreDrill | None:
+    if not raw:
+        return None
+    return RestoreDrill(
+        interval_seconds=_int(raw, "intervalSeconds", 0, minimum=60),
+        nodes=_int(raw, "nodes", DEFAULT_DRILL_NODES, minimum=1),
+        timeout_seconds=_int(raw, "timeoutSeconds", DEFAULT_DRILL_TIMEOUT_SECONDS, minimum=10))
 
 
 def _bootstrap(raw: Mapping[str, Any]) -> Bootstrap | None:

@@ -101,7 +101,9 @@ def rfc3339(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def default_backup_name(cluster_id: str, node_id: int, created_at: datetime.datetime) -> str:
-    """``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>``: the place of a backup under a prefix."""
+def default_backup_name(cluster_id: str, node_id: int, created_at: datetime.datetime,
+                        suffix: str = "") -> str:
+    """``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>[-<suffix>]``: the place of a backup under a
+    prefix (its name starts with its time, so that names sort by age)."""
     stamp = created_at.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"{cluster_id}/{stamp}-node-{node_id}"
+    return f"{cluster_id}/{stamp}-node-{node_id}" + (f"-{suffix}" if suffix else "")

@@ -1,6 +1,7 @@
 """Restoring a backup as a new quorum, in the spirit of ``etcdutl snapshot restore``: the log
 directories of new voters, each with a new directory id, holding the backup's committed log and
-snapshot, followed by one VotersRecord that names the new voter set.
+snapshot, followed by one VotersRecord that names the new voter set, and a quorum-state in the
+backup's last epoch (no leader, no vote: a new voter's).
 
 The old voters' directories are gone, and their directory ids with them: the voter set the log
 defines must name the new directories, or no new node could vote. So every restored log gets the
@@ -45,6 +46,7 @@ from quorum_node.node.state_machine import check_snapshot_records
 from quorum_node.raft.records import encode_batch, read_batch_header
 from quorum_node.raft.snapshot_format import check_snapshot, iter_snapshot_records
 from quorum_node.raft.snapshots import CorruptSnapshotError
+from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import MAX_EPOCH, ReplicaKey, epoch_in_bounds
 from quorum_node.raft.voters import voters_record
 from quorum_node.storage.dir_lock import DirectoryInUseError, DirectoryLock, lock_directory
@@ -64,6 +66,7 @@ from quorum_node.storage.meta_properties import (
     read_meta_properties,
     validate_cluster_id,
 )
+from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import SegmentLog
 
 _CHUNK = 1 << 20
@@ -122,15 +125,15 @@ def _stage(source: BackupStore, entry: FileEntry, local: Path) -> None:
 
 
 @contextlib.contextmanager
-def _mapped(path: Path) -> Iterator[memoryview]:
+def mapped(path: Path) -> Iterator[memoryview]:
     """A staged file's bytes, mapped rather than read (a snapshot or segment may be large)."""
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
         if size == 0:
             yield memoryview(b"")
             return
-        with (mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as mapped,
-              memoryview(mapped) as data):
+        with (mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as region,
+              memoryview(region) as data):
             yield data
 
 
@@ -164,7 +167,7 @@ def _check_contents(manifest: BackupManifest, files: Path, uri: str) -> None:
         base = int(Path(segment).name[:20])
         if base != expected:
             raise BackupError(f"{uri}/{segment}: starts at {base}, expected {expected}")
-        with _mapped(files / segment) as data:
+        with mapped(files / segment) as data:
             position = 0
             while position < len(data):
                 # find_damage checked every batch's header and CRC32C.
@@ -200,7 +203,7 @@ def _check_snapshot(manifest: BackupManifest, paths: set[str], files: Path, uri:
         raise BackupError(f"{uri}/{snapshots[0]}: epoch {manifest.snapshot.epoch} is not below "
                           f"{MAX_EPOCH}: a node would refuse it")
     try:
-        with _mapped(files / snapshots[0]) as data:
+        with mapped(files / snapshots[0]) as data:
             check_snapshot(data)
             check_snapshot_records(iter_snapshot_records(data))
     except CorruptSnapshotError as error:
@@ -361,6 +364,10 @@ def _fill(backup: VerifiedBackup, building: Path, meta: MetaProperties,
         os.fsync(fd)
     finally:
         os.close(fd)
+    # The election state of a voter that has seen the log's last epoch and voted in none: what
+    # the node would start from anyway, written so that it does not take a clean restore's
+    # missing file for a quorum-state that fell behind its log (a warning about damage).
+    QuorumStateStore(partition).write(ElectionState(manifest.last_epoch))
     atomic_write(building / META_PROPERTIES, meta.to_properties().encode("utf-8"),
                  replace=False)
     fsync_directory(partition)

@@ -80,9 +80,11 @@ class _NamedHTTPSConnection(http.client.HTTPSConnection):
 
 def take_backup(server: str, target: BackupStore, credentials: ClientCredentials | None = None,
                 *, tls: ssl.SSLContext | None = None, server_name: str | None = None,
-                name: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> TakenBackup:
+                name: str | None = None, name_suffix: str = "",
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> TakenBackup:
     """Back the node at ``server`` (``http(s)://host:port``, its client listener) up under
-    ``target``: at ``name`` if given, else at ``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>``.
+    ``target``: at ``name`` if given, else at ``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>``
+    (followed by ``-<name_suffix>`` if given).
     Over https: ``tls`` (else the credentials' context), the certificate checked for
     ``server_name`` (else the server's host). BackupError (one line) if it cannot; then no
     manifest was written."""
@@ -112,7 +114,8 @@ def take_backup(server: str, target: BackupStore, credentials: ClientCredentials
                     response.getheader(CREATED_AT_HEADER, ""), "%Y-%m-%dT%H:%M:%SZ"
                 ).replace(tzinfo=datetime.UTC)
                 name = default_backup_name(response.getheader(CLUSTER_ID_HEADER, ""),
-                                           int(response.getheader(NODE_ID_HEADER, "")), created)
+                                           int(response.getheader(NODE_ID_HEADER, "")), created,
+                                  name_suffix)
             except ValueError:
                 raise BackupError(f"{server}{BACKUP_PATH}: no backup headers (is it a quorum "
                                   f"node?)") from None

@@ -3,7 +3,8 @@
     quorum-node backup -b 127.0.0.1:9092 --to s3://backups/quorums
     quorum-node backup -b 127.0.0.1:9092 --to ./backups --name before-upgrade
     quorum-node restore --from s3://backups/quorums/CLUSTER/20260102T030405Z-node-2 \\
-        --voters 1,2,3 --log-dir './restored/node-{id}'
+        --local ./restored          # then: quorum-node local --data-dir ./restored
+    quorum-node restore --from ... --voters 1,2,3 --log-dir './restored/node-{id}'
     quorum-node restore --from ... --voters 1:DIRID1,2:DIRID2,3:DIRID3 --node-id 2 \\
         --log-dir /var/lib/quorum --skip-formatted     # one node's directory (an init container)
 
@@ -21,21 +22,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import signal
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from quorum_node.backup.manifest import BackupError
-from quorum_node.backup.restore import new_voter_set, restore
+from quorum_node.backup.restore import RestoredNode, new_voter_set, restore
 from quorum_node.backup.store import S3Options, open_store
 from quorum_node.backup.writer import DEFAULT_TIMEOUT_S, take_backup
 from quorum_node.cli.common import positive_float
 from quorum_node.cli.credentials import add_credential_options, credentials_from_args
+from quorum_node.cli.local_layout import restore_local
+from quorum_node.cli.restore_drill import add_restore_drill_command
 from quorum_node.client import parse_bootstrap
 from quorum_node.security.client_credentials import CredentialsError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
@@ -43,6 +47,7 @@ from quorum_node.storage.meta_properties import META_PROPERTIES, random_cluster_
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+DEFAULT_LOCAL_NODES = 3  # as quorum-node local's --nodes
 
 
 def add_backup_commands(commands: argparse._SubParsersAction[Any]) -> None:
@@ -75,11 +80,17 @@ def add_backup_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--cluster-id or --new-cluster-id.")
     restore_.add_argument("--from", dest="source", required=True, metavar="LOCATION",
                           help="the backup: a directory or s3://bucket/prefix/.../NAME")
-    restore_.add_argument("--voters", required=True, metavar="ID[:DIRECTORY_ID],...",
-                          help="the new voter set; directory ids are chosen at random where "
-                          "none is given (all are needed with --node-id)")
-    restore_.add_argument("--log-dir", required=True, metavar="PATH",
-                          help="where each node's directory goes; {id} stands for its node id")
+    where = restore_.add_mutually_exclusive_group(required=True)
+    where.add_argument("--local", type=Path, metavar="DATA_DIR",
+                       help="build the data directory of a quorum of --nodes voters (ids 1..N) "
+                       "that `quorum-node local --data-dir DATA_DIR` starts as it is")
+    where.add_argument("--log-dir", metavar="PATH",
+                       help="where each node's directory goes; {id} stands for its node id")
+    restore_.add_argument("--nodes", type=int, metavar="N",
+                          help=f"with --local: how many voters (default {DEFAULT_LOCAL_NODES})")
+    restore_.add_argument("--voters", metavar="ID[:DIRECTORY_ID],...",
+                          help="with --log-dir: the new voter set; directory ids are chosen at "
+                          "random where none is given (all are needed with --node-id)")
     restore_.add_argument("--node-id", type=int,
                           help="build this node's directory only (default: every voter's)")
     ids = restore_.add_mutually_exclusive_group()
@@ -91,6 +102,7 @@ def add_backup_commands(commands: argparse._SubParsersAction[Any]) -> None:
                           "restored node restarting")
     _add_endpoint_option(restore_)
     restore_.set_defaults(command=_cmd_restore)
+    add_restore_drill_command(commands)
 
 
 def _add_endpoint_option(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +141,14 @@ def _cmd_backup(args: argparse.Namespace) -> int:
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
+    if args.local is not None:
+        return _restore_local(args)
     template: str = args.log_dir
+    if args.nodes is not None:
+        return _fail("restore", "--nodes goes with --local; --voters names the voters of "
+                     "--log-dir", EXIT_USAGE)
+    if args.voters is None:
+        return _fail("restore", "--log-dir needs --voters", EXIT_USAGE)
     if args.node_id is None and "{id}" not in template:
         return _fail("restore", "--log-dir needs {id} when every voter's directory is built "
                      "(or give --node-id)", EXIT_USAGE)
@@ -156,15 +175,61 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     except BackupError as error:
         return _fail("restore", str(error))
     except _Terminated:
-        return _fail("restore", "terminated (SIGTERM); the directories it was staging and "
-                     "building were removed", 128 + signal.SIGTERM)
+        return _terminated()
     voter_list = ",".join(f"{key.id}:{to_kafka_string(key.directory_id)}" for key in keys
                           if key.directory_id is not None)
+    _print_restored(restored)
+    if args.node_id is None:
+        print("start each node with `quorum-node run --config FILE`, FILE setting its node.id "
+              "and log.dir as above, cluster.id, controller.quorum.voters naming these ids at "
+              "the nodes' new addresses, and its listeners (docs/backup.md, \"Starting the "
+              "restored nodes\"); or restore with --local DATA_DIR instead, which "
+              "`quorum-node local` starts as it is")
+    print(f"voters: {voter_list}" + (f"; cluster id {cluster_id}" if cluster_id else ""))
+    return 0
+
+
+def _restore_local(args: argparse.Namespace) -> int:
+    """``restore --local DATA_DIR``: a local quorum's data directory, and the command that
+    starts it."""
+    for flag, given in (("--voters", args.voters), ("--node-id", args.node_id),
+                        ("--skip-formatted", args.skip_formatted)):
+        if given not in (None, False):
+            return _fail("restore", f"{flag} goes with --log-dir; --local restores voters "
+                         f"1..N (--nodes N)", EXIT_USAGE)
+    nodes = DEFAULT_LOCAL_NODES if args.nodes is None else args.nodes
+    new_id = random_cluster_id() if args.new_cluster_id else args.cluster_id
+    try:
+        source = open_store(args.source, S3Options(endpoint_url=args.endpoint_url))
+        with _terminate_unwinds():
+            cluster_id, restored = restore_local(source, args.local, nodes, cluster_id=new_id,
+                                                 on_leftover=_report_leftover)
+    except BackupError as error:
+        return _fail("restore", str(error))
+    except _Terminated:
+        return _terminated()
+    _print_restored(restored)
+    print(f"cluster id {cluster_id}; start the restored quorum with:")
+    print(f"  {shlex.join(local_command(args.local, nodes))}")
+    print("(add --base-port PORT if another quorum uses its ports; docs/backup.md)")
+    return 0
+
+
+def local_command(data_dir: Path, nodes: int) -> list[str]:
+    """The command that starts the local quorum ``restore --local`` built."""
+    command = ["quorum-node", "local", "--data-dir", str(data_dir)]
+    return command if nodes == DEFAULT_LOCAL_NODES else [*command, "--nodes", str(nodes)]
+
+
+def _print_restored(restored: Sequence[RestoredNode]) -> None:
     for node in restored:
         print(f"node {node.node_id}: {node.log_dir} (directory id "
               f"{to_kafka_string(node.directory_id)})")
-    print(f"voters: {voter_list}" + (f"; cluster id {cluster_id}" if cluster_id else ""))
-    return 0
+
+
+def _terminated() -> int:
+    return _fail("restore", "terminated (SIGTERM); the directories it was staging and "
+                 "building were removed", 128 + signal.SIGTERM)
 
 
 class _Terminated(BaseException):

@@ -49,6 +49,7 @@ from quorum_node.cli.local_control import (
     pending_requests,
     send_request,
 )
+from quorum_node.cli.local_layout import CLUSTER_ID_FILE
 from quorum_node.node.config import (
     CONFIG_KEYS,
     ENV_PREFIX,
@@ -94,7 +95,6 @@ DEFAULT_HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 SERVING_TIMEOUT_S = 60.0  # a node restarted by `local --restart` must serve within this
 STATUS_POLL_S = 0.5  # how often `local` asks its nodes who leads
-CLUSTER_ID_FILE = "cluster.id"
 PEER_SECRET_FILE = "peer-secret"
 CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"

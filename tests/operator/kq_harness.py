@@ -64,7 +64,17 @@ import kmock
 import kopf
 import pytest
 from hosts_file import rewrite_in_place
-from kafka_quorum_operator import API_VERSION, GROUP, KIND, PLURAL, VERSION, handlers
+from kafka_quorum_operator import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    QB_KIND,
+    QB_PLURAL,
+    VERSION,
+    handlers,
+)
+from kafka_quorum_operator.drills import JOB_NAME_LABEL
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.reconcile import CR_API
 from kafka_quorum_operator.resources import node_host
@@ -376,6 +386,10 @@ def declare_resources(emulator: Any) -> None:
         kind=KIND, singular="kafkaquorum", namespaced=True, shortnames={"kq"},
         verbs={"list", "watch", "get", "create", "patch", "update", "delete"},
         subresources={"status", "scale"})
+    emulator.resources[f"{GROUP}/{VERSION}/{QB_PLURAL}"] = kmock.ResourceInfo(
+        kind=QB_KIND, singular="quorumbackup", namespaced=True, shortnames={"qbk"},
+        verbs={"list", "watch", "get", "create", "patch", "update", "delete"},
+        subresources={"status"})
 
 
 # --- the kubelet --------------------------------------------------------------------------------
@@ -452,6 +466,8 @@ class Kubelet:
     _next_ip: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _made: dict[str, float] = field(default_factory=dict)  # pod uid -> when first seen
     _started_names: set[str] = field(default_factory=set)
+    # Jobs' pods run to their end, each in a task of its own (by pod uid).
+    _job_pods: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
 
     @property
@@ -493,6 +509,9 @@ class Kubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for job_pod in self._job_pods.values():
+            job_pod.cancel()
+        await asyncio.gather(*self._job_pods.values(), return_exceptions=True)
         for process in self.processes.values():
             if process.popen.poll() is None:
                 process.popen.kill()  # the end of the test: no need to resign gracefully
@@ -510,7 +529,9 @@ class Kubelet:
             await asyncio.sleep(0.1)
 
     async def _sync(self) -> None:
-        pods = await self.kube.list(path("Pod", NAMESPACE), {})
+        await self._jobs()
+        pods = [pod for pod in await self.kube.list(path("Pod", NAMESPACE), {})
+                if not self._job_pod(pod)]
         claims = {c["metadata"]["name"]: c
                   for c in await self.kube.list(path("PersistentVolumeClaim", NAMESPACE), {})}
         seen = set()
@@ -541,6 +562,73 @@ class Kubelet:
             if cmeta.get("deletionTimestamp") and claim_name not in in_use:
                 shutil.rmtree(self.claim_dir(cmeta["uid"]), ignore_errors=True)
                 await self._drop_finalizer("PersistentVolumeClaim", claim, CLAIM_FINALIZER)
+
+    # --- Jobs: the Job controller's part and the kubelet's, for a Job of one pod run once ------
+
+    @staticmethod
+    def _job_pod(pod: Mapping[str, Any]) -> bool:
+        return JOB_NAME_LABEL in (pod["metadata"].get("labels") or {})
+
+    async def _jobs(self) -> None:
+        """A pod for each Job without one; each pod run once to its end; the Job's status
+        (succeeded or failed, and its condition) from its pod's phase."""
+        jobs = await self.kube.list(path("Job", NAMESPACE), {})
+        pods = [pod for pod in await self.kube.list(path("Pod", NAMESPACE), {})
+                if self._job_pod(pod)]
+        for job in jobs:
+            name = job["metadata"]["name"]
+            mine = [pod for pod in pods if pod["metadata"]["labels"][JOB_NAME_LABEL] == name]
+            if (job.get("status") or {}).get("conditions"):
+                continue
+            if not mine:
+                template = job["spec"]["template"]
+                await self.kube.create(path("Pod", NAMESPACE), {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {
+                        "generateName": f"{name}-", "namespace": NAMESPACE,
+                        "labels": {**template["metadata"].get("labels", {}),
+                                   JOB_NAME_LABEL: name},
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                             "name": name, "uid": job["metadata"]["uid"],
+                                             "controller": True}]},
+                    "spec": template["spec"]})
+                continue
+            pod = mine[0]
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                done = "Complete" if phase == "Succeeded" else "Failed"
+                await self.kube.patch(path("Job", NAMESPACE, name) + "/status", {"status": {
+                    "succeeded" if done == "Complete" else "failed": 1,
+                    "conditions": [{"type": done, "status": "True",
+                                    "reason": "BackoffLimitExceeded" if done == "Failed"
+                                    else "Completed"}]}})
+            elif pod["metadata"]["uid"] not in self._job_pods:
+                self._job_pods[pod["metadata"]["uid"]] = asyncio.get_running_loop().create_task(
+                    self._run_job_pod(pod))
+
+    async def _run_job_pod(self, pod: Mapping[str, Any]) -> None:
+        """The pod's container to its end, its emptyDirs and termination message file local
+        directories; its phase and termination message in its status."""
+        meta, spec = pod["metadata"], pod["spec"]
+        container = spec["containers"][0]
+        root = self.root / "jobs" / meta["uid"]
+        volumes = {v["name"] for v in spec.get("volumes") or [] if "emptyDir" in v}
+        paths = {m["mountPath"]: root / m["name"] for m in container.get("volumeMounts") or []
+                 if m["name"] in volumes}
+        report = root / "termination-log"
+        paths[container.get("terminationMessagePath") or "/dev/termination-log"] = report
+        for directory in paths.values():
+            if directory != report:
+                directory.mkdir(parents=True, exist_ok=True)
+        await self._status(pod, {"phase": "Running"})
+        base = {k: v for k, v in os.environ.items() if not k.startswith("QUORUM_")}
+        ok = await self._run_init(container, paths, base, root / "output.log")
+        message = report.read_text()[:4096] if report.exists() else ""
+        await self._status(pod, {"phase": "Succeeded" if ok else "Failed",
+                                 "containerStatuses": [{
+                                     "name": container["name"], "ready": False,
+                                     "restartCount": 0, "image": container["image"],
+                                     "imageID": "", "state": {"terminated": {
+                                         "exitCode": 0 if ok else 1, "message": message}}}]})
 
     async def _launch(self, pod: Mapping[str, Any], claims: Mapping[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]

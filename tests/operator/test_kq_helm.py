@@ -119,6 +119,13 @@ def test_rbac_is_least_privilege() -> None:
     assert verbs["networking.k8s.io", "networkpolicies"] == {"get", "create", "patch"}
     assert ("cert-manager.io", "certificates") not in verbs
     assert verbs["kraft.quorum.dev", "kafkaquorums/status"] == {"get", "patch"}
+    # QuorumBackups: owner references patched in (which needs delete under
+    # OwnerReferencesPermissionEnforcement), status written; never created.
+    assert verbs["kraft.quorum.dev", "quorumbackups"] == {"get", "list", "watch", "patch",
+                                                          "delete"}
+    assert verbs["kraft.quorum.dev", "quorumbackups/status"] == {"get", "patch"}
+    # Restore drills' Jobs: created and read, deleted by their TTL (with their pods).
+    assert verbs["batch", "jobs"] == {"get", "list", "create"}
     # blockOwnerDeletion under OwnerReferencesPermissionEnforcement (tests/kube runs with it).
     assert verbs["kraft.quorum.dev", "kafkaquorums/finalizers"] == {"update"}
     deployment = by_kind(docs, "Deployment")[0]
@@ -259,11 +266,13 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
 def test_the_crd_is_a_kept_template_upgraded_with_the_release() -> None:
     """helm upgrade updates the CRD (a template, not crds/, which helm installs only once) and
     helm uninstall keeps it (and every KafkaQuorum); crds.install=false leaves it out."""
-    source = yaml.safe_load((ROOT / "crds" / "kafkaquorums.kraft.quorum.dev.yaml").read_text())
+    sources = [yaml.safe_load((ROOT / "crds" / f"{plural}.kraft.quorum.dev.yaml").read_text())
+               for plural in ("kafkaquorums", "quorumbackups")]
     for docs in (template(), documents(render_install.INSTALL.read_text())):
-        crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
-        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-        del crd["metadata"]["annotations"]
-        assert crd == source
+        crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+        for crd in crds:
+            assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+            del crd["metadata"]["annotations"]
+        assert crds == sources
     assert not [d for d in template("--set", "crds.install=false")
                 if d["kind"] == "CustomResourceDefinition"]

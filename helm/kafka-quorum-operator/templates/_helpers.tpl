@@ -73,6 +73,19 @@ manages (the release's when it manages every namespace, or none is listed). */}}
 - apiGroups: [kraft.quorum.dev]
   resources: [kafkaquorums/finalizers]
   verbs: [update]
+{{- /* On-demand backups: owner references (metadata) and their status. The operator never
+     deletes one, but where OwnerReferencesPermissionEnforcement is on (tests/kube runs with
+     it), setting an owner reference needs delete on the object. */}}
+- apiGroups: [kraft.quorum.dev]
+  resources: [quorumbackups]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [kraft.quorum.dev]
+  resources: [quorumbackups/status]
+  verbs: [get, patch]
+{{- /* Restore drills run as Jobs (spec.backup.restoreDrill); Kubernetes deletes them (TTL). */}}
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, create]
 {{- /* Pods are patched for one label: kraft.quorum.dev/voter, which the PDB selects. */}}
 - apiGroups: [""]
   resources: [pods]
