@@ -75,7 +75,7 @@ from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
-from quorum_node.storage.errors import NotFormattedError
+from quorum_node.storage.errors import NotFormattedError, StorageError
 from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
@@ -514,8 +514,10 @@ class QuorumNode:
                     flushed, took_s = _timed_flush(log)
                 else:
                     flushed, took_s = await asyncio.to_thread(_timed_flush, log)
-            except OSError as error:
+            except (OSError, StorageError) as error:
                 # After a failed fsync the page cache cannot be trusted: stop (Kafka does too).
+                # The log says StorageError (it refuses every later call); a bare OSError comes
+                # from a failure before it reached the fsync.
                 self._fail(error)
                 return
             # The fsync's own time, not the hop to a thread and back: that would keep a fast
