@@ -67,6 +67,7 @@ _SEGMENT_NAME = re.compile(r"([0-9]{20})\.log")
 _MAGIC_POSITION = 16
 _MAGIC_BYTE = bytes([MAGIC])
 _MIN_RECORD_SIZE = 8  # a record holds at least its key length and value length
+_REWRITE_CHUNK = 1 << 20  # what open rewrites of the last segment at a time
 
 
 @dataclass(eq=False)
@@ -634,7 +635,16 @@ class SegmentLog:
     def _sync_found(self, last: _Segment) -> None:
         """Make what open found durable. After a process crash (the OS kept running) the page
         cache still holds writes that were never fsynced; the caller may count everything found
-        at open as flushed, so it must be."""
+        at open as flushed, so it must be.
+
+        An fsync is not enough after one that failed: Linux marks the pages it could not write
+        clean, so they show in the page cache yet a new fsync writes nothing. The last segment,
+        the only one that can hold unflushed data, is written over with what it holds, which
+        makes every page dirty again (at most one segment, which the scan just read whole)."""
+        size = os.fstat(last.fd).st_size
+        for position in range(0, size, _REWRITE_CHUNK):
+            write_all(last.fd, _pread(last, position, min(size, position + _REWRITE_CHUNK)),
+                      position)
         os.fsync(last.fd)
         fsync_directory(self.directory)
         self.fsync_count += 2
