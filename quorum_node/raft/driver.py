@@ -184,8 +184,14 @@ class CoreDriver:
             self._fail(error)
             return
         if effects.persist is not None:
-            # Synchronous on purpose: nothing of this step may leave before it is durable.
-            host.persist(effects.persist)
+            # Synchronous on purpose: nothing of this step may leave before it is durable. A
+            # write that failed leaves the core ahead of its disk (a vote it holds but may forget
+            # in a power loss, and would grant again after): the node stops.
+            try:
+                host.persist(effects.persist)
+            except Exception as error:
+                self._fail(error)
+                return
         for message in effects.messages:
             if isinstance(message, OutboundRequest):
                 host.send(message)
