@@ -65,6 +65,7 @@ from quorum_node.raft.core import (
     VoterChangeDone,
 )
 from quorum_node.raft.driver import CoreDriver
+from quorum_node.raft.log import LogFullError
 from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
@@ -549,9 +550,14 @@ class QuorumNode:
         """Append records through the leader and wait until they are committed.
 
         Raises NotLeaderError (with the leader, if known) on a non-leader, AppendLostError when
-        a new leader truncated them, CommitUnknownError when the timeout passed first."""
+        a new leader truncated them, CommitUnknownError when the timeout passed first,
+        LogFullError (nothing appended) while the log's disk has no room."""
         if self.failure is not None:
             raise NotLeaderError(None, self.core.epoch)
+        if self.log_dir.log.full and self.core.state is RaftState.LEADER:
+            # The core retries what it holds; new records would only pile up behind them.
+            raise LogFullError(f"{self.log_dir.log.directory}: the disk is full: appends are "
+                               "refused until space comes back")
         started = time.perf_counter()
         if not self.core.accepts_writes and self.core.state is RaftState.LEADER:
             # A new leader takes writes once it has written the bootstrap voters (KIP-856).

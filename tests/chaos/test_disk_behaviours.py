@@ -1,7 +1,8 @@
 """What a node does when its disk fails as real disks do, each on the lazy file system: a failed
 fsync (the node stops, and what it had not synced is never counted durable, not even after a
 restart on the same page cache), a power loss (what a node reads back at start is durable, so a
-vote it acts on is never forgotten)."""
+vote it acts on is never forgotten), a full disk (appends refused whole with DISK_FULL, the rest
+served, resumed by itself once space comes back)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import pytest
 from lazyfs import LazyFs, unavailable_reason
 from proc_cluster import FAST, ProcessCluster, http_json
 
+from quorum_node.raft.log import LogFullError
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.fsutil import WriteStep
+from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import SegmentLog
 
@@ -152,6 +155,91 @@ def test_the_lazy_disk_is_under_the_node(tmp_path: Path) -> None:
         assert os.path.ismount(tmp_path / "node-1")
         assert (tmp_path / "node-1" / "meta.properties").exists()
         assert disk.stats()["fsyncs"] > 0
+    finally:
+        cluster.stop_all()
+        disk.unmount()
+
+
+def test_a_full_disk_refuses_the_append_whole_and_takes_the_next_once_freed(
+        lazy: LazyFs) -> None:
+    """A short write then ENOSPC: the part written is cut off (no partial batch stays in the
+    file to be flushed or read), the log stays usable, and appends go on once there is room."""
+    directory = lazy.mountpoint / "log"
+    log = SegmentLog(directory)
+    log.append_as_leader([Record(b"first")], 1, 0)
+    log.flush()
+    size = (directory / log.segment_paths[-1].name).stat().st_size
+    lazy.set_capacity(lazy.stats()["used"] + 10)  # room for part of the next batch only
+    with pytest.raises(LogFullError, match="no space left"):
+        log.append_as_leader([Record(b"x" * 100)], 1, 0)
+    assert lazy.stats()["short_writes"] == 1
+    assert log.full and log.end_offset == 1
+    assert log.segment_paths[-1].stat().st_size == size, "a partial batch stayed in the file"
+    log.flush()
+    lazy.set_capacity(None)
+    log.append_as_leader([Record(b"x" * 100)], 1, 0)
+    assert not log.full and log.refused_for_space == 1
+    assert log.flush() == 2
+    log.close()
+    lazy.power_loss()
+    assert SegmentLog.find_damage(directory) is None
+    reopened = SegmentLog(directory)
+    assert reopened.end_offset == 2
+    reopened.close()
+
+
+def scrape(cluster: ProcessCluster, name: str) -> float:
+    with urllib.request.urlopen(f"{cluster.nodes[1].url}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def readyz(cluster: ProcessCluster) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{cluster.nodes[1].url}/readyz", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())["message"]
+
+
+def test_a_leader_on_a_full_disk_refuses_writes_with_disk_full_and_resumes_by_itself(
+        tmp_path: Path) -> None:
+    cluster, disk = single_node(tmp_path)
+    try:
+        cluster.wait_for_leader(timeout_s=30)
+        deadline = time.monotonic() + 30
+        while put(cluster, "k", "before")[0] != 200:
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.1)
+        disk.set_capacity("used")
+        refused = [put(cluster, "k", f"full-{i}") for i in range(5)]
+        assert (507, "DISK_FULL") in refused, refused
+        assert all(answer in ((507, "DISK_FULL"), (504, "TIMEOUT")) for answer in refused)
+        # It keeps serving what it can: reads, probes, metrics.
+        value = http_json("GET", f"{cluster.nodes[1].url}/v1/kv/k?timeout_ms=2000")
+        assert value["value"] == "before" or value["value"].startswith("full-")
+        status, why = readyz(cluster)
+        assert status == 503 and "disk is full" in why, why
+        assert scrape(cluster, "quorum_log_disk_full") == 1
+        assert scrape(cluster, "quorum_log_appends_refused_disk_full_total") >= 1
+        disk.set_capacity(None)  # space comes back: no restart, no operator
+        deadline = time.monotonic() + 30
+        while put(cluster, "k", "after")[0] != 200:
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.1)
+        assert readyz(cluster)[0] == 200
+        assert scrape(cluster, "quorum_log_disk_full") == 0
+        process = cluster.nodes[1].process
+        assert process is not None and process.poll() is None
+        cluster.kill(1)
+        disk.power_loss()
+        log_dir = tmp_path / "node-1" / METADATA_PARTITION_DIR
+        assert SegmentLog.find_damage(log_dir) is None  # no partial batch was ever synced
+        cluster.start(1)
+        cluster.wait_for_leader(timeout_s=30)
+        assert http_json("GET", f"{cluster.nodes[1].url}/v1/kv/k")["value"] == "after"
     finally:
         cluster.stop_all()
         disk.unmount()
