@@ -449,9 +449,13 @@ class LazyFs:
         self.mountpoint = mountpoint
         mountpoint.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, str(mountpoint)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        # Its own messages go to a file beside the mount point: a pipe nobody reads could fill
+        # up and stall the file system.
+        self.log_path = mountpoint.with_name(mountpoint.name + ".lazyfs.log")
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(mountpoint)], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
         deadline = time.monotonic() + 20
         while not os.path.ismount(mountpoint):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -483,25 +487,29 @@ class LazyFs:
         return result
 
     def unmount(self) -> None:
+        """Detach the mount (lazily: a file still open cannot hold it up) and end the process.
+        What it held is gone with it: it lived in the process's memory only. The process is
+        ended rather than waited for: a lazily detached FUSE connection can stay open for a
+        while after the last user is gone."""
         if os.path.ismount(self.mountpoint):
             tool = "fusermount3" if _on_path("fusermount3") else "umount"
             args = [tool, "-u", "-z"] if tool == "fusermount3" else [tool, "-l"]
             subprocess.run([*args, str(self.mountpoint)], capture_output=True, timeout=30,
                            check=False)
         try:
-            self.process.wait(10)
+            self.process.wait(1)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+        for pipe in self._pipes():
+            pipe.close()
 
     def _pipes(self) -> tuple[IO[str], IO[str]]:
         assert self.process.stdin is not None and self.process.stdout is not None
         return self.process.stdin, self.process.stdout
 
     def _stderr(self) -> str:
-        if self.process.poll() is None or self.process.stderr is None:
-            return ""
-        return self.process.stderr.read()[-2000:]
+        return self.log_path.read_text(errors="replace")[-2000:]
 
 
 def _on_path(tool: str) -> bool:
