@@ -87,7 +87,8 @@ class QuorumStateStore:
                 os.fsync(file.fileno())
             fsync_directory(self.path.parent)
         except OSError as exc:
-            raise QuorumStateError(f"{self.path}: unreadable: {exc}") from exc
+            raise QuorumStateError(f"{self.path}: unreadable or not made durable (fsync "
+                                   f"failed): {exc}") from exc
         try:
             data = _QuorumStateData.model_validate_json(raw)
         except ValidationError as exc:

@@ -667,12 +667,16 @@ class SegmentLog:
         clean, so they show in the page cache yet a new fsync writes nothing. The last segment,
         the only one that can hold unflushed data, is written over with what it holds, which
         makes every page dirty again (at most one segment, which the scan just read whole)."""
-        size = os.fstat(last.fd).st_size
-        for position in range(0, size, _REWRITE_CHUNK):
-            write_all(last.fd, _pread(last, position, min(size, position + _REWRITE_CHUNK)),
-                      position)
-        os.fsync(last.fd)
-        fsync_directory(self.directory)
+        try:
+            size = os.fstat(last.fd).st_size
+            for position in range(0, size, _REWRITE_CHUNK):
+                write_all(last.fd, _pread(last, position, min(size, position + _REWRITE_CHUNK)),
+                          position)
+            os.fsync(last.fd)
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise StorageError(f"{self.directory}: making the log found at open durable failed "
+                               f"(fsync failed): {exc}") from exc
         self.fsync_count += 2
 
     def _check_starts_after_previous(self, segment: _Segment) -> _Damage | None:

@@ -243,3 +243,19 @@ def test_a_leader_on_a_full_disk_refuses_writes_with_disk_full_and_resumes_by_it
     finally:
         cluster.stop_all()
         disk.unmount()
+
+
+def test_a_failed_fsync_while_opening_refuses_to_open_with_one_clear_error(
+        lazy: LazyFs) -> None:
+    """Opening makes what it found durable: if that fsync fails, the node does not start (a
+    StorageError, which ``quorum-node run`` prints as its one error line, exit 2)."""
+    directory = lazy.mountpoint / "log"
+    log = SegmentLog(directory)
+    log.append_as_leader([Record(b"found")], 1, 0)
+    log.close()
+    lazy.fail_fsync(1)
+    with pytest.raises(StorageError, match=r"durable failed \(fsync failed\).*Input/output"):
+        SegmentLog(directory)
+    reopened = SegmentLog(directory)  # the disk works again
+    assert reopened.end_offset == 1
+    reopened.close()

@@ -374,8 +374,9 @@ FAULT_KINDS = ("kill-leader", "kill-follower", "pause-leader", "pause-follower",
 # leader and on a follower; the disk full on one node for a while, then freed.
 DISK_FAULT_KINDS = ("power-loss-leader", "power-loss-minority", "power-loss-all",
                     "fsync-fail-leader", "fsync-fail-follower", "disk-full")
-# The line a node logs when it stops after a failed fsync (runtime.py's _fail).
-FSYNC_FAILED_LINE = "stopping: "
+# The lines a node logs when a failed fsync stops it: running (runtime.py's _fail), or starting
+# (the log's open makes what it found durable; quorum-node run refuses to start).
+FSYNC_FAILED_LINES = ("stopping: ", "quorum-node run: error: ")
 
 
 class Nemesis(threading.Thread):
@@ -487,13 +488,16 @@ class Nemesis(threading.Thread):
         except subprocess.TimeoutExpired:
             raise AssertionError(f"node {victim} went on after a failed fsync") from None
         log = self.cluster.nodes[victim].log_path.read_text(errors="replace")
-        stopped = [line for line in log.splitlines() if FSYNC_FAILED_LINE in line]
+        stopped = [line for line in log.splitlines()
+                   if any(marker in line for marker in FSYNC_FAILED_LINES)]
         assert code != 0, f"node {victim} exited {code} after a failed fsync"
-        assert stopped and "Input/output error" in stopped[-1], (
-            f"node {victim} logged no reason for stopping:\n{log[-2000:]}")
+        assert stopped and "fsync failed" in stopped[-1] \
+            and "Input/output error" in stopped[-1], (
+                f"node {victim} logged no reason for stopping:\n{log[-2000:]}")
         self.stopped_after_fsync.append(stopped[-1])
         self.cluster.start(victim)
-        return f"exit {code}: {stopped[-1].split(FSYNC_FAILED_LINE, 1)[1][:120]}"
+        reason = stopped[-1].split(": ", 1)[1].rsplit("/", 1)[-1]
+        return f"exit {code}: {reason[:100]}"
 
     def fill_disk(self, victim: int, hold: float) -> str:
         """The victim's disk is full for ``hold`` seconds, then space comes back. A little room
