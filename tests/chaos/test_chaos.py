@@ -12,13 +12,25 @@ wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the n
 RemoveVoter of the old one). At the end everything is healed, every key is read once more
 (linearizable), every node's copy must converge to those values, and the whole history goes through
 the linearizability checker (``linearizability.py``); with the final reads in it, an acknowledged
-write that was lost is a violation too.
+write that was lost is a violation too. A sixth client writes keys of its own, each once: every
+write acknowledged must be read back at the end.
 
-The default run is one round of the seven faults (about 20 s). Environment (not ``QUORUM_*``:
+The disk faults run with each node's log directory on a lazy file system (``lazyfs.py``, FUSE):
+the power lost on the leader, on a minority and on every node at once (killed, then the disk drops
+what was not synced, then restarted), an fsync failing (EIO) on the leader and on a follower (the
+node must stop with one line naming it and a non-zero exit; it is restarted on the same page cache),
+and the disk full on one node for a while (short writes, then ENOSPC; the node must go on and
+resume by itself). After such a run every node loses power once more: each replica's log must be
+valid on what its disk kept, and the quorum must come back with every value read and every write
+acknowledged before.
+
+The default run is one round of the seven process faults (about 20 s); one round of the six disk
+faults is a slow test of its own (about 45 s, CI's chaos step). Environment (not ``QUORUM_*``:
 the nodes inherit the environment and take those as configuration keys):
 
 - ``CHAOS_SECONDS=600``: rounds of faults until that many seconds have passed (the keys
-  change every minute, so that each key's history stays short enough to check quickly).
+  change every minute, so that each key's history stays short enough to check quickly); with
+  FUSE available the rounds mix the disk faults in, on lazy file systems.
 - ``CHAOS_HISTORY=path``: write the history there, as JSON lines
   (``linearizability.load_history`` reads it back, to check it again).
 - ``CHAOS_KINDS=a,b``: the disk test's faults, only these (to repeat one).
