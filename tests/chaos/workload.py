@@ -108,6 +108,7 @@ class Reply:
     body: Any = None
     code: str | None = None  # the error code of an error answer
     error: str | None = None
+    refused: bool = False  # the connection was refused: the request never reached the node
 
 
 class Client:
@@ -149,6 +150,9 @@ class Client:
             if error.code == 307 and isinstance(document, dict):
                 document["location"] = error.headers.get("Location", "")
             return Reply(error.code, document, code)
+        except urllib.error.URLError as error:
+            return Reply(None, error=f"{type(error.reason).__name__}: {error}",
+                         refused=isinstance(error.reason, ConnectionRefusedError))
         except (OSError, http.client.HTTPException, ValueError) as error:
             return Reply(None, error=f"{type(error).__name__}: {error}")
 
@@ -243,9 +247,11 @@ class KvSession:
                 result = bool(reply.body["deleted"])
             op = self._finish(kind, key, invoked, Outcome.OK, value=value, expected=expected,
                               result=result)
-        elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408):
+        elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408) or reply.refused:
             # A redirect is a refusal too (more hops than followed), and so is a body the node
-            # gave up reading (408: a paused node may find its read timer expired on waking).
+            # gave up reading (408: a paused node may find its read timer expired on waking),
+            # and a connection refused (a node down): the request never reached a node. Counted
+            # unknown, each would make the checker's search far longer.
             op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected)
         else:
             # 504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit, now or later.
