@@ -502,8 +502,7 @@ class Nemesis(threading.Thread):
                 f"node {victim} logged no reason for stopping:\n{log[-2000:]}")
         self.stopped_after_fsync.append(stopped[-1])
         self.cluster.start(victim)
-        reason = stopped[-1].split(": ", 1)[1].rsplit("/", 1)[-1]
-        return f"exit {code}: {reason[:100]}"
+        return f"exit {code}: fsync failed{stopped[-1].rsplit('fsync failed', 1)[1][:80]}"
 
     def fill_disk(self, victim: int, hold: float) -> str:
         """The victim's disk is full for ``hold`` seconds, then space comes back. A little room
