@@ -26,6 +26,7 @@ class ErrorCode(enum.StrEnum):
     APPEND_LOST = "APPEND_LOST"  # truncated by a new leader: it will never commit
     SHUTTING_DOWN = "SHUTTING_DOWN"
     NODE_FAILED = "NODE_FAILED"  # the node or its state machine stopped after a failure
+    DISK_FULL = "DISK_FULL"  # the leader's disk has no room: not appended; retry once freed
     NOT_READY = "NOT_READY"  # the readiness probe's refusal
     OFFSET_OUT_OF_RANGE = "OFFSET_OUT_OF_RANGE"  # below the log start (compacted)
     COMPACTED = "COMPACTED"  # a watch from before the changes kept

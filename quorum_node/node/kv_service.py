@@ -69,6 +69,7 @@ from quorum_node.node.state_machine import (
     StateMachineFailed,
 )
 from quorum_node.node.waits import WaitInterrupted
+from quorum_node.raft.log import LogFullError
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.types import NotLeaderError
 
@@ -429,6 +430,9 @@ class KvService:
         except AppendLostError as error:
             raise ServiceError(ErrorCode.APPEND_LOST, f"{error} by a new leader; it will never "
                                                       f"commit (retry it)") from None
+        except LogFullError as error:
+            raise ServiceError(ErrorCode.DISK_FULL, f"{error}; nothing was appended (retry once "
+                                                    f"space is freed)") from None
         return Appended(first, last, epoch)
 
     async def _read_index(self, timeout_s: float) -> int:

@@ -38,6 +38,7 @@ from quorum_node.node.voter_candidates import could_be_voter
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
+from quorum_node.storage.segment_log import SegmentLog
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
@@ -149,10 +150,12 @@ class StateWatcher:
 class _CoreCollector:
     """Reads the core at scrape time."""
 
-    def __init__(self, core: RaftCore, watcher: StateWatcher, voter_ids: frozenset[int]) -> None:
+    def __init__(self, core: RaftCore, watcher: StateWatcher, voter_ids: frozenset[int],
+                 log: SegmentLog) -> None:
         self._core = core
         self._watcher = watcher
         self._voter_ids = voter_ids
+        self._log = log
 
     def collect(self) -> Iterable[Metric]:
         core = self._core
@@ -217,6 +220,12 @@ class _CoreCollector:
         yield gauge("quorum_is_observer", "1 if this replica is not a voter.",
                     0 if core.is_voter else 1)
 
+        yield gauge("quorum_log_disk_full",
+                    "1 while the log's disk has no room for appends (the last one was refused; "
+                    "clients get DISK_FULL), else 0.", 1 if self._log.full else 0)
+        yield CounterMetricFamily("quorum_log_appends_refused_disk_full",
+                                  "Appends the log's disk had no room for (each refused whole).",
+                                  value=self._log.refused_for_space)
         watcher = self._watcher
         yield CounterMetricFamily("quorum_append_records",
                                   "Records (offsets) appended to the log as leader.",
@@ -269,7 +278,7 @@ def voter_lag_seconds(described: QuorumDescription, now: int,
 class NodeMetrics:
     """One node's registry and the metrics fed by events. Get it with ``metrics_for(node)``."""
 
-    def __init__(self, core: RaftCore, voter_ids: frozenset[int]) -> None:
+    def __init__(self, core: RaftCore, voter_ids: frozenset[int], log: SegmentLog) -> None:
         """``voter_ids``: the configured voters' ids, which possible voters must have."""
         self.registry = CollectorRegistry()
         self.commit_latency = Histogram(
@@ -283,7 +292,7 @@ class NodeMetrics:
             buckets=ELECTION_LATENCY_BUCKETS, registry=self.registry,
         )
         self.watcher = StateWatcher(core, self.election_latency.observe)
-        self.registry.register(_CoreCollector(core, self.watcher, voter_ids))
+        self.registry.register(_CoreCollector(core, self.watcher, voter_ids, log))
         # One process per node in production: its RSS and CPU belong to the node.
         ProcessCollector(registry=self.registry)
 
@@ -307,5 +316,6 @@ def metrics_for(node: QuorumNode) -> NodeMetrics:
     """The node's metrics, created on first use (create them early to see the first election)."""
     metrics = _BY_NODE.get(node)
     if metrics is None:
-        metrics = _BY_NODE[node] = NodeMetrics(node.core, frozenset(node.endpoints))
+        metrics = _BY_NODE[node] = NodeMetrics(node.core, frozenset(node.endpoints),
+                                                node.log_dir.log)
     return metrics

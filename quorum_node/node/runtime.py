@@ -67,6 +67,7 @@ from quorum_node.raft.core import (
     VoterChangeDone,
 )
 from quorum_node.raft.driver import CoreDriver
+from quorum_node.raft.log import LogFullError
 from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
@@ -77,7 +78,7 @@ from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
-from quorum_node.storage.errors import NotFormattedError
+from quorum_node.storage.errors import NotFormattedError, StorageError
 from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.log_dir import LogDirectory
 from quorum_node.storage.meta_properties import format_log_dir
@@ -535,8 +536,10 @@ class QuorumNode:
                     flushed, took_s = _timed_flush(log)
                 else:
                     flushed, took_s = await asyncio.to_thread(_timed_flush, log)
-            except OSError as error:
+            except (OSError, StorageError) as error:
                 # After a failed fsync the page cache cannot be trusted: stop (Kafka does too).
+                # The log says StorageError (it refuses every later call); a bare OSError comes
+                # from a failure before it reached the fsync.
                 self._fail(error)
                 return
             # The fsync's own time, not the hop to a thread and back: that would keep a fast
@@ -568,9 +571,14 @@ class QuorumNode:
         """Append records through the leader and wait until they are committed.
 
         Raises NotLeaderError (with the leader, if known) on a non-leader, AppendLostError when
-        a new leader truncated them, CommitUnknownError when the timeout passed first."""
+        a new leader truncated them, CommitUnknownError when the timeout passed first,
+        LogFullError (nothing appended) while the log's disk has no room."""
         if self.failure is not None:
             raise NotLeaderError(None, self.core.epoch)
+        if self.log_dir.log.full and self.core.state is RaftState.LEADER:
+            # The core retries what it holds; new records would only pile up behind them.
+            raise LogFullError(f"{self.log_dir.log.directory}: the disk is full: appends are "
+                               "refused until space comes back")
         started = time.perf_counter()
         if not self.core.accepts_writes and self.core.state is RaftState.LEADER:
             # A new leader takes writes once it has written the bootstrap voters (KIP-856).

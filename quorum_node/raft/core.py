@@ -62,7 +62,7 @@ from quorum_node.raft.leader import (
     VoterChange,
     VoterChangeDone,
 )
-from quorum_node.raft.log import RaftLog
+from quorum_node.raft.log import LogFullError, RaftLog
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -152,6 +152,8 @@ class OutboundResponse:
 # A warning that a peer can provoke on every request or fetch is logged at most this often
 # (per kind of warning).
 WARNING_INTERVAL_MS = 10_000
+# How soon a leader whose log was full tries its pending records again.
+FULL_LOG_RETRY_MS = 100
 
 
 @dataclass(slots=True)
@@ -526,8 +528,9 @@ class RaftCore:
         if size > self.config.max_batch_bytes:
             raise ValueError(f"{size} bytes of records exceed one batch "
                              f"({self.config.max_batch_bytes} bytes)")
-        if state.pending and state.pending_bytes + size > self.config.max_batch_bytes:
-            self._append_pending(now_ms, state)  # a batch never outgrows the limit
+        if state.pending and state.pending_bytes + size > self.config.max_batch_bytes \
+                and not self._append_pending(now_ms, state):  # a batch never outgrows the limit
+            raise LogFullError("the log is full: records already wait for space")
         base = self.log.end_offset + len(state.pending)
         state.pending.extend(records)
         state.pending_bytes += size
@@ -822,8 +825,9 @@ class RaftCore:
 
     def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
         """Append a control batch after whatever client records are pending; its base offset."""
-        if state.pending:
-            self._append_pending(now_ms, state)  # proposals keep the offsets they were given
+        # Proposals keep the offsets they were given: the control batch only ever follows them.
+        if state.pending and not self._append_pending(now_ms, state):
+            raise LogFullError("the log is full: records wait for space before this one")
         batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
         self._effects.flush = True
         self._on_log_appended([batch])
@@ -1468,14 +1472,23 @@ class RaftCore:
                 parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
         return True
 
-    def _append_pending(self, now_ms: int, state: LeaderState) -> None:
-        self.log.append_as_leader(state.pending, state.epoch, now_ms)
+    def _append_pending(self, now_ms: int, state: LeaderState) -> bool:
+        """Append the pending records as one batch; False when the log is full, with the records
+        still pending (their proposals keep their offsets) and a retry after a back-off."""
+        try:
+            self.log.append_as_leader(state.pending, state.epoch, now_ms)
+        except LogFullError as error:
+            self._warn_limited(now_ms, "log-full", "node %d: %d records wait for space: %s",
+                               self.node_id, len(state.pending), error)
+            state.linger_deadline_ms = now_ms + FULL_LOG_RETRY_MS
+            return False
         state.pending = []
         state.pending_bytes = 0
         state.linger_deadline_ms = NEVER
         self._effects.flush = True
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+        return True
 
     def _expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
         self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
@@ -1526,9 +1539,8 @@ class RaftCore:
         elif point is not None:
             self._truncate_to(point)
         elif batches:
-            self.log.append_as_follower(batches)
-            self._on_log_appended(batches)
-            self._effects.flush = True
+            # A full log keeps hearing from its leader: no election while it waits for space.
+            self._append_as_follower(now_ms, source, batches)
         # Not when answered with a snapshot: the local log was not validated against the
         # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
         if response.high_watermark is not None and response.snapshot_id is None:
@@ -1536,6 +1548,22 @@ class RaftCore:
             if self._high_watermark is None or high_watermark >= self._high_watermark:
                 self._advance_local_high_watermark(high_watermark)
         state.heard_from_leader(now_ms)
+
+    def _append_as_follower(self, now_ms: int, source: int,
+                            batches: Sequence[RecordBatch]) -> None:
+        """On a full log the rest of the records are dropped (what did fit stays appended, to be
+        flushed as any append) and fetched again after a back-off."""
+        try:
+            self.log.append_as_follower(batches)
+        except LogFullError as error:
+            appended = [batch for batch in batches if batch.next_offset <= self.log.end_offset]
+            if appended:
+                self._on_log_appended(appended)
+                self._effects.flush = True
+            self._drop_response(now_ms, source, str(error))
+            return
+        self._on_log_appended(batches)
+        self._effects.flush = True
 
     def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
         if state.download is not None:

@@ -23,6 +23,7 @@ from quorum_node.raft.core import (
     ReadOutcome,
     VoterChangeDone,
 )
+from quorum_node.raft.log import LogFullError
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState
@@ -34,8 +35,9 @@ T = TypeVar("T")
 # (it asks to be polled again at once, over and over: a bug, and a busy loop in a node).
 SPINNING_POLLS = 100
 
-# What the core raises to a caller that asked for something it refuses (not a failure).
-REFUSALS = (NotLeaderError, VoterChangeError, ValueError)
+# What the core raises to a caller that asked for something it refuses (not a failure): a full
+# log refuses a client's records, having taken none of them.
+REFUSALS = (NotLeaderError, VoterChangeError, ValueError, LogFullError)
 
 
 class DriverHost(Protocol):
@@ -184,8 +186,14 @@ class CoreDriver:
             self._fail(error)
             return
         if effects.persist is not None:
-            # Synchronous on purpose: nothing of this step may leave before it is durable.
-            host.persist(effects.persist)
+            # Synchronous on purpose: nothing of this step may leave before it is durable. A
+            # write that failed leaves the core ahead of its disk (a vote it holds but may forget
+            # in a power loss, and would grant again after): the node stops.
+            try:
+                host.persist(effects.persist)
+            except Exception as error:
+                self._fail(error)
+                return
         for message in effects.messages:
             if isinstance(message, OutboundRequest):
                 host.send(message)

@@ -24,6 +24,12 @@ from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import OffsetAndEpoch
 
 
+class LogFullError(Exception):
+    """The log's storage has no room for an append: nothing of it was written (the log is as it
+    was), and a later append may succeed once space comes back. The core keeps what it could
+    not append and retries; a client's new records are refused meanwhile."""
+
+
 class RaftLog(Protocol):
     @property
     def start_offset(self) -> int:
@@ -57,11 +63,14 @@ class RaftLog(Protocol):
     def append_as_leader(
         self, records: Sequence[Record], epoch: int, timestamp_ms: int, is_control: bool = False
     ) -> RecordBatch:
-        """Append one batch at the log end, stamped with ``epoch``."""
+        """Append one batch at the log end, stamped with ``epoch``. Raises ``LogFullError``
+        (having appended nothing) when the storage is full."""
         ...
 
     def append_as_follower(self, batches: Sequence[RecordBatch]) -> None:
-        """Append batches replicated from the leader; the first must start at the log end."""
+        """Append batches replicated from the leader; the first must start at the log end.
+        Raises ``LogFullError`` when the storage is full (the batches before the one that did
+        not fit stay appended)."""
         ...
 
     def truncate_to(self, offset: int) -> None:

@@ -21,7 +21,7 @@ from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import MAX_EPOCH, ReplicaKey
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.errors import QuorumStateError
-from quorum_node.storage.fsutil import StepHook, atomic_write
+from quorum_node.storage.fsutil import StepHook, atomic_write, fsync_directory
 
 QUORUM_STATE = "quorum-state"
 DATA_VERSION = 1
@@ -69,13 +69,26 @@ class QuorumStateStore:
 
     def read(self) -> ElectionState | None:
         """The stored state, or None when no state was ever written. A leftover
-        ``quorum-state.tmp`` is ignored: only a renamed file counts."""
+        ``quorum-state.tmp`` is ignored: only a renamed file counts.
+
+        What is read is made durable first (the file and its directory fsynced): a process that
+        died between the rename and the directory's fsync left the new state in the page cache
+        only, and a node acting on a vote a power loss then takes back could vote twice in one
+        epoch."""
         try:
-            raw = self.path.read_bytes()
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise QuorumStateError(f"{self.path}: unreadable: {exc}") from exc
+        try:
+            with os.fdopen(fd, "rb") as file:
+                raw = file.read()
+                os.fsync(file.fileno())
+            fsync_directory(self.path.parent)
+        except OSError as exc:
+            raise QuorumStateError(f"{self.path}: unreadable or not made durable (fsync "
+                                   f"failed): {exc}") from exc
         try:
             data = _QuorumStateData.model_validate_json(raw)
         except ValidationError as exc:

@@ -23,6 +23,7 @@ thread (group commit runs it via ``asyncio.to_thread``).
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import mmap
 import os
@@ -34,7 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from quorum_node.raft.log import EpochCache, check_follower_append, check_leader_append
+from quorum_node.raft.log import (
+    EpochCache,
+    LogFullError,
+    check_follower_append,
+    check_leader_append,
+)
 from quorum_node.raft.records import (
     HEADER_SIZE,
     MAGIC,
@@ -67,6 +73,8 @@ _SEGMENT_NAME = re.compile(r"([0-9]{20})\.log")
 _MAGIC_POSITION = 16
 _MAGIC_BYTE = bytes([MAGIC])
 _MIN_RECORD_SIZE = 8  # a record holds at least its key length and value length
+_REWRITE_CHUNK = 1 << 20  # what open rewrites of the last segment at a time
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, or the user's quota used up
 
 
 @dataclass(eq=False)
@@ -191,6 +199,9 @@ class SegmentLog:
         self._closed = False
         self._failure: BaseException | None = None
         self.fsync_count = 0
+        # The last append found the disk full (and was refused); an append that fits clears it.
+        self.full = False
+        self.refused_for_space = 0  # appends refused so
 
     @classmethod
     def find_damage(cls, directory: str | os.PathLike[str]) -> LogDamage | None:
@@ -444,6 +455,19 @@ class SegmentLog:
         for ticket in self._tickets:
             ticket.end_offset = min(ticket.end_offset, end_offset)
 
+    def _refuse_for_space(self, exc: OSError) -> LogFullError:
+        """An append the disk had no room for: what part of it was written (a short write) is
+        cut off again, so that the log is as before and no partial batch is ever read or
+        flushed as one; the log stays usable and takes appends once there is room."""
+        active = self._segments[-1]
+        try:
+            os.ftruncate(active.fd, active.size)
+        except OSError as cut:
+            raise self._fail("cutting an append the disk had no room for failed", cut) from exc
+        self.full = True
+        self.refused_for_space += 1
+        return LogFullError(f"{self.directory}: no space left for an append ({exc.strerror})")
+
     def _fail(self, what: str, exc: OSError) -> StorageError:
         self._failure = exc
         return StorageError(f"{self.directory}: {what}: {exc}")
@@ -474,7 +498,10 @@ class SegmentLog:
                     active = self._roll(batch.base_offset)
                 write_all(active.fd, encoded, active.size)
             except OSError as exc:
-                raise self._fail("append failed", exc) from exc
+                if exc.errno not in _NO_SPACE:
+                    raise self._fail("append failed", exc) from exc
+                raise self._refuse_for_space(exc) from exc
+            self.full = False
             active.bases.append(batch.base_offset)
             active.positions.append(active.size)
             active.size += len(encoded)
@@ -634,9 +661,22 @@ class SegmentLog:
     def _sync_found(self, last: _Segment) -> None:
         """Make what open found durable. After a process crash (the OS kept running) the page
         cache still holds writes that were never fsynced; the caller may count everything found
-        at open as flushed, so it must be."""
-        os.fsync(last.fd)
-        fsync_directory(self.directory)
+        at open as flushed, so it must be.
+
+        An fsync is not enough after one that failed: Linux marks the pages it could not write
+        clean, so they show in the page cache yet a new fsync writes nothing. The last segment,
+        the only one that can hold unflushed data, is written over with what it holds, which
+        makes every page dirty again (at most one segment, which the scan just read whole)."""
+        try:
+            size = os.fstat(last.fd).st_size
+            for position in range(0, size, _REWRITE_CHUNK):
+                write_all(last.fd, _pread(last, position, min(size, position + _REWRITE_CHUNK)),
+                          position)
+            os.fsync(last.fd)
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise StorageError(f"{self.directory}: making the log found at open durable failed "
+                               f"(fsync failed): {exc}") from exc
         self.fsync_count += 2
 
     def _check_starts_after_previous(self, segment: _Segment) -> _Damage | None:

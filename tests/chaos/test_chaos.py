@@ -12,15 +12,28 @@ wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the n
 RemoveVoter of the old one). At the end everything is healed, every key is read once more
 (linearizable), every node's copy must converge to those values, and the whole history goes through
 the linearizability checker (``linearizability.py``); with the final reads in it, an acknowledged
-write that was lost is a violation too.
+write that was lost is a violation too. A sixth client writes keys of its own, each once: every
+write acknowledged must be read back at the end.
 
-The default run is one round of the seven faults (about 20 s). Environment (not ``QUORUM_*``:
+The disk faults run with each node's log directory on a lazy file system (``lazyfs.py``, FUSE):
+the power lost on the leader, on a minority and on every node at once (killed, then the disk drops
+what was not synced, then restarted), an fsync failing (EIO) on the leader and on a follower (the
+node must stop with one line naming it and a non-zero exit; it is restarted on the same page cache),
+and the disk full on one node for a while (short writes, then ENOSPC; the node must go on and
+resume by itself). After such a run every node loses power once more: each replica's log must be
+valid on what its disk kept, and the quorum must come back with every value read and every write
+acknowledged before.
+
+The default run is one round of the seven process faults (about 20 s); one round of the six disk
+faults is a slow test of its own (about 45 s, CI's chaos step). Environment (not ``QUORUM_*``:
 the nodes inherit the environment and take those as configuration keys):
 
 - ``CHAOS_SECONDS=600``: rounds of faults until that many seconds have passed (the keys
-  change every minute, so that each key's history stays short enough to check quickly).
+  change every minute, so that each key's history stays short enough to check quickly); with
+  FUSE available the rounds mix the disk faults in, on lazy file systems.
 - ``CHAOS_HISTORY=path``: write the history there, as JSON lines
   (``linearizability.load_history`` reads it back, to check it again).
+- ``CHAOS_KINDS=a,b``: the disk test's faults, only these (to repeat one).
 - ``CHAOS_SEED=N``: the fault schedule and the clients' choices of that seed (printed by
   every run; the timing of the processes still varies).
 
@@ -30,6 +43,7 @@ their durations, the checker's time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -38,10 +52,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lazyfs import LazyFs, unavailable_reason
 from linearizability import Kind, Operation, Outcome, Recorder, check, dump_history
 from proc_cluster import FAST, ProcessCluster
 from workload import (
+    ACKNOWLEDGED_PREFIX,
+    DISK_FAULT_KINDS,
     FAULT_KINDS,
+    AcknowledgedWriter,
     Client,
     KvSession,
     Nemesis,
@@ -50,7 +68,11 @@ from workload import (
     Worker,
     heal_everything,
     kv_path,
+    log_dir_of,
 )
+
+from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
+from quorum_node.storage.segment_log import SegmentLog
 
 CHAOS_SECONDS = float(os.environ.get("CHAOS_SECONDS", "0"))  # 0: one round of faults
 KEYS = 4
@@ -58,16 +80,37 @@ KEY_PERIOD_S = 60.0
 CLIENTS = 5
 
 
+LAZY_UNAVAILABLE = unavailable_reason()
+NODES = 3
+
+
+@contextlib.contextmanager
+def started_cluster(directory: Path, *, lazy: bool
+                    ) -> Iterator[tuple[ProcessCluster, Network, dict[int, LazyFs]]]:
+    """A running quorum of ``NODES`` processes; with ``lazy``, each node's log directory is a
+    lazy file system of its own (the disks)."""
+    disks: dict[int, LazyFs] = {}
+    try:
+        if lazy:
+            for node_id in range(1, NODES + 1):
+                disks[node_id] = LazyFs(directory / f"node-{node_id}")
+        processes = ProcessCluster.create(directory, NODES, None, False, **FAST)
+        network = Network(processes)
+        try:
+            processes.start_all()
+            yield processes, network, disks
+        finally:
+            processes.stop_all()
+            network.close()
+    finally:
+        for disk in disks.values():
+            disk.unmount()
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ProcessCluster, Network]]:
-    started = ProcessCluster.create(tmp_path, 3, None, False, **FAST)
-    network = Network(started)
-    try:
-        started.start_all()
-        yield started, network
-    finally:
-        started.stop_all()
-        network.close()
+    with started_cluster(tmp_path, lazy=False) as (processes, network, _):
+        yield processes, network
 
 
 def wait_writable(processes: ProcessCluster, client: Client, timeout_s: float = 30) -> int:
@@ -89,10 +132,30 @@ def chaos_seed() -> int:
     return int(configured) if configured else random.randrange(2**31)
 
 
-@pytest.mark.timeout(CHAOS_SECONDS + 300)
-def test_history_under_faults_is_linearizable(
-        cluster: tuple[ProcessCluster, Network]) -> None:
-    processes, network = cluster
+@pytest.mark.timeout(CHAOS_SECONDS * 1.5 + 300)  # the faults, then a longer history to check
+def test_history_under_faults_is_linearizable(tmp_path: Path) -> None:
+    """The process faults; a long run (``CHAOS_SECONDS``) mixes in the disk faults too, on lazy
+    file systems (where FUSE is available)."""
+    lazy = CHAOS_SECONDS > 0 and LAZY_UNAVAILABLE is None
+    kinds = FAULT_KINDS + DISK_FAULT_KINDS if lazy else FAULT_KINDS
+    with started_cluster(tmp_path, lazy=lazy) as (processes, network, disks):
+        run_chaos(processes, network, disks, kinds, CHAOS_SECONDS)
+
+
+@pytest.mark.slow  # about 45 s: CI's chaos step
+@pytest.mark.skipif(LAZY_UNAVAILABLE is not None, reason=f"lazyfs: {LAZY_UNAVAILABLE}")
+@pytest.mark.timeout(300)
+def test_history_under_disk_faults_is_linearizable(tmp_path: Path) -> None:
+    """One round of the disk faults on lazy file systems; then every machine loses power once
+    more, every replica's log must be valid on what was synced, and the quorum must come back
+    with every acknowledged write."""
+    kinds = tuple(os.environ.get("CHAOS_KINDS", ",".join(DISK_FAULT_KINDS)).split(","))
+    with started_cluster(tmp_path, lazy=True) as (processes, network, disks):
+        run_chaos(processes, network, disks, kinds, 0)
+
+
+def run_chaos(processes: ProcessCluster, network: Network, disks: dict[int, LazyFs],
+              kinds: tuple[str, ...], seconds: float) -> None:
     seed = chaos_seed()
     print(f"\nchaos seed {seed} (CHAOS_SEED={seed} repeats the schedule)")
     began = time.monotonic()
@@ -107,24 +170,32 @@ def test_history_under_faults_is_linearizable(
     stop = threading.Event()
     workers = [Worker(KvSession(client, recorder, tally, number, nodes[number % len(nodes)]),
                       nodes, keys, seed + number, stop) for number in range(CLIENTS)]
-    nemesis = Nemesis(processes, network, seed, CHAOS_SECONDS)
-    for thread in [*workers, nemesis]:
+    acknowledged = AcknowledgedWriter(
+        KvSession(client, recorder, tally, CLIENTS, nodes[0]), nodes, seed, stop)
+    nemesis = Nemesis(processes, network, seed, seconds, kinds=kinds, disks=disks)
+    for thread in [*workers, acknowledged, nemesis]:
         thread.start()
-    nemesis.join(CHAOS_SECONDS + 240)
+    nemesis.join(seconds + 240)
     stop.set()
-    for worker in workers:
-        worker.join(10)
+    for thread in [*workers, acknowledged]:
+        thread.join(10)
     faulted = time.monotonic() - began
     assert not nemesis.is_alive(), f"the nemesis is stuck (seed {seed})\n{nemesis.report()}"
     assert nemesis.error is None, f"seed {seed}: {nemesis.error!r}\n{processes.logs()}"
 
     heal_everything(processes, network)
     leader = processes.wait_for_leader(timeout_s=30)
-    final = final_values(KvSession(client, recorder, tally, CLIENTS, leader),
-                         sorted({op.key for op in recorder.snapshot()}))
+    final = final_values(KvSession(client, recorder, tally, CLIENTS + 1, leader),
+                         sorted({op.key for op in recorder.snapshot()
+                                 if not op.key.startswith(ACKNOWLEDGED_PREFIX)}))
     converged = time.monotonic()
     wait_converged(client, nodes, final)
     converged = time.monotonic() - converged
+    lost = acknowledged.lost(KvSession(client, recorder, tally, CLIENTS + 1, leader))
+    after_power_loss = ""
+    if disks:
+        after_power_loss = every_machine_loses_power(processes, disks, client, final,
+                                                     acknowledged)
 
     history = recorder.snapshot()
     if os.environ.get("CHAOS_HISTORY"):
@@ -134,13 +205,46 @@ def test_history_under_faults_is_linearizable(
     print(f"{len(history)} operations on {len(final)} keys, {ok} ok; {len(nemesis.faults)} "
           f"faults in {faulted:.1f} s; replicas converged in {converged:.1f} s; checker "
           f"{result.seconds:.3f} s ({sum(r.explored for r in result.keys)} configurations); "
+          f"{len(acknowledged.written)} acknowledged writes of unique keys, {len(lost)} lost; "
           f"{time.monotonic() - began:.1f} s in all\n{tally.report()}\nfaults:\n"
-          f"{nemesis.report()}")
+          f"{nemesis.report()}{after_power_loss}")
     assert not tally.unexpected, tally.unexpected[:5]
-    assert {fault.name for fault in nemesis.faults} == set(FAULT_KINDS)
+    assert {fault.name for fault in nemesis.faults} == set(kinds)
     for kind in (Kind.PUT, Kind.GET, Kind.CAS):
         assert tally.outcomes[kind.value, "ok"] >= 10, f"too few {kind.value}s went through"
+    assert not lost, f"seed {seed}: acknowledged writes lost: {lost[:10]}"
     assert result.linearizable, f"seed {seed}:\n{result.explain()}"
+
+
+def every_machine_loses_power(processes: ProcessCluster, disks: dict[int, LazyFs],
+                              client: Client, final: dict[str, str | None],
+                              acknowledged: AcknowledgedWriter) -> str:
+    """Every node loses power at once; each replica's log must then be valid on what its disk
+    kept (nothing but a torn tail may be cut, and no partial batch was trusted), and the quorum
+    must come back with every value read and every write acknowledged before."""
+    nodes = list(processes.nodes)
+    for node_id in nodes:
+        processes.kill(node_id)
+    for node_id in nodes:
+        disks[node_id].power_loss()
+    damage = {node_id: SegmentLog.find_damage(
+        log_dir_of(processes, node_id) / METADATA_PARTITION_DIR) for node_id in nodes}
+    assert all(found is None or found.torn_tail for found in damage.values()), damage
+    processes.start_all()
+    leader = processes.wait_for_leader(timeout_s=30)
+    recorder = Recorder()  # reads after the history's end, checked against it directly
+    session = KvSession(client, recorder, Tally(), -1, leader)
+    assert final_values(session, sorted(final)) == final, "values read before were lost"
+    lost = acknowledged.lost(session)
+    assert not lost, f"acknowledged writes lost in a power loss of every node: {lost[:10]}"
+    torn = sum(found is not None for found in damage.values())
+    disks_said = "; ".join(
+        f"node {n} {s['fsyncs']} fsyncs, {s['failed_fsyncs']} failed, {s['short_writes']} short "
+        f"writes, {s['power_losses']} power losses"
+        for n, s in ((node_id, disk.stats()) for node_id, disk in disks.items()))
+    return (f"\nafter a power loss of every node: logs valid ({torn} torn tails), {len(final)} "
+            f"values and {len(acknowledged.written)} acknowledged writes all there; disks: "
+            f"{disks_said}")
 
 
 def final_values(session: KvSession, keys: list[str]) -> dict[str, str | None]:

@@ -16,17 +16,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lazyfs import LazyFs
 from linearizability import Kind, Operation, Outcome, Recorder, Value, finished
 from proc_cluster import FaultProxy, ProcessCluster
 
 # Refusals that say the write was never appended, or was truncated away and will never commit
 # (the client API's contract; quorum_node.client retries the same codes as safe).
-NOT_APPLIED_CODES = frozenset({"NO_LEADER", "APPEND_LOST", "NODE_FAILED", "SHUTTING_DOWN"})
+NOT_APPLIED_CODES = frozenset({"NO_LEADER", "APPEND_LOST", "NODE_FAILED", "SHUTTING_DOWN",
+                               "DISK_FULL"})
 SERVER_TIMEOUT_MS = 1500
 SOCKET_TIMEOUT_S = 3.0  # past the server's own timeout: a node that does not answer is down
 MAX_REDIRECTS = 3
@@ -106,6 +108,7 @@ class Reply:
     body: Any = None
     code: str | None = None  # the error code of an error answer
     error: str | None = None
+    refused: bool = False  # the connection was refused: the request never reached the node
 
 
 class Client:
@@ -147,6 +150,9 @@ class Client:
             if error.code == 307 and isinstance(document, dict):
                 document["location"] = error.headers.get("Location", "")
             return Reply(error.code, document, code)
+        except urllib.error.URLError as error:
+            return Reply(None, error=f"{type(error.reason).__name__}: {error}",
+                         refused=isinstance(error.reason, ConnectionRefusedError))
         except (OSError, http.client.HTTPException, ValueError) as error:
             return Reply(None, error=f"{type(error).__name__}: {error}")
 
@@ -241,9 +247,11 @@ class KvSession:
                 result = bool(reply.body["deleted"])
             op = self._finish(kind, key, invoked, Outcome.OK, value=value, expected=expected,
                               result=result)
-        elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408):
+        elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408) or reply.refused:
             # A redirect is a refusal too (more hops than followed), and so is a body the node
-            # gave up reading (408: a paused node may find its read timer expired on waking).
+            # gave up reading (408: a paused node may find its read timer expired on waking),
+            # and a connection refused (a node down): the request never reached a node. Counted
+            # unknown, each would make the checker's search far longer.
             op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected)
         else:
             # 504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit, now or later.
@@ -307,6 +315,47 @@ class Worker(threading.Thread):
                 self._halt.wait(0.05)
 
 
+ACKNOWLEDGED_PREFIX = "ack-"
+
+
+class AcknowledgedWriter(threading.Thread):
+    """Writes keys of its own, each once (``ack-<n>``), through random nodes until stopped, and
+    keeps those the quorum acknowledged: every one of them must be there at the end, whatever
+    the faults (an acknowledgement means a majority synced it)."""
+
+    def __init__(self, session: KvSession, nodes: list[int], seed: int,
+                 stop: threading.Event) -> None:
+        super().__init__(daemon=True, name="chaos-acknowledged-writer")
+        self.session = session
+        self.written: dict[str, str] = {}
+        self._nodes = nodes
+        self._rng = random.Random(seed - 1)
+        self._halt = stop
+
+    def run(self) -> None:
+        number = 0
+        while not self._halt.is_set():
+            number += 1
+            key, value = f"{ACKNOWLEDGED_PREFIX}{number}", f"v{number}"
+            if self.session.put(key, value).outcome is Outcome.OK:
+                self.written[key] = value
+            else:
+                self.session.node_id = self._rng.choice(self._nodes)
+                self._halt.wait(0.05)
+
+    def lost(self, reader: KvSession) -> list[str]:
+        """The acknowledged keys a linearizable read does not find with their value."""
+        lost = []
+        for key, value in sorted(self.written.items()):
+            deadline = time.monotonic() + 30
+            while (op := reader.get(key)).outcome is not Outcome.OK:
+                assert time.monotonic() < deadline, f"no read of {key!r}"
+                time.sleep(0.1)
+            if op.result != value:
+                lost.append(f"{key}={value!r} read as {op.result!r}")
+        return lost
+
+
 @dataclass(frozen=True)
 class Fault:
     name: str
@@ -326,21 +375,35 @@ def log_dir_of(cluster: ProcessCluster, node_id: int) -> Path:
 
 FAULT_KINDS = ("kill-leader", "kill-follower", "pause-leader", "pause-follower",
                "partition-leader", "partition-follower", "replace-disk")
+# The faults of a real disk, on the lazy file system under each node's log directory: the power
+# lost on one node (the leader), on a minority, on every node at once; fsync failing (EIO) on the
+# leader and on a follower; the disk full on one node for a while, then freed.
+DISK_FAULT_KINDS = ("power-loss-leader", "power-loss-minority", "power-loss-all",
+                    "fsync-fail-leader", "fsync-fail-follower", "disk-full")
+# The lines a node logs when a failed fsync stops it: running (runtime.py's _fail), or starting
+# (the log's open makes what it found durable; quorum-node run refuses to start).
+FSYNC_FAILED_LINES = ("stopping: ", "quorum-node run: error: ")
 
 
 class Nemesis(threading.Thread):
     """Injects faults one at a time in a seeded order: each kind once per round, in a shuffled
     order, rounds until ``seconds`` have passed (at least one round). Between faults it waits
-    for a leader, so that the clients make progress between them."""
+    for a leader, so that the clients make progress between them. The disk faults need
+    ``disks``: each node's lazy file system."""
 
     def __init__(self, cluster: ProcessCluster, network: Network, seed: int,
-                 seconds: float) -> None:
+                 seconds: float, *, kinds: Sequence[str] = FAULT_KINDS,
+                 disks: Mapping[int, LazyFs] | None = None) -> None:
         super().__init__(daemon=True, name="chaos-nemesis")
         self.cluster = cluster
         self.network = network
         self.rng = random.Random(seed)
         self.seconds = seconds
+        self.kinds = tuple(kinds)
+        self.disks = dict(disks or {})
+        assert self.disks or not set(self.kinds) & set(DISK_FAULT_KINDS), "disk faults need disks"
         self.faults: list[Fault] = []
+        self.stopped_after_fsync: list[str] = []  # the line each such node logged
         self.error: BaseException | None = None
         self._admin = Client(cluster, network)
         self._began = time.monotonic()
@@ -348,7 +411,7 @@ class Nemesis(threading.Thread):
     def run(self) -> None:
         try:
             while True:
-                kinds = list(FAULT_KINDS)
+                kinds = list(self.kinds)
                 self.rng.shuffle(kinds)
                 for kind in kinds:
                     self.inject(kind)
@@ -365,7 +428,9 @@ class Nemesis(threading.Thread):
         started = time.monotonic()
         hold = self.rng.uniform(1.0, 2.5)
         detail = ""
-        if kind.startswith("kill"):
+        if kind in DISK_FAULT_KINDS:
+            victim, detail = self.disk_fault(kind, leader, followers, hold)
+        elif kind.startswith("kill"):
             cluster.kill(victim)
             time.sleep(hold)
             cluster.start(victim)
@@ -389,6 +454,69 @@ class Nemesis(threading.Thread):
         cluster.wait_for_leader(timeout_s=30)
         time.sleep(self.rng.uniform(0.3, 0.8))
 
+    def disk_fault(self, kind: str, leader: int, followers: list[int],
+                   hold: float) -> tuple[int, str]:
+        """One fault of a real disk; the node it hit (the first, for several) and what
+        happened."""
+        if kind.startswith("power-loss"):
+            nodes = list(self.cluster.nodes)
+            victims = {"power-loss-leader": [leader],
+                       "power-loss-minority": self.rng.sample(nodes, (len(nodes) - 1) // 2),
+                       "power-loss-all": nodes}[kind]
+            self.power_loss(victims, hold)
+            return victims[0], f"nodes {sorted(victims)}"
+        if kind.startswith("fsync-fail"):
+            victim = leader if kind.endswith("leader") else self.rng.choice(followers)
+            return victim, self.fail_fsync(victim)
+        victim = self.rng.choice(list(self.cluster.nodes))
+        return victim, self.fill_disk(victim, hold)
+
+    def power_loss(self, victims: Sequence[int], hold: float) -> None:
+        """The machines of ``victims`` lose power together: every process dies at once, then
+        every disk drops what was never synced; they boot ``hold`` seconds later."""
+        for victim in victims:
+            self.cluster.kill(victim)
+        for victim in victims:
+            self.disks[victim].power_loss()
+        time.sleep(hold)
+        for victim in victims:
+            self.cluster.start(victim)
+
+    def fail_fsync(self, victim: int) -> str:
+        """The victim's next fsync fails (EIO): the node must stop at once with one log line
+        and a non-zero exit; it is then restarted on the same disk, as a supervisor would (the
+        data the failed fsync could not write is still in the page cache, marked clean)."""
+        process = self.cluster.nodes[victim].process
+        assert process is not None
+        self.disks[victim].fail_fsync(1)
+        try:
+            code = process.wait(30)  # the clients keep writing: the node fsyncs soon
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node {victim} went on after a failed fsync") from None
+        log = self.cluster.nodes[victim].log_path.read_text(errors="replace")
+        stopped = [line for line in log.splitlines()
+                   if any(marker in line for marker in FSYNC_FAILED_LINES)]
+        assert code != 0, f"node {victim} exited {code} after a failed fsync"
+        assert stopped and "fsync failed" in stopped[-1] \
+            and "Input/output error" in stopped[-1], (
+                f"node {victim} logged no reason for stopping:\n{log[-2000:]}")
+        self.stopped_after_fsync.append(stopped[-1])
+        self.cluster.start(victim)
+        return f"exit {code}: fsync failed{stopped[-1].rsplit('fsync failed', 1)[1][:80]}"
+
+    def fill_disk(self, victim: int, hold: float) -> str:
+        """The victim's disk is full for ``hold`` seconds, then space comes back. A little room
+        is left at first, so that an append fits only in part (a short write, then ENOSPC)."""
+        disk = self.disks[victim]
+        disk.set_capacity(disk.stats()["used"] + self.rng.randrange(512))
+        time.sleep(hold)
+        disk.set_capacity(None)
+        process = self.cluster.nodes[victim].process
+        assert process is not None and process.poll() is None, (
+            f"node {victim} stopped on a full disk")
+        refused = _metric(self.cluster, victim, "quorum_log_appends_refused_disk_full_total")
+        return f"{refused:g} appends refused, {disk.stats()['short_writes']} short writes in all"
+
     def replace_disk(self, victim: int) -> str:
         """KIP-856's disk replacement: kill -9, wipe, ``quorum-node format`` (a new directory
         id), restart, AddVoter of the new directory, RemoveVoter of the old one."""
@@ -397,7 +525,11 @@ class Nemesis(threading.Thread):
                         if v["id"] == victim)
         log_dir = log_dir_of(cluster, victim)
         cluster.kill(victim)
-        shutil.rmtree(log_dir)
+        if victim in self.disks:  # a mount point stays: the new disk is the old one wiped
+            for child in log_dir.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(log_dir)
         formatted = subprocess.run(
             [sys.executable, "-m", "quorum_node.cli.node", "format", "--log-dir", str(log_dir),
              "--node-id", str(victim), "--cluster-id", cluster.cluster_id],
@@ -447,6 +579,14 @@ class Nemesis(threading.Thread):
     def report(self) -> str:
         return "\n".join(f"  {f.started:6.1f} s  {f.name:<18} node {f.node}  {f.seconds:5.1f} s"
                          f"{'  ' + f.detail if f.detail else ''}" for f in self.faults)
+
+
+def _metric(cluster: ProcessCluster, node_id: int, name: str) -> float:
+    with urllib.request.urlopen(f"{cluster.nodes[node_id].url}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"node {node_id} has no metric {name}")
 
 
 def _holds(condition: Callable[[], bool]) -> bool:

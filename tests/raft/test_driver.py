@@ -16,6 +16,7 @@ from quorum_node.raft.core import (
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
+from quorum_node.raft.messages import VoteRequest
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import ReplicaKey
@@ -80,3 +81,42 @@ def test_a_read_barrier_is_settled_through_the_host() -> None:
     assert barrier is not None
     assert host.reads == [ReadConfirmed(barrier.id, barrier.read_index)]
     assert host.voter_changes == []
+
+
+def test_a_failed_election_state_write_stops_the_node_before_anything_leaves() -> None:
+    """A vote that did not reach the disk must never be sent, nor be the core's from then on (it
+    would grant the same vote again, and a power loss would take it back): the node stops."""
+
+    class FailingDisk(RecordingHost):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures: list[Exception] = []
+            self.sent: list[OutboundRequest] = []
+            self.answers: list[OutboundResponse] = []
+
+        def persist(self, state: ElectionState) -> None:
+            raise OSError(28, "No space left on device")
+
+        def send(self, request: OutboundRequest) -> None:
+            self.sent.append(request)
+
+        def answer(self, response: OutboundResponse) -> None:
+            self.answers.append(response)
+
+        def core_failed(self, error: Exception) -> None:
+            self.failures.append(error)
+
+    core = RaftCore(node_id=1, directory_id=None, cluster_id="c",
+                    voters=[ReplicaKey(1), ReplicaKey(2), ReplicaKey(3)], log=MemoryLog(),
+                    election_state=None, config=QuorumConfig(), random=random.Random(0),
+                    now_ms=0, snapshots=MemorySnapshotStore())
+    host = FailingDisk()
+    driver = CoreDriver(core, host)
+    driver.after_step()
+    # A candidate of epoch 1 asks for the vote: granting it means writing it first.
+    driver.handle_request(2, 7, VoteRequest(
+        cluster_id="c", voter_id=1, replica_epoch=1, replica_id=2, last_offset_epoch=0,
+        last_offset=0))
+    assert host.answers == [], "the vote left before it was on disk"
+    assert [str(error) for error in host.failures] == ["[Errno 28] No space left on device"]
+    assert not driver.driving

@@ -60,6 +60,7 @@ STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.NODE_FAILED: 503,
     ErrorCode.NOT_READY: 503,
     ErrorCode.BACKUP_UNAVAILABLE: 503,
+    ErrorCode.DISK_FULL: 507,  # Insufficient Storage
     ErrorCode.TIMEOUT: 504,
     ErrorCode.REQUEST_TIMED_OUT: 504,
     ErrorCode.NOT_LEADER: 307,

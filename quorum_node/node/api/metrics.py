@@ -33,6 +33,9 @@ def is_ready(node: QuorumNode) -> tuple[bool, str]:
     failure = failure_of(node)
     if failure is not None:
         return False, failure
+    if node.log_dir.log.full:
+        return False, (f"the log's disk is full: appends are refused until space comes back "
+                       f"({core.state} in epoch {core.epoch})")
     if core.high_watermark is None:
         return False, f"{core.state} in epoch {core.epoch}, no committed offset known yet"
     if core.leader_has_committed:

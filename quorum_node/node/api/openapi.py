@@ -72,7 +72,9 @@ _COMMON = {
 }
 _WRITE = {**_COMMON,
           "408": _error("The body did not arrive in time (REQUEST_TIMEOUT)."),
-          "504": _error("TIMEOUT: not known to be committed in time; it may still commit.")}
+          "504": _error("TIMEOUT: not known to be committed in time; it may still commit."),
+          "507": _error("DISK_FULL: the leader's disk has no room; nothing was appended. Retry "
+                        "once space is freed (the leader takes writes again by itself).")}
 _KV_WRITE = _answer("Committed and applied.", _ref("KvWrite"))
 
 _VOTER_CHANGE = {
@@ -407,8 +409,8 @@ PATHS: dict[str, Any] = {
                                        "503": _error("Failed (NODE_FAILED).")}}},
     "/readyz": {"get": {"operationId": "readyz", "summary": "Readiness", "security": [],
                         "responses": {"200": {"description": "Ready: why, in text.", **_TEXT},
-                                      "503": _error("Not ready (NOT_READY), or failed "
-                                                    "(NODE_FAILED).")}}},
+                                      "503": _error("Not ready (NOT_READY: why, such as a "
+                                                    "full disk), or failed (NODE_FAILED).")}}},
     "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
                          "security": [],
                          "responses": {"200": {"description": "Text exposition format.",
