@@ -18,7 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore, snapshot_records
+from quorum_node.node.kv import KvStore, SnapshotEntry, snapshot_records
 from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
@@ -108,7 +108,7 @@ class KvSnapshots:
         task.add_done_callback(self._written)
 
     async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
-                     timestamp_ms: int, entries: list[tuple[str, str]]) -> None:
+                     timestamp_ms: int, entries: list[SnapshotEntry]) -> None:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
         keys = len(entries)

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
-from quorum_node.node.kv import KvOpError, KvStore, Put, decode_op
+from quorum_node.node.kv import KvOpError, KvStore, Put, decode_op, snapshot_meta
 from quorum_node.node.snapshotting import KvSnapshots, SnapshotHost
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import CorruptSnapshotError
@@ -40,9 +40,9 @@ STEP_APPLY_RECORDS = 1000
 
 def check_snapshot_records(records: Iterator[Record]) -> None:
     """Raise CorruptSnapshotError naming the first of a snapshot's data records that the store
-    cannot load: a snapshot of the store holds one valid put per key and nothing else
-    (``KvStore.load_snapshot`` refuses anything else, and a replica that kept such a snapshot
-    could neither apply its log nor start)."""
+    cannot load: a snapshot of the store holds one valid put per key, with its modification
+    offset and version, and nothing else (``KvStore.load_snapshot`` refuses anything else, and a
+    replica that kept such a snapshot could neither apply its log nor start)."""
     for index, record in enumerate(records):
         try:
             op = decode_op(record)
@@ -53,6 +53,10 @@ def check_snapshot_records(records: Iterator[Record]) -> None:
             what = "not a key-value operation" if op is None else f"a {type(op).__name__}"
             raise CorruptSnapshotError(
                 f"data record {index} is {what}: a snapshot of the store holds puts only")
+        try:
+            snapshot_meta(record, 2**63)  # the snapshot's end is checked when it is loaded
+        except KvOpError as error:
+            raise CorruptSnapshotError(f"data record {index}: {error}") from None
 
 
 class StateMachineHost(SnapshotHost, Protocol):
