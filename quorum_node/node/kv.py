@@ -454,8 +454,8 @@ def _compare(index: int, item: Any) -> Compare:
     if not isinstance(result, str):
         raise KvOpError(f"{where}: 'result' must be one of {' '.join(COMPARE_RESULTS)}")
     if not isinstance(operand, str | int):
-        raise KvOpError(f"{where}: {target!r} must be a "
-                        f"{'string' if target == 'value' else 'integer'}")
+        raise KvOpError(f"{where}: a {target} compare needs "
+                        f"{'a string' if target == 'value' else 'a 64-bit integer'}")
     return Compare(key, target, result, operand)
 
 
@@ -726,9 +726,10 @@ class KvStore:
                 return size, event_offset, True
             into.append(KvEvent(event_offset, key, value))
             size += change_size
+            if len(into) >= max_events and (position == len(events)
+                                            or events[position][0] != event_offset):
+                return size, event_offset + 1, True
         if position < len(events):
-            if len(into) >= max_events and events[position][0] != into[-1].offset:
-                return size, events[position][0], True
             return size, events[position][0], False
         return size, max(offset, self.next_offset), True
 
