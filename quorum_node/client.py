@@ -325,7 +325,7 @@ class QuorumClient:
     def txn(self, compare: Sequence[Mapping[str, Any]] = (),
             success: Sequence[Mapping[str, Any]] = (),
             failure: Sequence[Mapping[str, Any]] = ()) -> TxnResult:
-        """A multi-key transaction, etcd's Txn (docs/kv.md#transactions): if every compare
+        """A multi-key transaction, etcd's Txn (README.md, Transactions): if every compare
         (``{"key", "target": "value" | "version" | "mod_offset", "result": "=" | "!=" | "<" |
         ">", <target>: operand}``) holds, the ``success`` operations apply, else the
         ``failure`` ones (``{"op": "put", "key", "value"}``, ``{"op": "delete", "key"}``,

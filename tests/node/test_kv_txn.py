@@ -29,7 +29,9 @@ from quorum_node.node.kv import (
     snapshot_records,
     txn_from_document,
 )
+from quorum_node.node.state_machine import check_snapshot_records
 from quorum_node.raft.records import Record, RecordBatch
+from quorum_node.raft.snapshots import CorruptSnapshotError
 
 
 def ops(base: int, *operations: KvOp) -> RecordBatch:
@@ -252,3 +254,20 @@ def test_a_bad_txn_record_from_a_foreign_writer_changes_nothing() -> None:
     assert store.apply_batch(RecordBatch(base_offset=3, epoch=1, records=(foreign,))) == 0
     assert store.items() == before and store.next_offset == 4
     assert store.outcome(3) is None
+
+
+def test_a_snapshots_versions_are_checked_before_it_is_kept_or_restored() -> None:
+    store = seeded()
+    records = list(snapshot_records(store.snapshot_entries()))
+    check_snapshot_records(iter(records))  # what a follower and quorum-node restore run
+    assert [json.loads(r.value) for r in records] == [
+        {"op": "put", "key": "a", "value": "1", "mod_offset": 2, "version": 2},
+        {"op": "put", "key": "b", "value": "x", "mod_offset": 1, "version": 1}]
+    bad = Record(value=b'{"op":"put","key":"k","value":"v","mod_offset":3,"version":0}',
+                 key=KV_RECORD_KEY)
+    with pytest.raises(CorruptSnapshotError, match=r"data record 0: .*version 0"):
+        check_snapshot_records(iter([bad]))
+    beyond = Record(value=b'{"op":"put","key":"k","value":"v","mod_offset":30,"version":1}',
+                    key=KV_RECORD_KEY)
+    with pytest.raises(KvOpError, match="mod_offset 30"):
+        KvStore().load_snapshot([beyond], next_offset=10)
