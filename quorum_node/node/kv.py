@@ -649,6 +649,10 @@ class KvStore:
         self.events_bytes = 0  # change_bytes of the changes kept
         self.events_start = 0  # every change at or after this offset is kept
         self.next_offset = 0  # every offset below it is applied
+        # The operations of txns beyond one each, applied since the store started or loaded a
+        # snapshot: a txn record costs a replay what its operations do, which the snapshot
+        # policy counts (``quorum_node.node.snapshotting``).
+        self.txn_extra_ops = 0
         self.watchers = WatchIndex()
 
     @property
@@ -761,6 +765,7 @@ class KvStore:
         self.events_bytes = 0
         self.events_start = next_offset  # what changed before is folded into the snapshot
         self.next_offset = next_offset
+        self.txn_extra_ops = 0
         # The changes a waiting watch has not been given are part of the snapshot now.
         self.watchers.end_all(lost=True)
 
@@ -826,7 +831,9 @@ class KvStore:
         if op is None:
             return False
         if isinstance(op, Txn):
-            self._record(offset, self.apply_txn(op, offset))
+            done = self.apply_txn(op, offset)
+            self._record(offset, done)
+            self.txn_extra_ops += max(0, len(op.compares) + len(done.responses) - 1)
             return True
         outcome = self.apply(op, offset)
         self._record(offset, outcome)
