@@ -208,3 +208,12 @@ def test_cli_txn_json_form_and_its_errors(single: Cluster) -> None:
     assert code == 2 and "'success' must be a list" in err
     with QuorumClient(single.bootstrap) as client:
         assert client.get("cj/b") is None
+
+
+def test_cli_txn_interactive_prompts_for_each_part(single: Cluster) -> None:
+    code, out, err = run_cli(single, "txn", "-i",
+                             stdin='ver("ci/a") = "0"\n\nput ci/a 1\n\n\n')
+    assert code == 0
+    assert out.splitlines() == ["SUCCESS", "", "OK"]
+    assert err.splitlines() == ["compares:", "success requests (get, put, del):",
+                                "failure requests (get, put, del):"]
