@@ -15,6 +15,11 @@ absent); it then sets ``value`` (null: deletes the key). A txn (etcd's Txn) runs
 Beside each key's value the store keeps its version (writes since it was created: 1 after the
 first, gone with the key, as etcd's) and its modification offset (the offset of the last
 operation that wrote it, etcd's mod_revision), which a txn compares and a snapshot carries.
+They are counted from the quorum's first txn on (``versions_from``): a key last written before
+it counts as written once, just before it. Replicas came to their state by different roads (a
+replay from the log's start, a snapshot of their own at another offset, a snapshot written
+before versions were kept, which carries none), and only that one offset of the log is the
+same for all of them, so every replica starts counting there alike. Only a txn reads them.
 
 Every other record, and every control batch, is skipped, so the record log can carry
 application records and KV operations side by side. The store is pure and synchronous: the
@@ -48,7 +53,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sortedcontainers import SortedList
 
@@ -653,6 +658,9 @@ class KvStore:
         # snapshot: a txn record costs a replay what its operations do, which the snapshot
         # policy counts (``quorum_node.node.snapshotting``).
         self.txn_extra_ops = 0
+        # The offset of the quorum's first txn, from which versions and modification offsets
+        # are counted alike on every replica; None before it.
+        self.versions_from: int | None = None
         self.watchers = WatchIndex()
 
     @property
@@ -737,19 +745,21 @@ class KvStore:
             return size, events[position][0], False
         return size, max(offset, self.next_offset), True
 
-    def snapshot_entries(self) -> list[SnapshotEntry]:
-        """The map's entries as they are now (value, modification offset, version), for a
-        snapshot written in the background: a shallow copy (the strings are shared), quick
-        enough for the event loop, where sorting and encoding a large map is not
-        (``snapshot_records`` does that, in a thread)."""
+    def snapshot_entries(self) -> SnapshotEntries:
+        """The map's entries as they are now (value, modification offset, version), and where
+        versions are counted from, for a snapshot written in the background: a shallow copy
+        (the strings are shared), quick enough for the event loop, where sorting and encoding a
+        large map is not (``snapshot_records`` does that, in a thread)."""
         meta = self._meta
-        return [(key, value, *meta[key]) for key, value in self._data.items()]
+        return SnapshotEntries([(key, value, *meta[key]) for key, value in self._data.items()],
+                               self.versions_from)
 
     def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
         """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
         data: dict[str, str] = {}
         meta: dict[str, tuple[int, int]] = {}
-        for record in records:
+        versions_from = snapshot_versions_from(records[0]) if records else None
+        for record in records[0 if versions_from is None else 1:]:
             op = decode_op(record)
             if not isinstance(op, Put):
                 raise ValueError(f"a snapshot holds puts only, not {op!r}")
@@ -757,6 +767,7 @@ class KvStore:
             meta[op.key] = snapshot_meta(record, next_offset)
         self._data = data
         self._meta = meta
+        self.versions_from = versions_from
         # The snapshot's records come in key order: sorting them again is a linear pass.
         self._keys = SortedList(data)
         self._outcomes.clear()
@@ -886,6 +897,8 @@ class KvStore:
         """Apply the txn at ``offset``: its compares against the map as it is, then the branch
         they choose, in order (a get sees the branch's writes before it), each write at
         ``offset``. Depends on the map and the txn alone: every replica does the same."""
+        if self.versions_from is None:
+            self._start_versions(offset)
         succeeded = all(compare_holds(c, self._data.get(c.key), *self._version_and_mod(c.key))
                         for c in txn.compares)
         responses = []
@@ -906,6 +919,13 @@ class KvStore:
             responses.append(TxnResponse("put" if isinstance(op, Put) else "delete", op.key,
                                          existed))
         return TxnOutcome(succeeded, tuple(responses))
+
+    def _start_versions(self, offset: int) -> None:
+        """Count versions from the quorum's first txn, at ``offset``: every key counts as
+        written once, just before it (see the module's docstring)."""
+        before = max(offset - 1, 0)
+        self._meta = dict.fromkeys(self._meta, (before, 1))
+        self.versions_from = offset
 
     def _version_and_mod(self, key: str) -> tuple[int, int]:
         mod_offset, version = self.meta(key)
@@ -943,12 +963,28 @@ class KvStore:
 SnapshotEntry = tuple[str, str, int, int]
 
 
-def snapshot_records(entries: list[SnapshotEntry]) -> Iterator[Record]:
-    """A snapshot's data: one put per key, in key order (sorts ``entries`` in place, when the
-    first record is asked for), carrying the key's modification offset and version as the
-    fields ``mod_offset`` and ``version`` (which a put's decoding ignores, so that readers of
-    puts read them alike). Records are made one at a time as the snapshot is framed, never a
-    list of them all."""
+class SnapshotEntries(NamedTuple):
+    """What a snapshot of the store holds: its entries, and ``KvStore.versions_from``."""
+
+    entries: list[SnapshotEntry]
+    versions_from: int | None
+
+
+# A snapshot's first record once the quorum has had a txn: {"op": "versions", "from": OFFSET}.
+VERSIONS_OP = "versions"
+
+
+def snapshot_records(content: SnapshotEntries) -> Iterator[Record]:
+    """A snapshot's data: once the quorum has had a txn, first the offset versions are counted
+    from (``KvStore.versions_from``); then one put per key, in key order (sorts ``entries`` in
+    place, when the first record is asked for), carrying the key's modification offset and
+    version as the fields ``mod_offset`` and ``version`` (which a put's decoding ignores, so
+    that readers of puts read them alike). Records are made one at a time as the snapshot is
+    framed, never a list of them all."""
+    entries, versions_from = content
+    if versions_from is not None:
+        marker = json.dumps({"op": VERSIONS_OP, "from": versions_from}, separators=(",", ":"))
+        yield Record(value=marker.encode("utf-8"), key=KV_RECORD_KEY)
     entries.sort()
     for key, value, mod_offset, version in entries:
         check_key(key)
@@ -957,6 +993,21 @@ def snapshot_records(entries: list[SnapshotEntry]) -> Iterator[Record]:
                     "version": version}
         payload = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         yield Record(value=payload.encode("utf-8"), key=KV_RECORD_KEY)
+
+
+def snapshot_versions_from(record: Record) -> int | None:
+    """The offset versions are counted from if ``record`` is a snapshot's first record saying
+    so (``snapshot_records``); None for any other record."""
+    if record.key != KV_RECORD_KEY or not record.value.startswith(b'{"op":"versions"'):
+        return None
+    try:
+        document = json.loads(record.value)
+    except ValueError:
+        raise KvOpError("a snapshot's versions record is not JSON") from None
+    offset = document.get("from") if isinstance(document, dict) else None
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise KvOpError(f"a snapshot's versions record carries a bad offset {offset!r}")
+    return offset
 
 
 def snapshot_meta(record: Record, end_offset: int) -> tuple[int, int]:

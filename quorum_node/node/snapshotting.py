@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore, SnapshotEntry, snapshot_records
+from quorum_node.node.kv import KvStore, SnapshotEntries, snapshot_records
 from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
@@ -114,15 +114,15 @@ class KvSnapshots:
         task.add_done_callback(self._written)
 
     async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
-                     timestamp_ms: int, entries: list[SnapshotEntry],
+                     timestamp_ms: int, content: SnapshotEntries,
                      txn_extra_ops: int) -> None:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
-        keys = len(entries)
+        keys = len(content.entries)
         # Sorted, encoded and written in the thread, a batch at a time: beside the map, only
         # the copy of its entries is held, never the snapshot whole.
-        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(entries))
-        del entries
+        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(content))
+        del content
         await asyncio.to_thread(snapshots.save_batches, snapshot_id, batches)
         del batches
         size = snapshots.size(snapshot_id)

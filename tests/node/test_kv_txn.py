@@ -40,9 +40,10 @@ def ops(base: int, *operations: KvOp) -> RecordBatch:
 
 
 def seeded() -> KvStore:
-    """a=1 written at offsets 0 and 2 (version 2, mod 2), b=x at offset 1 (version 1)."""
+    """After the quorum's first txn (at offset 0, where versions start), a=1 written at offsets
+    1 and 3 (version 2, mod 3), b=x at offset 2 (version 1)."""
     store = KvStore()
-    store.apply_batch(ops(0, Put("a", "0"), Put("b", "x"), Put("a", "1")))
+    store.apply_batch(ops(0, Txn((), (), ()), Put("a", "0"), Put("b", "x"), Put("a", "1")))
     return store
 
 
@@ -56,11 +57,11 @@ def run(store: KvStore, txn: Txn) -> TxnOutcome:
 
 def test_versions_and_modification_offsets_follow_the_writes() -> None:
     store = seeded()
-    assert store.meta("a") == (2, 2)
-    assert store.meta("b") == (1, 1)
+    assert store.meta("a") == (3, 2)
+    assert store.meta("b") == (2, 1)
     assert store.meta("absent") == (-1, 0)
-    store.apply_batch(ops(3, Delete("a"), Put("a", "again")))
-    assert store.meta("a") == (4, 1)  # a delete ends the key's life: versions start again
+    store.apply_batch(ops(4, Delete("a"), Put("a", "again")))
+    assert store.meta("a") == (5, 1)  # a delete ends the key's life: versions start again
 
 
 @pytest.mark.parametrize(
@@ -74,11 +75,11 @@ def test_versions_and_modification_offsets_follow_the_writes() -> None:
         (Compare("a", "version", "!=", 2), False),
         (Compare("a", "version", "<", 3), True),
         (Compare("a", "version", ">", 2), False),
-        (Compare("a", "mod_offset", "=", 2), True),
-        (Compare("a", "mod_offset", "!=", 1), True),
-        (Compare("a", "mod_offset", "<", 2), False),
-        (Compare("a", "mod_offset", ">", 1), True),
-        (Compare("b", "mod_offset", "=", 1), True),
+        (Compare("a", "mod_offset", "=", 3), True),
+        (Compare("a", "mod_offset", "!=", 2), True),
+        (Compare("a", "mod_offset", "<", 3), False),
+        (Compare("a", "mod_offset", ">", 2), True),
+        (Compare("b", "mod_offset", "=", 2), True),
         # An absent key: version 0, modification offset -1, and no value to compare.
         (Compare("none", "version", "=", 0), True),
         (Compare("none", "mod_offset", "<", 0), True),
@@ -112,28 +113,28 @@ def test_a_branch_applies_at_one_offset_and_gets_see_its_writes_in_order() -> No
               (Put("failed", "1"),))
     outcome = run(store, txn)
     assert outcome == TxnOutcome(True, (
-        TxnResponse("get", "a", True, "1", 2, 2),
+        TxnResponse("get", "a", True, "1", 2, 3),
         TxnResponse("put", "a", True),
-        TxnResponse("get", "a", True, "2", 3, 3),
+        TxnResponse("get", "a", True, "2", 3, 4),
         TxnResponse("delete", "b", True),
         TxnResponse("get", "b", False, None, 0, -1),
         TxnResponse("put", "new", False),
         TxnResponse("delete", "never", False),
     ))
     assert store.items() == [("a", "2"), ("new", "n")]
-    assert store.meta("a") == (3, 3) and store.meta("new") == (3, 1)
+    assert store.meta("a") == (4, 3) and store.meta("new") == (4, 1)
     # One change per key written, all at the txn's offset (the absent key's delete is none).
     events: list[KvEvent] = []
-    store.changes(3, "", False, into=events, size=0, max_events=100, max_bytes=1 << 20,
+    store.changes(4, "", False, into=events, size=0, max_events=100, max_bytes=1 << 20,
                   max_scanned=100)
-    assert events == [KvEvent(3, "a", "2"), KvEvent(3, "b", None), KvEvent(3, "new", "n")]
+    assert events == [KvEvent(4, "a", "2"), KvEvent(4, "b", None), KvEvent(4, "new", "n")]
 
 
 def test_the_failure_branch_runs_when_a_compare_fails() -> None:
     store = seeded()
-    outcome = run(store, Txn((Compare("a", "mod_offset", ">", 2),), (Put("a", "no"),),
+    outcome = run(store, Txn((Compare("a", "mod_offset", ">", 3),), (Put("a", "no"),),
                              (Get("a"), Delete("a"))))
-    assert outcome == TxnOutcome(False, (TxnResponse("get", "a", True, "1", 2, 2),
+    assert outcome == TxnOutcome(False, (TxnResponse("get", "a", True, "1", 2, 3),
                                          TxnResponse("delete", "a", True)))
     assert store.get("a") is None
 
@@ -177,6 +178,45 @@ def test_an_old_snapshot_without_versions_loads_alike_on_every_replica() -> None
     store = KvStore()
     store.load_snapshot([old], next_offset=10)
     assert store.meta("k") == (9, 1)
+
+
+def test_replicas_that_came_by_different_roads_decide_a_txn_alike() -> None:
+    # One log: "k" written three times, then a txn comparing its version and mod offset. One
+    # replica replays it all; one loaded a snapshot written before versions were kept (at 2);
+    # one a snapshot of its own at another offset. Each must decide the txn as the others do.
+    history = [Put("k", "1"), Put("k", "2"), Put("other", "x"), Put("k", "3")]
+    txn = Txn((Compare("k", "version", "=", 1), Compare("k", "mod_offset", "=", 3)),
+              (Put("decided", "yes"),), (Put("decided", "no"),))
+    replayed = KvStore()
+    replayed.apply_batch(ops(0, *history, txn))
+    legacy = KvStore()
+    legacy.load_snapshot([Record(value=b'{"op":"put","key":"k","value":"2"}',
+                                 key=KV_RECORD_KEY)], next_offset=2)
+    legacy.apply_batch(ops(2, *history[2:], txn))
+    partial = KvStore()
+    partial.apply_batch(ops(0, *history[:3]))
+    own = KvStore()
+    own.load_snapshot(list(snapshot_records(partial.snapshot_entries())),
+                      next_offset=3)
+    own.apply_batch(ops(3, *history[3:], txn))
+    for store in (replayed, legacy, own):
+        assert store.versions_from == 4
+        assert [store.meta(key) for key in ("k", "other", "decided")] == \
+            [(3, 1), (3, 1), (4, 1)]
+        assert store.outcome(4) == replayed.outcome(4)
+    # After the first txn, a snapshot carries where versions are counted from, even of an
+    # empty map, so that a replica loading it does not start counting again at the next txn.
+    emptied = KvStore()
+    emptied.apply_batch(ops(0, Put("k", "1"), Txn((), (Delete("k"),), ())))
+    records = list(snapshot_records(emptied.snapshot_entries()))
+    check_snapshot_records(iter(records))
+    reloaded = KvStore()
+    reloaded.load_snapshot(records, next_offset=2)
+    later = [Put("k", "a"), Put("k", "b"), Txn((Compare("k", "version", "=", 2),),
+                                               (Put("decided", "yes"),), ())]
+    for store in (emptied, reloaded):
+        store.apply_batch(ops(2, *later))
+        assert store.versions_from == 1 and store.get("decided") == "yes"
 
 
 def test_a_txn_round_trips_through_its_record() -> None:
@@ -251,9 +291,9 @@ def test_a_bad_txn_record_from_a_foreign_writer_changes_nothing() -> None:
     foreign = Record(value=json.dumps({"op": "txn", "compare": [], "success": [
         {"op": "put", "key": "a", "value": "x"}, {"op": "put", "key": "a", "value": "y"}],
         "failure": []}).encode(), key=KV_RECORD_KEY)
-    assert store.apply_batch(RecordBatch(base_offset=3, epoch=1, records=(foreign,))) == 0
-    assert store.items() == before and store.next_offset == 4
-    assert store.outcome(3) is None
+    assert store.apply_batch(RecordBatch(base_offset=4, epoch=1, records=(foreign,))) == 0
+    assert store.items() == before and store.next_offset == 5
+    assert store.outcome(4) is None
 
 
 def test_a_snapshots_versions_are_checked_before_it_is_kept_or_restored() -> None:
@@ -261,8 +301,15 @@ def test_a_snapshots_versions_are_checked_before_it_is_kept_or_restored() -> Non
     records = list(snapshot_records(store.snapshot_entries()))
     check_snapshot_records(iter(records))  # what a follower and quorum-node restore run
     assert [json.loads(r.value) for r in records] == [
-        {"op": "put", "key": "a", "value": "1", "mod_offset": 2, "version": 2},
-        {"op": "put", "key": "b", "value": "x", "mod_offset": 1, "version": 1}]
+        {"op": "versions", "from": 0},
+        {"op": "put", "key": "a", "value": "1", "mod_offset": 3, "version": 2},
+        {"op": "put", "key": "b", "value": "x", "mod_offset": 2, "version": 1}]
+    reloaded = KvStore()
+    reloaded.load_snapshot(records, next_offset=4)
+    assert reloaded.versions_from == 0 and reloaded.meta("a") == (3, 2)
+    # The versions record is a snapshot's first record, or nothing the store loads.
+    with pytest.raises(CorruptSnapshotError, match="data record 1"):
+        check_snapshot_records(iter([records[1], records[0]]))
     bad = Record(value=b'{"op":"put","key":"k","value":"v","mod_offset":3,"version":0}',
                  key=KV_RECORD_KEY)
     with pytest.raises(CorruptSnapshotError, match=r"data record 0: .*version 0"):

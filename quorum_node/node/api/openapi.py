@@ -158,7 +158,9 @@ SCHEMAS: dict[str, Any] = {
         "description": "Whether the key's value (a string; never holds for an absent key), "
                        "version (writes since it was created; 0: absent) or mod_offset (the "
                        "offset that last wrote it; -1: absent) stands in 'result' to the "
-                       "operand, given under the target's name.",
+                       "operand, given under the target's name. Versions and offsets count "
+                       "from the quorum's first transaction: a key last written before it "
+                       "counts as written once, just before it.",
         "type": "object", "required": ["key", "target", "result"],
         "properties": {
             "key": {"type": "string", "minLength": 1},
