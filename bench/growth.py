@@ -9,7 +9,8 @@ Each figure is a measurement, printed and written as JSON; nothing asserts one.
   (batches of 1000), then one follower is stopped (SIGTERM) and started again: the seconds from
   its start until its own store serves a key written after the records (a stale read on it).
 - ``kv``: a 3-voter quorum (a snapshot every 200,000 records, fewer for fewer keys; 8 MiB
-  segments) is loaded with ``--keys`` keys of 100-byte values; then each node's RSS;
+  segments) is loaded with ``--keys`` keys of 100-byte values (from 8 clients, transactions of
+  128 puts, as etcd is: ``load_keys_per_s``); then each node's RSS;
   linearizable reads/s (p50/p99, CPU per read) from 64 clients in ``--client-processes``
   processes; a follower restarted over its snapshot and log tail (start
   until it serves the last key; its log's "loaded snapshot" line says how long the snapshot
@@ -140,9 +141,10 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         leader = wait_for_leader(system, QUORUM)
         target = system.target(QUORUM, leader)
         print(f"quorum: loading {keys:,} keys", file=sys.stderr, flush=True)
-        load_s = load_keys(target, keys, 64, processes)
+        load_s = load_keys(target, keys, 8, processes)
         time.sleep(3)  # a snapshot may be being written
         result: dict[str, Any] = {"keys": keys, "load_s": load_s,
+                                  "load_keys_per_s": keys / load_s,
                                   "rss_mb": rss_mb(list(system.pids.values()))}
         print("quorum: linearizable reads", file=sys.stderr, flush=True)
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
@@ -183,6 +185,7 @@ def etcd_growth(base_port: int, keys: int, seconds: float, processes: int) -> di
         print(f"etcd: loading {keys:,} keys", file=sys.stderr, flush=True)
         load_s = load_keys(target, keys, 8, processes)
         result: dict[str, Any] = {"keys": keys, "load_s": load_s,
+                                  "load_keys_per_s": keys / load_s,
                                   "rss_mb": rss_mb(list(system.pids.values()))}
         print("etcd: linearizable ranges", file=sys.stderr, flush=True)
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
@@ -247,6 +250,8 @@ def print_summary(results: dict[str, Any]) -> None:
         ("  CPU until serving (s)", pick(log, "restart_cpu_s"), None),
         (f"start over {keys} (s)", pick(kv, "restart_s"), pick(etcd, "restart_s")),
         ("  CPU until serving (s)", pick(kv, "restart_cpu_s"), pick(etcd, "restart_cpu_s")),
+        ("load keys/s, 8 clients, 128-put txns", pick(kv, "load_keys_per_s"),
+         pick(etcd, "load_keys_per_s")),
         (f"RSS with {keys}, largest (MB)", max(kv["rss_mb"]) if kv else None,
          max(etcd["rss_mb"]) if etcd else None),
         ("linearizable reads/s, 64 clients", pick(kv, "reads_64", "per_s"),

@@ -4,6 +4,10 @@
         client.put("colour", "blue")
         client.get("colour")                 # 'blue', linearizable
         client.cas("colour", "blue", "red")  # WriteResult(applied=True, ...)
+        client.txn(compare=[{"key": "colour", "target": "version", "result": ">",
+                             "version": 1}],
+                   success=[{"op": "put", "key": "shade", "value": "dark"}],
+                   failure=[{"op": "get", "key": "colour"}])  # TxnResult(succeeded=True, ...)
         first, last = client.append([b"a", b"b"])
         client.read(first, wait_ms=1000).records
         client.list_keys("col").entries      # [('colour', 'red')]: one page
@@ -16,8 +20,8 @@ leader it found), and retries across the list with a bounded exponential back-of
 ``timeout_s`` per call, whenever a try is known not to have taken effect: the node could not be
 reached, knew no leader, was shutting down, or the leader lost the append to a new leader.
 When a connection breaks after a request was sent, its outcome is unknown: reads, puts and
-deletes are retried all the same (idempotent, as HTTP's GET, PUT and DELETE are), but a cas or
-an append is not, as it could apply twice: that raises QuorumClientError with code
+deletes are retried all the same (idempotent, as HTTP's GET, PUT and DELETE are), but a cas, a
+txn or an append is not, as it could apply twice: that raises QuorumClientError with code
 OUTCOME_UNKNOWN. A write the node timed out on (code TIMEOUT) may still commit and is never
 retried; a read is.
 
@@ -97,6 +101,19 @@ class WriteResult:
     offset: int
     epoch: int
     applied: bool
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """A committed transaction: whether every compare held (the success operations ran, else
+    the failure ones) and each operation's answer, as the HTTP API gives it: ``{"op": "get",
+    "key", "value" (None: absent), "version", "mod_offset"}``, ``{"op": "put", "key",
+    "existed"}``, ``{"op": "delete", "key", "deleted"}``."""
+
+    succeeded: bool
+    responses: list[dict[str, Any]]
+    offset: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -304,6 +321,24 @@ class QuorumClient:
         body = json.dumps({"expected": expected, "value": value}).encode()
         return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
                                         content_type="application/json"), "applied")
+
+    def txn(self, compare: Sequence[Mapping[str, Any]] = (),
+            success: Sequence[Mapping[str, Any]] = (),
+            failure: Sequence[Mapping[str, Any]] = ()) -> TxnResult:
+        """A multi-key transaction, etcd's Txn (README.md, Transactions): if every compare
+        (``{"key", "target": "value" | "version" | "mod_offset", "result": "=" | "!=" | "<" |
+        ">", <target>: operand}``) holds, the ``success`` operations apply, else the
+        ``failure`` ones (``{"op": "put", "key", "value"}``, ``{"op": "delete", "key"}``,
+        ``{"op": "get", "key"}``), all at one offset. Never retried once sent (as a cas)."""
+        if self.protocol == "binary":
+            offset, epoch, succeeded, responses = self._call_stream(
+                wire.Op.TXN, _txn_fields(compare, success, failure))
+            return TxnResult(succeeded, [_txn_response(r) for r in responses], offset, epoch)
+        body = json.dumps({"compare": list(compare), "success": list(success),
+                           "failure": list(failure)}).encode()
+        answer = self._call("POST", "/v1/txn", body=body, content_type="application/json")
+        return TxnResult(_field(answer, "succeeded", bool), _field(answer, "responses", list),
+                         _field(answer, "offset", int), _field(answer, "epoch", int))
 
     def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
                   stale: bool = False) -> KeyPage:
@@ -819,6 +854,57 @@ def _u64(value: int, name: str) -> int:
     return value
 
 
+def _txn_fields(compare: Sequence[Mapping[str, Any]], success: Sequence[Mapping[str, Any]],
+                failure: Sequence[Mapping[str, Any]]) -> tuple[Any, ...]:
+    """A txn's compares and operations as the TXN request's fields (the node checks them as it
+    checks the HTTP API's body; here only what the framing needs)."""
+    compares = []
+    for index, item in enumerate(_txn_list("compare", compare)):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"compare[{index}]: expected an object")
+        target = item.get("target")
+        operand = item.get(target) if isinstance(target, str) else None
+        text = operand if target == "value" else None
+        number = None if target == "value" else operand
+        if not (isinstance(item.get("key"), str) and isinstance(target, str)
+                and isinstance(item.get("result"), str) and (text is None or isinstance(text, str))
+                and (number is None or (isinstance(number, int) and not isinstance(number, bool)
+                                        and -2**63 <= number < 2**63))):
+            raise ValueError(f"compare[{index}]: expected {{\"key\": str, \"target\": str, "
+                             f"\"result\": str, <target>: str or 64-bit integer}}")
+        compares.append((item["key"], target, item["result"], text, number))
+    return compares, _txn_op_fields("success", success), _txn_op_fields("failure", failure)
+
+
+def _txn_op_fields(name: str, ops: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    fields = []
+    for index, op in enumerate(_txn_list(name, ops)):
+        if not isinstance(op, Mapping):
+            raise ValueError(f"{name}[{index}]: expected an object")
+        kind, key, value = op.get("op"), op.get("key"), op.get("value")
+        if not (isinstance(kind, str) and isinstance(key, str)
+                and (value is None or isinstance(value, str))):
+            raise ValueError(f"{name}[{index}]: expected {{\"op\": str, \"key\": str, "
+                             f"\"value\": str (a put's)}}")
+        fields.append((kind, key, value))
+    return fields
+
+
+def _txn_list(name: str, items: Any) -> Sequence[Any]:
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+        raise ValueError(f"{name!r} must be a list")
+    return items
+
+
+def _txn_response(fields: tuple[Any, ...]) -> dict[str, Any]:
+    """A TXN answer's response as the HTTP API's JSON (``txn_response_json``)."""
+    op, key, found, value, version, mod_offset = fields
+    if op == "get":
+        return {"op": "get", "key": key, "value": value, "version": version,
+                "mod_offset": mod_offset}
+    return {"op": op, "key": key, ("existed" if op == "put" else "deleted"): found}
+
+
 def _http_answer(answer: _WireAnswer) -> dict[str, Any]:
     """A stream call's answer as the HTTP API's JSON answer to the same call."""
     op, key, fields = answer.op, answer.key, answer.fields
@@ -826,6 +912,10 @@ def _http_answer(answer: _WireAnswer) -> dict[str, Any]:
         offset, epoch, applied = fields
         return {"key": key, "offset": offset, "epoch": epoch,
                 ("deleted" if op is wire.Op.DELETE else "applied"): applied}
+    if op is wire.Op.TXN:
+        offset, epoch, succeeded, responses = fields
+        return {"succeeded": succeeded, "responses": [_txn_response(r) for r in responses],
+                "offset": offset, "epoch": epoch}
     if op is wire.Op.GET:
         value, applied_offset = fields
         if value is None:

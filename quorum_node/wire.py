@@ -61,6 +61,7 @@ class Op(enum.IntEnum):
     READ = 6
     LIST = 7
     WATCH = 8
+    TXN = 9
 
 
 class WireError(ValueError):
@@ -82,6 +83,11 @@ REQUEST_FIELDS: Final[dict[Op, Schema]] = {
     Op.LIST: ("str", "opt_str", "u32", "bool"),  # prefix, start_after, limit, stale
     # exact (a key, else a prefix), key or prefix, offset, wait_ms, max_events
     Op.WATCH: ("bool", "str", "u64", "u32", "u32"),
+    # compares (key, target, result, value for a value target, number for a version or
+    # mod_offset one), then the success and the failure operations (op: put, delete or get,
+    # key, value: a put's only)
+    Op.TXN: (("list", ("str", "str", "str", "opt_str", "opt_i64")),
+             ("list", ("str", "str", "opt_str")), ("list", ("str", "str", "opt_str"))),
 }
 _WRITE: Final[Schema] = ("u64", "u64", "bool")  # offset, epoch, applied
 RESPONSE_FIELDS: Final[dict[Op, Schema]] = {
@@ -96,6 +102,9 @@ RESPONSE_FIELDS: Final[dict[Op, Schema]] = {
     Op.LIST: (("list", ("str", "str")), "opt_str", "i64"),
     # events (offset, key, value; None: deleted), next_offset, applied_offset
     Op.WATCH: (("list", ("u64", "str", "opt_str")), "u64", "i64"),
+    # offset, epoch, succeeded, responses (op, key, found: a put's key existed, a delete
+    # deleted one, a get's key is present; value, version, mod_offset: a get's)
+    Op.TXN: ("u64", "u64", "bool", ("list", ("str", "str", "bool", "opt_str", "i64", "i64"))),
 }
 # code, message, leader (present on NOT_LEADER and NO_LEADER): id, url
 ERROR_FIELDS: Final[Schema] = ("str", "str", "bool", "opt_i64", "opt_str")

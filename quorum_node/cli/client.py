@@ -3,16 +3,38 @@
 It follows the conventions of every ``quorum-*`` tool (``quorum_node.cli.common``): ``-b``,
 ``--timeout SECONDS``, ``--json`` printing the API's answers and error bodies, ``-`` for stdin,
 ``--version``, ``--print-completion``. Exit codes: 0 done, 1 the request failed, 2 bad usage,
-3 the key was not found or a cas (or delete) did not apply, 130 interrupted. Errors are one line
-on stderr.
+3 the key was not found or a cas (or delete, or a txn's compares) did not apply, 130
+interrupted. Errors are one line on stderr.
+
+``txn`` reads a transaction from stdin as etcdctl's ``txn`` does: compares, a blank line, the
+success requests, a blank line, the failure requests, a blank line (or the end)::
+
+    mod("k1") > "0"
+    value("k2") = "v"
+
+    put k1 "a value"
+    del k2
+
+    get k1
+
+A compare is ``value|version|mod("KEY") =|!=|<|> "OPERAND"`` (``mod`` is the modification
+offset; keys and operands are JSON strings); a request is ``put KEY VALUE``, ``del KEY`` or
+``get KEY`` (words split as a shell does). Input starting with ``{`` is instead the API's JSON
+body (``POST /v1/txn``). It prints SUCCESS or FAILURE, then each request's answer (``OK`` for a
+put, the number of keys deleted, a get's key and value), separated by blank lines; ``--json``
+prints the API's answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from quorum_node.cli.common import (
     BOOTSTRAP_ENV,
@@ -44,6 +66,7 @@ from quorum_node.client import (
     DEFAULT_WINDOW,
     QuorumClient,
     QuorumClientError,
+    TxnResult,
     WriteResult,
     parse_bootstrap,
 )
@@ -55,7 +78,7 @@ _EPILOG = f"""\
 Any node will do: requests that need the leader are redirected to it. The default servers are
 ${BOOTSTRAP_ENV}, else those of the quorum-node local in ./{LOCAL_DATA_DIR}, else
 {DEFAULT_BOOTSTRAP}. A value of '-' is read from stdin. Exit codes:
-0 done, 1 the request failed, 2 bad usage, 3 key not found or cas/delete not applied,
+0 done, 1 the request failed, 2 bad usage, 3 key not found or cas/delete/txn not applied,
 {EXIT_INTERRUPTED} interrupted (a write may still commit: read it back).
 """
 
@@ -110,6 +133,12 @@ def _build_parser() -> argparse.ArgumentParser:
     value.add_argument("--value-file", type=Path, metavar="PATH",
                        help="the value to set, read from PATH")
     value.add_argument("--delete", action="store_true", help="delete KEY instead")
+
+    txn = command("txn", _txn, "A multi-key transaction, read from stdin as etcdctl's txn "
+                  "reads it: compares, a blank line, success requests, a blank line, failure "
+                  "requests (or the API's JSON body); exit 3 if the compares did not hold.")
+    txn.add_argument("--interactive", "-i", action="store_true",
+                     help="prompt for each part on stderr (as etcdctl txn -i)")
 
     listing = command("list", _list, "Print the keys under a prefix with their values, "
                       "KEY<TAB>VALUE, in key order (linearizable unless --stale); newlines, "
@@ -175,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 return run(client, args)
             except KeyboardInterrupt:
-                if args.run in (_put, _load, _delete, _cas, _append):
+                if args.run in (_put, _load, _delete, _cas, _append, _txn):
                     raise CliError("interrupted: the write may still commit (read it back to "
                                    "know)", EXIT_INTERRUPTED, api_code="OUTCOME_UNKNOWN") \
                         from None
@@ -257,6 +286,113 @@ def _cas(client: QuorumClient, args: argparse.Namespace) -> int:
     value = None if args.delete else read_value(args.value, args.value_file)
     return _write_answer(client, args, client.cas(args.key, expected, value), "applied",
                          "not applied")
+
+
+# etcdctl's compare: TARGET("KEY") RESULT "OPERAND", the key and operand JSON strings.
+_COMPARE_LINE = re.compile(r'\s*(\w+)\(\s*("(?:[^"\\]|\\.)*")\s*\)\s*(!=|=|<|>)\s*(\S.*?)\s*')
+_COMPARE_TARGETS = {"value": "value", "version": "version", "ver": "version",
+                    "mod": "mod_offset"}
+_TXN_PROMPTS = ("compares:", "success requests (get, put, del):",
+                "failure requests (get, put, del):")
+
+
+def _txn(client: QuorumClient, args: argparse.Namespace) -> int:
+    document = _txn_input(args.interactive)
+    result = client.txn(document.get("compare", ()), document.get("success", ()),
+                        document.get("failure", ()))
+    if args.json:
+        emit_json(client.last_answer)
+    else:
+        _print_txn(result)
+    return EXIT_OK if result.succeeded else EXIT_FALSE
+
+
+def _txn_input(interactive: bool) -> dict[str, Any]:
+    """The txn read from stdin: the API's JSON body, or etcdctl's three blank-line-ended
+    parts."""
+    if not interactive:
+        text = read_value(STDIN_VALUE, None, what="txn")
+        if text.lstrip().startswith("{"):
+            try:
+                document = json.loads(text)
+            except ValueError as error:
+                raise CliError(f"the txn is not valid JSON: {error}", EXIT_USAGE,
+                               api_code="BAD_REQUEST") from None
+            if not isinstance(document, dict):
+                raise CliError("the txn's JSON must be an object", EXIT_USAGE,
+                               api_code="BAD_REQUEST")
+            return document
+        lines = iter(enumerate(text.split("\n"), 1))
+    else:
+        lines = iter(enumerate(iter(sys.stdin.readline, ""), 1))
+    parts: list[list[tuple[int, str]]] = []
+    for prompt in _TXN_PROMPTS:
+        if interactive:
+            print(prompt, file=sys.stderr, flush=True)
+        part: list[tuple[int, str]] = []
+        for number, line in lines:
+            if not line.strip():
+                break
+            part.append((number, line.rstrip("\r\n")))
+        parts.append(part)
+    compares, success, failure = parts
+    return {"compare": [_parse_compare(number, line) for number, line in compares],
+            "success": [_parse_request(number, line) for number, line in success],
+            "failure": [_parse_request(number, line) for number, line in failure]}
+
+
+def _txn_usage(number: int, message: str) -> CliError:
+    return CliError(f"line {number}: {message}", EXIT_USAGE, api_code="BAD_REQUEST")
+
+
+def _parse_compare(number: int, line: str) -> dict[str, Any]:
+    match = _COMPARE_LINE.fullmatch(line)
+    if match is None:
+        raise _txn_usage(number, f'expected TARGET("KEY") =|!=|<|> "OPERAND", got {line[:60]!r}')
+    name, quoted_key, result, quoted_operand = match.groups()
+    target = _COMPARE_TARGETS.get(name)
+    if target is None:
+        raise _txn_usage(number, f"unknown compare target {name!r} (value, version or mod)")
+    try:
+        key = json.loads(quoted_key)
+        operand: Any = json.loads(quoted_operand) if quoted_operand.startswith('"') \
+            else quoted_operand
+    except ValueError as error:
+        raise _txn_usage(number, f"not a JSON string: {error}") from None
+    if target != "value":
+        try:
+            operand = int(operand)
+        except ValueError:
+            raise _txn_usage(number, f"a {name} compare needs an integer, got "
+                                     f"{operand!r}") from None
+    return {"key": key, "target": target, "result": result, target: operand}
+
+
+def _parse_request(number: int, line: str) -> dict[str, Any]:
+    try:
+        words = shlex.split(line)
+    except ValueError as error:
+        raise _txn_usage(number, str(error)) from None
+    if words[:1] == ["put"] and len(words) == 3:
+        return {"op": "put", "key": words[1], "value": words[2]}
+    if words[:1] in (["del"], ["get"]) and len(words) == 2:
+        return {"op": "delete" if words[0] == "del" else "get", "key": words[1]}
+    raise _txn_usage(number, f"expected 'put KEY VALUE', 'del KEY' or 'get KEY', got "
+                             f"{line[:60]!r}")
+
+
+def _print_txn(result: TxnResult) -> None:
+    """As etcdctl prints a txn: SUCCESS or FAILURE, then each response after a blank line."""
+    print("SUCCESS" if result.succeeded else "FAILURE")
+    for response in result.responses:
+        print()
+        if response["op"] == "put":
+            print("OK")
+        elif response["op"] == "delete":
+            print(1 if response["deleted"] else 0)
+        elif response["value"] is not None:
+            _print_utf8(response["key"])
+            _print_utf8(response["value"])
 
 
 def _get(client: QuorumClient, args: argparse.Namespace) -> int:

@@ -5,16 +5,31 @@ A KV operation is a record whose key is ``KV_RECORD_KEY`` and whose value is one
     {"op": "put", "key": K, "value": V}
     {"op": "delete", "key": K}
     {"op": "cas", "key": K, "expected": E or null, "value": V or null}
+    {"op": "txn", "compare": [...], "success": [...], "failure": [...]}
 
 A cas applies only when the key's current value equals ``expected`` (null: the key must be
-absent); it then sets ``value`` (null: deletes the key). Every other record, and every control
-batch, is skipped, so the record log can carry application records and KV operations side by
-side. The store is pure and synchronous: the same committed records in the same order give the
-same map on every replica. It lives in memory and is rebuilt from the log at start-up.
+absent); it then sets ``value`` (null: deletes the key). A txn (etcd's Txn) runs its
+``success`` operations if every compare holds, else its ``failure`` ones, all at its one offset
+(see ``Txn`` for its shape and bounds).
 
-Each applied operation leaves an ``Outcome`` under its offset, so that the API that wrote it can
-tell its caller whether a cas applied. Outcomes are kept for the most recent ``outcome_limit``
-operations only (writers collect theirs as soon as their offset is applied).
+Beside each key's value the store keeps its version (writes since it was created: 1 after the
+first, gone with the key, as etcd's) and its modification offset (the offset of the last
+operation that wrote it, etcd's mod_revision), which a txn compares and a snapshot carries.
+They are counted from the quorum's first txn on (``versions_from``): a key last written before
+it counts as written once, just before it. Replicas came to their state by different roads (a
+replay from the log's start, a snapshot of their own at another offset, a snapshot written
+before versions were kept, which carries none), and only that one offset of the log is the
+same for all of them, so every replica starts counting there alike. Only a txn reads them.
+
+Every other record, and every control batch, is skipped, so the record log can carry
+application records and KV operations side by side. The store is pure and synchronous: the
+same committed records in the same order give the same map on every replica. It lives in memory
+and is rebuilt from the log at start-up.
+
+Each applied operation leaves an ``Outcome`` (a txn a ``TxnOutcome``) under its offset, so that
+the API that wrote it can tell its caller whether a cas applied. Outcomes are kept for the most
+recent ``outcome_limit`` operations only (writers collect theirs as soon as their offset is
+applied).
 
 Each change of the map is also kept, in its change history, which a watch reads from an offset
 on: the most recent ``event_limit`` changes, and no more than ``event_bytes_limit`` bytes of them
@@ -38,7 +53,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sortedcontainers import SortedList
 
@@ -62,6 +77,17 @@ CHANGE_OVERHEAD_BYTES = 64
 # valid cas can take: a key and two values, each character escaped at worst as \uXXXX.
 MAX_OP_DEPTH = 32
 MAX_OP_BYTES = 6 * (MAX_KEY_BYTES + 2 * MAX_VALUE_BYTES) + 256
+# A txn's bounds: operations in its compare list and in each branch (etcd's --max-txn-ops
+# default), and the UTF-8 bytes of every key and value it names, which bounds the record (the
+# log's batch bound is 8 MiB) and what applying it costs every replica.
+MAX_TXN_OPS = 128
+MAX_TXN_BYTES = 2 * 1024 * 1024
+# The record's JSON, escapes and framing included (what one append may carry): only text full
+# of control characters, which JSON escapes six-fold, reaches it within MAX_TXN_BYTES.
+MAX_TXN_RECORD_BYTES = 4 * 1024 * 1024
+# An absent key's version and modification offset in a compare (offsets start at 0).
+ABSENT_VERSION = 0
+ABSENT_MOD_OFFSET = -1
 
 
 class KvOpError(ValueError):
@@ -90,7 +116,49 @@ class Cas:
     value: str | None  # None: delete the key
 
 
-KvOp = Put | Delete | Cas
+@dataclass(frozen=True, slots=True)
+class Get:
+    """A txn's read of a key, answered with its value, version and modification offset as they
+    are at that point of the txn (after the branch's operations before it)."""
+
+    key: str
+
+
+COMPARE_TARGETS = ("value", "version", "mod_offset")
+COMPARE_RESULTS = ("=", "!=", "<", ">")
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """Whether ``key``'s ``target`` stands in ``result`` to ``operand``: a string for a value
+    (compared as etcd does, by code point, which is UTF-8 byte order), an integer for a
+    version or a modification offset. An absent key has version ABSENT_VERSION and
+    modification offset ABSENT_MOD_OFFSET; a compare of an absent key's value never holds,
+    whatever its result (etcd's rule)."""
+
+    key: str
+    target: str  # one of COMPARE_TARGETS
+    result: str  # one of COMPARE_RESULTS
+    operand: str | int
+
+
+TxnOp = Put | Delete | Get
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """etcd's Txn: if every compare holds, the ``success`` operations apply, in order, else the
+    ``failure`` ones, all at the txn's one offset (each key written gets it as its modification
+    offset). Bounds (``check_txn``): at most MAX_TXN_OPS compares and as many operations in each
+    branch, at most MAX_TXN_BYTES of keys and values in all, and no key put or deleted twice in
+    one branch (etcd refuses those too: the outcome would depend on the order)."""
+
+    compares: tuple[Compare, ...]
+    success: tuple[TxnOp, ...]
+    failure: tuple[TxnOp, ...]
+
+
+KvOp = Put | Delete | Cas | Txn
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +168,29 @@ class Outcome:
 
     applied: bool
     existed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResponse:
+    """What one operation of a txn's branch did: for a get, the key's value (None: absent),
+    version and modification offset; for a delete, ``found`` is whether the key existed; for a
+    put, whether it existed before."""
+
+    op: str  # "put", "delete" or "get"
+    key: str
+    found: bool
+    value: str | None = None
+    version: int = ABSENT_VERSION
+    mod_offset: int = ABSENT_MOD_OFFSET
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOutcome:
+    """What an applied txn did: whether its compares held (its success branch ran) and what each
+    operation of the branch that ran answered."""
+
+    succeeded: bool
+    responses: tuple[TxnResponse, ...]
 
 
 # Outcomes are immutable and only four: shared, not made for each of the millions of operations
@@ -133,6 +224,9 @@ def _utf8_size(text: str, what: str) -> int:
 
 def check_op(op: KvOp) -> None:
     """Raise KvOpError if ``op`` breaks a limit (what the API refuses before appending)."""
+    if isinstance(op, Txn):
+        check_txn(op)
+        return
     check_key(op.key)
     if isinstance(op, Put):
         check_value(op.value)
@@ -150,10 +244,15 @@ def encode_op(op: KvOp) -> Record:
         document = {"op": "put", "key": op.key, "value": op.value}
     elif isinstance(op, Delete):
         document = {"op": "delete", "key": op.key}
-    else:
+    elif isinstance(op, Cas):
         document = {"op": "cas", "key": op.key, "expected": op.expected, "value": op.value}
-    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-    return Record(value=payload.encode("utf-8"), key=KV_RECORD_KEY)
+    else:
+        document = {"op": "txn", **txn_document(op)}
+    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if isinstance(op, Txn) and len(payload) > MAX_TXN_RECORD_BYTES:
+        raise KvOpError(f"the txn's record of {len(payload)} bytes (JSON escapes included) "
+                        f"exceeds the limit of {MAX_TXN_RECORD_BYTES} bytes", too_large=True)
+    return Record(value=payload, key=KV_RECORD_KEY)
 
 
 def decode_op(record: Record) -> KvOp | None:
@@ -172,6 +271,12 @@ def decode_op(record: Record) -> KvOp | None:
     if not isinstance(document, dict):
         raise KvOpError("not a JSON object")
     kind = document.get("op")
+    if kind == "txn":
+        if len(record.value) > MAX_TXN_RECORD_BYTES:
+            raise KvOpError(f"a txn of {len(record.value)} bytes exceeds {MAX_TXN_RECORD_BYTES} "
+                            f"bytes")
+        return txn_from_document({name: value for name, value in document.items()
+                                  if name != "op"})
     key = document.get("key")
     if not isinstance(key, str):
         raise KvOpError("'key' must be a string")
@@ -229,6 +334,171 @@ def _optional_string(document: dict[str, Any], name: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise KvOpError(f"{name!r} must be a string or null")
+
+
+# --- transactions ----------------------------------------------------------------------------
+
+_TXN_FIELDS = frozenset({"compare", "success", "failure"})
+_TXN_OP_FIELDS = {"put": {"op", "key", "value"}, "delete": {"op", "key"}, "get": {"op", "key"}}
+
+
+def check_txn(txn: Txn) -> None:
+    """Raise KvOpError if ``txn`` breaks a bound (see ``Txn``)."""
+    for name, items in (("compare", txn.compares), ("success", txn.success),
+                        ("failure", txn.failure)):
+        if len(items) > MAX_TXN_OPS:
+            raise KvOpError(f"{len(items)} operations in '{name}' exceed the limit of "
+                            f"{MAX_TXN_OPS}", too_large=True)
+    size = 0
+    for index, compare in enumerate(txn.compares):
+        size += _checked_compare(index, compare)
+    for name, branch in (("success", txn.success), ("failure", txn.failure)):
+        written: set[str] = set()
+        for index, op in enumerate(branch):
+            where = f"{name}[{index}]"
+            size += _checked_size(where, check_key, op.key)
+            if isinstance(op, Put):
+                size += _checked_size(where, check_value, op.value)
+            if not isinstance(op, Get):
+                if op.key in written:
+                    raise KvOpError(f"{where}: key {op.key!r} is put or deleted more than once "
+                                    f"in '{name}'")
+                written.add(op.key)
+    if size > MAX_TXN_BYTES:
+        raise KvOpError(f"{size} bytes of keys and values exceed the limit of {MAX_TXN_BYTES} "
+                        f"bytes per txn", too_large=True)
+
+
+def _checked_compare(index: int, compare: Compare) -> int:
+    where = f"compare[{index}]"
+    size = _checked_size(where, check_key, compare.key)
+    if compare.target not in COMPARE_TARGETS:
+        raise KvOpError(f"{where}: unknown target {compare.target!r} (one of "
+                        f"{', '.join(COMPARE_TARGETS)})")
+    if compare.result not in COMPARE_RESULTS:
+        raise KvOpError(f"{where}: unknown result {compare.result!r} (one of "
+                        f"{' '.join(COMPARE_RESULTS)})")
+    operand = compare.operand
+    if compare.target == "value":
+        if not isinstance(operand, str):
+            raise KvOpError(f"{where}: a value compare needs a string")
+        size += _checked_size(where, check_value, operand)
+    elif isinstance(operand, bool) or not isinstance(operand, int) \
+            or not -2**63 <= operand < 2**63:
+        raise KvOpError(f"{where}: a {compare.target} compare needs a 64-bit integer")
+    return size
+
+
+def _checked_size(where: str, check: Any, text: str) -> int:
+    try:
+        check(text)
+    except KvOpError as error:
+        raise KvOpError(f"{where}: {error}", too_large=error.too_large) from None
+    return text_bytes(text)
+
+
+def txn_document(txn: Txn) -> dict[str, Any]:
+    """The JSON shape of a txn (a record's, without its ``"op"``, and the API's body)."""
+    return {
+        "compare": [{"key": c.key, "target": c.target, "result": c.result, c.target: c.operand}
+                    for c in txn.compares],
+        "success": [_txn_op_document(op) for op in txn.success],
+        "failure": [_txn_op_document(op) for op in txn.failure],
+    }
+
+
+def _txn_op_document(op: TxnOp) -> dict[str, Any]:
+    if isinstance(op, Put):
+        return {"op": "put", "key": op.key, "value": op.value}
+    return {"op": "delete" if isinstance(op, Delete) else "get", "key": op.key}
+
+
+def txn_from_document(document: Any) -> Txn:
+    """The txn a JSON document describes (``txn_document``'s shape; ``success`` and
+    ``failure`` may be left out), checked; raises KvOpError naming what is wrong."""
+    if not isinstance(document, dict):
+        raise KvOpError('a txn is a JSON object {"compare": [...], "success": [...], '
+                        '"failure": [...]}')
+    unknown = sorted(set(document) - _TXN_FIELDS)
+    if unknown:
+        raise KvOpError(f"unknown txn field {unknown[0]!r} (expected compare, success, "
+                        f"failure)")
+    lists = {}
+    for name in _TXN_FIELDS:
+        items = document.get(name, [])
+        if not isinstance(items, list):
+            raise KvOpError(f"{name!r} must be a list")
+        if len(items) > MAX_TXN_OPS:
+            raise KvOpError(f"{len(items)} operations in {name!r} exceed the limit of "
+                            f"{MAX_TXN_OPS}", too_large=True)
+        lists[name] = items
+    txn = Txn(tuple(_compare(index, item) for index, item in enumerate(lists["compare"])),
+              tuple(_txn_op(f"success[{i}]", item) for i, item in enumerate(lists["success"])),
+              tuple(_txn_op(f"failure[{i}]", item) for i, item in enumerate(lists["failure"])))
+    check_txn(txn)
+    return txn
+
+
+def _compare(index: int, item: Any) -> Compare:
+    where = f"compare[{index}]"
+    if not isinstance(item, dict):
+        raise KvOpError(f"{where}: expected an object {{\"key\", \"target\", \"result\", "
+                        f"<target>}}")
+    target = item.get("target")
+    if target not in COMPARE_TARGETS:
+        raise KvOpError(f"{where}: 'target' must be one of {', '.join(COMPARE_TARGETS)}")
+    expected = {"key", "target", "result", target}
+    if set(item) != expected:
+        extra = sorted(set(item) - expected)
+        what = f"unknown field {extra[0]!r}" if extra else \
+            f"missing {sorted(expected - set(item))[0]!r}"
+        raise KvOpError(f"{where}: {what}")
+    key, result, operand = item["key"], item["result"], item[target]
+    if not isinstance(key, str):
+        raise KvOpError(f"{where}: 'key' must be a string")
+    if not isinstance(result, str):
+        raise KvOpError(f"{where}: 'result' must be one of {' '.join(COMPARE_RESULTS)}")
+    if not isinstance(operand, str | int):
+        raise KvOpError(f"{where}: a {target} compare needs "
+                        f"{'a string' if target == 'value' else 'a 64-bit integer'}")
+    return Compare(key, target, result, operand)
+
+
+def _txn_op(where: str, item: Any) -> TxnOp:
+    kind = item.get("op") if isinstance(item, dict) else None
+    fields = _TXN_OP_FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise KvOpError(f'{where}: expected {{"op": "put" | "delete" | "get", "key": ...}}')
+    if set(item) != fields:
+        raise KvOpError(f"{where}: a {kind} has the fields {', '.join(sorted(fields))}")
+    key = item["key"]
+    if not isinstance(key, str):
+        raise KvOpError(f"{where}: 'key' must be a string")
+    if kind == "put":
+        if not isinstance(item["value"], str):
+            raise KvOpError(f"{where}: 'value' must be a string")
+        return Put(key, item["value"])
+    return Delete(key) if kind == "delete" else Get(key)
+
+
+def compare_holds(compare: Compare, value: str | None, version: int, mod_offset: int) -> bool:
+    """Whether ``compare`` holds of a key whose value is ``value`` (None: absent), with this
+    version and modification offset."""
+    actual: str | int
+    if compare.target == "value":
+        if value is None:
+            return False
+        actual = value
+    else:
+        actual = version if compare.target == "version" else mod_offset
+    operand = compare.operand
+    if compare.result == "=":
+        return actual == operand
+    if compare.result == "!=":
+        return actual != operand
+    if compare.result == "<":
+        return actual < operand  # type: ignore[operator]
+    return actual > operand  # type: ignore[operator]
 
 
 def text_bytes(text: str) -> int:
@@ -367,8 +637,11 @@ class KvStore:
             raise ValueError("outcome_limit, event_limit and event_bytes_limit must be at "
                              "least 1")
         self._data: dict[str, str] = {}
+        # Each key's (modification offset, version), beside the map rather than in it, so that
+        # a read of a value costs what it did.
+        self._meta: dict[str, tuple[int, int]] = {}
         self._keys: SortedList[str] = SortedList()
-        self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
+        self._outcomes: OrderedDict[int, Outcome | TxnOutcome] = OrderedDict()
         self._outcome_limit = outcome_limit
         # (offset, key, value, size) of each change from _events_head on, in offset order: a
         # KvEvent is made for a watch that reads one, not for each of the millions of
@@ -381,6 +654,13 @@ class KvStore:
         self.events_bytes = 0  # change_bytes of the changes kept
         self.events_start = 0  # every change at or after this offset is kept
         self.next_offset = 0  # every offset below it is applied
+        # The operations of txns beyond one each, applied since the store started or loaded a
+        # snapshot: a txn record costs a replay what its operations do, which the snapshot
+        # policy counts (``quorum_node.node.snapshotting``).
+        self.txn_extra_ops = 0
+        # The offset of the quorum's first txn, from which versions and modification offsets
+        # are counted alike on every replica; None before it.
+        self.versions_from: int | None = None
         self.watchers = WatchIndex()
 
     @property
@@ -397,6 +677,11 @@ class KvStore:
 
     def get(self, key: str) -> str | None:
         return self._data.get(key)
+
+    def meta(self, key: str) -> tuple[int, int]:
+        """``key``'s modification offset and version (ABSENT_MOD_OFFSET and ABSENT_VERSION if
+        it is absent)."""
+        return self._meta.get(key, (ABSENT_MOD_OFFSET, ABSENT_VERSION))
 
     def items(self) -> list[tuple[str, str]]:
         data = self._data
@@ -431,7 +716,8 @@ class KvStore:
         """Add to ``into`` the changes at or after ``offset`` of the key ``watched``
         (``exact``) or of the keys starting with it, in offset order: up to ``max_events`` in
         ``into``, no more than ``max_bytes`` of them (``size`` so far) unless the first alone
-        is larger, looking at no more than ``max_scanned`` changes (a bound on the time one
+        is larger (more, rather than split the changes of one offset, a txn's, between two
+        answers), looking at no more than ``max_scanned`` changes (a bound on the time one
         call takes). Returns the new size, the offset the next look continues from, and
         whether the answer is done (full, or every change kept was looked at). The caller
         checks ``offset >= events_start``."""
@@ -443,31 +729,45 @@ class KvStore:
             position += 1
             if not (key == watched if exact else key.startswith(watched)):
                 continue
-            if into and size + change_size > max_bytes:
+            # The changes of one offset (a txn's) are never split between answers: the next
+            # answer starts at an offset.
+            same_offset = bool(into) and into[-1].offset == event_offset
+            if not same_offset and len(into) >= max_events:
+                return size, event_offset, True
+            if into and not same_offset and size + change_size > max_bytes:
                 return size, event_offset, True
             into.append(KvEvent(event_offset, key, value))
             size += change_size
-            if len(into) >= max_events:
+            if len(into) >= max_events and (position == len(events)
+                                            or events[position][0] != event_offset):
                 return size, event_offset + 1, True
         if position < len(events):
             return size, events[position][0], False
         return size, max(offset, self.next_offset), True
 
-    def snapshot_entries(self) -> list[tuple[str, str]]:
-        """The map's entries as they are now, for a snapshot written in the background: a
-        shallow copy (the strings are shared), quick enough for the event loop, where sorting
-        and encoding a large map is not (``snapshot_records`` does that, in a thread)."""
-        return list(self._data.items())
+    def snapshot_entries(self) -> SnapshotEntries:
+        """The map's entries as they are now (value, modification offset, version), and where
+        versions are counted from, for a snapshot written in the background: a shallow copy
+        (the strings are shared), quick enough for the event loop, where sorting and encoding a
+        large map is not (``snapshot_records`` does that, in a thread)."""
+        meta = self._meta
+        return SnapshotEntries([(key, value, *meta[key]) for key, value in self._data.items()],
+                               self.versions_from)
 
     def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
         """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
         data: dict[str, str] = {}
-        for record in records:
+        meta: dict[str, tuple[int, int]] = {}
+        versions_from = snapshot_versions_from(records[0]) if records else None
+        for record in records[0 if versions_from is None else 1:]:
             op = decode_op(record)
             if not isinstance(op, Put):
                 raise ValueError(f"a snapshot holds puts only, not {op!r}")
             data[op.key] = op.value
+            meta[op.key] = snapshot_meta(record, next_offset)
         self._data = data
+        self._meta = meta
+        self.versions_from = versions_from
         # The snapshot's records come in key order: sorting them again is a linear pass.
         self._keys = SortedList(data)
         self._outcomes.clear()
@@ -476,6 +776,7 @@ class KvStore:
         self.events_bytes = 0
         self.events_start = next_offset  # what changed before is folded into the snapshot
         self.next_offset = next_offset
+        self.txn_extra_ops = 0
         # The changes a waiting watch has not been given are part of the snapshot now.
         self.watchers.end_all(lost=True)
 
@@ -540,7 +841,12 @@ class KvStore:
             return False
         if op is None:
             return False
-        outcome = self.apply(op)
+        if isinstance(op, Txn):
+            done = self.apply_txn(op, offset)
+            self._record(offset, done)
+            self.txn_extra_ops += max(0, len(op.compares) + len(done.responses) - 1)
+            return True
+        outcome = self.apply(op, offset)
         self._record(offset, outcome)
         if outcome.applied:
             # What the key holds now: a put's or an applied cas's value, None after a delete.
@@ -567,12 +873,13 @@ class KvStore:
             head = 0
         self._events_head = head
 
-    def apply(self, op: KvOp) -> Outcome:
-        """Apply one operation to the map (without moving ``next_offset``)."""
+    def apply(self, op: Put | Delete | Cas, offset: int) -> Outcome:
+        """Apply one operation, the one at ``offset``, to the map (without moving
+        ``next_offset``)."""
         current = self._data.get(op.key)
         existed = current is not None
         if isinstance(op, Put):
-            self._set(op.key, op.value, existed)
+            self._set(op.key, op.value, existed, offset)
             return _OUTCOMES[True, existed]
         if isinstance(op, Delete):
             if existed:
@@ -581,39 +888,139 @@ class KvStore:
         if current != op.expected:
             return _OUTCOMES[False, existed]
         if op.value is not None:
-            self._set(op.key, op.value, existed)
+            self._set(op.key, op.value, existed, offset)
         elif existed:
             self._remove(op.key)
         return _OUTCOMES[True, existed]
 
-    def _set(self, key: str, value: str, existed: bool) -> None:
+    def apply_txn(self, txn: Txn, offset: int) -> TxnOutcome:
+        """Apply the txn at ``offset``: its compares against the map as it is, then the branch
+        they choose, in order (a get sees the branch's writes before it), each write at
+        ``offset``. Depends on the map and the txn alone: every replica does the same."""
+        if self.versions_from is None:
+            self._start_versions(offset)
+        succeeded = all(compare_holds(c, self._data.get(c.key), *self._version_and_mod(c.key))
+                        for c in txn.compares)
+        responses = []
+        for op in txn.success if succeeded else txn.failure:
+            current = self._data.get(op.key)
+            existed = current is not None
+            if isinstance(op, Get):
+                version, mod_offset = self._version_and_mod(op.key)
+                responses.append(TxnResponse("get", op.key, existed, current, version,
+                                             mod_offset))
+                continue
+            if isinstance(op, Put):
+                self._set(op.key, op.value, existed, offset)
+                self._record_event(offset, op.key, op.value)
+            elif existed:
+                self._remove(op.key)
+                self._record_event(offset, op.key, None)
+            responses.append(TxnResponse("put" if isinstance(op, Put) else "delete", op.key,
+                                         existed))
+        return TxnOutcome(succeeded, tuple(responses))
+
+    def _start_versions(self, offset: int) -> None:
+        """Count versions from the quorum's first txn, at ``offset``: every key counts as
+        written once, just before it (see the module's docstring)."""
+        before = max(offset - 1, 0)
+        self._meta = dict.fromkeys(self._meta, (before, 1))
+        self.versions_from = offset
+
+    def _version_and_mod(self, key: str) -> tuple[int, int]:
+        mod_offset, version = self.meta(key)
+        return version, mod_offset
+
+    def _set(self, key: str, value: str, existed: bool, offset: int) -> None:
         if not existed:
             self._keys.add(key)
+            self._meta[key] = (offset, 1)
+        else:
+            self._meta[key] = (offset, self._meta[key][1] + 1)
         self._data[key] = value
 
     def _remove(self, key: str) -> None:
         del self._data[key]
+        del self._meta[key]
         self._keys.remove(key)
 
-    def _record(self, offset: int, outcome: Outcome) -> None:
+    def _record(self, offset: int, outcome: Outcome | TxnOutcome) -> None:
         self._outcomes[offset] = outcome
         while len(self._outcomes) > self._outcome_limit:
             self._outcomes.popitem(last=False)
 
-    def outcome(self, offset: int) -> Outcome | None:
+    def outcome(self, offset: int) -> Outcome | TxnOutcome | None:
         """The outcome of the operation at ``offset``; None if there is none (not applied yet,
         not a KV operation, or too old to be remembered)."""
         return self._outcomes.get(offset)
 
-    def pop_outcome(self, offset: int) -> Outcome | None:
+    def pop_outcome(self, offset: int) -> Outcome | TxnOutcome | None:
         """Like ``outcome``, and forget it (a writer collects its outcome once)."""
         return self._outcomes.pop(offset, None)
 
 
-def snapshot_records(entries: list[tuple[str, str]]) -> Iterator[Record]:
-    """A snapshot's data: one put per key, in key order (sorts ``entries`` in place, when the
-    first record is asked for). Records are made one at a time as the snapshot is framed,
-    never a list of them all."""
+# A snapshot's entry: key, value, modification offset, version.
+SnapshotEntry = tuple[str, str, int, int]
+
+
+class SnapshotEntries(NamedTuple):
+    """What a snapshot of the store holds: its entries, and ``KvStore.versions_from``."""
+
+    entries: list[SnapshotEntry]
+    versions_from: int | None
+
+
+# A snapshot's first record once the quorum has had a txn: {"op": "versions", "from": OFFSET}.
+VERSIONS_OP = "versions"
+
+
+def snapshot_records(content: SnapshotEntries) -> Iterator[Record]:
+    """A snapshot's data: once the quorum has had a txn, first the offset versions are counted
+    from (``KvStore.versions_from``); then one put per key, in key order (sorts ``entries`` in
+    place, when the first record is asked for), carrying the key's modification offset and
+    version as the fields ``mod_offset`` and ``version`` (which a put's decoding ignores, so
+    that readers of puts read them alike). Records are made one at a time as the snapshot is
+    framed, never a list of them all."""
+    entries, versions_from = content
+    if versions_from is not None:
+        marker = json.dumps({"op": VERSIONS_OP, "from": versions_from}, separators=(",", ":"))
+        yield Record(value=marker.encode("utf-8"), key=KV_RECORD_KEY)
     entries.sort()
-    for key, value in entries:
-        yield encode_op(Put(key, value))
+    for key, value, mod_offset, version in entries:
+        check_key(key)
+        check_value(value)
+        document = {"op": "put", "key": key, "value": value, "mod_offset": mod_offset,
+                    "version": version}
+        payload = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        yield Record(value=payload.encode("utf-8"), key=KV_RECORD_KEY)
+
+
+def snapshot_versions_from(record: Record) -> int | None:
+    """The offset versions are counted from if ``record`` is a snapshot's first record saying
+    so (``snapshot_records``); None for any other record."""
+    if record.key != KV_RECORD_KEY or not record.value.startswith(b'{"op":"versions"'):
+        return None
+    try:
+        document = json.loads(record.value)
+    except ValueError:
+        raise KvOpError("a snapshot's versions record is not JSON") from None
+    offset = document.get("from") if isinstance(document, dict) else None
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise KvOpError(f"a snapshot's versions record carries a bad offset {offset!r}")
+    return offset
+
+
+def snapshot_meta(record: Record, end_offset: int) -> tuple[int, int]:
+    """The modification offset and version a snapshot's put carries. A snapshot written before
+    they were kept carries neither: its keys count as written once, at the snapshot's last
+    offset (what every replica loading that snapshot assumes alike)."""
+    document = json.loads(record.value)
+    mod_offset, version = document.get("mod_offset"), document.get("version")
+    if mod_offset is None and version is None:
+        return end_offset - 1, 1
+    if (not isinstance(mod_offset, int) or isinstance(mod_offset, bool)
+            or not isinstance(version, int) or isinstance(version, bool)
+            or not 0 <= mod_offset < end_offset or version < 1):
+        raise KvOpError(f"a snapshot's put carries a bad mod_offset {mod_offset!r} or version "
+                        f"{version!r}")
+    return mod_offset, version

@@ -13,6 +13,10 @@ runtime runs). Its operations:
 - ``put(key, value, timeout_s)``, ``delete(key, timeout_s)``, ``cas(key, expected, value,
   timeout_s) -> Written``: a KV write, answered once it is committed and applied here
   (``applied``: False for a cas whose expectation did not hold, or a delete of an absent key).
+- ``txn(txn, timeout_s) -> TxnResult``: a multi-key transaction (``kv.Txn``, etcd's Txn) as one
+  record: its compares and the branch they choose apply at its one offset, on every replica
+  alike; answered once committed and applied here, with whether the compares held and what each
+  operation of the branch answered (a get: the value at that point of the txn).
 - ``get(key, stale, timeout_s) -> Value``: a key's value (None if absent); linearizable (a
   ReadIndex confirmed by a majority, then this node's store caught up to it) unless ``stale``,
   which reads this node's store as it is, on any node.
@@ -57,7 +61,11 @@ from quorum_node.node.kv import (
     KvOp,
     KvOpError,
     KvStore,
+    Outcome,
     Put,
+    Txn,
+    TxnOutcome,
+    TxnResponse,
     check_key,
     encode_op,
 )
@@ -123,6 +131,14 @@ class RecordsPage:
 class Written:
     key: str
     applied: bool
+    offset: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool  # whether every compare held (the success branch ran)
+    responses: tuple[TxnResponse, ...]  # one for each operation of the branch that ran
     offset: int
     epoch: int
 
@@ -250,6 +266,11 @@ class KvService:
                   timeout_s: float) -> Written:
         return await self._write(Cas(checked_key(key), expected, value), timeout_s)
 
+    async def txn(self, txn: Txn, timeout_s: float) -> TxnResult:
+        outcome, offset, epoch = await self._commit(txn, timeout_s)
+        assert isinstance(outcome, TxnOutcome), "a txn's record leaves a txn's outcome"
+        return TxnResult(outcome.succeeded, outcome.responses, offset, epoch)
+
     async def get(self, key: str, *, stale: bool, timeout_s: float) -> Value:
         checked_key(key)
         if not stale:
@@ -348,7 +369,13 @@ class KvService:
                                f"{instead}")
         return _LongPoll(self)
 
-    async def _write(self, op: KvOp, timeout_s: float) -> Written:
+    async def _write(self, op: Put | Delete | Cas, timeout_s: float) -> Written:
+        outcome, offset, epoch = await self._commit(op, timeout_s)
+        assert isinstance(outcome, Outcome), "a write's record leaves a write's outcome"
+        return Written(op.key, outcome.applied, offset, epoch)
+
+    async def _commit(self, op: KvOp, timeout_s: float) -> tuple[Outcome | TxnOutcome, int, int]:
+        """Append ``op`` and wait until it is applied here: its outcome, offset and epoch."""
         try:
             record = encode_op(op)
         except KvOpError as error:
@@ -369,7 +396,7 @@ class KvService:
             raise ServiceError(ErrorCode.OUTCOME_UNKNOWN,
                                f"the operation committed at offset {first} but its outcome is "
                                f"no longer known")
-        return Written(op.key, outcome.applied, first, appended.epoch)
+        return outcome, first, appended.epoch
 
     async def _catch_up_linearizable(self, timeout_s: float) -> None:
         """Wait until this node's store holds every write acknowledged before the call."""
@@ -470,7 +497,11 @@ class _ChangeWaiter:
     def take(self, offset: int, key: str, value: str | None, size: int) -> bool:
         if offset < self.start:
             return True
-        if self.events and self.size + size > MAX_ANSWER_BYTES:
+        # The changes of one offset (a txn's) all go in one answer: they are handed over in
+        # one synchronous apply, before the waiting call resumes.
+        same_offset = bool(self.events) and self.events[-1].offset == offset
+        if not same_offset and (len(self.events) >= self.max_events
+                                or (self.events and self.size + size > MAX_ANSWER_BYTES)):
             self.full_at = offset
             return False
         self.events.append(KvEvent(offset, key, value))
@@ -478,8 +509,7 @@ class _ChangeWaiter:
         if not self.woken.done():
             self.woken.set_result(None)
         if len(self.events) >= self.max_events:
-            self.full_at = offset + 1
-            return False
+            self.full_at = offset + 1  # unless more changes of this offset come
         return True
 
     def end(self, *, lost: bool) -> None:

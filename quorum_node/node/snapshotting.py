@@ -2,7 +2,8 @@
 
 The state machine, not the Raft core, decides when to snapshot: every
 ``snapshot.interval.records`` applied records (and no more often than it has applied a quarter
-as many records as the map has keys) it writes its map, as of the offset it has applied
+as many records as the map has keys; a txn counts as many records as it has operations, what
+replaying it costs) it writes its map, as of the offset it has applied
 (always committed, always at a batch boundary), with the voter set in force there. The log below
 the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
 are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
@@ -18,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore, snapshot_records
+from quorum_node.node.kv import KvStore, SnapshotEntries, snapshot_records
 from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
 from quorum_node.raft.snapshots import SnapshotId
@@ -66,6 +67,7 @@ class KvSnapshots:
         self.store = store
         latest = node.log_dir.snapshots.latest()
         self._last_end = latest.end_offset if latest is not None else 0
+        self._last_txn_extra_ops = 0  # the store's txn_extra_ops at the last snapshot
         self._task: asyncio.Task[None] | None = None
 
     def load_if_behind(self) -> bool:
@@ -80,6 +82,7 @@ class KvSnapshots:
         contents = read_snapshot(snapshots.read(latest, 0, size))
         self.store.load_snapshot(contents.records, latest.end_offset)
         self._last_end = max(self._last_end, latest.end_offset)
+        self._last_txn_extra_ops = 0
         logger.info("node %d: loaded snapshot %s (%d keys, %d bytes) in %.3f s",
                     self.node.config.node_id, latest, len(self.store), size,
                     time.perf_counter() - started)
@@ -89,7 +92,9 @@ class KvSnapshots:
         """Start writing a snapshot in the background if enough has been applied since the
         last one (the applier goes on meanwhile: a snapshot is of the map as it is now)."""
         end = self.store.next_offset
-        due = snapshot_due(end - self._last_end, self.node.config.snapshot_interval_records,
+        # A txn counts as many records as it has operations: what replaying it costs.
+        since = end - self._last_end + self.store.txn_extra_ops - self._last_txn_extra_ops
+        due = snapshot_due(since, self.node.config.snapshot_interval_records,
                            len(self.store))
         if not due or self._task is not None:
             return
@@ -103,19 +108,21 @@ class KvSnapshots:
         carried = voters if all(key.directory_id is not None for key in voters) else None
         snapshot_id = SnapshotId(end, header.epoch)
         task = asyncio.ensure_future(self._write(snapshot_id, carried, header.timestamp_ms,
-                                                 self.store.snapshot_entries()))
+                                                 self.store.snapshot_entries(),
+                                                 self.store.txn_extra_ops))
         self._task = task
         task.add_done_callback(self._written)
 
     async def _write(self, snapshot_id: SnapshotId, voters: VoterSet | None,
-                     timestamp_ms: int, entries: list[tuple[str, str]]) -> None:
+                     timestamp_ms: int, content: SnapshotEntries,
+                     txn_extra_ops: int) -> None:
         started = time.perf_counter()
         snapshots = self.node.log_dir.snapshots
-        keys = len(entries)
+        keys = len(content.entries)
         # Sorted, encoded and written in the thread, a batch at a time: beside the map, only
         # the copy of its entries is held, never the snapshot whole.
-        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(entries))
-        del entries
+        batches = encode_snapshot_batches(voters, timestamp_ms, snapshot_records(content))
+        del content
         await asyncio.to_thread(snapshots.save_batches, snapshot_id, batches)
         del batches
         size = snapshots.size(snapshot_id)
@@ -124,6 +131,7 @@ class KvSnapshots:
         log.delete_before(max(0, snapshot_id.end_offset
                               - self.node.config.snapshot_retained_log_records))
         self._last_end = snapshot_id.end_offset
+        self._last_txn_extra_ops = txn_extra_ops
         logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
                     "at %d", self.node.config.node_id, snapshot_id, keys, size,
                     time.perf_counter() - started, log.start_offset)

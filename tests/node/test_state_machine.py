@@ -12,7 +12,7 @@ from test_admin_api import FAST, free_port, shutdown
 
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import Put, encode_op
+from quorum_node.node.kv import Compare, Put, Txn, encode_op
 from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.config import VoterEndpoint
@@ -77,3 +77,32 @@ async def test_kv_service_raises_plain_errors(tmp_path: Path) -> None:
         assert compacted.value.code is ErrorCode.COMPACTED
     finally:
         await shutdown(node, timeout_s=2)
+
+
+async def test_txns_count_their_operations_towards_a_snapshot_which_keeps_versions(
+        tmp_path: Path) -> None:
+    """Two txns of 20 puts are 40 operations: a snapshot is due at 30; a restart over it knows
+    each key's version and modification offset."""
+    node = _single_node(tmp_path, snapshot_interval_records=30)
+    await node.start()
+    try:
+        await _wait(lambda: node.core.state is RaftState.LEADER
+                    and node.core.high_watermark is not None, "a leader")
+        service = KvService(node)
+        puts = tuple(Put(f"t-{index}", "1") for index in range(20))
+        first = await service.txn(Txn((), puts, ()), timeout_s=5)
+        second = await service.txn(Txn((Compare("t-0", "version", "=", 1),), puts, ()),
+                                   timeout_s=5)
+        assert second.succeeded
+        await _wait(lambda: node.log_dir.snapshots.latest() is not None, "a snapshot")
+    finally:
+        await shutdown(node, timeout_s=2)
+    restarted = QuorumNode(node.config)
+    await restarted.start()
+    try:
+        store = restarted.state_machine.store
+        await _wait(lambda: store.get("t-19") == "1", "the store loaded")
+        assert store.meta("t-3") == (second.offset, 2)
+        assert first.offset < second.offset
+    finally:
+        await shutdown(restarted, timeout_s=2)

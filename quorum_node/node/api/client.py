@@ -16,6 +16,11 @@ Endpoints (JSON answers):
   (``quorum_node.node.kv``). A write answers once its operation is committed and applied here.
   A read is linearizable (a ReadIndex confirmed by a majority, then this node's store caught up
   to it) unless ``?stale=true``, which reads this node's store as it is, on any node.
+- ``POST /v1/txn``: a multi-key transaction (etcd's Txn, ``kv.Txn``): the body is ``{"compare":
+  [...], "success": [...], "failure": [...]}``; answers ``{"succeeded", "responses", "offset",
+  "epoch"}`` once it is committed and applied here. A txn over its bounds (``kv.MAX_TXN_OPS``
+  operations in a list, ``kv.MAX_TXN_BYTES`` of keys and values) is 413 TOO_LARGE, a malformed
+  one 400 BAD_REQUEST; either changes nothing.
 - ``GET /v1/kv?prefix=&start_after=&limit=``: a page of keys; ``GET /v1/watch``: changes.
   Either answer holds at most ``kv_service.MAX_ANSWER_BYTES`` of keys and values; its continuation
   (``next_start_after``, ``next_offset``) says where the next one starts.
@@ -46,7 +51,13 @@ from aiohttp import web
 
 from quorum_node.node.api.http import ApiError, Query, bad_request, parse_json_body, read_body
 from quorum_node.node.errors import ErrorCode
-from quorum_node.node.kv import MAX_VALUE_BYTES
+from quorum_node.node.kv import (
+    MAX_TXN_RECORD_BYTES,
+    MAX_VALUE_BYTES,
+    KvOpError,
+    TxnResponse,
+    txn_from_document,
+)
 from quorum_node.node.kv_service import (
     DEFAULT_LIST_LIMIT,
     DEFAULT_READ_RECORDS,
@@ -60,15 +71,19 @@ from quorum_node.node.kv_service import (
     MAX_WATCH_EVENTS,
     CommittedRecord,
     KvService,
+    TxnResult,
     Written,
     check_record_size,
     checked_key,
+    refused_op,
 )
 
 # Body size read at most for an append (base64 and JSON quoting inflate the records).
 MAX_APPEND_BODY_BYTES = 8 * 1024 * 1024
 # A cas carries two values, which JSON escapes may inflate.
 MAX_CAS_BODY_BYTES = 4 * MAX_VALUE_BYTES
+# A txn's body is its record's JSON without "op" (escapes included): the record's bound.
+MAX_TXN_BODY_BYTES = MAX_TXN_RECORD_BYTES
 
 _FRAME_LENGTH = struct.Struct(">I")
 
@@ -95,6 +110,7 @@ def client_routes(service: KvService) -> list[web.RouteDef]:
         web.get("/v1/kv/{key}", api.kv_get),
         web.delete("/v1/kv/{key}", api.kv_delete),
         web.post("/v1/kv/{key}/cas", api.kv_cas),
+        web.post("/v1/txn", api.kv_txn),
     ]
 
 
@@ -176,6 +192,16 @@ class ClientApi:
         written = await self.service.cas(key, document["expected"], document["value"],
                                          timeout_s)
         return _written_json(written, "applied")
+
+    async def kv_txn(self, request: web.Request) -> web.Response:
+        timeout_s = _timeout_s(Query.of(request, _WRITE_PARAMS))
+        document = parse_json_body(await read_body(request, MAX_TXN_BODY_BYTES),
+                                   'a txn {"compare": [...], "success": [...], "failure": [...]}')
+        try:
+            txn = txn_from_document(document)
+        except KvOpError as error:
+            raise refused_op(error) from None
+        return web.json_response(txn_result_json(await self.service.txn(txn, timeout_s)))
 
     async def kv_list(self, request: web.Request) -> web.Response:
         """A page of the keys starting with ``prefix``, in key order, after ``start_after``;
@@ -296,6 +322,22 @@ def utf8_query(request: web.Request, allowed: frozenset[str]) -> Query:
 def _written_json(written: Written, applied_name: str) -> web.Response:
     return web.json_response({"key": written.key, applied_name: written.applied,
                               "offset": written.offset, "epoch": written.epoch})
+
+
+def txn_result_json(result: TxnResult) -> dict[str, Any]:
+    return {"succeeded": result.succeeded,
+            "responses": [txn_response_json(response) for response in result.responses],
+            "offset": result.offset, "epoch": result.epoch}
+
+
+def txn_response_json(response: TxnResponse) -> dict[str, Any]:
+    """A get's key, value (null: absent), version and modification offset; a put's key and
+    whether it existed; a delete's key and whether it deleted one."""
+    if response.op == "get":
+        return {"op": "get", "key": response.key, "value": response.value,
+                "version": response.version, "mod_offset": response.mod_offset}
+    found = "existed" if response.op == "put" else "deleted"
+    return {"op": response.op, "key": response.key, found: response.found}
 
 
 def _record_json(record: CommittedRecord) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from quorum_node.node.api.admin import MAX_VOTER_TIMEOUT_MS
 from quorum_node.node.errors import ErrorCode
+from quorum_node.node.kv import COMPARE_RESULTS, MAX_TXN_BYTES, MAX_TXN_OPS
 from quorum_node.node.kv_service import (
     MAX_LIST_LIMIT,
     MAX_READ_RECORDS,
@@ -154,6 +155,64 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["expected", "value"], "additionalProperties": False,
         "properties": {"expected": {"type": "string", "nullable": True},
                        "value": {"type": "string", "nullable": True}},
+    },
+    "TxnCompare": {
+        "description": "Whether the key's value (a string; never holds for an absent key), "
+                       "version (writes since it was created; 0: absent) or mod_offset (the "
+                       "offset that last wrote it; -1: absent) stands in 'result' to the "
+                       "operand, given under the target's name. Versions and offsets count "
+                       "from the quorum's first transaction: a key last written before it "
+                       "counts as written once, just before it.",
+        "type": "object", "required": ["key", "target", "result"],
+        "properties": {
+            "key": {"type": "string", "minLength": 1},
+            "target": {"type": "string", "enum": ["value", "version", "mod_offset"]},
+            "result": {"type": "string", "enum": list(COMPARE_RESULTS)},
+            "value": {"type": "string"},
+            "version": {"type": "integer", "format": "int64"},
+            "mod_offset": {"type": "integer", "format": "int64"},
+        },
+    },
+    "TxnOp": {
+        "description": "A put (with its value), a delete or a get of a key; no key is put or "
+                       "deleted twice in one branch.",
+        "type": "object", "required": ["op", "key"], "additionalProperties": False,
+        "properties": {"op": {"type": "string", "enum": ["put", "delete", "get"]},
+                       "key": {"type": "string", "minLength": 1},
+                       "value": {"type": "string"}},
+    },
+    "Txn": {
+        "description": f"etcd's Txn: if every compare holds the success operations apply, "
+                     f"else the failure ones, in order, at one offset. At most {MAX_TXN_OPS} "
+                     f"compares and as many operations in each branch, {MAX_TXN_BYTES} bytes "
+                     f"of keys and values in all (413 TOO_LARGE beyond).",
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "compare": {"type": "array", "maxItems": MAX_TXN_OPS, "items": _ref("TxnCompare")},
+            "success": {"type": "array", "maxItems": MAX_TXN_OPS, "items": _ref("TxnOp")},
+            "failure": {"type": "array", "maxItems": MAX_TXN_OPS, "items": _ref("TxnOp")},
+        },
+    },
+    "TxnResult": {
+        "type": "object", "required": ["succeeded", "responses", "offset", "epoch"],
+        "properties": {
+            "succeeded": {"type": "boolean"},
+            "responses": {
+                "description": "One for each operation of the branch that ran: a get's value "
+                               "(null: absent), version and mod_offset at that point of the "
+                               "txn; whether a put's key existed; whether a delete deleted.",
+                "type": "array",
+                "items": {"type": "object", "required": ["op", "key"],
+                          "properties": {
+                              "op": {"type": "string", "enum": ["put", "delete", "get"]},
+                              "key": {"type": "string"},
+                              "value": {"type": "string", "nullable": True},
+                              "version": {"type": "integer"},
+                              "mod_offset": {"type": "integer"},
+                              "existed": {"type": "boolean"},
+                              "deleted": {"type": "boolean"}}}},
+            "offset": {"type": "integer"}, "epoch": {"type": "integer"},
+        },
     },
     "Replica": {
         "type": "object",
@@ -344,6 +403,16 @@ PATHS: dict[str, Any] = {
             "parameters": [_TIMEOUT],
             "requestBody": {"required": True, **_json(_ref("Cas"))},
             "responses": {**_WRITE, "200": _KV_WRITE},
+        },
+    },
+    "/v1/txn": {
+        "post": {
+            "operationId": "kvTxn", "summary": "A multi-key transaction (etcd's Txn)",
+            "security": [{"bearer": []}, {"mutualTls": []}, {}],
+            "parameters": [_TIMEOUT],
+            "requestBody": {"required": True, **_json(_ref("Txn"))},
+            "responses": {**_WRITE,
+                          "200": _answer("Committed and applied.", _ref("TxnResult"))},
         },
     },
     "/v1/node": {

@@ -39,6 +39,7 @@ from aiohttp import web
 from quorum_node import wire
 from quorum_node.node.api.http import bad_request, not_leader
 from quorum_node.node.errors import ErrorCode, ServiceError
+from quorum_node.node.kv import KvOpError, txn_from_document
 from quorum_node.node.kv_service import (
     DEFAULT_TIMEOUT_MS,
     MAX_LIST_LIMIT,
@@ -47,6 +48,7 @@ from quorum_node.node.kv_service import (
     MAX_WAIT_MS,
     MAX_WATCH_EVENTS,
     KvService,
+    refused_op,
 )
 from quorum_node.node.limits import READ_TIMEOUT_KEY
 from quorum_node.node.transport import start_now
@@ -60,7 +62,7 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT: Final = 256
 # A WebSocket close reason fits in a control frame (125 bytes, 2 of them the code).
 _MAX_REASON_BYTES: Final = 123
-_WRITES: Final = frozenset({Op.PUT, Op.DELETE, Op.CAS, Op.APPEND})
+_WRITES: Final = frozenset({Op.PUT, Op.DELETE, Op.CAS, Op.APPEND, Op.TXN})
 _READS: Final = frozenset(Op) - _WRITES
 _OPS: Final = {op.value: op for op in Op}
 
@@ -95,7 +97,7 @@ class StreamServer:
         self._serve: dict[Op, Serve] = {
             Op.PUT: self._put, Op.GET: self._get, Op.DELETE: self._delete, Op.CAS: self._cas,
             Op.APPEND: self._append, Op.READ: self._read, Op.LIST: self._list,
-            Op.WATCH: self._watch,
+            Op.WATCH: self._watch, Op.TXN: self._txn,
         }
         # Each read again at once, served when its first answer could not be written and was
         # let go: stale, without waiting for records or changes.
@@ -260,6 +262,15 @@ class StreamServer:
         written = await self.service.cas(key, expected, value, timeout_s)
         return written.offset, written.epoch, written.applied
 
+    async def _txn(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        try:
+            txn = txn_from_document(txn_document_of_fields(fields))
+        except KvOpError as error:
+            raise refused_op(error) from None
+        result = await self.service.txn(txn, timeout_s)
+        return result.offset, result.epoch, result.succeeded, [
+            (r.op, r.key, r.found, r.value, r.version, r.mod_offset) for r in result.responses]
+
     async def _get(self, fields: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
         key, stale = fields
         found = await self.service.get(key, stale=stale, timeout_s=timeout_s)
@@ -412,3 +423,22 @@ async def _close(socket: web.WebSocketResponse, code: int, reason: str) -> None:
 
 def _ignore(_: BaseException) -> None:
     pass
+
+
+def txn_document_of_fields(fields: tuple[Any, ...]) -> dict[str, Any]:
+    """A TXN request's fields as the txn's JSON document (``kv.txn_from_document`` checks it,
+    as it does the HTTP API's body): a compare's operand is its value or its number, as its
+    target says; an operation's value is given for a put only."""
+    compares, success, failure = fields
+    return {
+        "compare": [{"key": key, "target": target, "result": result,
+                     target: value if target == "value" else number}
+                    for key, target, result, value, number in compares],
+        "success": [_txn_op_document(op) for op in success],
+        "failure": [_txn_op_document(op) for op in failure],
+    }
+
+
+def _txn_op_document(op: tuple[str, str, str | None]) -> dict[str, Any]:
+    kind, key, value = op
+    return {"op": kind, "key": key} | ({} if value is None else {"value": value})
