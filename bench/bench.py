@@ -52,7 +52,7 @@ from drivers import (
     timed_load,
 )
 
-from quorum_node.cli.node import LocalCluster, LocalNode, prepare_local_cluster
+from quorum_node.cli.local_quorum import LocalCluster, LocalNode, prepare_local_cluster
 from quorum_node.node.config import Setting
 
 CONCURRENCY = (64, 256)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quorum_node.cli.node import LocalCluster, prepare_local_cluster
+from quorum_node.cli.local_quorum import LocalCluster, prepare_local_cluster
 from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError
 
 VALUE = "v" * 100

@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from quorum_node.cli.node import LocalNode, node_command, prepare_local_cluster
+from quorum_node.cli.local_quorum import LocalNode, node_command, prepare_local_cluster
 from quorum_node.node.config import Setting
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.meta_properties import format_log_dir

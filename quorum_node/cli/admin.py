@@ -60,7 +60,6 @@ from quorum_node.security.client_credentials import ClientCredentials
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
 
 PROG = "quorum-admin"
-ENV_BOOTSTRAP = BOOTSTRAP_ENV
 QUORUM_PATH = "/v1/quorum"
 MAX_REDIRECTS = 5
 DESCRIBE_TIMEOUT_S = 5.0

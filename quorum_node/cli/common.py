@@ -19,8 +19,8 @@
   it from a file. A literal ``-`` is given on stdin (``printf - | quorum-client put k -``).
 - ``--version``, and ``--print-completion SHELL`` for shell completion (shtab: bash, zsh, tcsh,
   fish, powershell).
-- Errors are one line on stderr, ``PROG: error: message``. Exit codes (``EXIT_CODES``): 0 done,
-  1 failed, 2 bad usage or refused input, 3 (quorum-client) a key not found or a cas/delete not
+- Errors are one line on stderr, ``PROG: error: message``. Exit codes: 0 done, 1 failed,
+  2 bad usage or refused input, 3 (quorum-client) a key not found or a cas/delete not
   applied, 130 interrupted (Ctrl-C).
 """
 
@@ -50,8 +50,6 @@ EXIT_USAGE = 2
 EXIT_FALSE = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
-EXIT_CODES = ("exit codes: 0 done, 1 failed, 2 bad usage or refused input, 130 interrupted "
-              "(Ctrl-C)")
 BOOTSTRAP_ENV = "QUORUM_BOOTSTRAP_SERVER"
 # What `quorum-node local --nodes 3` listens on by default, so that the README's commands work
 # without flags on a fresh machine.
@@ -148,12 +146,6 @@ def add_protocol_option(parser: argparse.ArgumentParser, *, top: bool) -> None:
                         default=DEFAULT_CLIENT_PROTOCOL if top else argparse.SUPPRESS,
                         help=f"the client protocol (default: {DEFAULT_CLIENT_PROTOCOL}; http: "
                              f"the HTTP API, as curl speaks it)")
-
-
-def bootstrap_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:
-    """The client listeners to contact; a usage error for --bootstrap-controller (the
-    controller listeners serve peers and Kafka's admin protocol, not this tool's API)."""
-    return bootstrap_source(args, environ)[0]
 
 
 def bootstrap_source(args: argparse.Namespace, environ: Mapping[str, str] | None = None,

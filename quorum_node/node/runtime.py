@@ -699,11 +699,6 @@ class QuorumNode:
         batches = decode_batches(self.log_dir.log.read(offset, max_bytes))
         return [batch for batch in batches if batch.base_offset < high_watermark]
 
-    def leader_endpoint(self) -> tuple[str, int] | None:
-        """Where the leader serves clients (None while no leader is known)."""
-        leader = self.core.leader_id
-        return self.client_endpoints.get(leader) if leader is not None else None
-
 
 def _begin_read(core: RaftCore, timeout_ms: int) -> ReadBarrier | None:
     return core.begin_read(_now_ms(), timeout_ms)

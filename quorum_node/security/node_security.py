@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from aiohttp import web
 
@@ -29,12 +30,52 @@ from quorum_node.security.tls import (
 )
 from quorum_node.security.tokens import TokenFileError, TokenTable
 
-if TYPE_CHECKING:
-    from quorum_node.node.config import Listener, NodeConfig
-
 logger = logging.getLogger(__name__)
 
 Middleware = Callable[..., Awaitable[web.StreamResponse]]
+
+
+class Listener(Protocol):
+    """What the security reads of one of the node's listeners (``node.config.Listener`` answers
+    it; warnings print it as it prints itself): only its protocol."""
+
+    @property
+    def tls(self) -> bool: ...
+
+
+class SecurityConfig(Protocol):
+    """What a node's security is built from: the keys of docs/security.md and the listeners.
+    The node's configuration (``node.config.NodeConfig``) answers it, so security depends on no
+    module of the node: the node points at its security, never the other way."""
+
+    @property
+    def ssl_certificate_location(self) -> Path | None: ...
+    @property
+    def ssl_key_location(self) -> Path | None: ...
+    @property
+    def ssl_ca_location(self) -> Path | None: ...
+    @property
+    def ssl_endpoint_identification_algorithm(self) -> str: ...
+    @property
+    def auth_token_file(self) -> Path | None: ...
+    @property
+    def auth_certificate_roles(self) -> str: ...
+    @property
+    def auth_peer_principal_template(self) -> str: ...
+    @property
+    def controller_listener_secret_file(self) -> Path | None: ...
+    @property
+    def security_reload_interval_ms(self) -> int: ...
+    @property
+    def any_tls(self) -> bool: ...
+    @property
+    def combined_listener(self) -> bool: ...
+    @property
+    def controller_listener(self) -> Listener: ...
+    @property
+    def controller_listeners(self) -> Sequence[Listener]: ...
+    @property
+    def client_listeners(self) -> Sequence[Listener]: ...
 
 
 class SecuritySetupError(ValueError):
@@ -42,7 +83,7 @@ class SecuritySetupError(ValueError):
 
 
 class NodeSecurity:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: SecurityConfig) -> None:
         self.tls: ReloadingTls | None = None
         self.tokens: Reloading[TokenTable] | None = None
         self.peer_secret: Reloading[str] | None = None

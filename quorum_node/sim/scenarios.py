@@ -309,82 +309,108 @@ def forged_messages(sim: Simulation) -> None:
     _leader_failure(graceful=sim.rng.random() < 0.5)(sim)
 
 
+class _RandomFaults:
+    """The faults that ``random_faults`` draws from, each a step of its own. A kill or a graceful
+    shutdown keeps a majority of voters up but for a small chance (a quorum that loses its
+    majority must come back once it heals); a lost disk is only ever a dead node's, and only
+    when the checker can still tell what the quorum had committed."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self._sim = sim
+        self._cluster = sim.cluster
+        self._rng = sim.rng
+        self._tolerated = (len(sim.cluster.voter_ids) - 1) // 2
+
+    def weighted(self) -> list[tuple[Callable[[], None], float]]:
+        """Every fault with its weight in the draw."""
+        cluster, sim = self._cluster, self._sim
+        return [
+            (self.kill, 3.0),
+            (self.shutdown_leader, 1.0),
+            (self.restart, 4.0),
+            (self.isolate, 2.0),
+            (self.split, 1.5),
+            (cluster.heal, 3.0),
+            (self.noise, 2.0),
+            (cluster.kill_all, 0.2),
+            (self.lose_disk, 1.0),
+            (sim.operator.random_request, 2.0),
+            (sim.forger.start, 0.3),
+        ]
+
+    def _may_lose_a_voter(self) -> bool:
+        dead_voters = sum(not self._cluster.nodes[v].alive for v in self._cluster.voter_ids)
+        return dead_voters < self._tolerated or self._rng.random() < 0.1
+
+    def _dead(self) -> list[int]:
+        return [node_id for node_id, node in self._cluster.nodes.items() if not node.alive]
+
+    def kill(self) -> None:
+        alive = [node.node_id for node in self._cluster.alive()]
+        if alive and self._may_lose_a_voter():
+            self._cluster.kill(self._rng.choice(alive))
+
+    def shutdown_leader(self) -> None:
+        leader = self._cluster.leader()
+        if leader is not None and self._may_lose_a_voter():
+            self._cluster.shutdown(leader.node_id)
+
+    def restart(self) -> None:
+        dead = self._dead()
+        if dead:
+            self._cluster.start(self._rng.choice(dead))
+
+    def isolate(self) -> None:
+        self._cluster.isolate(self._rng.choice(list(self._cluster.nodes)))
+
+    def split(self) -> None:
+        ids = list(self._cluster.nodes)
+        self._rng.shuffle(ids)
+        cut = self._rng.randint(1, len(ids) - 1)
+        self._cluster.split([ids[:cut], ids[cut:]])
+
+    def noise(self) -> None:
+        network = self._cluster.network
+        quiet = self._rng.random() < 0.3
+        network.drop_probability = 0.0 if quiet else self._rng.uniform(0.0, 0.2)
+        network.duplicate_probability = 0.0 if quiet else self._rng.uniform(0.0, 0.1)
+
+    def lose_disk(self) -> None:
+        dead = self._dead()
+        if dead:
+            node_id = self._rng.choice(dead)
+            if self._sim.checker.can_lose_disk(node_id):
+                self._cluster.wipe_disk(node_id)
+
+    def heal_everything(self) -> None:
+        self._cluster.heal()
+        network = self._cluster.network
+        network.drop_probability = network.duplicate_probability = 0.0
+        self._cluster.start_all()
+
+
+def _schedule_drawn(sim: Simulation, weighted: list[tuple[Callable[[], None], float]],
+                    end_ms: int) -> None:
+    """Schedule actions drawn by weight, one every 100 to 1500 ms, from a start drawn in
+    [500, 2000] ms until ``end_ms``."""
+    actions = [action for action, _ in weighted]
+    weights = [weight for _, weight in weighted]
+    at_ms = sim.rng.randint(500, 2000)
+    while at_ms < end_ms:
+        sim.at(at_ms, sim.rng.choices(actions, weights=weights)[0])
+        at_ms += sim.rng.randint(100, 1500)
+
+
 def random_faults(sim: Simulation) -> None:
     """Kills, graceful shutdowns, restarts, partitions, message loss and duplication, lost disks
     and voter changes (valid or not) at random for a while, mostly keeping a majority of voters
     up; then everything heals and the operator completes the replacement of lost disks."""
-    cluster = sim.cluster
-    network = cluster.network
-    rng = sim.rng
-    tolerated = (len(cluster.voter_ids) - 1) // 2
-
-    def dead_voters() -> int:
-        return sum(not cluster.nodes[v].alive for v in cluster.voter_ids)
-
-    def kill() -> None:
-        alive = [node.node_id for node in cluster.alive()]
-        if alive and (dead_voters() < tolerated or rng.random() < 0.1):
-            cluster.kill(rng.choice(alive))
-
-    def shutdown_leader() -> None:
-        leader = cluster.leader()
-        if leader is not None and (dead_voters() < tolerated or rng.random() < 0.1):
-            cluster.shutdown(leader.node_id)
-
-    def restart() -> None:
-        dead = [node_id for node_id, node in cluster.nodes.items() if not node.alive]
-        if dead:
-            cluster.start(rng.choice(dead))
-
-    def isolate() -> None:
-        cluster.isolate(rng.choice(list(cluster.nodes)))
-
-    def split() -> None:
-        ids = list(cluster.nodes)
-        rng.shuffle(ids)
-        cut = rng.randint(1, len(ids) - 1)
-        cluster.split([ids[:cut], ids[cut:]])
-
-    def noise() -> None:
-        quiet = rng.random() < 0.3
-        network.drop_probability = 0.0 if quiet else rng.uniform(0.0, 0.2)
-        network.duplicate_probability = 0.0 if quiet else rng.uniform(0.0, 0.1)
-
-    def lose_disk() -> None:
-        dead = [node_id for node_id, node in cluster.nodes.items() if not node.alive]
-        if dead:
-            node_id = rng.choice(dead)
-            if sim.checker.can_lose_disk(node_id):
-                cluster.wipe_disk(node_id)
-
-    actions: list[tuple[Callable[[], None], float]] = [
-        (kill, 3.0),
-        (shutdown_leader, 1.0),
-        (restart, 4.0),
-        (isolate, 2.0),
-        (split, 1.5),
-        (cluster.heal, 3.0),
-        (noise, 2.0),
-        (cluster.kill_all, 0.2),
-        (lose_disk, 1.0),
-        (sim.operator.random_request, 2.0),
-        (sim.forger.start, 0.3),
-    ]
-    faults_end = rng.randint(10_000, 20_000)
-    at_ms = rng.randint(500, 2000)
-    while at_ms < faults_end:
-        action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
-        sim.at(at_ms, action)
-        at_ms += rng.randint(100, 1500)
-
-    def heal_everything() -> None:
-        cluster.heal()
-        network.drop_probability = network.duplicate_probability = 0.0
-        cluster.start_all()
-
-    sim.at(faults_end, heal_everything)
+    faults = _RandomFaults(sim)
+    faults_end = sim.rng.randint(10_000, 20_000)
+    _schedule_drawn(sim, faults.weighted(), faults_end)
+    sim.at(faults_end, faults.heal_everything)
     # A graceful shutdown under way at the end exits later: bring that node back too.
-    sim.at(faults_end + 2 * GRACEFUL_SHUTDOWN_TIMEOUT_MS, cluster.start_all)
+    sim.at(faults_end + 2 * GRACEFUL_SHUTDOWN_TIMEOUT_MS, sim.cluster.start_all)
     expect_recovery(sim, faults_end, RECOVERY_WINDOW_MS + 5000)
     expect_remediated(sim, faults_end, REMEDIATION_WINDOW_MS)
 

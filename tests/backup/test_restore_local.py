@@ -46,11 +46,11 @@ def backups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         with QuorumClient([node.url for node in cluster.nodes.values()], timeout_s=20) as client:
             for i in range(KEYS):
                 client.put(f"key-{i:03d}", f"value-{i}")
-            assert main(["backup", "--server", cluster.nodes[2].url, "--to", str(target),
+            assert main(["backup", "-b", cluster.nodes[2].url, "--to", str(target),
                          "--name", "20260101T000000Z-node-2"]) == 0
             client.delete("key-000")
             client.put("key-001", "overwritten")
-            assert main(["backup", "--server", cluster.nodes[3].url, "--to", str(target),
+            assert main(["backup", "-b", cluster.nodes[3].url, "--to", str(target),
                          "--name", "20260101T010000Z-node-3"]) == 0
     finally:
         cluster.stop_all()

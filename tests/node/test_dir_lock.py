@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from proc_cluster import FAST, ProcessCluster, free_port
 
-from quorum_node.cli.node import main, prepare_local_cluster
+from quorum_node.cli.local_quorum import prepare_local_cluster
+from quorum_node.cli.node import main
 from quorum_node.storage.dir_lock import lock_directory
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 

@@ -27,15 +27,15 @@ from pathlib import Path
 import pytest
 
 from quorum_node.cli.local_control import ControlAnswer, ControlRequest
-from quorum_node.cli.node import (
+from quorum_node.cli.local_quorum import (
     LocalCluster,
     LocalClusterError,
     LocalNode,
     check_ports_free,
     handle_control_request,
-    main,
     prepare_local_cluster,
 )
+from quorum_node.cli.node import main
 from quorum_node.node.config import ConfigError, NodeConfig, Setting, load_config
 from quorum_node.storage.errors import NotFormattedError
 from quorum_node.storage.kafka_uuid import parse_uuid, to_kafka_string
