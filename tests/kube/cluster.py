@@ -2,7 +2,7 @@
 the add-ons (``addons.py``: DNS records, the hostPath provisioner) and three process kubelets
 (``kubelet.py``) in zones a, b and c; ``kubectl`` and ``helm`` as its administrator. While it
 runs, the test process resolves the cluster's DNS names from the add-ons' records, as a pod
-does."""
+does. A test that needs more nodes adds them for its own time (``Cluster.more_nodes``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,8 @@ class Cluster:
             self._bootstrap()
             self._start_addons()
             for index in range(1, self.nodes + 1):
-                self._start_kubelet(index)
-            self._wait_nodes_ready()
+                self._start_kubelet(index, ZONES[(index - 1) % len(ZONES)])
+            self._wait_nodes_ready(list(self.kubelets))
         except BaseException:
             print(self.describe())
             self.stop()
@@ -80,12 +80,12 @@ class Cluster:
         path.write_text(json.dumps(config))
         self.addons = self._python("addons", HERE / "addons.py", path)
 
-    def _start_kubelet(self, index: int) -> None:
+    def _start_kubelet(self, index: int, zone: str) -> None:
         node = f"node-{index}"
         directory = self.root / "nodes" / node
         directory.mkdir(parents=True, exist_ok=True)
         serving = self.control_plane.kubelet_serving(node, node_address(index))
-        config = {"node": node, "zone": ZONES[(index - 1) % len(ZONES)], "index": index,
+        config = {"node": node, "zone": zone, "index": index,
                   "host_ip": node_address(index), "serving_cert": str(serving.cert),
                   "serving_key": str(serving.key), "client_ca": str(self.control_plane.ca.cert),
                   "kubeconfig": str(self.control_plane.node_kubeconfig(node)),
@@ -103,19 +103,58 @@ class Cluster:
             return subprocess.Popen([sys.executable, str(script), str(config)], stdout=out,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def _wait_nodes_ready(self, timeout_s: float = 60) -> None:
+    def _wait_nodes_ready(self, names: Sequence[str], timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             nodes = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
-            ready = [n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
-                                             for c in n["status"].get("conditions") or [])]
-            if len(ready) == self.nodes:
+            ready = {n["metadata"]["name"] for n in nodes if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n["status"].get("conditions") or [])}
+            if ready.issuperset(names):
                 return
-            for name, popen in self.kubelets.items():
+            for name in names:
+                popen = self.kubelets[name]
                 if popen.poll() is not None:
                     raise RuntimeError(f"kubelet {name} exited: {popen.returncode}")
             time.sleep(0.5)
-        raise RuntimeError(f"nodes not Ready within {timeout_s} s")
+        raise RuntimeError(f"nodes {', '.join(names)} not Ready within {timeout_s} s")
+
+    # -- nodes added for one test --
+
+    @contextlib.contextmanager
+    def more_nodes(self, *zones: str) -> Iterator[list[str]]:
+        """Nodes beyond the first ones, one per zone given (``node-4``, ``node-5``, ...), Ready
+        when this yields their names; on exit their kubelets stop and their Nodes, Leases and
+        addresses go, so that the tests after see the cluster they saw before. Whatever still
+        runs on them stops with their kubelets: the test removes its workload first."""
+        added: list[str] = []
+        try:
+            for zone in zones:
+                index = len(self.kubelets) + 1
+                self.network.add_node(index)
+                self._start_kubelet(index, zone)
+                added.append(f"node-{index}")
+            self._wait_nodes_ready(added)
+            yield added
+        finally:
+            self.remove_nodes(added)
+
+    def remove_nodes(self, names: Sequence[str]) -> None:
+        """Added nodes removed, the last added first (``more_nodes`` numbers by count)."""
+        for name in reversed(names):
+            popen = self.kubelets.pop(name)
+            if popen.poll() is None:
+                popen.terminate()
+            try:
+                popen.wait(30)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(5)
+            # A process kubelet's Lease has no owner reference to its Node: both go here.
+            self.kubectl("delete", "node", name, "--ignore-not-found")
+            self.kubectl("--namespace", "kube-node-lease", "delete", "lease", name,
+                         "--ignore-not-found")
+            self.network.remove_node(int(name.removeprefix("node-")))
 
     def stop(self) -> None:
         with contextlib.suppress(ValueError):

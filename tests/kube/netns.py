@@ -69,8 +69,16 @@ class HostNetwork:
         ip("link", "add", BRIDGE, "type", "bridge")
         ip("addr", "add", f"{GATEWAY}/{NETWORK.prefixlen}", "dev", BRIDGE)
         for index in range(1, self.nodes + 1):
-            ip("addr", "add", f"{node_address(index)}/32", "dev", BRIDGE)
+            self.add_node(index)
         ip("link", "set", BRIDGE, "up")
+
+    def add_node(self, index: int) -> None:
+        """Node ``index``'s host address on the bridge (its pods' addresses come with their
+        namespaces); a node added while the cluster runs gets it as the first nodes did."""
+        ip("addr", "add", f"{node_address(index)}/32", "dev", BRIDGE)
+
+    def remove_node(self, index: int) -> None:
+        ip("addr", "del", f"{node_address(index)}/32", "dev", BRIDGE, check=False)
 
     def delete(self) -> None:
         """The bridge and every pod namespace of this network (a killed run's too)."""
