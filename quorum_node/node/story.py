@@ -172,7 +172,6 @@ class NodeStory:
                     else "")
 
     def stopped(self, failure: BaseException | None) -> None:
-        if failure is None:
-            logger.info("node %d: stopped", self._node_id)
-        else:
-            logger.error("node %d: stopped after a failure: %s", self._node_id, failure)
+        # A failure was said once already, by the runtime's one CRITICAL line that stopped it.
+        logger.info("node %d: stopped%s", self._node_id,
+                    "" if failure is None else " (after the failure above)")

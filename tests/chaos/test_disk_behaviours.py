@@ -134,6 +134,10 @@ def test_a_failed_fsync_stops_the_node_with_one_line_and_acknowledges_nothing(
         assert "CRITICAL" in stopping[0] and "fsync failed" in stopping[0] \
             and "Input/output error" in stopping[0], stopping
         assert "Task exception was never retrieved" not in log
+        # The one line says it; nothing after it at WARNING or above repeats it or a traceback.
+        after = log[log.index(stopping[0]) + len(stopping[0]):]
+        assert "Traceback" not in after and " ERROR " not in after \
+            and " CRITICAL " not in after, after[:3000]
         # Restarted on the same page cache, then the power goes: the acknowledged value stays.
         cluster.start(1)
         cluster.wait_for_leader(timeout_s=30)
