@@ -667,6 +667,7 @@ class RaftCore:
             new = tuple(sorted((*self.voters, change.key)))
         else:
             new = tuple(voter for voter in self.voters if voter != change.key)
+        # None while the log's disk is full: appended at a later poll, within the deadline.
         change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
 
     def _voter_change_blocker(
@@ -823,12 +824,20 @@ class RaftCore:
             keys.append(ReplicaKey(key.id, directory_id))
         self._append_control(now_ms, state, [voters_record(keys)])
 
-    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
-        """Append a control batch after whatever client records are pending; its base offset."""
+    def _append_control(self, now_ms: int, state: LeaderState,
+                        records: Sequence[Record]) -> int | None:
+        """Append a control batch after whatever client records are pending; its base offset,
+        or None while the log's disk is full (nothing appended: the caller tries again at a
+        later poll, as pending records are)."""
         # Proposals keep the offsets they were given: the control batch only ever follows them.
         if state.pending and not self._append_pending(now_ms, state):
-            raise LogFullError("the log is full: records wait for space before this one")
-        batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
+            return None
+        try:
+            batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
+        except LogFullError as error:
+            self._warn_limited(now_ms, "log-full", "node %d: a control record waits for "
+                               "space: %s", self.node_id, error)
+            return None
         self._effects.flush = True
         self._on_log_appended([batch])
         end = self.log.end_offset
@@ -989,10 +998,18 @@ class RaftCore:
             granting_voters=tuple(ReplicaInfo.of(k) for k in candidate.election.granting()),
         )
         payload = change.model_dump_json(by_alias=True).encode()
-        self.log.append_as_leader(
-            [control_record(ControlRecordType.LEADER_CHANGE, payload)], leader.epoch, now_ms,
-            is_control=True,
-        )
+        try:
+            self.log.append_as_leader(
+                [control_record(ControlRecordType.LEADER_CHANGE, payload)], leader.epoch,
+                now_ms, is_control=True,
+            )
+        except LogFullError as error:
+            # A leader that cannot write its epoch's first record could commit nothing: it
+            # hands the epoch on at once (EndQuorumEpoch) rather than stop the node.
+            logger.warning("node %d: resigning the leadership of epoch %d at once: %s",
+                           self.node_id, leader.epoch, error)
+            self._resign(now_ms)
+            return
         self._effects.flush = True
 
     def _local_voter_key(self) -> ReplicaKey:
