@@ -92,6 +92,7 @@ async def operators(tmp_path: Path, names: str
                 kube.close()
 
 
+@pytest.mark.slow  # tens of seconds: CI's slow operator step
 async def test_a_frozen_operator_is_replaced_and_fenced(tmp_path: Path) -> None:
     async with operators(tmp_path, "ab") as (cluster, processes, _):
         await scenario(cluster, processes, tmp_path)

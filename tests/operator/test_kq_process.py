@@ -135,6 +135,7 @@ def operators(api_server: str, directory: Path,
             stop(process)
 
 
+@pytest.mark.slow  # tens of seconds: CI's slow operator step
 async def test_the_readiness_probe_passes_on_the_leader_and_on_a_standby(
         tmp_path: Path) -> None:
     """The chart's readiness probe asks the operator's health endpoint: it answers once the

@@ -45,6 +45,7 @@ async def delete_quorum(cluster: Cluster) -> None:
     await cluster.wait("the pods gone", no_pods, 30)
 
 
+@pytest.mark.slow  # tens of seconds: CI's slow operator step
 async def test_recreated_over_kept_claims(cluster: Cluster) -> None:
     await create_ready(cluster)
     before = await cluster.status()
