@@ -45,6 +45,7 @@ ROUTE_ROLES: Final[dict[tuple[str, str], Role | None]] = {
     ("PUT", "/v1/kv/{key}"): Role.WRITE,
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
     ("POST", "/v1/kv/{key}/cas"): Role.WRITE,
+    ("POST", "/v1/txn"): Role.WRITE,  # a txn of gets only too, as the stream's TXN
     # The binary client protocol: opening a stream needs read; each write on it, write.
     ("GET", "/v1/stream"): Role.READ,
     ("GET", "/v1/node"): Role.ADMIN,
