@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from proc_cluster import FAST, ProcessCluster
+from proc_cluster import FAST, ProcessCluster, http_json
 
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
 from quorum_node.backup.restore import new_voter_set, restore
@@ -98,6 +98,18 @@ def _backup(server: str, to: str, capsys: pytest.CaptureFixture[str], *extra: st
     assert main(["backup", "-b", server, "--to", to, *extra]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     return out.split(": node ", 1)[0]
+
+
+def _wait_committed(cluster: ProcessCluster, node_id: int, offset: int,
+                    timeout_s: float = 10) -> None:
+    """Until node ``node_id`` knows ``offset`` committed (its high watermark is past it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        node = http_json("GET", f"{cluster.nodes[node_id].url}/v1/node")
+        if isinstance(node["high_watermark"], int) and node["high_watermark"] > offset:
+            return
+        assert time.monotonic() < deadline, node
+        time.sleep(0.05)
 
 
 def _restored_quorum(tmp_path: Path, source: str, capsys: pytest.CaptureFixture[str],
@@ -235,7 +247,10 @@ def test_backup_to_and_restore_from_an_s3_server(
         capsys: pytest.CaptureFixture[str]) -> None:
     endpoint = ["--endpoint-url", str(s3_server.endpoint_url)]
     with _client(live) as client:
-        client.put("s3-key", "s3-value")
+        written = client.put("s3-key", "s3-value").offset
+    # A follower's backup holds what it knows committed: it learns of the put with its next
+    # fetch.
+    _wait_committed(live, 2, written)
     location = _backup(live.nodes[2].url, f"s3://{BUCKET}/fleet", capsys, *endpoint)
     assert location.startswith(f"s3://{BUCKET}/fleet/{live.cluster_id}/")
     assert location.endswith("-node-2")
