@@ -94,6 +94,15 @@ async def test_the_operator_command(tmp_path: Path) -> None:
 
                 await wait_for("the operator to create 3 claims", claims, 60,
                                (tmp_path / "operator.log").read_text)
+
+                async def reconciled() -> bool:
+                    _, text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{metrics}/metrics")
+                    return 'kafka_quorum_operator_reconciles_total{result="ok"}' in text
+
+                # The pass that created the claims may still be under way: its count comes when
+                # it ends.
+                await wait_for("a pass to end ok", reconciled, 60,
+                               (tmp_path / "operator.log").read_text)
                 body = await kube.get(cr_path("kq"))
                 assert body is not None and body["status"]["clusterId"]
                 lease = await kube.get(path("Lease", NAMESPACE, "kafka-quorum-operator"))
