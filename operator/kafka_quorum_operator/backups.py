@@ -117,11 +117,12 @@ def due(spec: Spec, status: Mapping[str, Any], last_attempt: float | None, now: 
     if spec.backup is None:
         return False
     recorded = (status.get("backup") or {}).get("lastAttemptTime")
-    last = max([t for t in (last_attempt, _seconds(recorded)) if t is not None], default=None)
+    last = max([t for t in (last_attempt, seconds_of(recorded)) if t is not None], default=None)
     return last is None or now - last >= spec.backup.interval_seconds
 
 
-def _seconds(text: object) -> float | None:
+def seconds_of(text: object) -> float | None:
+    """An RFC 3339 time written in status, in seconds; None if it is not one."""
     if not isinstance(text, str):
         return None
     try:
@@ -139,7 +140,7 @@ def export_last_backup(owner: r.Owner, spec: Spec, status: Mapping[str, Any]) ->
         with contextlib.suppress(KeyError):
             gauge.remove(owner.namespace, owner.name)
         return
-    recorded = _seconds((status.get("backup") or {}).get("lastTime"))
+    recorded = seconds_of((status.get("backup") or {}).get("lastTime"))
     if recorded is not None:
         gauge.labels(owner.namespace, owner.name).set(recorded)
 
@@ -238,7 +239,7 @@ class BackupScheduler:
         m.BACKUPS.labels("ok").inc()
         # As status.backup.lastTime records it (export_last_backup reads that after a restart).
         m.LAST_BACKUP.labels(owner.namespace, owner.name).set(
-            _seconds(manifest.created_at) or observed.now)
+            seconds_of(manifest.created_at) or observed.now)
         m.LAST_BACKUP_END_OFFSET.labels(owner.namespace, owner.name).set(manifest.end_offset)
         await patch_status(owner, {"backup": {
             "lastAttemptTime": attempt, "lastTime": manifest.created_at,
@@ -300,8 +301,14 @@ def restore_init_container(spec: Spec, restore: Mapping[str, Any], node_id: int
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
-    if bootstrap.region:
-        container["env"] = [{"name": "AWS_REGION", "value": bootstrap.region}]
-    if bootstrap.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": bootstrap.credentials_secret}}]
+    with_store_credentials(container, bootstrap.region, bootstrap.credentials_secret)
     return container
+
+
+def with_store_credentials(container: dict[str, Any], region: str | None,
+                           credentials_secret: str | None) -> None:
+    """The object store's region and credentials Secret as the container's environment."""
+    if region:
+        container["env"] = [{"name": "AWS_REGION", "value": region}]
+    if credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": credentials_secret}}]

@@ -24,7 +24,6 @@ whether it served.
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.backups import Event, PatchStatus
+from kafka_quorum_operator.backups import Event, PatchStatus, seconds_of, with_store_credentials
 from kafka_quorum_operator.kube import Kube, path
 from kafka_quorum_operator.spec import ObjectStore, RestoreDrill, Spec
 from kafka_quorum_operator.status import iso
@@ -51,17 +50,8 @@ FINISHED_TTL_S = 24 * 3600
 
 
 def drill_due(drill: RestoreDrill, last: Mapping[str, Any], now: float) -> bool:
-    started = _seconds(last.get("startedAt"))
+    started = seconds_of(last.get("startedAt"))
     return started is None or now - started >= drill.interval_seconds
-
-
-def _seconds(text: object) -> float | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def drill_location(store: ObjectStore, cluster_id: str) -> str:
@@ -86,10 +76,7 @@ def drill_job(owner: r.Owner, spec: Spec, cluster_id: str) -> dict[str, Any]:
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
-    if store.region:
-        container["env"] = [{"name": "AWS_REGION", "value": store.region}]
-    if store.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": store.credentials_secret}}]
+    with_store_credentials(container, store.region, store.credentials_secret)
     labels = r.labels(owner.name, DRILL_COMPONENT)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False,
