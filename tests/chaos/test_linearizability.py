@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
+import pytest
 from linearizability import (
     CheckResult,
     Kind,
     Operation,
     Outcome,
+    TxnCall,
+    TxnCompare,
+    TxnReply,
+    TxnStep,
     Value,
     check,
+    checked_operations,
+    compare_holds,
+    group_step,
     step,
+    txn_step,
 )
 
 
@@ -284,3 +294,288 @@ def test_agrees_with_exhaustive_search_on_small_random_histories() -> None:
         assert check(history).linearizable is expected, "\n".join(op.describe() for op in history)
         verdicts[expected] += 1
     assert min(verdicts.values()) > 200, verdicts  # both verdicts well represented
+
+
+# --- transactions: several keys read and written at one instant ------------------------------
+
+def txn(compares: list[TxnCompare], success: list[TxnStep], failure: list[TxnStep],
+        reply: TxnReply | None, during: tuple[float, float | None], *,
+        failed: bool = False) -> Operation:
+    """A txn called and returning ``during`` (no return: unknown)."""
+    call = TxnCall(tuple(compares), tuple(success), tuple(failure))
+    start, end = during
+    outcome = Outcome.FAILED if failed else Outcome.UNKNOWN if end is None else Outcome.OK
+    return Operation(Kind.TXN, call.keys[0], start, end, outcome,
+                     result=reply if outcome is Outcome.OK else None, txn=call)
+
+
+def value_is(key: str, value: str) -> TxnCompare:
+    return TxnCompare(key, "value", "=", value)
+
+
+def absent(key: str) -> TxnCompare:
+    return TxnCompare(key, "version", "=", 0)
+
+
+def put_step(key: str, value: str) -> TxnStep:
+    return TxnStep("put", key, value)
+
+
+def get_step(key: str) -> TxnStep:
+    return TxnStep("get", key)
+
+
+def both_written(value: str, start: float, end: float | None,
+                 existed: tuple[bool, bool] = (False, False)) -> Operation:
+    """A txn putting ``value`` to "a" and "b" together, unconditionally."""
+    return txn([], [put_step("a", value), put_step("b", value)], [],
+               TxnReply(True, existed), (start, end))
+
+
+def read_both(seen: tuple[Value, Value], start: float, end: float | None) -> Operation:
+    return txn([], [get_step("a"), get_step("b")], [], TxnReply(True, seen), (start, end))
+
+
+def test_txns_join_their_keys_into_one_group() -> None:
+    history = [put("1", 0, 1, key="a"), both_written("2", 2, 3, (True, False)),
+               get("2", 4, 5, key="b"), put("1", 0, 1, key="c")]
+    result = check(history)
+    assert result.linearizable, result.explain()
+    assert [r.key for r in result.keys] == ["a+b", "c"]
+    assert check([*history, get("1", 6, 7, key="a")]).violations[0].key == "a+b"
+
+
+def test_sequential_txns_are_linearizable() -> None:
+    history = [
+        txn([absent("a")], [put_step("a", "1"), put_step("b", "1")], [get_step("a")],
+            TxnReply(True, (False, False)), (0, 1)),
+        txn([value_is("a", "1")], [put_step("a", "2"), get_step("b")], [],
+            TxnReply(True, (True, "1")), (2, 3)),
+        # The compare fails: the failure branch runs and reads what a and b hold.
+        txn([value_is("a", "1")], [put_step("a", "3")], [get_step("a"), get_step("b")],
+            TxnReply(False, ("2", "1")), (4, 5)),
+        txn([], [TxnStep("delete", "b"), get_step("b")], [], TxnReply(True, (True, None)),
+            (6, 7)),
+        read_both(("2", None), 8, 9),
+        cas("2", "4", True, 10, 11, key="a"),
+        get("4", 12, 13, key="a"),
+    ]
+    result = check(history)
+    assert result.linearizable, result.explain()
+    [group] = result.keys
+    assert group.key == "a+b" and group.operations == len(history)
+
+
+def test_a_txn_applied_non_atomically() -> None:
+    # The txn writes a and b at one instant: a read that saw its a must see its b.
+    torn_reads = [both_written("x", 0, 10), get("x", 2, 3, key="a"), get(None, 4, 5, key="b")]
+    explanation = assert_violation(check(torn_reads), key="a+b")
+    assert "get('b') -> None" in explanation
+    # Two puts in its place, each atomic on its own, explain the same reads.
+    assert check([put("x", 0, 10, key="a"), put("x", 0, 10, key="b"),
+                  *torn_reads[1:]]).linearizable
+    assert check([both_written("x", 0, 10), get("x", 2, 3, key="a"),
+                  get("x", 4, 5, key="b")]).linearizable
+    # A read-only txn sees both or neither.
+    assert_violation(check([both_written("x", 0, 10), read_both(("x", None), 2, 3)]), "a+b")
+    assert check([both_written("x", 0, 10), read_both((None, None), 2, 3)]).linearizable
+    # Nor may an unknown txn take effect in part.
+    assert_violation(check([both_written("x", 0, None), get("x", 2, 3, key="a"),
+                            get(None, 4, 5, key="b")]), "a+b")
+
+
+def test_a_stale_read_in_the_failure_branch() -> None:
+    writes = [put("1", 0, 1, key="a"), put("2", 2, 3, key="a")]
+    stale = txn([value_is("a", "9")], [put_step("a", "3")], [get_step("a")],
+                TxnReply(False, ("1",)), (4, 5))
+    explanation = assert_violation(check([*writes, stale]), key="a")
+    assert "txn(if value('a') = '9' then put 'a'='3' else get 'a') -> failed ['1']" \
+        in explanation
+    fresh = txn([value_is("a", "9")], [put_step("a", "3")], [get_step("a")],
+                TxnReply(False, ("2",)), (4, 5))
+    assert check([*writes, fresh]).linearizable
+    # Nor may the txn say its compare held when it could not have, or run the wrong branch.
+    wrong_branch = txn([value_is("a", "9")], [put_step("a", "3")], [get_step("a")],
+                       TxnReply(True, (True,)), (4, 5))
+    assert_violation(check([*writes, wrong_branch]), key="a")
+    # A compare of an absent key's value never holds, even "!=".
+    never = txn([TxnCompare("a", "value", "!=", "1")], [put_step("a", "3")], [],
+                TxnReply(True, (False,)), (0, 1))
+    assert_violation(check([never]), key="a")
+
+
+def test_version_compares_the_model_cannot_decide_are_refused() -> None:
+    history = [put("1", 0, 1), txn([TxnCompare("k", "version", "=", 3)], [], [],
+                                   TxnReply(False, ()), (2, 3))]
+    with pytest.raises(ValueError, match="not its version"):
+        check(history)
+
+
+def simulated_txn_history(seed: int, operations: int, clients: int, unknown_rate: float,
+                          torn: bool = False) -> list[Operation]:
+    """A history of gets, puts and txns on three keys, each operation taking effect at a random
+    instant inside its interval (unknown ones: at that instant, or never). With ``torn``, a txn
+    that puts several keys applies its first put at that instant and the rest when it returns,
+    as a store applying a txn's puts one at a time would."""
+    rng = random.Random(seed)
+    keys = ["a", "b", "c"]
+    clock = [0.0] * clients
+    planned: list[tuple[float, float, float, int, int, Operation]] = []
+    latest: dict[str, str] = {}  # the value last written to each key, in the order planned
+    for n in range(operations):
+        client = n % clients
+        start = clock[client] + rng.uniform(0, 0.002)
+        effect = start + rng.uniform(0, 0.01)
+        end = effect + rng.uniform(0, 0.01)
+        clock[client] = end
+        roll = rng.random()
+        first, second = rng.sample(keys, 2)
+        if roll < 0.3:
+            op = Operation(Kind.GET, first, start, end, Outcome.OK, client=client)
+        elif roll < 0.5:
+            op = Operation(Kind.PUT, first, start, end, Outcome.OK, value=f"v{n}", client=client)
+            latest[first] = f"v{n}"
+        else:
+            # Mostly what a client that read the key last would expect: many compares hold.
+            expected = latest.get(first, "v0") if rng.random() < 0.8 else f"v{rng.randrange(n)}"
+            call = TxnCall((TxnCompare(first, "value", "=", expected),),
+                           (put_step(first, f"v{n}"), put_step(second, f"v{n}")),
+                           (get_step(first), get_step(second)))
+            if roll < 0.65:
+                call = TxnCall((), tuple(get_step(key) for key in keys))
+            else:
+                latest[first] = latest[second] = f"v{n}"
+            op = Operation(Kind.TXN, first, start, end, Outcome.OK, client=client, txn=call)
+        unknown = op.kind is not Kind.GET and rng.random() < unknown_rate
+        if unknown and rng.random() < 0.5:  # it never took effect
+            planned.append((end, start, end, n, -1, replace(op, completed=None,
+                                                             outcome=Outcome.UNKNOWN)))
+            continue
+        if unknown:
+            op = replace(op, completed=None, outcome=Outcome.UNKNOWN)
+        planned.append((effect, start, end, n, 0, op))
+        if torn and op.txn is not None and op.txn.writes:
+            planned.append((end, start, end, n, 1, op))  # its other puts, later
+    state = dict.fromkeys(keys)
+    where = {key: position for position, key in enumerate(keys)}
+    replies: dict[int, TxnReply] = {}
+    history: dict[int, Operation] = {}
+    for _, _, _, n, part, op in sorted(planned, key=lambda p: (p[0], p[3], p[4])):
+        if part == -1:
+            history[n] = op
+            continue
+        before = tuple(state[key] for key in keys)
+        if op.txn is None:
+            _, after = group_step(before, replace(op, outcome=Outcome.UNKNOWN), where)
+            result = state[op.key] if op.kind is Kind.GET else None
+        elif part == 1:  # a torn txn's later puts
+            after, result = before, None
+            for written in op.txn.success[1:]:
+                after = tuple(written.value if key == written.key else after[where[key]]
+                              for key in keys)
+        else:
+            result = replies[n] = _txn_reply(op.txn, before, where)
+            if torn and op.txn.writes and result.succeeded:
+                written = op.txn.success[0]
+                after = tuple(written.value if key == written.key else before[where[key]]
+                              for key in keys)
+            else:
+                _, after = txn_step(before, replace(op, outcome=Outcome.UNKNOWN), where)
+        state = dict(zip(keys, after, strict=True))
+        if part == 0 and op.outcome is Outcome.OK:
+            history[n] = replace(op, result=result)
+        elif part == 0:
+            history[n] = op
+    return [history[n] for n in sorted(history)]
+
+
+def _txn_reply(call: TxnCall, state: tuple[Value, ...], where: dict[str, int]) -> TxnReply:
+    succeeded = all(compare_holds(c, state[where[c.key]]) for c in call.compares)
+    values = list(state)
+    responses: list[Value | bool] = []
+    for one in call.success if succeeded else call.failure:
+        current = values[where[one.key]]
+        responses.append(current if one.kind == "get" else current is not None)
+        if one.kind == "put":
+            values[where[one.key]] = one.value
+    return TxnReply(succeeded, tuple(responses))
+
+
+def test_simulated_txn_histories_and_their_torn_mutants() -> None:
+    """Histories of a correct store pass; the same workload on a store that applies a txn's
+    puts one at a time fails (its readers catch a txn half applied)."""
+    for seed in range(3):
+        history = simulated_txn_history(seed, 1000, clients=4, unknown_rate=0.03)
+        result = check(history)
+        assert result.linearizable, result.explain()
+        assert sum(op.kind is Kind.TXN for op in history) > 400
+        assert sum(isinstance(op.result, TxnReply) and op.result.succeeded and op.txn is not None
+                   and op.txn.writes for op in history) > 20
+        torn = check(simulated_txn_history(seed, 1000, clients=4, unknown_rate=0.03, torn=True))
+        assert not torn.linearizable
+        [violation] = torn.violations
+        assert violation.key == "a+b+c"
+
+
+def group_brute_force(history: list[Operation], keys: tuple[str, ...]) -> bool:
+    """``brute_force`` for a group of keys, with the group's model."""
+    ops = checked_operations(history)
+    where = {key: position for position, key in enumerate(keys)}
+
+    def extend(done: frozenset[int], state: tuple[Value, ...]) -> bool:
+        if all(i in done for i, op in enumerate(ops) if op.outcome is Outcome.OK):
+            return True
+        horizon = min(op.completed for i, op in enumerate(ops)
+                      if i not in done and op.completed is not None)
+        for i, op in enumerate(ops):
+            if i not in done and op.invoked <= horizon:
+                accepted, after = group_step(state, op, where)
+                if accepted and extend(done | {i}, after):
+                    return True
+        return False
+
+    return extend(frozenset(), (None,) * len(keys))
+
+
+def random_txn_history(rng: random.Random, size: int) -> list[Operation]:
+    values: list[Value] = ["x", "y", None]
+    history = []
+    for _ in range(size):
+        start = rng.uniform(0, 10)
+        end = None if rng.random() < 0.15 else start + rng.uniform(0, 4)
+        outcome = Outcome.UNKNOWN if end is None else Outcome.OK
+        key = rng.choice("ab")
+        if rng.random() < 0.5:
+            kind = rng.choice([Kind.PUT, Kind.GET, Kind.DELETE])
+            result: Value | bool = (rng.choice(values) if kind is Kind.GET else
+                                    rng.random() < 0.5 if kind is Kind.DELETE else None)
+            history.append(Operation(kind, key, start, end, outcome, rng.choice(values[:2]),
+                                     None, result if end is not None else None))
+            continue
+        other = "b" if key == "a" else "a"
+        compares = [value_is(key, str(rng.choice(values[:2])))] if rng.random() < 0.5 else \
+            [absent(key)]
+        success = [put_step(key, str(rng.choice(values[:2]))),
+                   rng.choice([get_step(other), TxnStep("delete", other)])]
+        failure = [get_step(key), get_step(other)][:rng.randrange(3)]
+        succeeded = rng.random() < 0.5
+        branch = success if succeeded else failure
+        reply = TxnReply(succeeded, tuple(rng.choice(values) if s.kind == "get" else
+                                          rng.random() < 0.5 for s in branch))
+        history.append(txn(compares, success, failure, reply, (start, end)))
+    return history
+
+
+def test_groups_agree_with_exhaustive_search_on_small_random_histories() -> None:
+    rng = random.Random(5)
+    verdicts = {True: 0, False: 0}
+    for _ in range(1500):
+        history = random_txn_history(rng, rng.randrange(1, 6))
+        keys = tuple(sorted({key for op in history for key in op.keys}))
+        if len(keys) == 1:
+            continue
+        expected = group_brute_force(history, keys)
+        assert check(history).linearizable is expected, "\n".join(op.describe()
+                                                                  for op in history)
+        verdicts[expected] += 1
+    assert min(verdicts.values()) > 100, verdicts
