@@ -1,19 +1,23 @@
 """Chaos: a 3-node quorum of real processes under a schedule of faults, with concurrent clients
 whose history must be linearizable.
 
-Five clients put, read (linearizable GET), compare-and-set and delete values on four keys, each
-operation recorded with its call and completion times (monotonic) and its outcome: ok, failed (503
-NO_LEADER, APPEND_LOST, NODE_FAILED, SHUTTING_DOWN, or 408: definitely not applied) or unknown (504
-TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit at any time, or never). Redirects are
-followed to the node they name. Meanwhile a nemesis injects, one at a time and in a seeded order,
-each of: kill -9 of the leader and of a follower (then a restart), SIGSTOP/SIGCONT of the leader and
-of a follower, a two-way partition of the leader and of a follower, and a disk replacement (kill -9,
-wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of the new directory and
-RemoveVoter of the old one). At the end everything is healed, every key is read once more
-(linearizable), every node's copy must converge to those values, and the whole history goes through
-the linearizability checker (``linearizability.py``); with the final reads in it, an acknowledged
-write that was lost is a violation too. A sixth client writes keys of its own, each once: every
-write acknowledged must be read back at the end.
+Five clients put, read (linearizable GET), compare-and-set and delete values on four keys, and
+run transactions over two or three of them (``POST /v1/txn``: a value moved to two keys if the
+first holds what the client last saw there, else both read; or two or three keys read at once),
+each operation recorded with its call and completion times (monotonic) and its outcome: ok, failed
+(503 NO_LEADER, APPEND_LOST, NODE_FAILED, SHUTTING_DOWN, or 408: definitely not applied) or
+unknown (504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit at any time, or never).
+Redirects are followed to the node they name. Meanwhile a nemesis injects, one at a time and in a
+seeded order, each of: kill -9 of the leader and of a follower (then a restart), SIGSTOP/SIGCONT of
+the leader and of a follower, a two-way partition of the leader and of a follower, and a disk
+replacement (kill -9, wipe, ``quorum-node format`` with a new directory id, restart, AddVoter of
+the new directory and RemoveVoter of the old one). At the end everything is healed, every key is
+read once more (linearizable), every node's copy must converge to those values, and the whole
+history goes through the linearizability checker (``linearizability.py``), which checks the keys
+that txns join as one group (a txn's compares, branch and every answer against the group's state
+at one instant); with the final reads in it, an acknowledged write that was lost is a violation
+too. A sixth client writes keys of its own, each once: every write acknowledged must be read back
+at the end.
 
 The disk faults run with each node's log directory on a lazy file system (``lazyfs.py``, FUSE):
 the power lost on the leader, on a minority and on every node at once (killed, then the disk drops
@@ -204,13 +208,14 @@ def run_chaos(processes: ProcessCluster, network: Network, disks: dict[int, Lazy
     ok = sum(op.outcome is Outcome.OK for op in history)
     print(f"{len(history)} operations on {len(final)} keys, {ok} ok; {len(nemesis.faults)} "
           f"faults in {faulted:.1f} s; replicas converged in {converged:.1f} s; checker "
-          f"{result.seconds:.3f} s ({sum(r.explored for r in result.keys)} configurations); "
+          f"{result.seconds:.3f} s ({sum(r.explored for r in result.keys)} configurations, "
+          f"{len(result.keys)} groups of keys); "
           f"{len(acknowledged.written)} acknowledged writes of unique keys, {len(lost)} lost; "
           f"{time.monotonic() - began:.1f} s in all\n{tally.report()}\nfaults:\n"
           f"{nemesis.report()}{after_power_loss}")
     assert not tally.unexpected, tally.unexpected[:5]
     assert {fault.name for fault in nemesis.faults} == set(kinds)
-    for kind in (Kind.PUT, Kind.GET, Kind.CAS):
+    for kind in (Kind.PUT, Kind.GET, Kind.CAS, Kind.TXN):
         assert tally.outcomes[kind.value, "ok"] >= 10, f"too few {kind.value}s went through"
     assert not lost, f"seed {seed}: acknowledged writes lost: {lost[:10]}"
     assert result.linearizable, f"seed {seed}:\n{result.explain()}"

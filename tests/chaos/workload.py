@@ -22,7 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from lazyfs import LazyFs
-from linearizability import Kind, Operation, Outcome, Recorder, Value, finished
+from linearizability import (
+    Kind,
+    Operation,
+    Outcome,
+    Recorder,
+    Result,
+    TxnCall,
+    TxnCompare,
+    TxnReply,
+    TxnStep,
+    Value,
+    finished,
+)
 from proc_cluster import FaultProxy, ProcessCluster
 
 # Refusals that say the write was never appended, or was truncated away and will never commit
@@ -163,8 +175,37 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def kv_path(key: str, suffix: str = "", **query: str) -> str:
-    params = urllib.parse.urlencode({"timeout_ms": str(SERVER_TIMEOUT_MS), **query})
-    return f"/v1/kv/{urllib.parse.quote(key, safe='')}{suffix}?{params}"
+    return f"/v1/kv/{urllib.parse.quote(key, safe='')}{suffix}?{_query(**query)}"
+
+
+def txn_path() -> str:
+    return f"/v1/txn?{_query()}"
+
+
+def _query(**query: str) -> str:
+    return urllib.parse.urlencode({"timeout_ms": str(SERVER_TIMEOUT_MS), **query})
+
+
+def txn_body(call: TxnCall) -> bytes:
+    """``POST /v1/txn``'s body for ``call``."""
+    return json.dumps({
+        "compare": [{"key": c.key, "target": c.target, "result": c.result, c.target: c.operand}
+                    for c in call.compares],
+        "success": [_txn_step_json(s) for s in call.success],
+        "failure": [_txn_step_json(s) for s in call.failure],
+    }).encode()
+
+
+def _txn_step_json(txn_step: TxnStep) -> dict[str, str | None]:
+    document = {"op": txn_step.kind, "key": txn_step.key}
+    return {**document, "value": txn_step.value} if txn_step.kind == "put" else document
+
+
+def txn_reply(body: Any) -> TxnReply:
+    """An answer of ``POST /v1/txn`` as the checker's ``TxnReply``."""
+    answers = {"get": "value", "put": "existed", "delete": "deleted"}
+    return TxnReply(bool(body["succeeded"]),
+                    tuple(response[answers[response["op"]]] for response in body["responses"]))
 
 
 @dataclass
@@ -219,6 +260,10 @@ class KvSession:
         return self._write(Kind.DELETE, key,
                            ("DELETE", kv_path(key), None, "application/json"))
 
+    def txn(self, call: TxnCall) -> Operation:
+        return self._write(Kind.TXN, call.keys[0],
+                           ("POST", txn_path(), txn_body(call), "application/json"), txn=call)
+
     def get(self, key: str, *, stale: bool = False) -> Operation:
         invoked = time.monotonic()
         path = kv_path(key, stale="true") if stale else kv_path(key)
@@ -235,37 +280,41 @@ class KvSession:
         return op
 
     def _write(self, kind: Kind, key: str, request: tuple[str, str, bytes | None, str], *,
-               value: Value = None, expected: Value = None) -> Operation:
+               value: Value = None, expected: Value = None,
+               txn: TxnCall | None = None) -> Operation:
         """``request``: method, path, body, content type."""
         invoked = time.monotonic()
         reply, self.node_id = self.client.request(self.node_id, *request)
         if reply.status == 200:
-            result: Value | bool = None
+            result: Result = None
             if kind is Kind.CAS:
                 result = bool(reply.body["applied"])
             elif kind is Kind.DELETE:
                 result = bool(reply.body["deleted"])
+            elif kind is Kind.TXN:
+                result = txn_reply(reply.body)
             op = self._finish(kind, key, invoked, Outcome.OK, value=value, expected=expected,
-                              result=result)
+                              result=result, txn=txn)
         elif reply.code in NOT_APPLIED_CODES or reply.status in (307, 408) or reply.refused:
             # A redirect is a refusal too (more hops than followed), and so is a body the node
             # gave up reading (408: a paused node may find its read timer expired on waking),
             # and a connection refused (a node down): the request never reached a node. Counted
             # unknown, each would make the checker's search far longer.
-            op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected)
+            op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected,
+                              txn=txn)
         else:
             # 504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit, now or later.
             op = self._finish(kind, key, invoked, Outcome.UNKNOWN, value=value,
-                              expected=expected)
+                              expected=expected, txn=txn)
             self._check_expected(reply, op)
         self.tally.add(op, reply)
         return op
 
     def _finish(self, kind: Kind, key: str, invoked: float, outcome: Outcome, *,
-                value: Value = None, expected: Value = None,
-                result: Value | bool = None) -> Operation:
+                value: Value = None, expected: Value = None, result: Result = None,
+                txn: TxnCall | None = None) -> Operation:
         op = finished(kind, key, invoked, outcome, client=self.number, value=value,
-                      expected=expected, result=result)
+                      expected=expected, result=result, txn=txn)
         self.recorder.record(op)
         return op
 
@@ -276,8 +325,11 @@ class KvSession:
 
 
 class Worker(threading.Thread):
-    """A client doing random puts, linearizable gets, compare-and-sets and deletes on a few
-    keys until stopped."""
+    """A client doing random puts, linearizable gets, compare-and-sets, deletes and txns on a
+    few keys until stopped. A txn either moves a value: if the first of two keys holds what
+    this client last saw there (or is absent), it puts one new value to both, else it reads
+    both; or it reads two or three keys at once. Either way the checker sees several keys
+    written or read at one instant."""
 
     def __init__(self, session: KvSession, nodes: list[int], keys: Callable[[], list[str]],
                  seed: int, stop: threading.Event) -> None:
@@ -293,26 +345,52 @@ class Worker(threading.Thread):
     def run(self) -> None:
         rng, session = self._rng, self.session
         while not self._halt.is_set():
-            key = rng.choice(self._keys())
+            keys = self._keys()
+            key = rng.choice(keys)
             roll = rng.random()
             self._sequence += 1
             value = f"c{session.number}-{self._sequence}"
-            if roll < 0.35:
+            if roll < 0.3:
                 op = session.put(key, value)
-            elif roll < 0.7:
+            elif roll < 0.58:
                 op = session.get(key)
-            elif roll < 0.95:
+            elif roll < 0.78:
                 op = session.cas(key, self._seen.get(key), value)
-            else:
+            elif roll < 0.82:
                 op = session.delete(key)
+            else:
+                op = session.txn(self.txn_call(keys, value))
             if op.outcome is Outcome.OK:
-                if op.kind is Kind.GET:
-                    self._seen[key] = op.result if isinstance(op.result, str) else None
-                elif op.kind is Kind.PUT or (op.kind is Kind.CAS and op.result):
-                    self._seen[key] = op.value
+                self.saw(op)
             else:
                 session.node_id = rng.choice(self._nodes)
                 self._halt.wait(0.05)
+
+    def txn_call(self, keys: list[str], value: str) -> TxnCall:
+        rng = self._rng
+        if rng.random() < 0.3:
+            return TxnCall((), tuple(TxnStep("get", key)
+                                     for key in rng.sample(keys, rng.choice((2, 3)))))
+        first, second = rng.sample(keys, 2)
+        seen = self._seen.get(first)
+        compare = TxnCompare(first, "version", "=", 0) if seen is None else \
+            TxnCompare(first, "value", "=", seen)
+        return TxnCall((compare,), (TxnStep("put", first, value), TxnStep("put", second, value)),
+                       (TxnStep("get", first), TxnStep("get", second)))
+
+    def saw(self, op: Operation) -> None:
+        """Remember what an ok operation showed of its keys."""
+        if op.kind is Kind.GET:
+            self._seen[op.key] = op.result if isinstance(op.result, str) else None
+        elif op.kind is Kind.PUT or (op.kind is Kind.CAS and op.result):
+            self._seen[op.key] = op.value
+        elif op.txn is not None and isinstance(op.result, TxnReply):
+            branch = op.txn.success if op.result.succeeded else op.txn.failure
+            for txn_step, answer in zip(branch, op.result.responses, strict=True):
+                if txn_step.kind == "put":
+                    self._seen[txn_step.key] = txn_step.value
+                elif txn_step.kind == "get":
+                    self._seen[txn_step.key] = answer if isinstance(answer, str) else None
 
 
 ACKNOWLEDGED_PREFIX = "ack-"
