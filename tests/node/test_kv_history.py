@@ -18,6 +18,7 @@ from quorum_node.node.kv import (
     KvOp,
     KvStore,
     Put,
+    Txn,
     change_bytes,
     encode_op,
 )
@@ -99,12 +100,19 @@ def test_a_long_look_at_the_history_is_done_in_slices() -> None:
     assert (found, next_offset, done) == ([KvEvent(50, "mine", "1")], 51, True)
 
 
+KEYS = ["ak", "a/k", "a/bk", "abk", "bk", "b\u00e9k", "k"]
+put = st.builds(Put, st.sampled_from(["a", "a/", "a/b", "ab", "b", "b\u00e9", ""]).map(
+    lambda k: k + "k"), st.text(max_size=3))
+delete = st.builds(Delete, st.sampled_from(KEYS))
+# A txn's branch writes each key once at most; with no compare, its success branch runs.
+txn = st.lists(put | delete, max_size=4, unique_by=lambda op: op.key).map(
+    lambda writes: Txn((), tuple(writes), ()))
+# A snapshot's map (a dict in the list), loaded in the store's place: a leader's, say.
 operation = st.one_of(
-    st.builds(Put, st.sampled_from(["a", "a/", "a/b", "ab", "b", "b\u00e9", ""]).map(
-        lambda k: k + "k"), st.text(max_size=3)),
-    st.builds(Delete, st.sampled_from(["ak", "a/k", "a/bk", "abk", "bk", "b\u00e9k", "k"])),
+    put, delete,
     st.builds(Cas, st.sampled_from(["ak", "a/k", "bk"]), st.none() | st.text(max_size=2),
               st.none() | st.text(max_size=2)),
+    txn, st.dictionaries(st.sampled_from(KEYS), st.text(max_size=2), max_size=4),
 )
 
 
@@ -112,25 +120,38 @@ operation = st.one_of(
        st.none() | st.sampled_from(["", "a", "a/k", "ak", "bk"]),
        st.integers(min_value=1, max_value=5))
 def test_pages_follow_the_map_in_key_order_whatever_was_put_and_deleted(
-        operations: list[KvOp], prefix: str, start_after: str | None, limit: int) -> None:
+        operations: list[KvOp | dict[str, str]], prefix: str, start_after: str | None,
+        limit: int) -> None:
+    """Puts, deletes, cas, txns writing several keys, and snapshots loaded in the map's place:
+    the ordered index of keys a page bisects stays the map's keys."""
     store = KvStore()
     model: dict[str, str] = {}
     for offset, op in enumerate(operations):
+        if isinstance(op, dict):
+            model = dict(op)
+            store.load_snapshot([encode_op(Put(key, value)) for key, value in
+                                 sorted(model.items())], next_offset=offset + 1)
+            continue
         store.apply_batch(ops(offset, op))
-        if isinstance(op, Put):
-            model[op.key] = op.value
-        elif isinstance(op, Delete):
-            model.pop(op.key, None)
-        elif model.get(op.key) == op.expected:
-            if op.value is None:
-                model.pop(op.key, None)
-            else:
-                model[op.key] = op.value
+        for write in op.success if isinstance(op, Txn) else (op,):
+            apply_to_model(model, write)
     expected = sorted((k, v) for k, v in model.items() if k.startswith(prefix)
                       and (start_after is None or k > start_after))
     assert store.items() == sorted(model.items())
     entries, more = store.scan(prefix, start_after, limit, MIB)
     assert entries == expected[:limit] and more == (len(expected) > limit)
+
+
+def apply_to_model(model: dict[str, str], op: KvOp) -> None:
+    if isinstance(op, Put):
+        model[op.key] = op.value
+    elif isinstance(op, Delete):
+        model.pop(op.key, None)
+    elif isinstance(op, Cas) and model.get(op.key) == op.expected:
+        if op.value is None:
+            model.pop(op.key, None)
+        else:
+            model[op.key] = op.value
 
 
 @dataclass(eq=False)
