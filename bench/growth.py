@@ -10,15 +10,17 @@ Each figure is a measurement, printed and written as JSON; nothing asserts one.
   its start until its own store serves a key written after the records (a stale read on it).
 - ``kv``: a 3-voter quorum (a snapshot every 200,000 records, fewer for fewer keys; 8 MiB
   segments) is loaded with ``--keys`` keys of 100-byte values (from 8 clients, transactions of
-  128 puts, as etcd is: ``load_keys_per_s``); then each node's RSS;
-  linearizable reads/s (p50/p99, CPU per read) from 64 clients in ``--client-processes``
-  processes; a follower restarted over its snapshot and log tail (start
-  until it serves the last key; its log's "loaded snapshot" line says how long the snapshot
-  took), and its RSS after that; and a new replica's catch-up through the leader's snapshot
-  (``snapshot_catchup.replace_and_catch_up``) in keys/s and MB/s.
+  128 puts, as etcd is: ``load_keys_per_s``); then each node's RSS; linearizable reads/s
+  (p50/p99, CPU per read) from 64 clients in ``--client-processes`` processes; puts/s with one
+  put per call from 8 clients (``puts_8``: the same load without transactions); a follower
+  restarted over its snapshot and log tail (start until it serves the last key; its log's
+  "loaded snapshot" line says how long the snapshot took), and its RSS after that; and a new
+  replica's catch-up through the leader's snapshot (``snapshot_catchup.replace_and_catch_up``)
+  in keys/s and MB/s.
 - ``etcd`` (when ``etcd`` and the bench extra are installed): a 3-member etcd given the same keys
   (over gRPC, transactions of 128 puts), its RSS, linearizable ranges/s from 64 clients over
-  gRPC, and a member's restart until it serves the last key (a serializable range on it).
+  gRPC, puts/s with one put per call from 8 clients, and a member's restart until it serves the
+  last key (a serializable range on it).
 
 Restarts also report the CPU seconds the new process used until it served: a shared machine
 stretches the wall time, much less that.
@@ -42,6 +44,7 @@ from drivers import (
     QUORUM,
     VALUE,
     Load,
+    Target,
     etcd_member_has,
     grpc_available,
     load_keys,
@@ -57,6 +60,7 @@ from quorum_node.client import QuorumClient
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 
 READ_CLIENTS = 64
+LOAD_CLIENTS = 8
 LOG_RECORD = b"x" * 1024
 LOG_BATCH = 1000
 
@@ -141,7 +145,7 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         leader = wait_for_leader(system, QUORUM)
         target = system.target(QUORUM, leader)
         print(f"quorum: loading {keys:,} keys", file=sys.stderr, flush=True)
-        load_s = load_keys(target, keys, 8, processes)
+        load_s = load_keys(target, keys, LOAD_CLIENTS, processes)
         time.sleep(3)  # a snapshot may be being written
         result: dict[str, Any] = {"keys": keys, "load_s": load_s,
                                   "load_keys_per_s": keys / load_s,
@@ -150,6 +154,7 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
                                         seconds, processes,
                                         server_pids=list(system.pids.values()))
+        result["puts_8"] = single_puts("quorum", system, target, seconds, processes)
         port = follower(system, leader)
         node = system.local_nodes[port]
         last = f"k{keys - 1}"
@@ -177,13 +182,22 @@ def kv_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict
         return result
 
 
+def single_puts(name: str, system: System, target: Target, seconds: float,
+                processes: int) -> dict[str, Any]:
+    """One put per call from LOAD_CLIENTS clients for ``seconds`` (new keys of their own, a
+    few thousand beside the loaded ones): the load's rate without transactions."""
+    print(f"{name}: one put per call", file=sys.stderr, flush=True)
+    return timed_load(target, Load("put"), LOAD_CLIENTS, seconds, processes,
+                      server_pids=list(system.pids.values()))
+
+
 def etcd_growth(base_port: int, keys: int, seconds: float, processes: int) -> dict[str, Any]:
     with running(lambda d: start_etcd(d, base_port)) as system:
         assert system is not None
         leader = wait_for_leader(system, ETCD_GRPC)
         target = system.target(ETCD_GRPC, leader)
         print(f"etcd: loading {keys:,} keys", file=sys.stderr, flush=True)
-        load_s = load_keys(target, keys, 8, processes)
+        load_s = load_keys(target, keys, LOAD_CLIENTS, processes)
         result: dict[str, Any] = {"keys": keys, "load_s": load_s,
                                   "load_keys_per_s": keys / load_s,
                                   "rss_mb": rss_mb(list(system.pids.values()))}
@@ -191,6 +205,7 @@ def etcd_growth(base_port: int, keys: int, seconds: float, processes: int) -> di
         result["reads_64"] = timed_load(target, Load("get", key_space=keys), READ_CLIENTS,
                                         seconds, processes,
                                         server_pids=list(system.pids.values()))
+        result["puts_8"] = single_puts("etcd", system, target, seconds, processes)
         port = follower(system, leader)
         last = f"k{keys - 1}"
         print("etcd: restarting a follower", file=sys.stderr, flush=True)
@@ -252,6 +267,8 @@ def print_summary(results: dict[str, Any]) -> None:
         ("  CPU until serving (s)", pick(kv, "restart_cpu_s"), pick(etcd, "restart_cpu_s")),
         ("load keys/s, 8 clients, 128-put txns", pick(kv, "load_keys_per_s"),
          pick(etcd, "load_keys_per_s")),
+        ("puts/s, 8 clients, one put per call", pick(kv, "puts_8", "per_s"),
+         pick(etcd, "puts_8", "per_s")),
         (f"RSS with {keys}, largest (MB)", max(kv["rss_mb"]) if kv else None,
          max(etcd["rss_mb"]) if etcd else None),
         ("linearizable reads/s, 64 clients", pick(kv, "reads_64", "per_s"),
