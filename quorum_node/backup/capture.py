@@ -87,14 +87,15 @@ def pin(node: QuorumNode) -> PinnedBackup:
     """Pin a backup's contents (event loop only: it must not interleave with a step)."""
     if node.failure is not None:
         raise BackupError(f"the node stopped after a failure: {node.failure}")
-    high_watermark = node.core.high_watermark
+    status = node.status()
+    high_watermark = status.high_watermark
     if high_watermark is None:
         raise BackupError("no committed offset known yet (an election, or catching up): retry")
     log_dir = node.log_dir
     partition = log_dir.path / METADATA_PARTITION_DIR
     snapshot = log_dir.snapshots.latest()
     end = max(high_watermark, snapshot.end_offset if snapshot is not None else 0)
-    voters = node.core.voter_set_at(end - 1) if end > 0 else node.core.voters
+    voters = node.voters_at(end - 1) if end > 0 else status.voters
     scheme = node.config.controller_listener.scheme
     pinned = PinnedBackup(
         node_id=node.config.node_id, cluster_id=node.config.cluster_id,
