@@ -49,8 +49,8 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.backup.endpoint import backup_routes
 from quorum_node.node.admin_service import QuorumAdmin
+from quorum_node.node.api.backup import backup_routes
 from quorum_node.node.api.http import (
     ApiError,
     Query,
