@@ -1,5 +1,6 @@
-"""Taking a backup inside a running node: ``GET /v1/backup`` streams a consistent, committed-only
-copy of the node's log directory as a tar archive, ``backup.json`` last.
+"""Taking a backup inside a running node: ``GET /v1/backup`` (``quorum_node.node.api.backup``)
+streams a consistent, committed-only copy of the node's log directory as a tar archive,
+``backup.json`` last.
 
 Why inside the node, not by reading its directory from outside (as ``export --live`` does): only
 the running node knows its high watermark, and a directory read from outside may hold an
@@ -20,12 +21,10 @@ import hashlib
 import os
 import struct
 import tarfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from quorum_node.addresses import address_url
 from quorum_node.backup.manifest import (
     MANIFEST_NAME,
     BackupError,
@@ -37,13 +36,12 @@ from quorum_node.backup.manifest import (
 )
 from quorum_node.raft.records import HEADER_SIZE, CorruptRecordError, read_batch_header
 from quorum_node.raft.snapshots import SnapshotId
+from quorum_node.raft.status import NodeStatus
+from quorum_node.raft.voters import VoterSet
 from quorum_node.storage.kafka_uuid import to_kafka_string
-from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
+from quorum_node.storage.log_dir import METADATA_PARTITION_DIR, LogDirectory
 from quorum_node.storage.meta_properties import META_PROPERTIES
 from quorum_node.storage.snapshot_store import snapshot_file_name
-
-if TYPE_CHECKING:
-    from quorum_node.node.runtime import QuorumNode
 
 CHUNK_BYTES = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -83,28 +81,27 @@ class PinnedBackup:
                 file.fd = -1
 
 
-def pin(node: QuorumNode) -> PinnedBackup:
-    """Pin a backup's contents (event loop only: it must not interleave with a step)."""
-    if node.failure is not None:
-        raise BackupError(f"the node stopped after a failure: {node.failure}")
-    high_watermark = node.core.high_watermark
+def pin(status: NodeStatus, log_dir: LogDirectory, voters_at: Callable[[int], VoterSet],
+        controller_urls: Mapping[int, str]) -> PinnedBackup:
+    """Pin a backup's contents: the node's ``status`` now, its ``log_dir``, its voter sets by
+    offset and where each voter's controller listener is. Event loop only: it must not
+    interleave with a step."""
+    high_watermark = status.high_watermark
     if high_watermark is None:
         raise BackupError("no committed offset known yet (an election, or catching up): retry")
-    log_dir = node.log_dir
     partition = log_dir.path / METADATA_PARTITION_DIR
     snapshot = log_dir.snapshots.latest()
     end = max(high_watermark, snapshot.end_offset if snapshot is not None else 0)
-    voters = node.core.voter_set_at(end - 1) if end > 0 else node.core.voters
-    scheme = node.config.controller_listener.scheme
+    voters = voters_at(end - 1) if end > 0 else status.voters
     pinned = PinnedBackup(
-        node_id=node.config.node_id, cluster_id=node.config.cluster_id,
+        node_id=status.node_id, cluster_id=status.cluster_id,
         directory_id=to_kafka_string(log_dir.meta.directory_id),
         created_at=datetime.datetime.now(datetime.UTC), high_watermark=high_watermark,
         snapshot=snapshot,
         voters=[VoterEntry(id=key.id, directory_id=None if key.directory_id is None
                            else to_kafka_string(key.directory_id),
-                           endpoints=[address_url(scheme, *node.endpoints[key.id])]
-                           if key.id in node.endpoints else [])
+                           endpoints=[controller_urls[key.id]]
+                           if key.id in controller_urls else [])
                 for key in voters],
         meta_properties=(log_dir.path / META_PROPERTIES).read_bytes(),  # a few dozen bytes
         snapshot_file=None, segments=[])

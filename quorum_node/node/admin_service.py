@@ -10,11 +10,11 @@ Kafka's error."""
 
 from __future__ import annotations
 
-from quorum_node.node.clock import now_ms
 from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.core import QuorumDescription
-from quorum_node.raft.types import ReplicaKey
+from quorum_node.raft.status import NodeStatus
+from quorum_node.raft.types import NotLeaderError, ReplicaKey
 
 
 class QuorumAdmin:
@@ -26,10 +26,17 @@ class QuorumAdmin:
             raise ServiceError(ErrorCode.NODE_FAILED,
                                f"the node stopped after a failure: {self.node.failure}")
 
+    def status(self) -> NodeStatus:
+        """This node's own view, which any node gives."""
+        return self.node.status()
+
     def describe(self) -> QuorumDescription:
         """The leader's view of the quorum."""
         self._check_running()
-        return self.node.core.describe_quorum(now_ms())
+        status = self.node.status()
+        if status.quorum is None:
+            raise NotLeaderError(status.leader_id, status.epoch)
+        return status.quorum
 
     async def add_voter(self, key: ReplicaKey, timeout_ms: int) -> tuple[ReplicaKey, ...]:
         """Make observer ``key`` a voter; the voters once the change is committed."""
@@ -45,7 +52,7 @@ class QuorumAdmin:
         return self.voters()
 
     def voters(self) -> tuple[ReplicaKey, ...]:
-        return tuple(self.node.core.voters)
+        return self.node.status().voters
 
     def controller_endpoint(self, node_id: int) -> tuple[str, int] | None:
         """Where voter ``node_id`` serves its controller listener (controller.quorum.voters)."""

@@ -13,7 +13,6 @@ from quorum_node.node.api.metrics import metrics_routes, probe_routes
 from quorum_node.node.api.openapi import openapi_routes
 from quorum_node.node.api.stream import install_stream
 from quorum_node.node.kv_service import KvService
-from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
 
 
@@ -29,9 +28,6 @@ def build_app(node: QuorumNode, service: KvService | None = None) -> web.Applica
     install_stream(app, kv_service)  # the binary client protocol, over the same service
     app.add_routes(probe_routes(node))
     app.add_routes(admin_routes(node))
-    metrics = metrics_for(node)
-    node.step_hooks.append(metrics.on_step)
-    node.commit_hooks.append(metrics.observe_commit_latency)
-    app.add_routes(metrics_routes(node))
+    app.add_routes(metrics_routes(node))  # the node's metrics, measured from here on
     app.add_routes(openapi_routes())
     return app

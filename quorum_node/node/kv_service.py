@@ -234,7 +234,7 @@ class KvService:
         records: list[CommittedRecord] = []
         size = 0  # bytes of values gathered
         while True:
-            high_watermark = node.core.high_watermark or 0
+            high_watermark = node.high_watermark or 0
             if position < high_watermark:
                 batches = node.read_committed(position, READ_CHUNK_BYTES)
                 if not batches:
@@ -252,7 +252,7 @@ class KvService:
             if remaining <= 0 or not state_machine.running:
                 break
             await state_machine.wait_progress(remaining)
-        return RecordsPage(records, node.core.high_watermark, position)
+        return RecordsPage(records, node.high_watermark, position)
 
     # --- key-value store ---------------------------------------------------------------------
 
@@ -427,10 +427,10 @@ class KvService:
 
     def _not_leader(self) -> NotLeaderError:
         node = self.node
-        leader_id = node.core.leader_id
+        leader_id = node.leader_id
         # A leader that is resigning still names itself: its successor is not known yet.
         known = leader_id is not None and leader_id != node.config.node_id
-        return NotLeaderError(leader_id if known else None, node.core.epoch)
+        return NotLeaderError(leader_id if known else None, node.epoch)
 
     async def _until_closing(self, awaitable: Awaitable[_T], interrupted: ServiceError) -> _T:
         """Await a wait of the node's; raise ``interrupted`` instead if the node starts shutting
@@ -444,7 +444,7 @@ class KvService:
     async def _append(self, records: list[Record], timeout_s: float) -> Appended:
         """Append through the leader; answers once committed."""
         self._check_node()
-        epoch = self.node.core.epoch  # the epoch append() proposes in: no await in between
+        epoch = self.node.epoch  # the epoch append() proposes in: no await in between
         try:
             first, last = await self._until_closing(
                 self.node.append(records, timeout_s),

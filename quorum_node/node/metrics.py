@@ -5,17 +5,14 @@ Each node has its own ``CollectorRegistry`` (several nodes may share one test pr
 through ``metrics_for(node)``: the runtime, the client API and the route all get the same
 ``NodeMetrics`` that way, without the node having to carry an attribute for it.
 
-Gauges are read from the core at scrape time. What cannot be read from a snapshot (election
-latency, transitions, records appended and fetched) is derived by a ``StateWatcher`` that compares
-the core before and after each step; each scrape samples it too, so the counters are current even
-between steps (and calling it more than once per step is harmless).
+Gauges are read from the node's status (``quorum_node.raft.status``) at scrape time. What
+cannot be read from one status (election latency, transitions, records appended and fetched) is
+derived by a ``StateWatcher``, told of each change of role by the node and looking at the log's
+end after each step; each scrape samples the log too, so the counters are current even between
+steps (and looking more than once per step is harmless).
 
-Wiring (``app.build_app``)::
-
-    metrics = metrics_for(node)
-    node.step_hooks.append(metrics.on_step)                  # after every call into the core
-    node.commit_hooks.append(metrics.observe_commit_latency)  # once per committed append
-    app.add_routes(metrics_routes(node))  # quorum_node.node.api.metrics
+``metrics_for(node)`` creates them on first use and hooks them to the node (its role, step and
+commit hooks); ``metrics_routes(node)`` (``quorum_node.node.api.metrics``) serves them.
 """
 
 from __future__ import annotations
@@ -33,16 +30,16 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from quorum_node.node.clock import now_ms
 from quorum_node.node.voter_candidates import could_be_voter
+from quorum_node.raft.leader import QuorumDescription
 from quorum_node.raft.state import RaftState
-from quorum_node.raft.types import NotLeaderError, VoterChangeKind
+from quorum_node.raft.status import NodeStatus
+from quorum_node.raft.types import VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.segment_log import SegmentLog
 
 if TYPE_CHECKING:
     from quorum_node.node.runtime import QuorumNode
-    from quorum_node.raft.core import QuorumDescription, RaftCore
 
 # Kafka's current-state values (KafkaRaftMetrics, 4.x). Every one is exported, 1 for the current
 # state and 0 for the others, so that dashboards can select on a fixed label set.
@@ -79,65 +76,45 @@ def kafka_state_name(state: RaftState, has_voted: bool, is_voter: bool) -> str:
     return "unattached"
 
 
-class _WatchedLog(Protocol):
+class WatchedLog(Protocol):
     @property
     def end_offset(self) -> int: ...
 
 
-class WatchedCore(Protocol):
-    """What the watcher reads of the core (a RaftCore, or a stand-in in tests)."""
-
-    @property
-    def state(self) -> RaftState: ...
-
-    @property
-    def epoch(self) -> int: ...
-
-    @property
-    def log(self) -> _WatchedLog: ...
-
-
 class StateWatcher:
-    """Derives event metrics from successive snapshots of the core.
+    """Derives event metrics from the node's changes of role and the growth of its log.
 
     Election latency runs from the moment the replica leaves Leader or Follower (or, from any
     state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
     Growth of the log end offset counts as records appended while Leader and as records fetched
-    while Follower; a truncation only moves the baseline down. ``elected_ms`` is when this
-    replica became leader of its current epoch (wall clock, as DescribeQuorum's timestamps),
-    None while it is not leader."""
+    while Follower (the role after the step that grew it); a truncation only moves the baseline
+    down. ``elected_ms`` is when this replica became leader of its current epoch (the status's
+    time: wall clock, as DescribeQuorum's timestamps), None while it is not leader."""
 
-    def __init__(self, core: WatchedCore, observe_election: Callable[[float], None],
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_ms: Callable[[], int] = now_ms) -> None:
-        self._core = core
+    def __init__(self, status: NodeStatus, log: WatchedLog,
+                 observe_election: Callable[[float], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
         self._observe_election = observe_election
         self._clock = clock
-        self._wall_ms = wall_ms
-        self._state = core.state
-        self._epoch = core.epoch
-        self._end_offset = core.log.end_offset
+        self._state = status.state
+        self._epoch = status.epoch
+        self._end_offset = log.end_offset
         self._election_started: float | None = clock() if self._state in _ELECTING else None
         self.appended_records = 0
         self.fetched_records = 0
         self.transitions: dict[RaftState, int] = dict.fromkeys(RaftState, 0)
-        self.elected_ms: int | None = wall_ms() if self._state is RaftState.LEADER else None
+        self.elected_ms: int | None = status.as_of_ms if self._state is RaftState.LEADER \
+            else None
 
-    def on_step(self) -> None:
-        core = self._core
-        state = core.state
-        end_offset = core.log.end_offset
-        if end_offset > self._end_offset:
-            if state is RaftState.LEADER:
-                self.appended_records += end_offset - self._end_offset
-            elif state is RaftState.FOLLOWER:
-                self.fetched_records += end_offset - self._end_offset
-        self._end_offset = end_offset
-        epoch = core.epoch
+    def role_changed(self, status: NodeStatus) -> None:
+        """The node's status after a step that changed its state, epoch or leader (before that
+        step's ``on_step``)."""
+        state, epoch = status.state, status.epoch
         if state is self._state and epoch == self._epoch:
-            return
+            return  # a new leader in the same epoch is no transition
         self.transitions[state] += 1
-        self.elected_ms = self._wall_ms() if state is RaftState.LEADER else None
+        self.elected_ms = status.as_of_ms if state is RaftState.LEADER else None
         if state in _STABLE:
             if self._election_started is not None:
                 self._observe_election(max(0.0, self._clock() - self._election_started))
@@ -146,35 +123,45 @@ class StateWatcher:
             self._election_started = self._clock()
         self._state, self._epoch = state, epoch
 
+    def on_step(self) -> None:
+        """After every step: the log's growth since the last look."""
+        end_offset = self._log.end_offset
+        if end_offset > self._end_offset:
+            if self._state is RaftState.LEADER:
+                self.appended_records += end_offset - self._end_offset
+            elif self._state is RaftState.FOLLOWER:
+                self.fetched_records += end_offset - self._end_offset
+        self._end_offset = end_offset
 
-class _CoreCollector:
-    """Reads the core at scrape time."""
 
-    def __init__(self, core: RaftCore, watcher: StateWatcher, voter_ids: frozenset[int],
-                 log: SegmentLog) -> None:
-        self._core = core
+class _StatusCollector:
+    """Reads the node's status at scrape time."""
+
+    def __init__(self, status: Callable[[], NodeStatus], watcher: StateWatcher,
+                 voter_ids: frozenset[int], log: SegmentLog) -> None:
+        self._status = status
         self._watcher = watcher
         self._voter_ids = voter_ids
         self._log = log
 
     def collect(self) -> Iterable[Metric]:
-        core = self._core
+        status = self._status()
         self._watcher.on_step()  # counters include whatever happened since the last step
 
         def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, documentation, value=value)
 
         info = InfoMetricFamily("quorum_node", "This replica's identity.")
-        directory_id = core.local_key.directory_id
+        directory_id = status.directory_id
         info.add_metric([], {
-            "node_id": str(core.node_id),
-            "cluster_id": core.cluster_id,
+            "node_id": str(status.node_id),
+            "cluster_id": status.cluster_id,
             "directory_id": to_kafka_string(directory_id) if directory_id is not None else "",
         })
         yield info
 
-        voted = core.election_state.voted_key
-        current = kafka_state_name(core.state, voted is not None, core.is_voter)
+        voted = status.voted_for
+        current = kafka_state_name(status.state, voted is not None, status.is_voter)
         states = GaugeMetricFamily("quorum_current_state",
                                    "1 for the replica's current state (Kafka's names), else 0.",
                                    labels=["state"])
@@ -182,25 +169,24 @@ class _CoreCollector:
             states.add_metric([name], 1.0 if name == current else 0.0)
         yield states
 
-        leader = core.leader_id
+        leader = status.leader_id
         yield gauge("quorum_current_leader", "The current leader's id, -1 if unknown.",
                     -1 if leader is None else leader)
         yield gauge("quorum_current_vote", "The id voted for in the current epoch, -1 if none.",
                     -1 if voted is None else voted.id)
-        yield gauge("quorum_current_epoch", "The current epoch.", core.epoch)
-        high_watermark = core.high_watermark
+        yield gauge("quorum_current_epoch", "The current epoch.", status.epoch)
+        high_watermark = status.high_watermark
         yield gauge("quorum_high_watermark", "The high watermark known here, -1 if unknown.",
                     -1 if high_watermark is None else high_watermark)
         yield gauge("quorum_log_end_offset", "The end offset of the local log.",
-                    core.log.end_offset)
+                    status.log_end_offset)
         yield gauge("quorum_log_end_epoch", "The epoch of the last batch in the local log.",
-                    core.log.last_fetched_epoch())
+                    status.log_end_epoch)
         yield gauge("quorum_flushed_offset", "The end offset of the local log known durable.",
-                    core.flushed_offset)
+                    status.flushed_offset)
         yield gauge("quorum_number_of_voters", "The number of voters in the voter set.",
-                    len(core.voters))
-        now = now_ms()
-        described = _leader_view(core, now)
+                    len(status.voters))
+        described = status.quorum  # the leader's only
         observers = described.observers if described is not None else ()
         voters = described.voters if described is not None else ()
         yield gauge("quorum_number_of_observers",
@@ -210,7 +196,7 @@ class _CoreCollector:
                     "Observers that AddVoter could make voters (leader only, else 0).",
                     sum(1 for row in observers
                         if could_be_voter(row, self._voter_ids, voters)))
-        pending = core.pending_voter_change
+        pending = status.pending_voter_change
         pending_kind = None if pending is None else pending[0]
         yield gauge("quorum_pending_add_voter", "1 while an AddVoter is in progress, else 0.",
                     1 if pending_kind is VoterChangeKind.ADD else 0)
@@ -218,7 +204,7 @@ class _CoreCollector:
                     "1 while a RemoveVoter is in progress, else 0.",
                     1 if pending_kind is VoterChangeKind.REMOVE else 0)
         yield gauge("quorum_is_observer", "1 if this replica is not a voter.",
-                    0 if core.is_voter else 1)
+                    0 if status.is_voter else 1)
 
         yield gauge("quorum_log_disk_full",
                     "1 while the log's disk has no room for appends (the last one was refused; "
@@ -236,7 +222,7 @@ class _CoreCollector:
         yield CounterMetricFamily("quorum_snapshots_refused",
                                   "Snapshots downloaded from a leader and refused, the log kept "
                                   "(framing, checksums, voter set or records).",
-                                  value=core.refused_snapshots)
+                                  value=status.refused_snapshots)
         transitions = CounterMetricFamily("quorum_state_transitions",
                                           "Changes of state or epoch, by the state entered.",
                                           labels=["to"])
@@ -250,18 +236,10 @@ class _CoreCollector:
             "(as of its fetch); since this leader's election if it has not yet.",
             labels=["voter_id"])
         if described is not None:
-            for voter_id, seconds in voter_lag_seconds(described, now, watcher.elected_ms):
+            for voter_id, seconds in voter_lag_seconds(described, status.as_of_ms,
+                                                       watcher.elected_ms):
                 lag.add_metric([str(voter_id)], seconds)
         yield lag
-
-
-def _leader_view(core: RaftCore, now: int) -> QuorumDescription | None:
-    if core.state is not RaftState.LEADER:
-        return None
-    try:
-        return core.describe_quorum(now)
-    except NotLeaderError:
-        return None
 
 
 def voter_lag_seconds(described: QuorumDescription, now: int,
@@ -278,8 +256,10 @@ def voter_lag_seconds(described: QuorumDescription, now: int,
 class NodeMetrics:
     """One node's registry and the metrics fed by events. Get it with ``metrics_for(node)``."""
 
-    def __init__(self, core: RaftCore, voter_ids: frozenset[int], log: SegmentLog) -> None:
-        """``voter_ids``: the configured voters' ids, which possible voters must have."""
+    def __init__(self, status: Callable[[], NodeStatus], voter_ids: frozenset[int],
+                 log: SegmentLog) -> None:
+        """``status``: the node's status now; ``voter_ids``: the configured voters' ids, which
+        possible voters must have; ``log``: the node's log."""
         self.registry = CollectorRegistry()
         self.commit_latency = Histogram(
             "quorum_commit_latency_seconds",
@@ -291,13 +271,17 @@ class NodeMetrics:
             "Time from leaving Leader/Follower (or starting to campaign) to Leader/Follower again.",
             buckets=ELECTION_LATENCY_BUCKETS, registry=self.registry,
         )
-        self.watcher = StateWatcher(core, self.election_latency.observe)
-        self.registry.register(_CoreCollector(core, self.watcher, voter_ids, log))
+        self.watcher = StateWatcher(status(), log, self.election_latency.observe)
+        self.registry.register(_StatusCollector(status, self.watcher, voter_ids, log))
         # One process per node in production: its RSS and CPU belong to the node.
         ProcessCollector(registry=self.registry)
 
+    def role_changed(self, status: NodeStatus) -> None:
+        """Call with the status after each change of role (state, epoch or leader)."""
+        self.watcher.role_changed(status)
+
     def on_step(self) -> None:
-        """Call after every call into the core (cheap: a few attribute reads)."""
+        """Call after every call into the core, after ``role_changed`` (cheap: one read)."""
         self.watcher.on_step()
 
     def observe_commit_latency(self, seconds: float) -> None:
@@ -307,15 +291,19 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
-# Keyed weakly by node; a NodeMetrics refers to the core only, never back to the node, so a
-# stopped node and its metrics can be collected.
+# Keyed weakly by node; a NodeMetrics refers to the core (through ``status_reader``) and the log
+# only, never back to the node, so a stopped node and its metrics can be collected.
 _BY_NODE: weakref.WeakKeyDictionary[QuorumNode, NodeMetrics] = weakref.WeakKeyDictionary()
 
 
 def metrics_for(node: QuorumNode) -> NodeMetrics:
-    """The node's metrics, created on first use (create them early to see the first election)."""
+    """The node's metrics, created on first use and fed by the node from then on (create them
+    early to see the first election)."""
     metrics = _BY_NODE.get(node)
     if metrics is None:
-        metrics = _BY_NODE[node] = NodeMetrics(node.core, frozenset(node.endpoints),
+        metrics = _BY_NODE[node] = NodeMetrics(node.status_reader, frozenset(node.endpoints),
                                                 node.log_dir.log)
+        node.role_hooks.append(metrics.role_changed)
+        node.step_hooks.append(metrics.on_step)
+        node.commit_hooks.append(metrics.observe_commit_latency)
     return metrics

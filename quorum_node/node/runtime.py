@@ -75,7 +75,9 @@ from quorum_node.raft.messages import (
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState, RaftState
+from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import Errors, NotLeaderError, ReplicaKey, VoterChangeError
+from quorum_node.raft.voters import VoterSet
 from quorum_node.security.node_security import NodeSecurity, SecuritySetupError
 from quorum_node.storage.dir_lock import LOCK_FILE, DirectoryLock, lock_directory
 from quorum_node.storage.errors import NotFormattedError, StorageError
@@ -178,11 +180,10 @@ class QuorumNode:
         self.client_endpoints = {
             endpoint.id: (endpoint.host, endpoint.port)
             for endpoint in config.voter_client_endpoints}
-        self.story = NodeStory(self.core, config.node_id, [voter.id for voter in config.voters],
+        self.story = NodeStory(self.status, config.node_id, [voter.id for voter in config.voters],
                                ",".join(host_port(host, port)
                                         for host, port in self.client_endpoints.values()),
-                               fetch_timeout_ms=config.quorum.fetch_timeout_ms,
-                               wall_clock_ms=_now_ms)
+                               fetch_timeout_ms=config.quorum.fetch_timeout_ms)
         idle_timeout_s = config.http_read_timeout_ms / 1000
         self._peers = PeerClient(self.endpoints, config.quorum.request_timeout_ms,
                                  tls=self.security.peer_tls,
@@ -224,10 +225,14 @@ class QuorumNode:
         self._kafka_protocol: Callable[[Listener], SecondProtocol] | None = None
         self._stopped = asyncio.Event()
         self.failure: BaseException | None = None
-        # Observers of the node (metrics): called after every step, and with each append's
-        # commit latency in seconds.
+        # Observers of the node (metrics): called with the new status on each change of role
+        # (state, epoch or leader), after every step, and with each append's commit latency in
+        # seconds.
+        self.role_hooks: list[Callable[[NodeStatus], None]] = []
         self.step_hooks: list[Callable[[], None]] = []
         self.commit_hooks: list[Callable[[float], None]] = []
+        # The status at the latest change of role: the one place a change of role is noticed.
+        self._role_status = self.status()
         # The core may have changed state (and asked to persist) at start-up.
         self.driver.after_step()
 
@@ -423,7 +428,13 @@ class QuorumNode:
         self._reads_settled[outcome.barrier_id] = outcome
 
     def stepped(self, step: str, peer: int | None) -> None:
-        self.story.after_step(step, peer)
+        core, before = self.core, self._role_status
+        if (core.state, core.epoch, core.leader_id) != before.role:
+            self._role_status = after = self.status()
+            self.story.role_changed(before, after, step, peer)
+            for role_hook in self.role_hooks:
+                role_hook(after)
+        self.story.after_step()
         self.waits.after_step()
         self.state_machine.after_step()
         for hook in self.step_hooks:
@@ -567,6 +578,42 @@ class QuorumNode:
 
     # --- what the client and admin APIs build on ---------------------------------------------
 
+    def status(self) -> NodeStatus:
+        """This replica's state now, in the one shape every reader of it takes (the admin API's
+        ``/v1/node``, the metrics, the story, backups, the Kafka listener)."""
+        return _status_now(self.core)
+
+    @property
+    def status_reader(self) -> Callable[[], NodeStatus]:
+        """``status`` as a callable that holds the core, not the node: for a reader kept apart
+        from the node (its metrics), which must not keep a stopped node alive."""
+        return functools.partial(_status_now, self.core)
+
+    # The few facts the client paths read on every request, without building a whole status.
+
+    @property
+    def state(self) -> RaftState:
+        return self.core.state
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    @property
+    def leader_id(self) -> int | None:
+        """The leader this replica knows of in its epoch (a resigning leader names itself)."""
+        return self.core.leader_id
+
+    @property
+    def high_watermark(self) -> int | None:
+        """Every offset below it is committed; None until this replica has learned it."""
+        return self.core.high_watermark
+
+    def voters_at(self, offset: int) -> VoterSet:
+        """The voter set in force at ``offset`` (what a snapshot or backup ending after it
+        carries)."""
+        return self.core.voter_set_at(offset)
+
     async def append(self, records: Sequence[Record], timeout_s: float) -> tuple[int, int]:
         """Append records through the leader and wait until they are committed.
 
@@ -698,6 +745,10 @@ class QuorumNode:
             return []
         batches = decode_batches(self.log_dir.log.read(offset, max_bytes))
         return [batch for batch in batches if batch.base_offset < high_watermark]
+
+
+def _status_now(core: RaftCore) -> NodeStatus:
+    return core.status(_now_ms())
 
 
 def _begin_read(core: RaftCore, timeout_ms: int) -> ReadBarrier | None:

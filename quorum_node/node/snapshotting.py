@@ -27,7 +27,6 @@ from quorum_node.raft.voters import VoterSet
 
 if TYPE_CHECKING:
     from quorum_node.node.config import NodeConfig
-    from quorum_node.raft.core import RaftCore
     from quorum_node.storage.log_dir import LogDirectory
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,8 @@ def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
 
 
 class SnapshotHost(Protocol):
-    """What snapshots need of the node (``QuorumNode``): its settings, log directory and core."""
+    """What snapshots need of the node (``QuorumNode``): its settings, log directory and voter
+    sets."""
 
     @property
     def config(self) -> NodeConfig: ...
@@ -57,8 +57,7 @@ class SnapshotHost(Protocol):
     @property
     def log_dir(self) -> LogDirectory: ...
 
-    @property
-    def core(self) -> RaftCore: ...
+    def voters_at(self, offset: int) -> VoterSet: ...
 
 
 class KvSnapshots:
@@ -104,7 +103,7 @@ class KvSnapshots:
         header = read_batch_header(log.read(end - 1, 1), verify_crc=False)
         if header.next_offset != end:
             return  # not at a batch boundary: try again after the next batch
-        voters = self.node.core.voter_set_at(end - 1)
+        voters = self.node.voters_at(end - 1)
         carried = voters if all(key.directory_id is not None for key in voters) else None
         snapshot_id = SnapshotId(end, header.epoch)
         task = asyncio.ensure_future(self._write(snapshot_id, carried, header.timestamp_ms,

@@ -75,6 +75,12 @@ class StateMachineHost(SnapshotHost, Protocol):
     @property
     def failure(self) -> BaseException | None: ...
 
+    @property
+    def state(self) -> RaftState: ...
+
+    @property
+    def high_watermark(self) -> int | None: ...
+
     async def wait_for_high_watermark(self, offset: int, timeout_s: float) -> bool: ...
 
 
@@ -145,7 +151,7 @@ class KvStateMachine:
             while not self._closing.is_set():
                 if self.snapshots.load_if_behind():
                     self._notify()
-                high_watermark = node.core.high_watermark
+                high_watermark = node.high_watermark
                 if high_watermark is None or store.next_offset >= high_watermark:
                     # A bounded wait so that a stopped node is noticed (it raises then).
                     await node.wait_for_high_watermark(store.next_offset, 1.0)
@@ -179,9 +185,9 @@ class KvStateMachine:
         to the applier, after the fsync its leader waits for; a backlog, or a snapshot to load
         first, is the applier's anywhere."""
         if (self._applier is None or self.failure is not None or self._closing.is_set()
-                or self.node.core.state is not RaftState.LEADER):
+                or self.node.state is not RaftState.LEADER):
             return
-        high_watermark = self.node.core.high_watermark
+        high_watermark = self.node.high_watermark
         next_offset = self.store.next_offset
         if (high_watermark is None or next_offset >= high_watermark
                 or high_watermark - next_offset > STEP_APPLY_RECORDS

@@ -1,7 +1,8 @@
 """The log lines that tell a node's story to an operator: role and epoch changes with what
 caused them, peers that become unreachable and come back, an observer that could be a voter
 (with the exact ``quorum-admin add-voter`` line), and the shutdown. The runtime tells it what
-happened; it compares the core's state before and after and says what changed, once.
+happened, a change of role with the node's status (``quorum_node.raft.status``) before and after
+it; the story says what changed and why, once.
 
 Directory ids are printed in Kafka's 22-character form, as everywhere else."""
 
@@ -10,12 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from quorum_node.node.voter_candidates import could_be_voter
-from quorum_node.raft.core import RaftCore
 from quorum_node.raft.state import RaftState
-from quorum_node.raft.types import NotLeaderError, ReplicaKey
+from quorum_node.raft.status import NodeStatus
+from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
 logger = logging.getLogger("quorum_node.node")
@@ -29,55 +29,47 @@ OBSERVER_CHECK_S = 1.0
 STARTUP_GRACE_S = 5.0
 
 
-@dataclass(frozen=True)
-class _Role:
-    state: RaftState
-    epoch: int
-    leader_id: int | None
-
-
 class NodeStory:
-    def __init__(self, core: RaftCore, node_id: int, voter_ids: Sequence[int],
+    def __init__(self, status: Callable[[], NodeStatus], node_id: int, voter_ids: Sequence[int],
                  bootstrap: str, *, fetch_timeout_ms: int = 2000,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
-        self._core = core
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``status``: the node's status now (its leader's rows say who fetches)."""
+        self._status = status
         self._node_id = node_id
         self._voter_ids = frozenset(voter_ids)
         self._bootstrap = bootstrap  # the voters' client endpoints, for the add-voter line
         self._clock = clock
-        self._role = self._current()
+        self._role = status()  # as of the latest change of role
         self._started = clock()
         self._heard: set[int] = set()  # peers that have answered once
         self._down_since: dict[int, float] = {}
         self._last_said: dict[int, float] = {}
         self._observers_said: set[ReplicaKey] = set()
         self._fetch_timeout_ms = fetch_timeout_ms
-        self._wall_clock_ms = wall_clock_ms
         self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
         self._leading_since = clock()
         self._next_observer_check = 0.0
         self.shutting_down = False
 
-    def _current(self) -> _Role:
-        return _Role(self._core.state, self._core.epoch, self._core.leader_id)
+    def role_changed(self, before: NodeStatus, after: NodeStatus, step: str,
+                     sender: int | None) -> None:
+        """A step of the core changed its state, epoch or leader (``step``: the core's method;
+        ``sender``: the peer whose message or failure it was)."""
+        self._role = after
+        if after.state is RaftState.LEADER:
+            self._leading_since = self._clock()
+        logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
+                    after.state, after.epoch,
+                    f" (was {before.epoch})" if after.epoch != before.epoch else "",
+                    self._reason(step, sender, before, after))
 
-    def after_step(self, step: str, sender: int | None) -> None:
-        """The core took a step (``step``: the core's method; ``sender``: the peer whose message
-        or failure it was)."""
-        role = self._current()
-        if role != self._role:
-            before, self._role = self._role, role
-            if role.state is RaftState.LEADER:
-                self._leading_since = self._clock()
-            logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
-                        role.state, role.epoch,
-                        f" (was {before.epoch})" if role.epoch != before.epoch else "",
-                        self._reason(step, sender, before, role))
-        if role.state is RaftState.LEADER:
+    def after_step(self) -> None:
+        """The core took a step (after ``role_changed``, if it changed role)."""
+        if self._role.state is RaftState.LEADER:
             self._check_replicas()
 
-    def _reason(self, step: str, sender: int | None, before: _Role, after: _Role) -> str:
+    def _reason(self, step: str, sender: int | None, before: NodeStatus,
+                after: NodeStatus) -> str:
         from_sender = f" (node {sender})" if sender is not None else ""
         electing = (RaftState.PROSPECTIVE, RaftState.CANDIDATE)
         if after.state is RaftState.LEADER:
@@ -130,10 +122,9 @@ class NodeStory:
         if now < self._next_observer_check:
             return
         self._next_observer_check = now + OBSERVER_CHECK_S
-        now_ms = self._wall_clock_ms()
-        try:
-            description = self._core.describe_quorum(now_ms)
-        except NotLeaderError:
+        status = self._status()
+        description, now_ms = status.quorum, status.as_of_ms
+        if description is None:
             return
         # A new leader gives its followers a fetch timeout to find it before calling them silent.
         settled = now - self._leading_since >= self._fetch_timeout_ms / 1000

@@ -98,6 +98,7 @@ from quorum_node.raft.snapshots import (
     SnapshotStore,
 )
 from quorum_node.raft.state import ElectionState, RaftState
+from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import (
     MAX_EPOCH,
     NEVER,
@@ -348,6 +349,22 @@ class RaftCore:
     def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
         change = self._voter_change
         return None if change is None else (change.kind, change.key)
+
+    def status(self, now_ms: int) -> NodeStatus:
+        """This replica's state now, in one frozen shape (``quorum_node.raft.status``); on the
+        leader with its record of every replica, as ``describe_quorum`` gives it."""
+        state, log = self._state, self.log
+        return NodeStatus(
+            as_of_ms=now_ms, node_id=self.node_id, directory_id=self.local_key.directory_id,
+            cluster_id=self.cluster_id, state=self.state, epoch=state.epoch,
+            leader_id=self.leader_id, voted_for=self._state_voted_key(), is_voter=self._is_voter,
+            high_watermark=self._high_watermark, leader_has_committed=self.leader_has_committed,
+            log_start_offset=log.start_offset, log_end_offset=log.end_offset,
+            log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._flushed_offset,
+            voters=self.voters, pending_voter_change=self.pending_voter_change,
+            snapshot_id=self.snapshots.latest(), refused_snapshots=self._refused_snapshots,
+            quorum=state.describe(now_ms, self.local_key, log.end_offset)
+            if isinstance(state, LeaderState) else None)
 
     # --- the voter set, read from the log ----------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -26,6 +27,7 @@ from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
+from quorum_node.raft.status import NodeStatus
 from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
@@ -171,6 +173,50 @@ async def test_describe_quorum_on_the_leader(tmp_path: Path) -> None:
             assert now_ms - 10_000 < voter["last_fetch_timestamp"] <= now_ms
             assert now_ms - 10_000 < voter["last_caught_up_timestamp"] <= now_ms
             assert voter["endpoint"] == cluster.url(node_id)
+
+
+async def test_node_status_is_the_node_s_own_view_on_every_node(tmp_path: Path) -> None:
+    async with running_cluster(tmp_path) as cluster:
+        leader = await cluster.wait_for_leader()
+        await leader.append([Record(b"a")], timeout_s=5)
+        await cluster.wait_for_leader()  # followers caught up with the appended record
+        for node_id, node in cluster.nodes.items():
+            while True:  # a view that held while it was asked for (a busy machine may elect)
+                before = settled(node.status())
+                answer_status, answer, _ = await get_json(cluster.url(node_id) + "/v1/node")
+                status = node.status()
+                if settled(status) == before:
+                    break
+            assert answer_status == 200
+            # The documented shape (docs/openapi.json's NodeStatus), every field of it.
+            assert answer == {
+                "node_id": node_id,
+                "directory_id": directory(node),
+                "cluster_id": cluster.cluster_id,
+                "state": str(status.state),
+                "epoch": status.epoch,
+                "leader_id": status.leader_id,
+                "is_voter": True,
+                "high_watermark": status.high_watermark,
+                "log_start_offset": 0,
+                "log_end_offset": status.log_end_offset,
+                # The bootstrap VotersRecord's: every voter with its directory.
+                "voters": [{"id": i, "directory_id": directory(cluster.nodes[i])}
+                           for i in (1, 2, 3)],
+                "client_endpoints": [{"id": i, "url": cluster.url(i)} for i in (1, 2, 3)],
+                "failure": None,
+            }
+            assert status.state in (RaftState.LEADER, RaftState.FOLLOWER)
+            assert status.high_watermark is not None and status.log_end_offset >= 2
+
+
+def settled(status: NodeStatus) -> NodeStatus:
+    """``status`` but for what moves while nothing happens (its time, the leader's rows)."""
+    return dataclasses.replace(status, as_of_ms=0, quorum=None)
+
+
+def directory(node: QuorumNode) -> str:
+    return to_kafka_string(node.log_dir.meta.directory_id)
 
 
 async def test_a_follower_redirects_to_the_leader(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from statuses import status
 from test_admin_api import LocalCluster, running_cluster
 
 from quorum_node.node.metrics import (
@@ -22,10 +23,11 @@ from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.leader import QuorumDescription, ReplicaDescription
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
+from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.kafka_uuid import to_kafka_string
 
-# --- the watcher, on a stand-in core ----------------------------------------------------------
+# --- the watcher, on a stand-in node ----------------------------------------------------------
 
 
 @dataclass
@@ -35,9 +37,15 @@ class FakeLog:
 
 @dataclass
 class FakeCore:
+    """What the watcher is told of a node: its role (as a status) and its log."""
+
     state: RaftState = RaftState.UNATTACHED
     epoch: int = 0
     log: FakeLog = field(default_factory=FakeLog)
+    wall_ms: int = 0
+
+    def status(self) -> NodeStatus:
+        return status(as_of_ms=self.wall_ms, state=self.state, epoch=self.epoch)
 
 
 @dataclass
@@ -51,15 +59,19 @@ class Clock:
 def watch(core: FakeCore) -> tuple[StateWatcher, list[float], Clock]:
     observed: list[float] = []
     clock = Clock()
-    return StateWatcher(core, observed.append, clock), observed, clock
+    return StateWatcher(core.status(), core.log, observed.append, clock), observed, clock
 
 
 def step(watcher: StateWatcher, core: FakeCore, clock: Clock, at: float, state: RaftState, *,
          epoch: int | None = None, end_offset: int | None = None) -> None:
+    """One step of the node, told as the runtime tells it."""
+    before = core.status().role
     clock.now = at
     core.state = state
     core.epoch = core.epoch if epoch is None else epoch
     core.log.end_offset = core.log.end_offset if end_offset is None else end_offset
+    if core.status().role != before:
+        watcher.role_changed(core.status())
     watcher.on_step()
 
 
@@ -105,16 +117,16 @@ def test_start_up_counts_as_an_election_only_once_campaigning() -> None:
 
 def test_the_watcher_knows_since_when_the_replica_leads() -> None:
     core = FakeCore(RaftState.FOLLOWER, 1)
-    wall = iter([5_000, 9_000])
-    watcher = StateWatcher(core, [].append, Clock(), lambda: next(wall))
+    clock = Clock()
+    watcher = StateWatcher(core.status(), core.log, [].append, clock)
     assert watcher.elected_ms is None
-    core.state, core.epoch = RaftState.LEADER, 2
-    watcher.on_step()
+    core.wall_ms = 5_000
+    step(watcher, core, clock, 101, RaftState.LEADER, epoch=2)
     assert watcher.elected_ms == 5_000
-    watcher.on_step()  # the same epoch: still the same election
+    core.wall_ms = 9_000
+    step(watcher, core, clock, 102, RaftState.LEADER)  # the same epoch: the same election
     assert watcher.elected_ms == 5_000
-    core.state, core.epoch = RaftState.UNATTACHED, 3
-    watcher.on_step()
+    step(watcher, core, clock, 103, RaftState.UNATTACHED, epoch=3)
     assert watcher.elected_ms is None
 
 

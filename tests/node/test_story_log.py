@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
+from statuses import status
 
 from quorum_node.node.story import STARTUP_GRACE_S, UNREACHABLE_REMINDER_S, NodeStory
-from quorum_node.raft.core import QuorumDescription, RaftCore, ReplicaDescription
+from quorum_node.raft.core import QuorumDescription, ReplicaDescription
 from quorum_node.raft.state import RaftState
+from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import ReplicaKey
 
 
@@ -24,9 +24,11 @@ class Clock:
         return self.now
 
 
+FOLLOWING_2 = status(state=RaftState.FOLLOWER, epoch=3, leader_id=2)
+
+
 def story(clock: Clock) -> NodeStory:
-    core: Any = SimpleNamespace(state=RaftState.FOLLOWER, epoch=3, leader_id=2)
-    return NodeStory(cast(RaftCore, core), 1, [1, 2, 3], "h:1", clock=clock)
+    return NodeStory(lambda: FOLLOWING_2, 1, [1, 2, 3], "h:1", clock=clock)
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -70,18 +72,19 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
     fetched = {2: 1_000_000, 3: 1_000_000}
     directory = uuid.UUID(int=7)
 
-    def describe(now_ms: int) -> QuorumDescription:
+    def leading() -> NodeStatus:
+        now_ms = wall_ms[0]
         voters = [ReplicaDescription(ReplicaKey(1, directory), 10, now_ms, now_ms)] + [
             ReplicaDescription(ReplicaKey(i, directory), 10, fetched[i], fetched[i])
             for i in (2, 3)]
-        return QuorumDescription(1, 4, 10, tuple(voters), ())
+        return status(as_of_ms=now_ms, state=RaftState.LEADER, epoch=4, leader_id=1,
+                      quorum=QuorumDescription(1, 4, 10, tuple(voters), ()))
 
-    core: Any = SimpleNamespace(state=RaftState.FOLLOWER, epoch=3, leader_id=2,
-                                describe_quorum=describe)
-    teller = NodeStory(cast(RaftCore, core), 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000,
-                       clock=clock, wall_clock_ms=lambda: wall_ms[0])
-    core.state, core.epoch, core.leader_id = RaftState.LEADER, 4, 1
-    teller.after_step("handle_response", 2)
+    now = [FOLLOWING_2]
+    teller = NodeStory(lambda: now[0], 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000, clock=clock)
+    now[0] = leading()
+    teller.role_changed(FOLLOWING_2, now[0], "handle_response", 2)
+    teller.after_step()
     assert messages(caplog) == ["node 1: follower -> leader in epoch 4 (was 3): won the election"]
 
     def later(seconds: float, *, alive: tuple[int, ...] = (2, 3)) -> list[str]:
@@ -89,7 +92,8 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
         wall_ms[0] += int(seconds * 1000)
         for node_id in alive:
             fetched[node_id] = wall_ms[0]
-        teller.after_step("handle_request", 2)
+        now[0] = leading()
+        teller.after_step()
         return messages(caplog)
 
     assert later(3) == []

@@ -49,8 +49,8 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.backup.endpoint import backup_routes
 from quorum_node.node.admin_service import QuorumAdmin
+from quorum_node.node.api.backup import backup_routes
 from quorum_node.node.api.http import (
     ApiError,
     Query,
@@ -125,22 +125,21 @@ def _or_unknown(value: int | None) -> int:
 def node_status_json(node: QuorumNode) -> dict[str, Any]:
     """This node's own view (``GET /v1/node``, answered by any node, never redirected): what
     ``quorum-admin status`` shows a row of, like etcd's ``endpoint status``."""
-    core = node.core
-    log = node.log_dir.log
-    directory_id = node.log_dir.meta.directory_id
+    status = node.status()
+    directory_id = status.directory_id
     return {
-        "node_id": node.config.node_id,
-        "directory_id": to_kafka_string(directory_id),
-        "cluster_id": node.config.cluster_id,
-        "state": str(core.state),
-        "epoch": core.epoch,
-        "leader_id": core.leader_id,
-        "is_voter": core.is_voter,
+        "node_id": status.node_id,
+        "directory_id": None if directory_id is None else to_kafka_string(directory_id),
+        "cluster_id": status.cluster_id,
+        "state": str(status.state),
+        "epoch": status.epoch,
+        "leader_id": status.leader_id,
+        "is_voter": status.is_voter,
         # The leader's high watermark is the quorum's: a leader that knows it serves writes.
-        "high_watermark": _or_unknown(core.high_watermark),
-        "log_start_offset": log.start_offset,
-        "log_end_offset": log.end_offset,
-        "voters": [_key_json(key) for key in sorted(core.voters, key=_key_id)],
+        "high_watermark": _or_unknown(status.high_watermark),
+        "log_start_offset": status.log_start_offset,
+        "log_end_offset": status.log_end_offset,
+        "voters": [_key_json(key) for key in sorted(status.voters, key=_key_id)],
         # Where the configured voters serve clients, for a tool to find every node from one.
         "client_endpoints": [
             {"id": voter_id, "url": endpoint_url(endpoint, node.config.url_scheme)}

@@ -133,14 +133,13 @@ def not_leader(node: QuorumNode, request: web.Request, leader_id: int | None) ->
     """307 to the leader's client listener, the same method, path, query and body; or 503
     NO_LEADER while no leader (or no address of it) is known. ``leader_id``: the leader as the
     refusal named it (None: none known)."""
-    core = node.core
     if leader_id == node.config.node_id:
         leader_id = None  # a resigning leader still names itself: no successor known yet
     url = None if leader_id is None else endpoint_url(node.client_endpoints.get(leader_id),
                                                       node.config.url_scheme)
     if leader_id is None or url is None:
         return ApiError.of(ErrorCode.NO_LEADER,
-                           f"no leader is known in epoch {core.epoch}; retry shortly",
+                           f"no leader is known in epoch {node.epoch}; retry shortly",
                            leader=Leader(leader_id, None))
     return ApiError.of(
         ErrorCode.NOT_LEADER,

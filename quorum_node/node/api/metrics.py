@@ -29,20 +29,20 @@ def failure_of(node: QuorumNode) -> str | None:
 def is_ready(node: QuorumNode) -> tuple[bool, str]:
     """Ready means able to serve: the leader once its high watermark is known (its LeaderChange
     is committed), or a follower that has learned the committed offset from its leader."""
-    core = node.core
     failure = failure_of(node)
     if failure is not None:
         return False, failure
+    status = node.status()
     if node.log_dir.log.full:
         return False, (f"the log's disk is full: appends are refused until space comes back "
-                       f"({core.state} in epoch {core.epoch})")
-    if core.high_watermark is None:
-        return False, f"{core.state} in epoch {core.epoch}, no committed offset known yet"
-    if core.leader_has_committed:
-        return True, f"leader of epoch {core.epoch}"
-    if core.state is RaftState.FOLLOWER:
-        return True, f"following {core.leader_id} in epoch {core.epoch}"
-    return False, f"{core.state} in epoch {core.epoch}"
+                       f"({status.state} in epoch {status.epoch})")
+    if status.high_watermark is None:
+        return False, f"{status.state} in epoch {status.epoch}, no committed offset known yet"
+    if status.leader_has_committed:
+        return True, f"leader of epoch {status.epoch}"
+    if status.state is RaftState.FOLLOWER:
+        return True, f"following {status.leader_id} in epoch {status.epoch}"
+    return False, f"{status.state} in epoch {status.epoch}"
 
 
 def metrics_routes(node: QuorumNode) -> list[web.RouteDef]:

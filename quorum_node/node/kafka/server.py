@@ -331,14 +331,15 @@ class KafkaConnection(asyncio.Protocol):
                           controller_id=i32(-1), brokers=())
         broker = _nested(schema, "DescribeClusterBroker")
         admin = self.server.admin
-        voter_ids = sorted({key.id for key in admin.voters()})
+        status = admin.status()
+        voter_ids = sorted({key.id for key in status.voters})
         brokers = []
         for voter_id in voter_ids:
             endpoint = admin.controller_endpoint(voter_id)
             if endpoint is not None:
                 brokers.append(_build(broker, broker_id=i32(voter_id), host=endpoint[0],
                                       port=i32(endpoint[1]), rack=None, is_fenced=False))
-        leader = admin.node.core.leader_id
+        leader = status.leader_id
         return _build(schema, throttle_time=_NO_TIME, error_code=KafkaError.none,
                       error_message=None, endpoint_type=body.endpoint_type,
                       cluster_id=self.server.cluster_id,
