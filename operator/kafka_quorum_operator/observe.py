@@ -4,6 +4,7 @@ earlier. Parsing is pure, so that the planner's tests build these directly."""
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -180,11 +181,26 @@ class MemberRecord:
     last_change: str | None = None  # when a voter change of this member last completed
 
 
+class ActionKind(enum.StrEnum):
+    """What an action of the plan does (``plan.Action``); its value is the name the status
+    (pendingChange.kind), the Events and the operator's metrics use."""
+
+    CREATE_CLAIM = "CreateClaim"
+    CREATE_POD = "CreatePod"
+    DELETE_POD = "DeletePod"
+    DELETE_CLAIM = "DeleteClaim"
+    ADD_VOTER = "AddVoter"
+    REMOVE_VOTER = "RemoveVoter"
+
+
+VOTER_CHANGES = frozenset({ActionKind.ADD_VOTER, ActionKind.REMOVE_VOTER})
+
+
 @dataclass(frozen=True)
 class PendingChange:
     """A voter change the operator recorded before making it (resumed after a restart)."""
 
-    kind: str  # AddVoter | RemoveVoter
+    kind: ActionKind  # one of VOTER_CHANGES
     node_id: int
     directory_id: str
     reason: str  # Remediation | ScaleUp | ScaleDown
@@ -417,7 +433,10 @@ def pending_from_status(status: Mapping[str, Any]) -> PendingChange | None:
     if not isinstance(raw, Mapping):
         return None
     try:
-        return PendingChange(kind=str(raw["kind"]), node_id=int(raw["nodeId"]),
+        kind = ActionKind(raw["kind"])
+        if kind not in VOTER_CHANGES:
+            return None
+        return PendingChange(kind=kind, node_id=int(raw["nodeId"]),
                              directory_id=str(raw["directoryId"]), reason=str(raw["reason"]),
                              started=str(raw.get("started", "")),
                              old_directory_id=raw.get("oldDirectoryId"))

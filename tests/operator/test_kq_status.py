@@ -100,6 +100,15 @@ def test_status_round_trips_members_and_pending() -> None:
     assert entry["currentDirectoryId"] == NEW[3] and entry["role"] == "observer"
 
 
+@pytest.mark.parametrize("kind", ["CreatePod", "DeleteClaim", "Rename", 3])
+def test_a_recorded_change_of_no_voter_change_kind_is_ignored(kind: object) -> None:
+    """status.pendingChange names a voter change (``VOTER_CHANGES``); any other kind is not
+    resumed as one (before kinds were typed, it was sent as a RemoveVoter)."""
+    recorded = pending("AddVoter", 3, NEW[3]).to_status()
+    assert pending_from_status({"pendingChange": recorded}) is not None
+    assert pending_from_status({"pendingChange": {**recorded, "kind": kind}}) is None
+
+
 def test_remediation_record_steps_and_duration() -> None:
     record = remediation_detected(None, 3, DIRS[3], NOW)
     assert record is not None and record["result"] == "InProgress"
