@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import ssl
 import time
 from collections import Counter
@@ -71,6 +70,7 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
+from kafka_quorum_operator.settings import REFUSAL_BACKOFF_S
 from kafka_quorum_operator.spec import Spec, SpecError, check_name, parse_spec
 from kafka_quorum_operator.status import (
     invalid_spec_conditions,
@@ -88,7 +88,6 @@ CR_API = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 # A refused voter change (Kafka's INVALID_REQUEST, or BAD_REQUEST: a request the node cannot
 # parse) is not retried before this.
 _REFUSED = frozenset({"INVALID_REQUEST", "BAD_REQUEST"})
-REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
 # The digest _withdraw records for an object it deleted.
@@ -179,6 +178,8 @@ class Reconciler:
     identity: str = MANAGER
     # Who the quorums' pods run as (resources.POD_IDS): the operator's KQ_OPERATOR_POD_IDS.
     pod_ids: str = "fixed"
+    # How long a refused voter change waits (``_REFUSED``): KQ_OPERATOR_REFUSAL_BACKOFF.
+    refusal_backoff_s: float = REFUSAL_BACKOFF_S
     backups: BackupScheduler = field(init=False)
     on_demand: OnDemandBackups = field(init=False)
     drills: Drills = field(init=False)
@@ -703,7 +704,7 @@ class Reconciler:
             await self.event(owner, verb, f"{what}: committed")
         elif outcome.code in _REFUSED:
             pending = None
-            memory.refused[action.node_id] = (now + REFUSAL_BACKOFF_S, outcome.message)
+            memory.refused[action.node_id] = (now + self.refusal_backoff_s, outcome.message)
             await self.event(owner, "VoterChangeRefused", f"{what}: {outcome.message}",
                              "Warning")
         else:
