@@ -1,6 +1,7 @@
-"""One reconciliation pass: observe (API objects, node metrics, the leader's DescribeQuorum),
-plan (``plan.plan``), act (at most one voter change or deletion), write the status, and post a
-Kubernetes Event for every change made."""
+"""One reconciliation pass: observe (API objects, each node's ``GET /v1/node``, the leader's
+DescribeQuorum), plan (``plan.plan``), act (at most one voter change or deletion), write the
+status, and post a Kubernetes Event for every change made. ``Reconciler._reconcile`` lists the
+pass's steps, each a method over one ``PassContext``."""
 
 from __future__ import annotations
 
@@ -410,7 +411,7 @@ class Reconciler:
                                             tls if on_tls[i] else None))
         self.nodes.forget(memory.addresses - set(addresses.values()))
         memory.addresses = set(addresses.values())
-        views = await asyncio.gather(*(self.nodes.metrics(a) for a in addresses.values()))
+        views = await asyncio.gather(*(self.nodes.node(a) for a in addresses.values()))
         nodes = {i: v for i, v in zip(addresses, views, strict=True)
                  if v is not None and v.node_id == i}
         quorum = await self._describe(nodes, addresses)
