@@ -175,8 +175,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # reach the operator (kopf's ``labels=`` filters only after receiving every pod).
     for plural in OWNED_WATCHED:
         settings.watching.label_selectors["", "v1", plural] = f"{LABEL_MANAGED_BY}={MANAGER}"
-    # The reconciler posts an Event for every change itself; kopf adds only its failures.
+    # The reconciler posts an Event for every change itself (``events.EventRecorder``, which
+    # counts repeats); kopf's poster only warnings and errors (``kopf.warn`` of a handler).
     settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = MANAGER
     # No cluster-wide list of namespaces or CRDs: least privilege.
     settings.scanning.disabled = True
     configured = STATE.configured()
@@ -184,6 +186,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         STATE.servers.append(await serve([("/metrics", metrics)], configured.metrics_port))
     kube = await asyncio.to_thread(Kube.connect, configured.api_server)
     STATE.connect(kube, _own_namespace())
+    assert STATE.reconciler is not None
+    settings.posting.reporting_instance = STATE.reconciler.identity
     # Last: the probes pass once the operator is started.
     if STATE.health_url:
         host, port, url_path = parse_endpoint(STATE.health_url)
@@ -284,7 +288,7 @@ def claim_changed(meta: Mapping[str, Any], **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, QB_PLURAL)
-async def quorum_backup_event(body: Mapping[str, Any], namespace: str | None,
+async def quorum_backup_event(body: kopf.Body, namespace: str | None,
                               **_: Any) -> None:
     """A QuorumBackup is taken by its KafkaQuorum's pass (``ondemand``): wake that loop; one
     naming no KafkaQuorum of the namespace is Failed here, as no pass will ever see it."""
@@ -298,7 +302,12 @@ async def quorum_backup_event(body: Mapping[str, Any], namespace: str | None,
     if reconciler is not None and elector is not None and elector.leading \
             and not STATE.stopping:
         try:
-            await fail_orphan(reconciler.kube, body, reconciler.clock)
+            failed = await fail_orphan(reconciler.kube, body, reconciler.clock)
         except KubeError as error:
             logger.warning("QuorumBackup %s/%s: %s", namespace,
                            (body.get("metadata") or {}).get("name"), error)
+            return
+        if failed is not None:
+            # On the QuorumBackup itself (there is no KafkaQuorum to post it on), through
+            # kopf's own Event poster: a handler's body is what kopf.warn takes.
+            kopf.warn(body, reason="BackupFailed", message=failed)
