@@ -127,6 +127,46 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None = None
 
 # --- etcd --------------------------------------------------------------------------------------
 
+def _etcd_command(binary: str, directory: Path, name: str, *, client: int, peer: int,
+                  initial: str, election_ms: int | None) -> list[str]:
+    """One member's command line (``initial``: --initial-cluster)."""
+    args = [binary, "--name", name, "--data-dir", str(directory / name),
+            "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", initial, "--initial-cluster-state", "new",
+            "--log-level", "error"]
+    if election_ms is not None:
+        args += ["--election-timeout", str(election_ms), "--heartbeat-interval",
+                 str(max(10, election_ms // 10))]
+    return args
+
+
+def _etcd_status(port: int) -> dict[str, Any] | None:
+    """A member's maintenance status; None while it does not answer."""
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        conn.request("POST", "/v3/maintenance/status", b"{}")
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        if response.status == 200:
+            return dict(json.loads(body))
+    return None
+
+
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL after 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) -> System | None:
     binary = shutil.which("etcd")
     if binary is None:
@@ -135,20 +175,10 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
     client_ports = [base_port + i for i in range(3)]
     peer_ports = [base_port + 10 + i for i in range(3)]
     initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peer_ports, strict=True))
-    commands: dict[int, list[str]] = {}
+    commands = {client: _etcd_command(binary, directory, name, client=client, peer=peer,
+                                      initial=initial, election_ms=election_ms)
+                for name, client, peer in zip(names, client_ports, peer_ports, strict=True)}
     processes: dict[int, subprocess.Popen[bytes]] = {}
-    for name, client, peer in zip(names, client_ports, peer_ports, strict=True):
-        args = [binary, "--name", name, "--data-dir", str(directory / name),
-                "--listen-client-urls", f"http://127.0.0.1:{client}",
-                "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--log-level", "error"]
-        if election_ms is not None:
-            args += ["--election-timeout", str(election_ms), "--heartbeat-interval",
-                     str(max(10, election_ms // 10))]
-        commands[client] = args
 
     def start_member(port: int) -> None:
         name = names[client_ports.index(port)]
@@ -158,40 +188,22 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
                                                start_new_session=True)
         system.pids[port] = processes[port].pid
 
-    def status(port: int) -> dict[str, Any] | None:
-        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("POST", "/v3/maintenance/status", b"{}")
-            response = conn.getresponse()
-            body = response.read()
-            conn.close()
-            if response.status == 200:
-                return dict(json.loads(body))
-        return None
-
     def leader_port() -> int | None:
         for port in client_ports:
-            found = status(port)
+            found = _etcd_status(port)
             if found is not None and found["header"]["member_id"] == found.get("leader"):
                 return port
         return None
 
     def stop_member(port: int) -> None:
-        process = processes[port]
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        _stop_process(processes[port])
 
     def stop() -> None:
         for process in processes.values():
             if process.poll() is None:
                 process.terminate()
-        for port in processes:
-            stop_member(port)
+        for process in processes.values():
+            _stop_process(process)
 
     system = System("etcd", client_ports, {}, leader_port, stop, stop_member, start_member,
                     {port: directory / name for port, name in zip(client_ports, names,

@@ -9,7 +9,6 @@ endpoint (``--liveness``) listens on every interface, IPv6 and IPv4, unless the 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 
@@ -17,6 +16,7 @@ import kopf
 
 from kafka_quorum_operator import handlers
 from kafka_quorum_operator.serving import parse_endpoint
+from kafka_quorum_operator.settings import OperatorSettings, SettingsError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,13 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         parse_endpoint(args.liveness)
     except ValueError as error:
         parser.error(f"--liveness: {error}")
+    try:
+        settings = OperatorSettings.from_environment()
+    except SettingsError as error:
+        parser.exit(2, "".join(f"{parser.prog}: {line}\n" for line in str(error).splitlines()))
+    handlers.STATE.settings = settings
     handlers.STATE.health_url = args.liveness
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     assert handlers.STATE is not None  # registers the handlers
     # Named explicitly: kopf would otherwise name the process after its user (getpass), which
     # fails for a uid without a passwd entry (OpenShift's arbitrary uids, any runAsUser the image
     # does not list).
-    identity = os.environ.get("KQ_OPERATOR_IDENTITY") or socket.gethostname()
+    identity = settings.identity or socket.gethostname()
     kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
              identity=identity)  # type: ignore[arg-type]
     return 0

@@ -1,7 +1,15 @@
 """Kubernetes Events about a KafkaQuorum, aggregated as client-go's event recorder does: an Event
 repeated (the same object, type, reason and message) is not posted again but counted on the
 Event already posted (``count`` and ``lastTimestamp``, which ``kubectl describe`` shows as
-"(x5 over 2m)"). A condition that persists for many passes is one Event, not one per pass."""
+"(x5 over 2m)"). A condition that persists for many passes is one Event, not one per pass.
+
+Why not kopf's helpers (``kopf.event``, ``kopf.info``, ``kopf.warn``) for these: kopf posts every
+call as a new Event and leaves aggregation to "the client library, as it is done in the Go client"
+(its ``post_event``), so a pass that repeats a reason every few seconds would write an Event to
+etcd each time; its ``info`` is dropped below ``settings.posting.level`` (WARNING here, which
+keeps kopf's own chatter out of Events); and it posts later, from its queue, so an Event could
+not be counted on the one it repeats. kopf's helpers serve where a handler reports on the object
+it was called for, once: ``handlers.quorum_backup_event`` (a QuorumBackup naming no quorum)."""
 
 from __future__ import annotations
 

@@ -8,17 +8,8 @@ daemons: a daemon makes kopf put a finalizer on every KafkaQuorum, and nothing e
 with it its namespace, from being deleted whenever the operator could not remove it: when the
 operator was gone, and when the namespace's deletion took the operator's Role in it first.
 
-Settings (environment): ``KQ_OPERATOR_INTERVAL`` (seconds between passes, default 5),
-``KQ_OPERATOR_METRICS_PORT`` (Prometheus, default 0: off), ``KQ_OPERATOR_NAMESPACE`` and
-``KQ_OPERATOR_IDENTITY`` (where the Lease lives and who holds it: the pod's namespace and
-name), ``KQ_OPERATOR_POD_SELECTOR`` (the operator pods' labels, ``k=v,...``, which the quorums'
-NetworkPolicies let in; default ``app.kubernetes.io/name=kafka-quorum-operator``),
-``KQ_OPERATOR_CLUSTER_DOMAIN`` (in the nodes' certificates; default ``cluster.local``),
-``KQ_OPERATOR_POD_IDS`` (``fixed``, the default: the quorums' pods run as the image's user
-10001, group and fsGroup 10001; ``platform``: none set, for OpenShift's restricted SCC, which
-assigns its own; ``resources.POD_IDS``),
-``KQ_OPERATOR_API_SERVER`` (an API server URL without credentials: development and tests;
-otherwise the service account, then the kubeconfig).
+Settings: ``settings.OperatorSettings``, read from the environment once (by ``__main__``, else at
+start-up); docs/operator.md lists them.
 
 The operator's own calls go through the official ``kubernetes`` client (``kube.Kube``, built once
 at start-up); kopf logs in with ``kopf.login_via_client``, from the same client configuration, so
@@ -30,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import time
 import uuid
@@ -51,14 +41,15 @@ from kafka_quorum_operator import (
     VERSION,
 )
 from kafka_quorum_operator import opmetrics as m
-from kafka_quorum_operator.keeper import CLUSTER_DOMAIN, Keeper
+from kafka_quorum_operator.keeper import Keeper
 from kafka_quorum_operator.kube import Kube, KubeError, path
 from kafka_quorum_operator.lease import RENEW_DEADLINE_S, LeaderElector
 from kafka_quorum_operator.nodes import VOTER_CHANGE_TIMEOUT_MS, NodeClient
 from kafka_quorum_operator.ondemand import fail_orphan
 from kafka_quorum_operator.reconcile import CR_API, Reconciler
-from kafka_quorum_operator.resources import POD_IDS, OperatorPods
+from kafka_quorum_operator.resources import OperatorPods
 from kafka_quorum_operator.serving import metrics, parse_endpoint, serve
+from kafka_quorum_operator.settings import OperatorSettings
 from kafka_quorum_operator.status import iso
 
 LEASE_NAME = "kafka-quorum-operator"
@@ -69,28 +60,6 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 # termination grace period (the chart's 30 s), leaving time to release the Lease.
 STOP_GRACE_S = VOTER_CHANGE_TIMEOUT_MS / 1000 + 5
 logger = logging.getLogger(__name__)
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
-
-
-def _labels(text: str) -> dict[str, str]:
-    """``k=v,k=v`` as a mapping (a malformed entry is an error at start, not a wrong policy)."""
-    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
-    if not pairs or any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
-        raise ValueError(f"KQ_OPERATOR_POD_SELECTOR: expected k=v,..., got {text!r}")
-    return {k.strip(): v.strip() for k, v in pairs}
-
-
-def _pod_ids(text: str | None) -> str:
-    """KQ_OPERATOR_POD_IDS (a wrong value is an error at start, not pods the platform refuses)."""
-    value = (text or "fixed").strip()
-    if value not in POD_IDS:
-        raise ValueError(f"KQ_OPERATOR_POD_IDS: expected one of {', '.join(POD_IDS)}, got "
-                         f"{text!r}")
-    return value
 
 
 @dataclass
@@ -109,14 +78,22 @@ class _State:
     # The health endpoint (``--liveness``; None: none), and the HTTP servers running.
     health_url: str | None = None
     servers: list[web.AppRunner] = field(default_factory=list)
+    # The operator's settings (``configured``), read from the environment once.
+    settings: OperatorSettings | None = None
+
+    def configured(self) -> OperatorSettings:
+        """The operator's settings: those ``__main__`` read, else the environment's, read now
+        (an operator run in-process). Raises SettingsError."""
+        if self.settings is None:
+            self.settings = OperatorSettings.from_environment()
+        return self.settings
 
     def connect(self, kube: Kube, default_namespace: str = "default") -> None:
-        namespace = os.environ.get("KQ_OPERATOR_NAMESPACE") or default_namespace
-        pods = OperatorPods(namespace, _labels(os.environ.get(
-            "KQ_OPERATOR_POD_SELECTOR") or f"app.kubernetes.io/name={MANAGER}"))
-        keeper = Keeper(kube, os.environ.get("KQ_OPERATOR_CLUSTER_DOMAIN") or CLUSTER_DOMAIN)
-        identity = os.environ.get("KQ_OPERATOR_IDENTITY") or \
-            f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        settings = self.configured()
+        namespace = settings.namespace or default_namespace
+        pods = OperatorPods(namespace, dict(settings.pod_selector))
+        keeper = Keeper(kube, settings.cluster_domain)
+        identity = settings.identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         # A replica that no longer leads stops exporting the figures of the quorums it ran:
         # the holder's are the current ones, and a scrape of both must not show stale ones.
         elector = LeaderElector(kube, namespace, LEASE_NAME, identity,
@@ -125,8 +102,8 @@ class _State:
         # Fencing: every voter change and deletion asks the elector right before it is sent.
         self.reconciler = Reconciler(kube, NodeClient(), operator_pods=pods, keeper=keeper,
                                      may_act=lambda: elector.leading and not self.stopping,
-                                     identity=identity,
-                                     pod_ids=_pod_ids(os.environ.get("KQ_OPERATOR_POD_IDS")))
+                                     identity=identity, pod_ids=settings.pod_ids,
+                                     refusal_backoff_s=settings.refusal_backoff_s)
         self.electing = asyncio.get_running_loop().create_task(elector.run())
 
     async def close(self) -> None:
@@ -198,15 +175,19 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # reach the operator (kopf's ``labels=`` filters only after receiving every pod).
     for plural in OWNED_WATCHED:
         settings.watching.label_selectors["", "v1", plural] = f"{LABEL_MANAGED_BY}={MANAGER}"
-    # The reconciler posts an Event for every change itself; kopf adds only its failures.
+    # The reconciler posts an Event for every change itself (``events.EventRecorder``, which
+    # counts repeats); kopf's poster only warnings and errors (``kopf.warn`` of a handler).
     settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = MANAGER
     # No cluster-wide list of namespaces or CRDs: least privilege.
     settings.scanning.disabled = True
-    port = int(_env_float("KQ_OPERATOR_METRICS_PORT", 0))
-    if port:
-        STATE.servers.append(await serve([("/metrics", metrics)], port))
-    kube = await asyncio.to_thread(Kube.connect, os.environ.get("KQ_OPERATOR_API_SERVER"))
+    configured = STATE.configured()
+    if configured.metrics_port:
+        STATE.servers.append(await serve([("/metrics", metrics)], configured.metrics_port))
+    kube = await asyncio.to_thread(Kube.connect, configured.api_server)
     STATE.connect(kube, _own_namespace())
+    assert STATE.reconciler is not None
+    settings.posting.reporting_instance = STATE.reconciler.identity
     # Last: the probes pass once the operator is started.
     if STATE.health_url:
         host, port, url_path = parse_endpoint(STATE.health_url)
@@ -231,7 +212,7 @@ async def cleanup(**_: Any) -> None:
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """kopf's credentials: those of the ``kubernetes`` client's configuration (in-cluster,
     else kubeconfig), read again whenever kopf meets a 401."""
-    server = os.environ.get("KQ_OPERATOR_API_SERVER")
+    server = STATE.configured().api_server
     if server:
         return kopf.ConnectionInfo(server=server, insecure=True)
     return kopf.login_via_client(**kwargs)
@@ -266,7 +247,7 @@ async def quorum_event(event: Mapping[str, Any], meta: Mapping[str, Any],
 
 async def run_quorum(namespace: str, name: str,
                      logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-    interval = _env_float("KQ_OPERATOR_INTERVAL", 5.0)
+    interval = STATE.configured().interval_s
     waker = STATE.waker(namespace, name)
     url = path("KafkaQuorum", namespace, name, api=CR_API)
     while not STATE.stopping:
@@ -307,7 +288,7 @@ def claim_changed(meta: Mapping[str, Any], **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, QB_PLURAL)
-async def quorum_backup_event(body: Mapping[str, Any], namespace: str | None,
+async def quorum_backup_event(body: kopf.Body, namespace: str | None,
                               **_: Any) -> None:
     """A QuorumBackup is taken by its KafkaQuorum's pass (``ondemand``): wake that loop; one
     naming no KafkaQuorum of the namespace is Failed here, as no pass will ever see it."""
@@ -321,7 +302,12 @@ async def quorum_backup_event(body: Mapping[str, Any], namespace: str | None,
     if reconciler is not None and elector is not None and elector.leading \
             and not STATE.stopping:
         try:
-            await fail_orphan(reconciler.kube, body, reconciler.clock)
+            failed = await fail_orphan(reconciler.kube, body, reconciler.clock)
         except KubeError as error:
             logger.warning("QuorumBackup %s/%s: %s", namespace,
                            (body.get("metadata") or {}).get("name"), error)
+            return
+        if failed is not None:
+            # On the QuorumBackup itself (there is no KafkaQuorum to post it on), through
+            # kopf's own Event poster: a handler's body is what kopf.warn takes.
+            kopf.warn(body, reason="BackupFailed", message=failed)

@@ -1,5 +1,5 @@
-"""Talking to the quorum's nodes: each node's ``/metrics`` (who it is: its directory id, state
-and leader) and the leader's admin API (DescribeQuorum, AddVoter, RemoveVoter).
+"""Talking to the quorum's nodes' admin API: each node's ``GET /v1/node`` (who it is: its
+directory id, state and leader) and the leader's DescribeQuorum, AddVoter and RemoveVoter.
 
 Nodes are reached by pod IP, never through a redirect: a node redirects admin calls to the
 leader's configured DNS name, and the operator picks the leader itself from the nodes' own
@@ -27,9 +27,16 @@ from typing import Any
 
 import aiohttp
 
-from kafka_quorum_operator.observe import NodeView, QuorumView, parse_describe_quorum, parse_metrics
+from kafka_quorum_operator.observe import (
+    NodeView,
+    QuorumView,
+    parse_describe_quorum,
+    parse_node_status,
+)
 
-VOTERS_PATH = "/v1/quorum/voters"
+NODE_PATH = "/v1/node"
+QUORUM_PATH = "/v1/quorum"
+VOTERS_PATH = QUORUM_PATH + "/voters"
 # Long enough for an AddVoter whose observer is caught up; a slower one answers
 # REQUEST_TIMED_OUT and is resumed on the next pass.
 VOTER_CHANGE_TIMEOUT_MS = 15_000
@@ -107,21 +114,23 @@ class NodeClient:
         if self._session is not None:
             await self._session.close()
 
-    async def metrics(self, address: str) -> NodeView | None:
-        target = self._target(address, "/metrics")
-        if target is None:
-            return None
-        url, options = target
-        try:
-            async with self._client().get(url, **options) as response:
-                if response.status != 200:
-                    return None
-                return parse_metrics(await response.text())
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return None
+    async def node(self, address: str) -> NodeView | None:
+        """The node's view of itself (any node answers, never redirected); None: no answer, or
+        not a quorum node's."""
+        found = await self._get_json(address, NODE_PATH)
+        return parse_node_status(found) if found is not None else None
 
     async def describe(self, address: str) -> QuorumView | None:
-        target = self._target(address, "/v1/quorum")
+        """The leader's DescribeQuorum; None from a node that does not lead (it redirects)."""
+        found = await self._get_json(address, QUORUM_PATH)
+        try:
+            return parse_describe_quorum(found) if isinstance(found, dict) else None
+        except ValueError:
+            return None
+
+    async def _get_json(self, address: str, path: str) -> Any:
+        """The JSON a GET answers with 200; None for any other answer, or none."""
+        target = self._target(address, path)
         if target is None:
             return None
         url, options = target
@@ -129,7 +138,7 @@ class NodeClient:
             async with self._client().get(url, allow_redirects=False, **options) as response:
                 if response.status != 200:
                     return None
-                return parse_describe_quorum(await response.json())
+                return await response.json()
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return None
 

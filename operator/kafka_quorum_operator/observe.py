@@ -1,13 +1,15 @@
 """What the operator observes, as plain immutable values: its pods and volume claims, each node's
-own view (from its ``/metrics``), the leader's DescribeQuorum, and what the status recorded
+own view (from its ``GET /v1/node``), the leader's DescribeQuorum, and what the status recorded
 earlier. Parsing is pure, so that the planner's tests build these directly."""
 
 from __future__ import annotations
 
-import re
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 
 from kafka_quorum_operator import (
     ANNOTATION_CLIENT_TLS,
@@ -114,11 +116,11 @@ class ClaimView:
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node's own view of itself (its ``/metrics``): who it is and whom it follows."""
+    """A node's own view of itself (its ``GET /v1/node``): who it is and whom it follows."""
 
     node_id: int
     directory_id: str | None
-    state: str  # Kafka's state name: leader, follower, observer, candidate, unattached, ...
+    state: str  # its Raft state: leader, follower, candidate, prospective, unattached, resigned
     leader_id: int | None
     epoch: int
     log_end_offset: int
@@ -180,11 +182,26 @@ class MemberRecord:
     last_change: str | None = None  # when a voter change of this member last completed
 
 
+class ActionKind(enum.StrEnum):
+    """What an action of the plan does (``plan.Action``); its value is the name the status
+    (pendingChange.kind), the Events and the operator's metrics use."""
+
+    CREATE_CLAIM = "CreateClaim"
+    CREATE_POD = "CreatePod"
+    DELETE_POD = "DeletePod"
+    DELETE_CLAIM = "DeleteClaim"
+    ADD_VOTER = "AddVoter"
+    REMOVE_VOTER = "RemoveVoter"
+
+
+VOTER_CHANGES = frozenset({ActionKind.ADD_VOTER, ActionKind.REMOVE_VOTER})
+
+
 @dataclass(frozen=True)
 class PendingChange:
     """A voter change the operator recorded before making it (resumed after a restart)."""
 
-    kind: str  # AddVoter | RemoveVoter
+    kind: ActionKind  # one of VOTER_CHANGES
     node_id: int
     directory_id: str
     reason: str  # Remediation | ScaleUp | ScaleDown
@@ -329,47 +346,36 @@ def foreign_claims(claims: Mapping[int, ClaimView], cluster_id: str | None
             if cluster_id and c.cluster_id and c.cluster_id != cluster_id}
 
 
-# --- the node's metrics and admin API ----------------------------------------------------------
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# --- the node's admin API ------------------------------------------------------------------------
 
 
-def parse_metrics(text: str) -> NodeView | None:
-    """A node's view of itself from its Prometheus exposition; None if it is not a quorum node's.
-    """
-    values: dict[str, float] = {}
-    info: dict[str, str] | None = None
-    state = "unknown"
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, labels_text, raw = match.groups()
-        labels = dict(_LABEL.findall(labels_text or ""))
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if name == "quorum_node_info":
-            info = labels
-        elif name == "quorum_current_state":
-            if value == 1.0:
-                state = labels.get("state", state)
-        elif not labels:
-            values[name] = value
-    if info is None or not info.get("node_id", "").isdigit():
+class _NodeStatus(BaseModel):
+    """What the operator reads of a node's ``GET /v1/node`` (``quorum_node.node.api.admin``'s
+    ``node_status_json``; the rest of it is ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    node_id: StrictInt
+    directory_id: str | None = None
+    state: str
+    leader_id: StrictInt | None = None
+    epoch: StrictInt
+    is_voter: StrictBool
+    high_watermark: StrictInt = -1  # -1: not known here
+    log_end_offset: StrictInt
+
+
+def parse_node_status(body: Any) -> NodeView | None:
+    """A node's view of itself from its ``GET /v1/node`` answer; None if it is not one."""
+    try:
+        found = _NodeStatus.model_validate(body)
+    except ValidationError:
         return None
-    leader = int(values.get("quorum_current_leader", -1))
-    high_watermark = int(values.get("quorum_high_watermark", -1))
     return NodeView(
-        node_id=int(info["node_id"]), directory_id=info.get("directory_id") or None,
-        state=state, leader_id=None if leader < 0 else leader,
-        epoch=int(values.get("quorum_current_epoch", 0)),
-        log_end_offset=int(values.get("quorum_log_end_offset", 0)),
-        high_watermark=None if high_watermark < 0 else high_watermark,
-        is_observer=values.get("quorum_is_observer", 0.0) == 1.0,
-    )
+        node_id=found.node_id, directory_id=found.directory_id or None, state=found.state,
+        leader_id=found.leader_id, epoch=found.epoch, log_end_offset=found.log_end_offset,
+        high_watermark=None if found.high_watermark < 0 else found.high_watermark,
+        is_observer=not found.is_voter)
 
 
 def parse_describe_quorum(body: Mapping[str, Any]) -> QuorumView:
@@ -417,7 +423,10 @@ def pending_from_status(status: Mapping[str, Any]) -> PendingChange | None:
     if not isinstance(raw, Mapping):
         return None
     try:
-        return PendingChange(kind=str(raw["kind"]), node_id=int(raw["nodeId"]),
+        kind = ActionKind(raw["kind"])
+        if kind not in VOTER_CHANGES:
+            return None
+        return PendingChange(kind=kind, node_id=int(raw["nodeId"]),
                              directory_id=str(raw["directoryId"]), reason=str(raw["reason"]),
                              started=str(raw.get("started", "")),
                              old_directory_id=raw.get("oldDirectoryId"))

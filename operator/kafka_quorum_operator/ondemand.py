@@ -173,16 +173,16 @@ class OnDemandBackups:
 
 
 async def fail_orphan(kube: Kube, body: Mapping[str, Any], clock: Callable[[], float]
-                      ) -> bool:
+                      ) -> str | None:
     """Fail a QuorumBackup whose KafkaQuorum does not exist (no pass of a quorum will ever
-    look at it); whether it was."""
+    look at it); why, if it was."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     quorum = str((body.get("spec") or {}).get("quorum") or "")
     if ((body.get("status") or {}).get("phase") in FINAL or not quorum
             or await kube.get(path("KafkaQuorum", namespace, quorum)) is not None):
-        return False
+        return None
+    message = f"no KafkaQuorum {quorum} in namespace {namespace}"
     await kube.patch(path(QB_KIND, namespace, name) + "/status", {"status": {
-        "phase": FAILED, "message": f"no KafkaQuorum {quorum} in namespace {namespace}",
-        "completedAt": iso(clock())}})
-    return True
+        "phase": FAILED, "message": message, "completedAt": iso(clock())}})
+    return message

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 
 from kafka_quorum_operator.observe import (
     TLS_SWITCH_STAGES,
+    VOTER_CHANGES,
+    ActionKind,
     MemberRecord,
     Observed,
     PendingChange,
@@ -46,8 +48,8 @@ from kafka_quorum_operator.observe import (
 
 VoterKey = tuple[int, str | None]
 
-ADD_VOTER = "AddVoter"
-REMOVE_VOTER = "RemoveVoter"
+ADD_VOTER = ActionKind.ADD_VOTER
+REMOVE_VOTER = ActionKind.REMOVE_VOTER
 REMEDIATION = "Remediation"
 SCALE_UP = "ScaleUp"
 SCALE_DOWN = "ScaleDown"
@@ -61,10 +63,9 @@ def majority(count: int) -> int:
 
 @dataclass(frozen=True)
 class Action:
-    """One change to make. ``kind``: CreateClaim, CreatePod, DeletePod, DeleteClaim, AddVoter or
-    RemoveVoter."""
+    """One change to make (``kind`` says which; the reconciler has a handler for each)."""
 
-    kind: str
+    kind: ActionKind
     node_id: int
     reason: str = ""
     directory_id: str | None = None
@@ -72,7 +73,7 @@ class Action:
 
     @property
     def is_voter_change(self) -> bool:
-        return self.kind in (ADD_VOTER, REMOVE_VOTER)
+        return self.kind in VOTER_CHANGES
 
     def pending(self, started: str) -> PendingChange:
         assert self.directory_id is not None
@@ -325,9 +326,9 @@ class _Planner:
             if node_id in foreign:
                 continue  # refused (condition ClaimsRefused): an administrator decides
             if claim is None:
-                actions.append(Action("CreateClaim", node_id))
+                actions.append(Action(ActionKind.CREATE_CLAIM, node_id))
             elif node_id not in observed.pods and not claim.terminating:
-                actions.append(Action("CreatePod", node_id))
+                actions.append(Action(ActionKind.CREATE_POD, node_id))
         if actions:
             return self._plan(actions, self.pending, "creating claims and pods")
         return None
@@ -360,7 +361,7 @@ class _Planner:
                 return self._plan((), self.pending, f"failed pod {pod.name} waits for the "
                                   f"{blocked}")
         why = f" ({pod.reason})" if pod.reason else ""
-        return self._plan([Action("DeletePod", pod.node_id, POD_FAILED)], self.pending,
+        return self._plan([Action(ActionKind.DELETE_POD, pod.node_id, POD_FAILED)], self.pending,
                           f"replacing failed pod {pod.name}{why}")
 
     def _backing_off(self, pod_name: str) -> bool:
@@ -482,11 +483,11 @@ class _Planner:
             if pod is not None:
                 if pod.terminating:
                     return self._plan((), None, f"waiting for pod {pod.name} to stop")
-                return self._plan([Action("DeletePod", node_id, SCALE_DOWN)], None,
+                return self._plan([Action(ActionKind.DELETE_POD, node_id, SCALE_DOWN)], None,
                                   f"scale-down: deleting node {node_id}'s pod")
             claim = observed.claims[node_id]
             if not claim.terminating:
-                return self._plan([Action("DeleteClaim", node_id, SCALE_DOWN)], None,
+                return self._plan([Action(ActionKind.DELETE_CLAIM, node_id, SCALE_DOWN)], None,
                                   f"scale-down: deleting node {node_id}'s volume claim")
         return None
 
@@ -501,7 +502,7 @@ class _Planner:
         if not a.bootstrapped:
             # Nothing is committed yet: restart in any order.
             pod = min(outdated, key=lambda p: p.node_id)
-            return self._plan([Action("DeletePod", pod.node_id, ROLLING_UPDATE)], None,
+            return self._plan([Action(ActionKind.DELETE_POD, pod.node_id, ROLLING_UPDATE)], None,
                               f"rolling update of {pod.name}")
         if a.leader_id is None:
             return self._plan((), None, "rolling update: waiting for a leader")
@@ -519,7 +520,7 @@ class _Planner:
         blocked = self._quorum_check(pod.node_id)
         if blocked is not None:
             return self._plan((), None, f"rolling update: {pod.name} waits for the {blocked}")
-        return self._plan([Action("DeletePod", pod.node_id, ROLLING_UPDATE)], None,
+        return self._plan([Action(ActionKind.DELETE_POD, pod.node_id, ROLLING_UPDATE)], None,
                           f"rolling update of {pod.name}")
 
     def _roll_rank(self, node_id: int, ready: bool) -> int:

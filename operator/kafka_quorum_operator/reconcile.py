@@ -1,17 +1,17 @@
-"""One reconciliation pass: observe (API objects, node metrics, the leader's DescribeQuorum),
-plan (``plan.plan``), act (at most one voter change or deletion), write the status, and post a
-Kubernetes Event for every change made."""
+"""One reconciliation pass: observe (API objects, each node's ``GET /v1/node``, the leader's
+DescribeQuorum), plan (``plan.plan``), act (at most one voter change or deletion), write the
+status, and post a Kubernetes Event for every change made. ``Reconciler._reconcile`` lists the
+pass's steps, each a method over one ``PassContext``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from kafka_quorum_operator.kube import Kube, KubeError, cluster_path, path, quan
 from kafka_quorum_operator.nodes import ChangeResult, NodeClient, Route
 from kafka_quorum_operator.observe import (
     TLS_SWITCH_STAGES,
+    ActionKind,
     CreateRefused,
     NodeView,
     Observed,
@@ -58,6 +59,7 @@ from kafka_quorum_operator.observe import (
 from kafka_quorum_operator.ondemand import OnDemandBackups
 from kafka_quorum_operator.plan import (
     ADD_VOTER,
+    REMOVE_VOTER,
     ROLLING_UPDATE,
     SCALE_DOWN,
     Action,
@@ -69,6 +71,7 @@ from kafka_quorum_operator.plan import (
     tls_switch_after,
     tls_switch_started,
 )
+from kafka_quorum_operator.settings import REFUSAL_BACKOFF_S
 from kafka_quorum_operator.spec import Spec, SpecError, check_name, parse_spec
 from kafka_quorum_operator.status import (
     invalid_spec_conditions,
@@ -86,7 +89,6 @@ CR_API = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 # A refused voter change (Kafka's INVALID_REQUEST, or BAD_REQUEST: a request the node cannot
 # parse) is not retried before this.
 _REFUSED = frozenset({"INVALID_REQUEST", "BAD_REQUEST"})
-REFUSAL_BACKOFF_S = float(os.environ.get("KQ_OPERATOR_REFUSAL_BACKOFF", "60"))
 # How often an owned object that should not have changed is read back (drift, deletion).
 RECHECK_S = 30.0
 # The digest _withdraw records for an object it deleted.
@@ -96,11 +98,14 @@ WITHDRAWN = ""
 # watcher of KafkaQuorums (this operator's watch too). Figures for people, never decided on; any
 # other change is written at once.
 VOLATILE_STATUS_S = 30.0
-# Answers after which a voter change is known to be in force.
+# The answer of a voter change sent to a node that no longer leads.
 NOT_LEADER = "NOT_LEADER"
+# What an action other than a voter change answers when it was done.
+DONE = ChangeResult(True, "NONE", "done")
 # Conditions whose True is a warning (an Event of type Warning when they turn True).
 _BAD_WHEN_TRUE = ("QuorumLost", "VolumeResizeBlocked", "ClaimsRefused")
-_DONE = {ADD_VOTER: "DUPLICATE_VOTER", "RemoveVoter": "VOTER_NOT_FOUND"}
+# Answers after which a voter change is known to be in force.
+_IN_FORCE = {ADD_VOTER: "DUPLICATE_VOTER", REMOVE_VOTER: "VOTER_NOT_FOUND"}
 # A child's create the API server refused (a ResourceQuota, a policy webhook, an invalid object)
 # is tried again after this, twice as long after each refusal up to the cap: what refuses it is
 # changed by a person, and every attempt costs an admission round (webhook calls) and a Warning.
@@ -125,6 +130,36 @@ class Memory:
 
 
 @dataclass
+class PassContext:
+    """One pass over one KafkaQuorum: what it read once (the spec, the status, the observation,
+    the plan) and what its steps decided so far. The fields without a default are set by the
+    steps, in order (``_begin``, then ``_observe_and_plan``), before any later step reads them."""
+
+    body: Mapping[str, Any]
+    owner: r.Owner = field(init=False)
+    spec: Spec = field(init=False)
+    status: Mapping[str, Any] = field(init=False)
+    memory: Memory = field(init=False)
+    cluster_id: str = field(init=False)
+    # The TLS switch status recorded; the operator's TLS context for the nodes (None: none).
+    recorded: TlsSwitch | None = None
+    tls: ssl.SSLContext | None = None
+    not_owned: str | None = None  # why the operator's credentials Secret cannot be used
+    observed: Observed = field(init=False)
+    voter_ids: Sequence[int] = ()
+    environment: dict[str, str] = field(default_factory=dict)  # the nodes' configuration
+    decided: Plan = field(init=False)
+    pending: PendingChange | None = None  # what status.pendingChange says after the pass
+    last_remediation: dict[str, Any] | None = None
+    ended: bool = False  # no further step runs
+
+    @property
+    def changing(self) -> bool:
+        """Whether the pass may change anything (not paused, the quorum not lost)."""
+        return not self.spec.paused and not self.decided.assessment.quorum_lost
+
+
+@dataclass
 class Reconciler:
     kube: Kube
     nodes: NodeClient
@@ -144,6 +179,8 @@ class Reconciler:
     identity: str = MANAGER
     # Who the quorums' pods run as (resources.POD_IDS): the operator's KQ_OPERATOR_POD_IDS.
     pod_ids: str = "fixed"
+    # How long a refused voter change waits (``_REFUSED``): KQ_OPERATOR_REFUSAL_BACKOFF.
+    refusal_backoff_s: float = REFUSAL_BACKOFF_S
     backups: BackupScheduler = field(init=False)
     on_demand: OnDemandBackups = field(init=False)
     drills: Drills = field(init=False)
@@ -173,124 +210,163 @@ class Reconciler:
         return result
 
     async def _reconcile(self, body: Mapping[str, Any]) -> Plan:
-        meta = body.get("metadata") or {}
-        owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
-        check_name(owner.name)
-        spec = r.with_pod_ids(parse_spec(body.get("spec")), self.pod_ids)
-        status: Mapping[str, Any] = body.get("status") or {}
-        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
-        cluster_id = status.get("clusterId")
-        if not cluster_id:
-            cluster_id = await self._generate_cluster_id(owner, spec)
-        # Kept from the pass that chose it: this pass's status was read before.
-        memory.restore = status.get("restore") or memory.restore
+        """The pass's steps in order over one ``PassContext``; a step may end the pass (the
+        lease lost, the leader changed under a voter change): what follows it is not done."""
+        run = PassContext(body)
+        for step in (self._begin, self._observe_and_plan, self._secure_and_keep_owned,
+                     self._detect_remediations, self._settle_recorded_change,
+                     self._act_on_plan, self._expand_and_collect, self._write_status,
+                     self._maybe_back_up):
+            await step(run)
+            if run.ended:
+                break
+        return run.decided
 
+    # --- the pass's steps -----------------------------------------------------------------
+
+    async def _begin(self, run: PassContext) -> None:
+        """Who the pass is for, its spec (parsed once), its memory, its cluster id (generated
+        or recovered on the first pass), and the operator's TLS context for its nodes."""
+        meta = run.body.get("metadata") or {}
+        run.owner = owner = r.Owner(meta["name"], meta["namespace"], meta.get("uid", ""))
+        check_name(owner.name)
+        run.spec = r.with_pod_ids(parse_spec(run.body.get("spec")), self.pod_ids)
+        run.status = status = run.body.get("status") or {}
+        run.memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+        run.cluster_id = status.get("clusterId") or \
+            await self._generate_cluster_id(owner, run.spec)
+        # Kept from the pass that chose it: this pass's status was read before.
+        run.memory.restore = status.get("restore") or run.memory.restore
+        last = status.get("lastRemediation")
+        run.last_remediation = dict(last) if isinstance(last, Mapping) else None
+        run.recorded = TlsSwitch.from_status(status)
         assert self.keeper is not None
-        recorded = TlsSwitch.from_status(status)
         try:
             # Also with TLS off while a switch runs, or pods still speak it.
-            tls = await self.keeper.client_tls(owner, spec, wanted=recorded is not None)
-            not_owned = None
+            run.tls = await self.keeper.client_tls(owner, run.spec,
+                                                   wanted=run.recorded is not None)
         except SecretNotOwned as error:
-            tls, not_owned = None, str(error)
-        observed = await self._observe(owner, body, cluster_id, memory, tls)
-        if not_owned is not None:
-            observed = replace(observed, security_problem=not_owned)
-        assessment = assess(observed)
-        voter_ids = configured_voter_ids(observed, assessment)
+            run.tls, run.not_owned = None, str(error)
 
-        def at(switch: TlsSwitch | None) -> tuple[Observed, dict[str, str]]:
-            environment = r.node_environment(owner, spec, cluster_id, voter_ids, switch)
-            return replace(observed, tls_switch=switch,
-                           config_hash=r.config_hash(spec, environment)), environment
+    async def _observe_and_plan(self, run: PassContext) -> None:
+        """Observe once, assess once, settle the TLS switch's stage, and plan."""
+        observed = await self._observe(run)
+        if run.not_owned is not None:
+            observed = replace(observed, security_problem=run.not_owned)
+        run.observed = observed
+        run.voter_ids = configured_voter_ids(observed, assess(observed))
+        self._at_switch(run, tls_switch_started(observed, run.recorded))
+        following = tls_switch_after(run.observed)
+        if following != run.observed.tls_switch:
+            self._at_switch(run, following)
+        run.decided = plan(run.observed)
+        run.pending = run.decided.pending
 
-        observed, environment = at(tls_switch_started(observed, recorded))
-        following = tls_switch_after(observed)
-        if following != observed.tls_switch:
-            observed, environment = at(following)
-        decided = plan(observed)
-        a = decided.assessment
-        changing = not spec.paused and not a.quorum_lost
-        if changing:
-            # Credentials before anything that mounts them (pods created below).
-            try:
-                secured = await self.keeper.secure(owner, spec, voter_ids)
-            except SecretNotOwned as error:  # nothing of it used: condition Secured
-                secured = Secured()
-                observed = replace(observed, security_problem=str(error))
-            # The budget counts the voters there are (a scale-up's new members join it as
-            # they become voters, one by one).
-            await self._keep_owned(owner, spec, environment, len(a.voters), secured.objects)
-            await self._label_voters(owner, observed, a.voter_ids)
-            for change in secured.changes:
-                await self.event(owner, "CredentialsChanged", change)
+    def _at_switch(self, run: PassContext, switch: TlsSwitch | None) -> None:
+        """The nodes' configuration (and its hash) at ``switch``'s stage."""
+        run.environment = r.node_environment(run.owner, run.spec, run.cluster_id, run.voter_ids,
+                                             switch)
+        run.observed = replace(run.observed, tls_switch=switch,
+                               config_hash=r.config_hash(run.spec, run.environment))
 
-        last = status.get("lastRemediation")
-        last_remediation = dict(last) if isinstance(last, Mapping) else None
-        if changing and a.leader_id is not None and spec.remediation.enabled:
-            for node_id, directory_id in sorted(a.lost):
-                if directory_id is None:
-                    continue
-                detected = remediation_detected(last_remediation, node_id, directory_id,
-                                                observed.now)
-                if detected is not None:
-                    last_remediation = detected
-                    m.REMEDIATIONS.labels("started").inc()
-                    await self.event(owner, "VolumeReplaced", (
-                        f"node {node_id}'s volume no longer holds voter directory "
-                        f"{directory_id}; replacing it (AddVoter, then RemoveVoter)"), "Warning")
+    async def _secure_and_keep_owned(self, run: PassContext) -> None:
+        """Credentials before anything that mounts them (pods created below), then the owned
+        objects as specified, and LABEL_VOTER on the voters' pods."""
+        if not run.changing:
+            return
+        assert self.keeper is not None
+        owner, a = run.owner, run.decided.assessment
+        try:
+            secured = await self.keeper.secure(owner, run.spec, run.voter_ids)
+        except SecretNotOwned as error:  # nothing of it used: condition Secured
+            secured = Secured()
+            run.observed = replace(run.observed, security_problem=str(error))
+        # The budget counts the voters there are (a scale-up's new members join it as they
+        # become voters, one by one).
+        await self._keep_owned(owner, run.spec, run.environment, len(a.voters), secured.objects)
+        await self._label_voters(owner, run.observed, a.voter_ids)
+        for change in secured.changes:
+            await self.event(owner, "CredentialsChanged", change)
 
-        pending = decided.pending
-        found = observed.pending
-        if changing and found is not None and pending is None and a.leader_id is not None \
-                and self.may_act():
-            # The change recorded in status is in force, made by an operator that did not live
-            # to hear the answer: done, as if answered (its Event, the remediation's step).
-            made = Action(found.kind, found.node_id, found.reason, found.directory_id,
-                          found.old_directory_id)
-            pending, last_remediation, decided = await self._after_change(
-                owner, observed, decided, made, last=last_remediation, outcome=ChangeResult(
-                    True, "NONE", "in force (made before the operator restarted)"))
-        if changing:
-            for action in decided.actions:
-                if not self.may_act():
-                    return decided  # the lease was lost during the pass: nothing more
-                outcome = await self._act(owner, observed, decided, action, cluster_id)
-                if outcome is not None and outcome.code == NOT_LEADER:
-                    return decided
-                if action.is_voter_change:
-                    pending, last_remediation, decided = await self._after_change(
-                        owner, observed, decided, action, outcome=outcome,
-                        last=last_remediation)
+    async def _detect_remediations(self, run: PassContext) -> None:
+        """A lost voter's volume replaced (its node back with a new directory): the remediation
+        starts (status.lastRemediation, a Warning Event)."""
+        owner, a = run.owner, run.decided.assessment
+        if not run.changing or a.leader_id is None or not run.spec.remediation.enabled:
+            return
+        for node_id, directory_id in sorted(a.lost):
+            if directory_id is None:
+                continue
+            detected = remediation_detected(run.last_remediation, node_id, directory_id,
+                                            run.observed.now)
+            if detected is not None:
+                run.last_remediation = detected
+                m.REMEDIATIONS.labels("started").inc()
+                await self.event(owner, "VolumeReplaced", (
+                    f"node {node_id}'s volume no longer holds voter directory "
+                    f"{directory_id}; replacing it (AddVoter, then RemoveVoter)"), "Warning")
 
-        if changing and self.may_act():
-            problem = await self._expand_claims(owner, observed)
-            observed = replace(observed, resize_problem=problem)
-            await self._collect_configs(owner, r.config_map_name(owner.name,
-                                                                 observed.config_hash))
+    async def _settle_recorded_change(self, run: PassContext) -> None:
+        """The change recorded in status is in force, made by an operator that did not live to
+        hear the answer: done, as if answered (its Event, the remediation's step)."""
+        found = run.observed.pending
+        if not run.changing or found is None or run.pending is not None or \
+                run.decided.assessment.leader_id is None or not self.may_act():
+            return
+        made = Action(found.kind, found.node_id, found.reason, found.directory_id,
+                      found.old_directory_id)
+        await self._after_change(run, made, ChangeResult(
+            True, "NONE", "in force (made before the operator restarted)"))
 
-        observed = replace(observed, creates_refused=dict(memory.creates_refused))
-        patch = status_patch(observed, decided, status, r.selector(owner.name))
-        patch["pendingChange"] = pending.to_status() if pending is not None else None
+    async def _act_on_plan(self, run: PassContext) -> None:
+        """The plan's actions; the pass ends when the lease is lost or the leader changed."""
+        if not run.changing:
+            return
+        for action in run.decided.actions:
+            if not self.may_act():
+                run.ended = True  # the lease was lost during the pass: nothing more
+                return
+            outcome = await self._act(run, action)
+            if outcome.code == NOT_LEADER:
+                run.ended = True
+                return
+            if action.is_voter_change:
+                await self._after_change(run, action, outcome)
+
+    async def _expand_and_collect(self, run: PassContext) -> None:
+        """Grow the claims to spec.storage.size, and delete past revisions' ConfigMaps."""
+        if not run.changing or not self.may_act():
+            return
+        problem = await self._expand_claims(run.owner, run.observed)
+        run.observed = replace(run.observed, resize_problem=problem)
+        await self._collect_configs(run.owner, r.config_map_name(run.owner.name,
+                                                                 run.observed.config_hash))
+
+    async def _write_status(self, run: PassContext) -> None:
+        """The status, the Events of its changes, and the quorum's gauges."""
+        owner, memory, recorded = run.owner, run.memory, run.recorded
+        run.observed = observed = replace(run.observed,
+                                          creates_refused=dict(memory.creates_refused))
+        patch = status_patch(observed, run.decided, run.status, r.selector(owner.name))
+        patch["pendingChange"] = run.pending.to_status() if run.pending is not None else None
         switch = observed.tls_switch
         patch["tlsSwitch"] = switch.to_status() if switch is not None else None
         if switch != recorded:
             await self.event(owner, "TLSSwitch", _switch_message(recorded, switch))
-        if last_remediation is not None:
-            patch["lastRemediation"] = last_remediation
-        await self._conditions_events(owner, status, patch)
-        self._export(owner, a.quorum_lost, last_remediation)
-        if self._status_due(memory, patch, status) and self.may_act():
+        if run.last_remediation is not None:
+            patch["lastRemediation"] = run.last_remediation
+        await self._conditions_events(owner, run.status, patch)
+        self._export(owner, run.decided.assessment.quorum_lost, run.last_remediation)
+        if self._status_due(memory, patch, run.status) and self.may_act():
             await self.patch_status(owner, patch)
             memory.status_written = self.clock()
-        await self._backups(BackupJob(owner, spec, observed, cluster_id, tls), status, a)
-        return decided
 
-    async def _backups(self, job: BackupJob, status: Mapping[str, Any], a: Assessment) -> None:
+    async def _maybe_back_up(self, run: PassContext) -> None:
         """QuorumBackups, then the scheduled backup (a QuorumBackup asked for takes the free
         slot first), then the restore drill."""
-        owner, spec = job.owner, job.spec
-        waiting = _not_backed_up(spec, a)
+        job = BackupJob(run.owner, run.spec, run.observed, run.cluster_id, run.tls)
+        owner, spec, status = run.owner, run.spec, run.status
+        waiting = _not_backed_up(spec, run.decided.assessment)
         if not self.may_act():
             return
         try:
@@ -309,10 +385,8 @@ class Reconciler:
 
     # --- observing ------------------------------------------------------------------------
 
-    async def _observe(self, owner: r.Owner, body: Mapping[str, Any], cluster_id: str,
-                       memory: Memory, tls: ssl.SSLContext | None) -> Observed:
-        spec = r.with_pod_ids(parse_spec(body.get("spec")), self.pod_ids)
-        status: Mapping[str, Any] = body.get("status") or {}
+    async def _observe(self, run: PassContext) -> Observed:
+        owner, spec, status, memory, tls = run.owner, run.spec, run.status, run.memory, run.tls
         selector = {LABEL_INSTANCE: owner.name, LABEL_MANAGED_BY: MANAGER}
         pods_raw, claims_raw = await asyncio.gather(
             self.kube.list(path("Pod", owner.namespace), selector),
@@ -337,13 +411,13 @@ class Reconciler:
                                             tls if on_tls[i] else None))
         self.nodes.forget(memory.addresses - set(addresses.values()))
         memory.addresses = set(addresses.values())
-        views = await asyncio.gather(*(self.nodes.metrics(a) for a in addresses.values()))
+        views = await asyncio.gather(*(self.nodes.node(a) for a in addresses.values()))
         nodes = {i: v for i, v in zip(addresses, views, strict=True)
                  if v is not None and v.node_id == i}
         quorum = await self._describe(nodes, addresses)
         now = self.clock()
         memory.refused = {i: v for i, v in memory.refused.items() if v[0] > now}
-        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        generation = int((run.body.get("metadata") or {}).get("generation") or 0)
         memory.creates_refused = {k: v for k, v in memory.creates_refused.items()
                                   if v.generation == generation}
         for rejection in note_rejections(memory, pods.values(), now, generation):
@@ -353,7 +427,7 @@ class Reconciler:
         return Observed(
             name=owner.name, spec=spec, now=now,
             generation=generation,
-            cluster_id=cluster_id, bootstrapped=bool(status.get("bootstrapped")),
+            cluster_id=run.cluster_id, bootstrapped=bool(status.get("bootstrapped")),
             pods=pods, claims=claims, nodes=nodes, quorum=quorum,
             members=members_from_status(status), pending=pending_from_status(status),
             refused=dict(memory.refused), security_problem=problem,
@@ -518,12 +592,11 @@ class Reconciler:
                 await self.kube.delete(path("ConfigMap", owner.namespace, name))
                 self.applied.pop(path("ConfigMap", owner.namespace, name), None)
 
-    async def _create(self, owner: r.Owner, observed: Observed, url: str,
-                      obj: dict[str, Any]) -> bool:
+    async def _create(self, run: PassContext, url: str, obj: dict[str, Any]) -> bool:
         """Create a child; whether it was made now. Not when it exists (made by an earlier pass
         whose answer was lost), nor when the API server refuses it (kept for condition
         CreateRefused, a Warning Event each time) or a refusal's back-off has not run out."""
-        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+        owner, memory = run.owner, run.memory
         key = f"{obj['kind']}/{obj['metadata']['name']}"
         before = memory.creates_refused.get(key)
         now = self.clock()
@@ -538,64 +611,66 @@ class Reconciler:
             if not refused_create(error):
                 raise
             memory.creates_refused[key] = refusal = create_refused(
-                before, obj, error, now, observed.generation)
+                before, obj, error, now, run.observed.generation)
             await self.event(owner, "CreateRefused", f"{refusal.kind} {refusal.name}: "
                              f"{refusal.reason or error.status}: {refusal.message}", "Warning")
             return False
         memory.creates_refused.pop(key, None)
         return True
 
-    async def _act(self, owner: r.Owner, observed: Observed, decided: Plan, action: Action,
-                   cluster_id: str) -> ChangeResult | None:
-        ns, node_id, spec = owner.namespace, action.node_id, observed.spec
-        kind = action.kind
-        if kind == "CreateClaim":
-            if await self._create(owner, observed, path("PersistentVolumeClaim", ns),
-                                  r.claim(owner, spec, node_id, cluster_id)):
-                await self.event(owner, "ClaimCreated",
-                                 f"volume claim {r.claim_name(owner.name, node_id)} created")
-        elif kind == "CreatePod":
-            # Until the quorum is bootstrapped, a quorum made from a backup restores it first.
-            memory = self.memories.setdefault(owner.uid or owner.name, Memory())
-            restore = None if decided.assessment.bootstrapped else \
-                restore_init_container(spec, memory.restore, node_id)
-            pod = r.pod(owner, spec, node_id, observed.config_hash, switch=observed.tls_switch,
-                        init_containers=[restore] if restore else [])
-            failed = memory.creates_refused.get(f"Pod/{pod['metadata']['name']}")
-            if failed is not None:  # its predecessors' failures in a row, kept on the pod
-                pod["metadata"]["annotations"][ANNOTATION_REJECTIONS] = str(failed.attempts)
-            if await self._create(owner, observed, path("Pod", ns), pod):
-                await self.event(owner, "PodCreated",
-                                 f"pod {r.pod_name(owner.name, node_id)} created")
-        elif kind == "DeletePod":
-            name = r.pod_name(owner.name, node_id)
-            # A roll restarts a healthy member: a voluntary disruption, evicted so that the
-            # budget counts it with a drain's, and neither takes a second voter meanwhile.
-            if action.reason != ROLLING_UPDATE:
-                await self.kube.delete(path("Pod", ns, name))
-            elif not await self.kube.evict(ns, name):
-                await self.event(owner, "EvictionRefused", f"pod {name} not restarted: its "
-                                 "disruption budget allows no disruption now (a drain, or a "
-                                 "member down); the rolling update waits")
-                m.ACTIONS.labels(kind, "REFUSED").inc()
-                return None
-            await self.event(owner, "PodDeleted", f"pod {name} "
-                             f"deleted ({action.reason}): {decided.waiting}")
-        elif kind == "DeleteClaim":
-            await self.kube.delete(path("PersistentVolumeClaim", ns,
-                                        r.claim_name(owner.name, node_id)))
-            await self.event(owner, "ClaimDeleted", f"volume claim "
-                             f"{r.claim_name(owner.name, node_id)} deleted ({action.reason})")
-        else:
-            result = await self._change_voters(owner, observed, decided, action)
-            m.ACTIONS.labels(kind, result.code).inc()
-            return result
-        m.ACTIONS.labels(kind, "NONE").inc()
-        return None
+    async def _act(self, run: PassContext, action: Action) -> ChangeResult:
+        result = await _ACTS[action.kind](self, run, action)
+        m.ACTIONS.labels(action.kind, result.code).inc()
+        return result
 
-    async def _change_voters(self, owner: r.Owner, observed: Observed, decided: Plan,
-                             action: Action) -> ChangeResult:
-        leader = decided.assessment.leader_id
+    async def _create_claim(self, run: PassContext, action: Action) -> ChangeResult:
+        owner, node_id = run.owner, action.node_id
+        if await self._create(run, path("PersistentVolumeClaim", owner.namespace),
+                              r.claim(owner, run.spec, node_id, run.cluster_id)):
+            await self.event(owner, "ClaimCreated",
+                             f"volume claim {r.claim_name(owner.name, node_id)} created")
+        return DONE
+
+    async def _create_pod(self, run: PassContext, action: Action) -> ChangeResult:
+        owner, node_id, observed, memory = run.owner, action.node_id, run.observed, run.memory
+        # Until the quorum is bootstrapped, a quorum made from a backup restores it first.
+        restore = None if run.decided.assessment.bootstrapped else \
+            restore_init_container(run.spec, memory.restore, node_id)
+        pod = r.pod(owner, run.spec, node_id, observed.config_hash, switch=observed.tls_switch,
+                    init_containers=[restore] if restore else [])
+        failed = memory.creates_refused.get(f"Pod/{pod['metadata']['name']}")
+        if failed is not None:  # its predecessors' failures in a row, kept on the pod
+            pod["metadata"]["annotations"][ANNOTATION_REJECTIONS] = str(failed.attempts)
+        if await self._create(run, path("Pod", owner.namespace), pod):
+            await self.event(owner, "PodCreated", f"pod {r.pod_name(owner.name, node_id)} created")
+        return DONE
+
+    async def _delete_pod(self, run: PassContext, action: Action) -> ChangeResult:
+        owner = run.owner
+        name = r.pod_name(owner.name, action.node_id)
+        # A roll restarts a healthy member: a voluntary disruption, evicted so that the budget
+        # counts it with a drain's, and neither takes a second voter meanwhile.
+        if action.reason != ROLLING_UPDATE:
+            await self.kube.delete(path("Pod", owner.namespace, name))
+        elif not await self.kube.evict(owner.namespace, name):
+            await self.event(owner, "EvictionRefused", f"pod {name} not restarted: its "
+                             "disruption budget allows no disruption now (a drain, or a "
+                             "member down); the rolling update waits")
+            return ChangeResult(False, "REFUSED", "the disruption budget allows none now")
+        await self.event(owner, "PodDeleted", f"pod {name} "
+                         f"deleted ({action.reason}): {run.decided.waiting}")
+        return DONE
+
+    async def _delete_claim(self, run: PassContext, action: Action) -> ChangeResult:
+        owner = run.owner
+        name = r.claim_name(owner.name, action.node_id)
+        await self.kube.delete(path("PersistentVolumeClaim", owner.namespace, name))
+        await self.event(owner, "ClaimDeleted", f"volume claim {name} deleted ({action.reason})")
+        return DONE
+
+    async def _change_voters(self, run: PassContext, action: Action) -> ChangeResult:
+        owner, observed = run.owner, run.observed
+        leader = run.decided.assessment.leader_id
         pod = observed.pods.get(leader) if leader is not None else None
         address = pod.address(observed.spec.port) if pod is not None else None
         if address is None:
@@ -611,14 +686,14 @@ class Reconciler:
         return await self.nodes.remove_voter(address, action.node_id, action.directory_id,
                                              decommission=action.reason == SCALE_DOWN)
 
-    async def _after_change(self, owner: r.Owner, observed: Observed, decided: Plan,
-                            action: Action, *, outcome: ChangeResult | None,
-                            last: dict[str, Any] | None
-                            ) -> tuple[PendingChange | None, dict[str, Any] | None, Plan]:
-        assert outcome is not None
-        memory = self.memories.setdefault(owner.uid or owner.name, Memory())
+    async def _after_change(self, run: PassContext, action: Action,
+                            outcome: ChangeResult) -> None:
+        """A voter change answered: the pending change, the remediation's step and the members'
+        lastChange as they are after it, and its Event."""
+        owner, observed, memory, decided = run.owner, run.observed, run.memory, run.decided
+        last = run.last_remediation
         now = self.clock()
-        done = outcome.ok or outcome.code == _DONE.get(action.kind)
+        done = outcome.ok or outcome.code == _IN_FORCE.get(action.kind)
         what = f"{action.kind} of node {action.node_id} (directory {action.directory_id}, " \
                f"{action.reason})"
         if done:
@@ -630,7 +705,7 @@ class Reconciler:
             await self.event(owner, verb, f"{what}: committed")
         elif outcome.code in _REFUSED:
             pending = None
-            memory.refused[action.node_id] = (now + REFUSAL_BACKOFF_S, outcome.message)
+            memory.refused[action.node_id] = (now + self.refusal_backoff_s, outcome.message)
             await self.event(owner, "VoterChangeRefused", f"{what}: {outcome.message}",
                              "Warning")
         else:
@@ -648,7 +723,7 @@ class Reconciler:
                     f"node {action.node_id} replaced its voter directory "
                     f"{step.get('oldDirectoryId')} with {step.get('newDirectoryId')} in "
                     f"{step.get('durationSeconds')} s"))
-        return pending, last, decided
+        run.pending, run.last_remediation, run.decided = pending, last, decided
 
     async def _conditions_events(self, owner: r.Owner, before: Mapping[str, Any],
                                  after: Mapping[str, Any]) -> None:
@@ -760,3 +835,15 @@ def _switch_message(before: TlsSwitch | None, after: TlsSwitch | None) -> str:
     direction = "on" if after.enabled else "off"
     return f"switching TLS {direction}: rolling every pod to stage {after.stage} of " \
            f"{TLS_SWITCH_STAGES}, one at a time"
+
+
+# What each kind of action does (``Reconciler._act``).
+_ACTS: Mapping[ActionKind, Callable[[Reconciler, PassContext, Action],
+                                     Awaitable[ChangeResult]]] = {
+    ActionKind.CREATE_CLAIM: Reconciler._create_claim,
+    ActionKind.CREATE_POD: Reconciler._create_pod,
+    ActionKind.DELETE_POD: Reconciler._delete_pod,
+    ActionKind.DELETE_CLAIM: Reconciler._delete_claim,
+    ActionKind.ADD_VOTER: Reconciler._change_voters,
+    ActionKind.REMOVE_VOTER: Reconciler._change_voters,
+}

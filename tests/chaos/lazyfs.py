@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import stat
@@ -270,160 +271,166 @@ def _parts(path: str) -> list[str]:
     return [part for part in path.split("/") if part]
 
 
-def _operations(state: LazyState) -> Any:
-    """The FUSE callbacks over ``state`` (mfusepy's high-level API, paths and handles)."""
+def _guarded(method: Any) -> Any:
+    """A FUSE callback under the state's lock, its OSError as the errno FUSE answers."""
 
-    def guarded(method: Any) -> Any:
-        def call(*args: Any) -> Any:
-            with state.lock:
-                try:
-                    return method(*args)
-                except OSError as error:
-                    raise mfusepy.FuseOSError(error.errno or errno.EIO) from None
-        return call
+    @functools.wraps(method)
+    def call(self: LazyOperations, *args: Any) -> Any:
+        with self.state.lock:
+            try:
+                return method(self, *args)
+            except OSError as error:
+                raise mfusepy.FuseOSError(error.errno or errno.EIO) from None
+    return call
 
-    class Operations(mfusepy.Operations):  # type: ignore[misc]
-        use_ns = True
 
-        @guarded
-        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-            inode = state.by_handle(fh, path)
-            return {"st_mode": inode.mode, "st_ino": inode.number,
-                    "st_nlink": 2 if inode.is_dir else 1, "st_size": len(inode.data),
-                    "st_uid": os.getuid(), "st_gid": os.getgid(), "st_blocks":
-                    (len(inode.data) + 511) // 512, "st_mtime": inode.mtime_ns,
-                    "st_ctime": inode.mtime_ns, "st_atime": inode.mtime_ns}
+class LazyOperations(mfusepy.Operations if mfusepy is not None else object):  # type: ignore[misc]
+    """The FUSE callbacks over a ``LazyState`` (mfusepy's high-level API, paths and handles)."""
 
-        @guarded
-        def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
-            # With a mode each: the kernel's READDIRPLUS drops entries of no file type.
-            directory = state.lookup(path)
-            listed = {".": directory.number, "..": directory.number, **directory.entries}
-            return [(name, {"st_mode": state.inodes[number].mode, "st_ino": number}, 0)
-                    for name, number in listed.items()]
+    use_ns = True
 
-        @guarded
-        def mkdir(self, path: str, mode: int) -> int:
-            parent, name = state.parent_of(path)
-            state.new_inode(parent, name, stat.S_IFDIR | (mode & 0o7777))
+    def __init__(self, state: LazyState) -> None:
+        self.state = state
+
+    @_guarded
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        inode = self.state.by_handle(fh, path)
+        return {"st_mode": inode.mode, "st_ino": inode.number,
+                "st_nlink": 2 if inode.is_dir else 1, "st_size": len(inode.data),
+                "st_uid": os.getuid(), "st_gid": os.getgid(), "st_blocks":
+                (len(inode.data) + 511) // 512, "st_mtime": inode.mtime_ns,
+                "st_ctime": inode.mtime_ns, "st_atime": inode.mtime_ns}
+
+    @_guarded
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+        # With a mode each: the kernel's READDIRPLUS drops entries of no file type.
+        directory = self.state.lookup(path)
+        listed = {".": directory.number, "..": directory.number, **directory.entries}
+        return [(name, {"st_mode": self.state.inodes[number].mode, "st_ino": number}, 0)
+                for name, number in listed.items()]
+
+    @_guarded
+    def mkdir(self, path: str, mode: int) -> int:
+        parent, name = self.state.parent_of(path)
+        self.state.new_inode(parent, name, stat.S_IFDIR | (mode & 0o7777))
+        return 0
+
+    @_guarded
+    def rmdir(self, path: str) -> int:
+        parent, name = self.state.parent_of(path)
+        if self.state.lookup(path).entries:
+            raise OSError(errno.ENOTEMPTY, path)
+        self.state.unlink(parent, name)
+        return 0
+
+    @_guarded
+    def unlink(self, path: str) -> int:
+        parent, name = self.state.parent_of(path)
+        if name not in parent.entries:
+            raise OSError(errno.ENOENT, path)
+        self.state.unlink(parent, name)
+        return 0
+
+    @_guarded
+    def rename(self, old: str, new: str) -> int:
+        old_parent, old_name = self.state.parent_of(old)
+        new_parent, new_name = self.state.parent_of(new)
+        number = old_parent.entries.get(old_name)
+        if number is None:
+            raise OSError(errno.ENOENT, old)
+        replaced = new_parent.entries.get(new_name)
+        if replaced is not None and self.state.inodes[replaced].entries:
+            raise OSError(errno.ENOTEMPTY, new)
+        if replaced == number:
             return 0
+        del old_parent.entries[old_name]
+        new_parent.entries[new_name] = number
+        if replaced is not None:
+            self.state.forget_if_orphan(replaced)
+        return 0
 
-        @guarded
-        def rmdir(self, path: str) -> int:
-            parent, name = state.parent_of(path)
-            if state.lookup(path).entries:
-                raise OSError(errno.ENOTEMPTY, path)
-            state.unlink(parent, name)
-            return 0
+    @_guarded
+    def link(self, target: str, source: str) -> int:
+        inode = self.state.lookup(source)
+        parent, name = self.state.parent_of(target)
+        if name in parent.entries:
+            raise OSError(errno.EEXIST, target)
+        parent.entries[name] = inode.number
+        return 0
 
-        @guarded
-        def unlink(self, path: str) -> int:
-            parent, name = state.parent_of(path)
-            if name not in parent.entries:
-                raise OSError(errno.ENOENT, path)
-            state.unlink(parent, name)
-            return 0
+    @_guarded
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        parent, name = self.state.parent_of(path)
+        inode = self.state.new_inode(parent, name, stat.S_IFREG | (mode & 0o7777))
+        return self.state.open_handle(inode)
 
-        @guarded
-        def rename(self, old: str, new: str) -> int:
-            old_parent, old_name = state.parent_of(old)
-            new_parent, new_name = state.parent_of(new)
-            number = old_parent.entries.get(old_name)
-            if number is None:
-                raise OSError(errno.ENOENT, old)
-            replaced = new_parent.entries.get(new_name)
-            if replaced is not None and state.inodes[replaced].entries:
-                raise OSError(errno.ENOTEMPTY, new)
-            if replaced == number:
-                return 0
-            del old_parent.entries[old_name]
-            new_parent.entries[new_name] = number
-            if replaced is not None:
-                state.forget_if_orphan(replaced)
-            return 0
+    @_guarded
+    def open(self, path: str, flags: int) -> int:
+        inode = self.state.lookup(path)
+        if flags & os.O_TRUNC:
+            self.state.truncate(inode, 0)
+        return self.state.open_handle(inode)
 
-        @guarded
-        def link(self, target: str, source: str) -> int:
-            inode = state.lookup(source)
-            parent, name = state.parent_of(target)
-            if name in parent.entries:
-                raise OSError(errno.EEXIST, target)
-            parent.entries[name] = inode.number
-            return 0
+    @_guarded
+    def opendir(self, path: str) -> int:
+        return self.state.open_handle(self.state.lookup(path))
 
-        @guarded
-        def create(self, path: str, mode: int, fi: Any = None) -> int:
-            parent, name = state.parent_of(path)
-            return state.open_handle(state.new_inode(parent, name, stat.S_IFREG | (mode & 0o7777)))
+    @_guarded
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return bytes(self.state.by_handle(fh, path).data[offset:offset + size])
 
-        @guarded
-        def open(self, path: str, flags: int) -> int:
-            inode = state.lookup(path)
-            if flags & os.O_TRUNC:
-                state.truncate(inode, 0)
-            return state.open_handle(inode)
+    @_guarded
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        return self.state.write(self.state.by_handle(fh, path), data, offset)
 
-        @guarded
-        def opendir(self, path: str) -> int:
-            return state.open_handle(state.lookup(path))
+    @_guarded
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self.state.truncate(self.state.by_handle(fh, path), length)
+        return 0
 
-        @guarded
-        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-            return bytes(state.by_handle(fh, path).data[offset:offset + size])
+    @_guarded
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self.state.fsync(self.state.by_handle(fh, path))
+        return 0
 
-        @guarded
-        def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-            return state.write(state.by_handle(fh, path), data, offset)
+    @_guarded
+    def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+        self.state.fsync(self.state.by_handle(fh, path))
+        return 0
 
-        @guarded
-        def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-            state.truncate(state.by_handle(fh, path), length)
-            return 0
+    @_guarded
+    def release(self, path: str, fh: int) -> int:
+        self.state.release(fh)
+        return 0
 
-        @guarded
-        def fsync(self, path: str, datasync: int, fh: int) -> int:
-            state.fsync(state.by_handle(fh, path))
-            return 0
+    @_guarded
+    def releasedir(self, path: str, fh: int) -> int:
+        self.state.release(fh)
+        return 0
 
-        @guarded
-        def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
-            state.fsync(state.by_handle(fh, path))
-            return 0
+    @_guarded
+    def chmod(self, path: str, mode: int) -> int:
+        inode = self.state.lookup(path)
+        inode.mode = stat.S_IFMT(inode.mode) | (mode & 0o7777)
+        return 0
 
-        @guarded
-        def release(self, path: str, fh: int) -> int:
-            state.release(fh)
-            return 0
+    @_guarded
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return 0
 
-        @guarded
-        def releasedir(self, path: str, fh: int) -> int:
-            state.release(fh)
-            return 0
+    @_guarded
+    def utimens(self, path: str, times: Any = None) -> int:
+        return 0
 
-        @guarded
-        def chmod(self, path: str, mode: int) -> int:
-            inode = state.lookup(path)
-            inode.mode = stat.S_IFMT(inode.mode) | (mode & 0o7777)
-            return 0
+    @_guarded
+    def statfs(self, path: str) -> dict[str, int]:
+        block = 4096
+        total = self.state.capacity if self.state.capacity is not None else 1 << 34
+        free = max(0, total - self.state.used()) // block
+        return {"f_bsize": block, "f_frsize": block, "f_blocks": total // block,
+                "f_bfree": free, "f_bavail": free, "f_files": 1 << 20,
+                "f_ffree": 1 << 20, "f_favail": 1 << 20, "f_namemax": 255}
 
-        @guarded
-        def chown(self, path: str, uid: int, gid: int) -> int:
-            return 0
-
-        @guarded
-        def utimens(self, path: str, times: Any = None) -> int:
-            return 0
-
-        @guarded
-        def statfs(self, path: str) -> dict[str, int]:
-            block = 4096
-            total = state.capacity if state.capacity is not None else 1 << 34
-            free = max(0, total - state.used()) // block
-            return {"f_bsize": block, "f_frsize": block, "f_blocks": total // block,
-                    "f_bfree": free, "f_bavail": free, "f_files": 1 << 20,
-                    "f_ffree": 1 << 20, "f_favail": 1 << 20, "f_namemax": 255}
-
-    return Operations()
 
 
 def serve(mountpoint: str) -> None:
@@ -437,7 +444,7 @@ def serve(mountpoint: str) -> None:
     threading.Thread(target=read_commands, daemon=True).start()
     # No kernel caching of names or attributes: a power loss changes both behind its back. File
     # pages are dropped at every open (no keep_cache), and a node reopens everything on restart.
-    mfusepy.FUSE(_operations(state), mountpoint, foreground=True, nothreads=True,
+    mfusepy.FUSE(LazyOperations(state), mountpoint, foreground=True, nothreads=True,
                  fsname="lazyfs", hard_remove=True, use_ino=True, attr_timeout=0,
                  entry_timeout=0, negative_timeout=0, default_permissions=True)
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from kafka_quorum_operator.observe import (
+    ActionKind,
     ClaimView,
     MemberRecord,
     NodeView,
@@ -117,4 +118,5 @@ def lagging(observed: Observed, *ids: int) -> Observed:
 
 def pending(kind: str, node_id: int, directory_id: str, reason: str = "Remediation",
             old: str | None = None) -> PendingChange:
-    return PendingChange(kind, node_id, directory_id, reason, "2023-11-14T22:13:20Z", old)
+    return PendingChange(ActionKind(kind), node_id, directory_id, reason, "2023-11-14T22:13:20Z",
+                         old)

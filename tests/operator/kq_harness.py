@@ -123,7 +123,6 @@ class K8s(kmock.KubernetesEmulator):
             return await self._evict(request)
         action = request.action
         data = request.data
-        resource = request.resource
         if action == kmock.action.UPDATE and isinstance(data, dict):
             stale = self._stale(request)
             if stale is not None:
@@ -135,33 +134,46 @@ class K8s(kmock.KubernetesEmulator):
             exceeded = self._quota_exceeded(request)
             if exceeded is not None:
                 return await self._render_error(exceeded)
-            meta = data.setdefault("metadata", {})
-            if not meta.get("name") and meta.get("generateName"):
-                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-            meta.setdefault("namespace", request.namespace)
-            self._created(meta)
-            plural = resource.plural if resource is not None else None
-            if plural == "pods":
-                meta.setdefault("finalizers", []).append(POD_FINALIZER)
-                data.setdefault("status", {"phase": "Pending"})
-            elif plural == "persistentvolumeclaims":
-                meta.setdefault("finalizers", []).append(CLAIM_FINALIZER)
-                data.setdefault("status", {"phase": "Bound"})
-        elif action == kmock.action.UPDATE and isinstance(data, dict):
-            meta = data.setdefault("metadata", {}) if data.get("metadata") is not None else None
-            if meta is not None:
-                meta["resourceVersion"] = str(next(self._versions))
-            if "spec" in data and request.subresource is None:
-                current = self._current(request)
-                if current is not None and meta is not None:
-                    meta["generation"] = int(current.get("metadata", {}).get("generation", 1)) + 1
-        elif action == kmock.action.UPDATE and isinstance(data, list):
-            data.append({"op": "replace", "path": "/metadata/resourceVersion",
-                         "value": str(next(self._versions))})
+            self._admit(request, data)
+        elif action == kmock.action.UPDATE:
+            self._next_version(request, data)
         response: aiohttp.web.StreamResponse = await super()._handle(request)
         if action == kmock.action.CREATE and response.status == 200:
             response.set_status(201)
         return response
+
+    def _admit(self, request: Any, data: dict[str, Any]) -> None:
+        """A created object as the API server stores it: its generated name and namespace, and
+        the finalizers and first status a kubelet and the claim protection would give it."""
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        meta.setdefault("namespace", request.namespace)
+        self._created(meta)
+        plural = request.resource.plural if request.resource is not None else None
+        if plural == "pods":
+            meta.setdefault("finalizers", []).append(POD_FINALIZER)
+            data.setdefault("status", {"phase": "Pending"})
+        elif plural == "persistentvolumeclaims":
+            meta.setdefault("finalizers", []).append(CLAIM_FINALIZER)
+            data.setdefault("status", {"phase": "Bound"})
+
+    def _next_version(self, request: Any, data: Any) -> None:
+        """An update (a merge patch, or a JSON patch: a list) takes a new resourceVersion, and a
+        new generation where it changes the spec."""
+        if isinstance(data, list):
+            data.append({"op": "replace", "path": "/metadata/resourceVersion",
+                         "value": str(next(self._versions))})
+            return
+        if not isinstance(data, dict):
+            return
+        meta = data.setdefault("metadata", {}) if data.get("metadata") is not None else None
+        if meta is not None:
+            meta["resourceVersion"] = str(next(self._versions))
+        if "spec" in data and request.subresource is None:
+            current = self._current(request)
+            if current is not None and meta is not None:
+                meta["generation"] = int(current.get("metadata", {}).get("generation", 1)) + 1
 
     def _quota_exceeded(self, request: Any) -> Exception | None:
         """The ResourceQuota admission of object counts (``spec.hard`` ``pods``,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kafka_quorum_operator.settings import OperatorSettings
 from kafka_quorum_operator.status import CONDITION_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +119,33 @@ def test_the_values_table_has_every_key_of_the_chart() -> None:
     assert {"image.repository", "metrics.prometheusRule.noLeaderFor", "resources",
             "nameOverride"} <= set(expected)
     check(table("## Chart values"), expected, "chart value")
+
+
+def operator_settings() -> dict[str, tuple[str, Any]]:
+    """Every setting by its variable: its type, and its default as the variable would give it
+    (a selector as ``k=v,...``)."""
+    schema = OperatorSettings.model_json_schema()["properties"]
+    found: dict[str, tuple[str, Any]] = {}
+    for name, field in OperatorSettings.model_fields.items():
+        kinds = [k.get("type") for k in schema[field.alias or name].get("anyOf", [])] or \
+            [schema[field.alias or name]["type"]]
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, dict):
+            kinds, default = ["string"], ",".join(f"{k}={v}" for k, v in default.items())
+        found[str(field.alias)] = (next(k for k in kinds if k != "null"),
+                                   NO_DEFAULT if default is None else default)
+    return found
+
+
+def test_the_settings_table_has_every_setting_of_the_operator() -> None:
+    expected = operator_settings()
+    assert expected["KQ_OPERATOR_INTERVAL"] == ("number", 5.0)
+    assert expected["KQ_OPERATOR_POD_SELECTOR"][0] == "string"
+    check(table("## Operator settings"), expected, "operator setting")
+    # The chart and the manifests set no variable of no setting.
+    for source in (CHART / "templates" / "deployment.yaml", ROOT / "manifests" / "install.yaml"):
+        given = set(re.findall(r"name: (KQ_OPERATOR_\w+)", source.read_text()))
+        assert given and given <= set(expected), (source, given - set(expected))
 
 
 def test_the_spec_table_has_every_field_of_the_crd() -> None:

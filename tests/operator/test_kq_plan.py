@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from kafka_quorum_operator import ANNOTATION_REJECTIONS, LABEL_NODE_ID
-from kafka_quorum_operator.observe import CreateRefused, Observed, TlsSwitch, pod_view
+from kafka_quorum_operator.observe import ActionKind, CreateRefused, Observed, TlsSwitch, pod_view
 from kafka_quorum_operator.plan import (
     Action,
     assess,
@@ -20,6 +20,7 @@ from kafka_quorum_operator.plan import (
     tls_switch_started,
     trusts,
 )
+from kafka_quorum_operator.reconcile import _ACTS
 from kafka_quorum_operator.spec import Remediation, Security
 from kq_builders import (
     DIRS,
@@ -726,3 +727,9 @@ def test_scale_up_rolls_the_voters_while_the_new_member_cannot_be_ready() -> Non
                                                                   config_hash="old")})
     assert plan(voter_down).actions == () or \
         [a.node_id for a in plan(voter_down).actions] == [3]
+
+
+def test_every_kind_of_action_has_a_handler() -> None:
+    """The reconciler acts through one handler per kind (``reconcile._ACTS``): a kind the planner
+    may choose and no handler takes would fail the pass that chose it."""
+    assert set(_ACTS) == set(ActionKind)

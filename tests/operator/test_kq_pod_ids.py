@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kafka_quorum_operator import resources as r
-from kafka_quorum_operator.handlers import _pod_ids
+from kafka_quorum_operator.settings import OperatorSettings, SettingsError
 from kafka_quorum_operator.spec import SpecError, parse_spec
 from test_kq_security import assert_restricted
 
@@ -76,10 +76,13 @@ def test_a_security_context_that_is_no_object_is_a_one_line_error(bad: Any) -> N
 
 
 def test_the_operator_setting() -> None:
-    assert _pod_ids(None) == "fixed" and _pod_ids("platform") == "platform"
-    with pytest.raises(ValueError, match=r"^KQ_OPERATOR_POD_IDS: expected one of fixed, "
+    def pod_ids(value: str) -> str:
+        return OperatorSettings.from_environment({"KQ_OPERATOR_POD_IDS": value}).pod_ids
+
+    assert pod_ids("") == "fixed" and pod_ids("platform") == "platform"
+    with pytest.raises(SettingsError, match=r"^KQ_OPERATOR_POD_IDS: expected one of fixed, "
                        r"platform, got 'openshift'$"):
-        _pod_ids("openshift")
+        pod_ids("openshift")
 
 
 def test_the_crd_takes_a_security_context_as_given() -> None:

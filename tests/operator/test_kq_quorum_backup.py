@@ -18,7 +18,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from kafka_quorum_operator import API_VERSION, GROUP, KIND, QB_KIND, QB_PLURAL
+from kafka_quorum_operator import API_VERSION, GROUP, KIND, MANAGER, QB_KIND, QB_PLURAL
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.backups import apply_retention
 from kafka_quorum_operator.drills import (
@@ -220,6 +220,17 @@ async def test_a_quorum_backup_is_taken_once_from_a_follower_and_owned_by_its_qu
     stray = (await _final(cluster, "stray"))["status"]
     assert stray["phase"] == FAILED
     assert stray["message"] == f"no KafkaQuorum no-such-quorum in namespace {NAMESPACE}"
+
+    async def stray_event() -> dict[str, Any] | None:
+        """Its Warning Event, on the QuorumBackup itself (no KafkaQuorum to post it on)."""
+        return next((e for e in await cluster.kube.list(path("Event", NAMESPACE), {})
+                     if e.get("reason") == "BackupFailed" and
+                     e.get("involvedObject", {}).get("name") == "stray"), None)
+
+    event = await cluster.wait("the stray QuorumBackup's Event", stray_event, 30)
+    assert event["type"] == "Warning" and event["message"] == stray["message"]
+    assert event["involvedObject"]["kind"] == QB_KIND
+    assert event["reportingComponent"] == MANAGER
 
     # The schedule's retention (1) has run since, and kept it; it is never taken again.
     options = S3Options(endpoint_url=s3_endpoint, access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],

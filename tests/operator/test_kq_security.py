@@ -668,10 +668,12 @@ async def test_secured_quorum_refuses_strangers_and_renews_in_place(cluster: Clu
     # The operator's own way: the IP, verifying the node's DNS name.
     nodes = await cluster.node_client()
     assert await nodes.describe(leader) is not None
+    own = await nodes.node(leader)
+    assert own is not None and own.state == "leader" and not own.is_observer
     impostor = NodeClient()
     tls = client_context(ca, operator["tls.crt"], operator["tls.key"])
     impostor.route(leader, Route(r.node_host(NAME, NAMESPACE, 9), tls))
-    assert await impostor.describe(leader) is None and await impostor.metrics(leader) is None
+    assert await impostor.describe(leader) is None and await impostor.node(leader) is None
     await nodes.close()
     await impostor.close()
 

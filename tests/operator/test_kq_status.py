@@ -12,9 +12,10 @@ from kafka_quorum_operator import ANNOTATION_CLIENT_TLS, LABEL_VOTER
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.nodes import NodeClient, Route
 from kafka_quorum_operator.observe import (
+    _NodeStatus,
     members_from_status,
     parse_describe_quorum,
-    parse_metrics,
+    parse_node_status,
     pending_from_status,
     pod_view,
 )
@@ -29,6 +30,7 @@ from kafka_quorum_operator.status import (
 )
 from kq_builders import DIRS, HASH, NEW, NOW, healthy, pending, replaced, with_spec
 
+from quorum_node.node.api.openapi import SCHEMAS
 from quorum_node.node.config import load_config
 
 
@@ -100,6 +102,15 @@ def test_status_round_trips_members_and_pending() -> None:
     assert entry["currentDirectoryId"] == NEW[3] and entry["role"] == "observer"
 
 
+@pytest.mark.parametrize("kind", ["CreatePod", "DeleteClaim", "Rename", 3])
+def test_a_recorded_change_of_no_voter_change_kind_is_ignored(kind: object) -> None:
+    """status.pendingChange names a voter change (``VOTER_CHANGES``); any other kind is not
+    resumed as one (before kinds were typed, it was sent as a RemoveVoter)."""
+    recorded = pending("AddVoter", 3, NEW[3]).to_status()
+    assert pending_from_status({"pendingChange": recorded}) is not None
+    assert pending_from_status({"pendingChange": {**recorded, "kind": kind}}) is None
+
+
 def test_remediation_record_steps_and_duration() -> None:
     record = remediation_detected(None, 3, DIRS[3], NOW)
     assert record is not None and record["result"] == "InProgress"
@@ -121,29 +132,40 @@ def test_remediation_record_steps_and_duration() -> None:
 
 # --- parsing ------------------------------------------------------------------------------------
 
-METRICS = """\
-# HELP quorum_node_info This replica's identity.
-quorum_node_info{cluster_id="abc",directory_id="AAAAAAAAAAAAAAAAAAAAAA",node_id="2"} 1.0
-quorum_current_state{state="leader"} 0.0
-quorum_current_state{state="follower"} 1.0
-quorum_current_leader 1.0
-quorum_current_epoch 7.0
-quorum_high_watermark 41.0
-quorum_log_end_offset 42.0
-quorum_is_observer 0.0
-"""
+NODE_STATUS = {  # GET /v1/node of a follower (quorum_node.node.api.admin.node_status_json)
+    "node_id": 2, "directory_id": "A" * 22, "cluster_id": "abc", "state": "follower",
+    "epoch": 7, "leader_id": 1, "is_voter": True, "high_watermark": 41, "log_start_offset": 0,
+    "log_end_offset": 42, "voters": [{"id": 1, "directory_id": "B" * 22}],
+    "client_endpoints": [{"id": 1, "url": "https://kq-1:9093"}], "failure": None,
+}
 
 
-def test_parse_metrics() -> None:
-    view = parse_metrics(METRICS)
+def test_parse_node_status() -> None:
+    view = parse_node_status(NODE_STATUS)
     assert view is not None
     assert (view.node_id, view.directory_id, view.state, view.leader_id, view.epoch,
             view.log_end_offset, view.high_watermark, view.is_observer) == (
         2, "A" * 22, "follower", 1, 7, 42, 41, False)
-    assert parse_metrics("some_other_metric 1\n") is None
-    unknown_leader = parse_metrics(METRICS.replace("quorum_current_leader 1.0",
-                                                   "quorum_current_leader -1.0"))
-    assert unknown_leader is not None and unknown_leader.leader_id is None
+    unknown = parse_node_status({**NODE_STATUS, "leader_id": None, "high_watermark": -1,
+                                 "is_voter": False})
+    assert unknown is not None and unknown.leader_id is None and unknown.high_watermark is None
+    assert unknown.is_observer
+    for broken in (None, [], {"some": "thing"}, {**NODE_STATUS, "node_id": "2"},
+                   {k: v for k, v in NODE_STATUS.items() if k != "epoch"}):
+        assert parse_node_status(broken) is None, broken
+
+
+def test_the_node_status_read_is_what_the_node_describes() -> None:
+    """The answer above is one the node's OpenAPI description allows, whole, and every field
+    the operator reads of it is one the description requires."""
+    schema = SCHEMAS["NodeStatus"]
+    kinds = {"integer": int, "string": str, "boolean": bool, "array": list}
+    assert set(NODE_STATUS) == set(schema["required"])
+    for name, value in NODE_STATUS.items():
+        described = schema["properties"][name]
+        assert isinstance(value, kinds[described["type"]]) or \
+            (value is None and described.get("nullable")), (name, value, described)
+    assert set(_NodeStatus.model_fields) <= set(schema["required"])
 
 
 def test_parse_describe_quorum() -> None:
@@ -212,8 +234,8 @@ def test_an_ipv6_pod_is_reached_at_its_bracketed_address() -> None:
     assert address == "[fd00::5]:9093"
     nodes = NodeClient()
     nodes.route(address, Route(r.node_host("kq", "ns", 1), ssl.create_default_context()))
-    target = nodes._target(address, "/metrics")
-    assert target is not None and target[0] == "https://[fd00::5]:9093/metrics"
+    target = nodes._target(address, "/v1/node")
+    assert target is not None and target[0] == "https://[fd00::5]:9093/v1/node"
     # Its node listens on every interface, IPv6 included.
     environment = r.node_environment(r.Owner("kq", "ns", "uid-1"), Spec(), "cluster", (1, 2, 3))
     assert all(listener.startswith(("CLIENT://:", "CONTROLLER://:"))

@@ -192,44 +192,15 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
     try:
         for step, (kind, *args) in enumerate(operations):
             if kind == "leader":
-                count, epoch_step, size, control = args
-                epoch = model.last_fetched_epoch() + epoch_step
-                records = make_records(count, size, step)
-                result = _outcome(log.append_as_leader, records, epoch, step, control)
-                batch = RecordBatch(model.end_offset, epoch, tuple(records), step, control)
-                expected = _outcome(model.append, batch)
-                assert result[0] == expected[0]
-                if result[0] == "ok":
-                    assert result[1] == model.batches[-1]
+                _append_as_leader(log, model, step, args)
             elif kind == "follower":
-                specs, skew = args
-                batches, base, epoch = [], log.end_offset + skew, model.last_fetched_epoch()
-                for count, epoch_step, size in specs:
-                    epoch += epoch_step
-                    replicated = tuple(make_records(count, size, step))
-                    batches.append(RecordBatch(base, epoch, replicated, timestamp_ms=7))
-                    base += count
-                result = _outcome(log.append_as_follower, batches)
-                expected = ("ok", None)
-                for batch in batches:  # the protocol appends batch by batch
-                    if _outcome(model.append, batch)[0] != "ok":
-                        expected = ("ValueError", None)
-                        break
-                assert result == expected
+                _append_as_follower(log, model, step, *args)
             elif kind == "truncate":
                 offset = max(args[0] % (model.end_offset + 3), model.committed)
                 log.truncate_to(offset)
                 model.truncate_to(offset)
             elif kind == "read":
-                pick, at_batch, limit = args
-                offset = pick % (model.end_offset + 3)
-                if at_batch and model.batches:
-                    offset = model.batches[pick % len(model.batches)].base_offset
-                if isinstance(limit, int):
-                    max_bytes = limit
-                else:
-                    max_bytes = model.read_size(offset, limit[0]) + limit[1]
-                assert log.read(offset, max_bytes) == model.read(offset, max_bytes)
+                _read(log, model, *args)
             elif kind == "epoch":
                 assert log.end_offset_for_epoch(args[0]) == model.end_offset_for_epoch(args[0])
             elif kind == "flush":
@@ -238,8 +209,8 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
                 _retain(log, model, args[0])
             elif kind == "load":
                 delta, epoch_step = args
-                epoch = model.last_fetched_epoch() + epoch_step
-                snapshot = SnapshotId(log.end_offset + delta, epoch)
+                snapshot = SnapshotId(log.end_offset + delta,
+                                      model.last_fetched_epoch() + epoch_step)
                 log.truncate_to_snapshot(snapshot)
                 model.load_snapshot(snapshot)
             else:
@@ -251,6 +222,47 @@ def _run(subject: Subject, directory: Path, operations: list[tuple[Any, ...]]) -
     finally:
         if isinstance(log, SegmentLog):
             log.close()
+
+
+def _append_as_leader(log: DurableLog, model: ModelLog, step: int, args: list[Any]) -> None:
+    count, epoch_step, size, control = args
+    epoch = model.last_fetched_epoch() + epoch_step
+    records = make_records(count, size, step)
+    result = _outcome(log.append_as_leader, records, epoch, step, control)
+    batch = RecordBatch(model.end_offset, epoch, tuple(records), step, control)
+    expected = _outcome(model.append, batch)
+    assert result[0] == expected[0]
+    if result[0] == "ok":
+        assert result[1] == model.batches[-1]
+
+
+def _append_as_follower(log: DurableLog, model: ModelLog, step: int,
+                        specs: list[tuple[int, int, int]], skew: int) -> None:
+    batches, base, epoch = [], log.end_offset + skew, model.last_fetched_epoch()
+    for count, epoch_step, size in specs:
+        epoch += epoch_step
+        replicated = tuple(make_records(count, size, step))
+        batches.append(RecordBatch(base, epoch, replicated, timestamp_ms=7))
+        base += count
+    result = _outcome(log.append_as_follower, batches)
+    expected = ("ok", None)
+    for batch in batches:  # the protocol appends batch by batch
+        if _outcome(model.append, batch)[0] != "ok":
+            expected = ("ValueError", None)
+            break
+    assert result == expected
+
+
+def _read(log: DurableLog, model: ModelLog, pick: int, at_batch: bool,
+          limit: int | tuple[int, int]) -> None:
+    """A read from an offset (``at_batch``: a batch's base), of a byte limit or (n, d): the size
+    of the n batches from there plus d."""
+    offset = pick % (model.end_offset + 3)
+    if at_batch and model.batches:
+        offset = model.batches[pick % len(model.batches)].base_offset
+    max_bytes = limit if isinstance(limit, int) else \
+        model.read_size(offset, limit[0]) + limit[1]
+    assert log.read(offset, max_bytes) == model.read(offset, max_bytes)
 
 
 def _retain(log: DurableLog, model: ModelLog, pick: int) -> None:
