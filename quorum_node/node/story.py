@@ -56,6 +56,7 @@ class NodeStory:
         self._wall_clock_ms = wall_clock_ms
         self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
         self._leading_since = clock()
+        self._serving_epoch: int | None = None  # the epoch whose LeaderChange was said committed
         self._next_observer_check = 0.0
         self.shutting_down = False
 
@@ -75,6 +76,11 @@ class NodeStory:
                         f" (was {before.epoch})" if role.epoch != before.epoch else "",
                         self._reason(step, sender, before, role))
         if role.state is RaftState.LEADER:
+            if self._serving_epoch != role.epoch and self._core.leader_has_committed:
+                # The end of a failover: from here on the new leader commits writes.
+                self._serving_epoch = role.epoch
+                logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
+                            self._node_id, role.epoch)
             self._check_replicas()
 
     def _reason(self, step: str, sender: int | None, before: _Role, after: _Role) -> str:

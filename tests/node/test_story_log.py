@@ -77,12 +77,17 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
         return QuorumDescription(1, 4, 10, tuple(voters), ())
 
     core: Any = SimpleNamespace(state=RaftState.FOLLOWER, epoch=3, leader_id=2,
-                                describe_quorum=describe)
+                                describe_quorum=describe, leader_has_committed=False)
     teller = NodeStory(cast(RaftCore, core), 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000,
                        clock=clock, wall_clock_ms=lambda: wall_ms[0])
     core.state, core.epoch, core.leader_id = RaftState.LEADER, 4, 1
     teller.after_step("handle_response", 2)
     assert messages(caplog) == ["node 1: follower -> leader in epoch 4 (was 3): won the election"]
+    # The end of a failover is said once: the new leader's LeaderChange is committed.
+    core.leader_has_committed = True
+    teller.after_step("handle_request", 2)
+    teller.after_step("handle_request", 3)
+    assert messages(caplog) == ["node 1: the LeaderChange of epoch 4 is committed; serving"]
 
     def later(seconds: float, *, alive: tuple[int, ...] = (2, 3)) -> list[str]:
         clock.now += seconds
