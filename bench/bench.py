@@ -8,14 +8,17 @@ Workloads, the same harness for every system (``drivers.py``): sequential commit
 clients, and the puts' p50/p99 under that load; batched append throughput (records/s, 100-byte
 records, 1000 per call from 4 clients; etcd: transactions of 128 puts, its largest by default);
 failover (kill -9 of the leader until the next successful write) with default timeouts and
-with election/fetch timeouts of 500/1000 ms; each node's RSS after the loads. Concurrent
-clients run in several client processes (threads with one client each), so that one Python
-process's GIL is not what is measured. The systems run at the same time and take turns at each
-workload, so that a shared machine's changing load falls on all of them alike. The quorum is
-driven through the product client (``quorum_node.client.QuorumClient``). etcd runs when an
-``etcd`` binary is on PATH (Debian's etcd-server) and its gRPC columns when the ``bench`` extra
-is installed. Prints a table (ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and
-writes JSON.
+with equal leader-loss detection on both sides (the quorum's fetch timeout, etcd's election
+timeout: 500 ms each), with the times of the quorum's election steps from its logs; each node's
+RSS after the loads. Before the systems start, the physical floor of a pull-based commit here
+(``floor.py``: two loopback WebSocket round trips and the fsync of a small append on the data
+directories' filesystem) is measured and printed beside them. Concurrent clients run in
+several client processes (threads with one client each), so that one Python process's GIL is
+not what is measured. The systems run at the same time and take turns at each workload, so that
+a shared machine's changing load falls on all of them alike. The quorum is driven through the
+product client (``quorum_node.client.QuorumClient``). etcd runs when an ``etcd`` binary is on
+PATH (Debian's etcd-server) and its gRPC columns when the ``bench`` extra is installed. Prints a
+table (ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and writes JSON.
 
 This is a measurement, not a test: nothing here asserts a number.
 """
@@ -24,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,11 +56,17 @@ from drivers import (
     sequential_latency,
     timed_load,
 )
+from floor import measure_floor
 
 from quorum_node.cli.local_quorum import LocalCluster, LocalNode, prepare_local_cluster
 from quorum_node.node.config import Setting
 
 CONCURRENCY = (64, 256)
+# The fast failover run: leader-loss detection set equal on both sides. A quorum follower starts
+# an election once it has not heard from its leader for the fetch timeout, an etcd follower once
+# it has heard no heartbeat for the election timeout; the quorum's election timeout only spaces
+# out a second round when the first fails.
+FAST_DETECTION_MS = 500
 APPEND_CLIENTS = 4
 APPEND_BATCH = 1000
 
@@ -236,10 +247,12 @@ def wait_for_leader(system: System, kind: str, timeout_s: float = 60) -> int:
     raise RuntimeError(f"{system.name}: no leader within {timeout_s} s{tails}")
 
 
-def failover(system: System, kind: str, port: int) -> float:
-    """kill -9 the leader, then put through the new leader until one put succeeds."""
+def failover(system: System, kind: str, port: int) -> dict[str, Any]:
+    """kill -9 the leader, then put through the new leader until one put succeeds: the seconds
+    that took, and (the quorum) when each step of the election happened after the kill."""
     os.kill(system.pids[port], signal.SIGKILL)
     killed = time.perf_counter()
+    killed_wall = time.time()
     survivors = tuple(p for p in system.ports if p != port)
     while time.perf_counter() - killed < 60:
         leader = system.leader_port()
@@ -247,7 +260,9 @@ def failover(system: System, kind: str, port: int) -> float:
             client = Target(kind, leader, survivors).connect(timeout_s=1)
             try:
                 client.put("after-failover", VALUE)
-                return time.perf_counter() - killed
+                took = time.perf_counter() - killed
+                return {"s": took, "steps_s": {
+                    **failover_steps(system, killed_wall), "write_accepted": took}}
             except Exception:  # the new leader is not serving yet
                 pass
             finally:
@@ -256,23 +271,64 @@ def failover(system: System, kind: str, port: int) -> float:
     raise RuntimeError(f"{system.name}: no write within 60 s of the failover")
 
 
+# The quorum's story lines that mark the steps of an election (quorum_node.node.story).
+FAILOVER_STEPS = {
+    "fetch_timeout": re.compile(r"node \d+: follower -> prospective "),
+    "pre_vote_granted": re.compile(r"node \d+: prospective -> candidate "),
+    "vote_granted": re.compile(r"node \d+: candidate -> leader "),
+    "leader_change_committed": re.compile(r"node \d+: the LeaderChange of epoch \d+ is "
+                                          r"committed"),
+}
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def failover_steps(system: System, killed_wall: float) -> dict[str, float]:
+    """Seconds from the kill to the first line of each step in the members' logs (a quorum's;
+    etcd's say nothing at its log level). The logs' clock has millisecond resolution."""
+    found: dict[str, float] = {}
+    for log in system.logs:
+        with contextlib.suppress(OSError):
+            for line in log.read_text(errors="replace").splitlines():
+                stamp = _LOG_TIME.match(line)
+                if stamp is None:
+                    continue
+                at = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                after = at.timestamp() - killed_wall
+                if after < -0.001:
+                    continue
+                for step, pattern in FAILOVER_STEPS.items():
+                    if pattern.search(line) and (step not in found or after < found[step]):
+                        found[step] = max(0.0, after)
+    return {step: found[step] for step in FAILOVER_STEPS if step in found}
+
+
 @contextlib.contextmanager
-def running(start: Callable[[Path], System | None]) -> Iterator[System | None]:
+def running_directory() -> Iterator[Path]:
+    """A directory where the systems keep their data, removed afterwards."""
     directory = Path(tempfile.mkdtemp(prefix="quorum-bench-"))
-    system = None
     try:
-        system = start(directory)
-        yield system
+        yield directory
     finally:
-        if system is not None:
-            system.stop()
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def running(start: Callable[[Path], System | None]) -> Iterator[System | None]:
+    with running_directory() as directory:
+        system = None
+        try:
+            system = start(directory)
+            yield system
+        finally:
+            if system is not None:
+                system.stop()
+
+
 def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
-            sequential: int, processes: int) -> dict[str, dict[str, Any]]:
+            sequential: int, processes: int, *, loads: bool = True) -> dict[str, dict[str, Any]]:
     """Every system runs at once and each workload runs on each system in turn before the next
-    workload, so that a change in what else the machine runs weighs on all of them alike."""
+    workload, so that a change in what else the machine runs weighs on all of them alike. The
+    results by system, and the floor of a commit (``floor.measure_floor``) under "floor"."""
     with contextlib.ExitStack() as stack:
         systems: dict[str, tuple[System, int]] = {}
         for kind, start in starts.items():
@@ -287,19 +343,26 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
                 results[kind][name] = run(system, system.target(kind, port))
 
         each("sequential", lambda _, target: sequential_latency(target, sequential))
-        for clients in CONCURRENCY:
+        # Right after the sequential puts, so that the machine's load then weighs on it too.
+        print("the floor of a commit", file=sys.stderr, flush=True)
+        with running_directory() as directory:
+            floor = measure_floor(directory)
+        for clients in CONCURRENCY if loads else ():
             each(f"puts_{clients}", lambda system, target, n=clients: timed_load(
                 target, Load("put"), n, seconds, processes,
                 server_pids=list(system.pids.values())))
-        each("batched_append", lambda system, target: timed_load(
-            target, Load("append", batch=APPEND_BATCH), APPEND_CLIENTS, seconds, processes,
-            server_pids=list(system.pids.values())))
+        if loads:
+            each("batched_append", lambda system, target: timed_load(
+                target, Load("append", batch=APPEND_BATCH), APPEND_CLIENTS, seconds,
+                processes, server_pids=list(system.pids.values())))
         each("rss_mb", lambda system, _: rss_mb(list(system.pids.values())))
-        each("failover_s", lambda system, target: failover(system, target.kind, target.port))
-        return results
+        each("failover", lambda system, target: failover(system, target.kind, target.port))
+        for kind in systems:
+            results[kind]["failover_s"] = results[kind]["failover"]["s"]
+        return {"floor": floor, **results}
 
 
-def failover_only(kind: str, start: Callable[[Path], System | None]) -> float | None:
+def failover_only(kind: str, start: Callable[[Path], System | None]) -> dict[str, Any] | None:
     with running(start) as system:
         if system is None:
             return None
@@ -313,6 +376,9 @@ def main() -> int:
     parser.add_argument("--client-processes", type=int, default=4,
                         help="client processes that share the concurrent clients")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--skip-loads", action="store_true",
+                        help="only the floor, sequential puts and failovers (no concurrent "
+                             "clients, no batched appends)")
     parser.add_argument("--base-port", type=int, default=None,
                         help="first of the loopback ports used (up to 600 above it are used too); "
                              "default: a random one with those free")
@@ -325,23 +391,27 @@ def main() -> int:
         print("etcd over gRPC needs the bench extra: pip install -e '.[bench]'",
               file=sys.stderr)
     starts: dict[str, tuple[Callable[[Path], System | None], Callable[[Path], System | None]]]
+    fast = FAST_DETECTION_MS
     starts = {
-        QUORUM: (lambda d: start_quorum(d, base), lambda d: start_quorum(d, base + 300, 500,
-                                                                          1000)),
+        QUORUM: (lambda d: start_quorum(d, base),
+                 lambda d: start_quorum(d, base + 300, election_ms=fast, fetch_ms=fast)),
     }
     if have_etcd and grpc_available():
         starts[ETCD_GRPC] = (lambda d: start_etcd(d, base + 100),
-                             lambda d: start_etcd(d, base + 400, 500))
+                             lambda d: start_etcd(d, base + 400, fast))
     if have_etcd:
         starts[ETCD_GATEWAY] = (lambda d: start_etcd(d, base + 200),
-                                lambda d: start_etcd(d, base + 500, 500))
+                                lambda d: start_etcd(d, base + 500, fast))
     results: dict[str, Any] = {"clients_processes": args.client_processes,
                                "seconds": args.seconds}
     results.update(measure({kind: start for kind, (start, _) in starts.items()}, args.seconds,
-                           args.sequential, args.client_processes))
+                           args.sequential, args.client_processes,
+                           loads=not args.skip_loads))
     for kind, (_, start_fast) in starts.items():
-        print(f"{kind}: failover, 500/1000 ms", file=sys.stderr, flush=True)
-        results[kind]["failover_fast_s"] = failover_only(kind, start_fast)
+        print(f"{kind}: failover, detection {fast} ms", file=sys.stderr, flush=True)
+        fast_failover = failover_only(kind, start_fast)
+        results[kind]["failover_fast"] = fast_failover
+        results[kind]["failover_fast_s"] = fast_failover["s"] if fast_failover else None
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -354,22 +424,36 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
         ("sequential put p99 (ms)", result["sequential"]["p99_ms"]),
     ]
     for clients in CONCURRENCY:
-        load = result[f"puts_{clients}"]
-        rows += [(f"puts/s, {clients} clients", load["per_s"]),
-                 (f"  put p50 at {clients} (ms)", load["p50_ms"]),
-                 (f"  put p99 at {clients} (ms)", load["p99_ms"]),
+        load = result.get(f"puts_{clients}", {})
+        rows += [(f"puts/s, {clients} clients", load.get("per_s")),
+                 (f"  put p50 at {clients} (ms)", load.get("p50_ms")),
+                 (f"  put p99 at {clients} (ms)", load.get("p99_ms")),
                  ("  server CPU per put (us)", load.get("server_cpu_us_per_call")),
                  ("  client CPU per put (us)", load.get("client_cpu_us_per_call"))]
     rows += [
-        ("batched append records/s", result["batched_append"]["per_s"]),
+        ("batched append records/s", result.get("batched_append", {}).get("per_s")),
         ("failover, default timeouts (s)", result["failover_s"]),
-        ("failover, 500/1000 ms (s)", result["failover_fast_s"]),
+        (f"failover, detection {FAST_DETECTION_MS} ms (s)", result["failover_fast_s"]),
         ("RSS per node, largest (MB)", max(result["rss_mb"], default=None)),
     ]
     return rows
 
 
+def print_floor(floor: dict[str, Any]) -> None:
+    """The floor beside the figures: what a lone put must wait for on this machine."""
+    parts = {name: floor[f"{name}_ms"] for name in ("websocket_rtt", "tcp_rtt", "fsync")}
+    print(f"floor of a commit here: {floor['commit_floor_ms']['p50']:.2f} ms p50, "
+          f"{floor['commit_floor_ms']['p99']:.2f} ms p99 = 2 WebSocket round trips + 1 fsync "
+          f"({floor['hops']})")
+    print("  " + "; ".join(f"{name.replace('_', ' ')} p50 {part['p50']:.3f} ms, "
+                           f"p99 {part['p99']:.3f} ms" for name, part in parts.items()))
+    print(f"  default detection: the quorum's fetch timeout 2000 ms, etcd's election timeout "
+          f"1000 ms; the fast run sets both to {FAST_DETECTION_MS} ms")
+
+
 def print_table(results: dict[str, Any]) -> None:
+    if "floor" in results:
+        print_floor(results["floor"])
     ours = table_rows(results[QUORUM])
     columns = [(kind, table_rows(results[kind])) for kind in (ETCD_GRPC, ETCD_GATEWAY)
                if kind in results]
@@ -384,6 +468,16 @@ def print_table(results: dict[str, Any]) -> None:
             ratio = f"{mine / other:.2f}x" if mine is not None and other else "-"
             line += f"{_number(other):>14}{ratio:>8}"
         print(line)
+    for name in ("failover", "failover_fast"):
+        steps = results[QUORUM].get(name, {}).get("steps_s", {})
+        if steps:
+            print(f"{QUORUM} {name.replace('_', ' ')}, seconds from the kill: " + ", ".join(
+                f"{step.replace('_', ' ')} {at:.3f}" for step, at in steps.items()))
+    if "floor" in results:
+        floor = results["floor"]["commit_floor_ms"]["p50"]
+        print("sequential put p50 over the floor: " + ", ".join(
+            f"{kind} {results[kind]['sequential']['p50_ms'] / floor:.2f}x"
+            for kind in (QUORUM, ETCD_GRPC, ETCD_GATEWAY) if kind in results))
 
 
 def _number(value: float | None) -> str:

@@ -16,9 +16,11 @@
         client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
 It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
-leader it found), and retries across the list with a bounded exponential back-off, within
-``timeout_s`` per call, whenever a try is known not to have taken effect: the node could not be
-reached, knew no leader, was shutting down, or the leader lost the append to a new leader.
+leader it found), and retries across the list within ``timeout_s`` per call, whenever a try is
+known not to have taken effect: the node could not be reached, knew no leader, was shutting
+down, or the leader lost the append to a new leader. While nodes answer (an election is under
+way) it tries again every few tens of milliseconds, as etcd's client does, so that a write
+lands as soon as a new leader serves; while none answers, the back-off doubles up to a second.
 When a connection breaks after a request was sent, its outcome is unknown: reads, puts and
 deletes are retried all the same (idempotent, as HTTP's GET, PUT and DELETE are), but a cas, a
 txn or an append is not, as it could apply twice: that raises QuorumClientError with code
@@ -180,6 +182,17 @@ def parse_bootstrap(bootstrap: str | Sequence[str], default_scheme: str = "http"
     if not servers:
         raise ValueError("no bootstrap server given (expected host:port[,host:port...])")
     return servers
+
+
+def retry_backoff_s(silent_tries: int) -> float:
+    """The wait before a call's next try, after ``silent_tries`` tries in a row that no node
+    answered. A node that answers without serving (it knows no leader yet, or sends the client
+    to one that is gone) means an election is under way, which ends within the quorum's
+    timeouts: the next try comes soon, so that the write lands once the new leader serves, not
+    a doubled back-off later. Only while no node answers does the wait double, up to
+    _MAX_BACKOFF_S. Jittered, so that clients spread their tries."""
+    base: float = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(max(silent_tries - 1, 0), 10))
+    return base * random.uniform(0.5, 1.0)
 
 
 class _NotSent(Exception):
@@ -578,6 +591,7 @@ class QuorumClient:
         tries = 0
         last_problem = "no attempt made"
         unreachable: dict[str, str] = {}  # servers that refused a connection, since an answer
+        silent = 0  # tries in a row that no node answered
         while True:
             server = candidates[tries % len(candidates)]
             tries += 1
@@ -587,6 +601,8 @@ class QuorumClient:
                 break
             except _NotSent as problem:
                 last_problem = str(problem)
+                # Not unreachable: a node answered, with a redirect to a leader that is gone.
+                silent = silent + 1 if problem.unreachable else 0
                 if problem.unreachable:
                     unreachable[server] = str(problem)
                     if self.fail_fast and len(unreachable) == len(candidates):
@@ -594,6 +610,7 @@ class QuorumClient:
                             "no node reachable: " + "; ".join(unreachable.values()),
                             code="UNAVAILABLE") from None
             except _Interrupted as problem:
+                silent += 1
                 if not idempotent:
                     raise QuorumClientError(
                         f"{problem}; the write may or may not have taken effect",
@@ -601,6 +618,7 @@ class QuorumClient:
                 last_problem = str(problem)
             else:
                 unreachable.clear()
+                silent = 0
                 if not isinstance(answer, _Refusal):
                     self._preferred = server
                     return answer
@@ -608,11 +626,10 @@ class QuorumClient:
                     raise QuorumClientError(answer.message, code=answer.code,
                                             status=answer.status, body=answer.body)
                 last_problem = f"{server}: {answer.message}"
-            backoff = min(_MAX_BACKOFF_S, _FIRST_BACKOFF_S * 2 ** min(tries - 1, 10))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            time.sleep(min(remaining, backoff * random.uniform(0.5, 1.0)))
+            time.sleep(min(remaining, retry_backoff_s(silent)))
         raise QuorumClientError(f"no node served the request within "
                                 f"{time.monotonic() - start:.1f} s (last: {last_problem})",
                                 code="UNAVAILABLE")

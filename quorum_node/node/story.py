@@ -48,6 +48,7 @@ class NodeStory:
         self._fetch_timeout_ms = fetch_timeout_ms
         self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
         self._leading_since = clock()
+        self._serving_epoch: int | None = None  # the epoch whose LeaderChange was said committed
         self._next_observer_check = 0.0
         self.shutting_down = False
 
@@ -63,9 +64,15 @@ class NodeStory:
                     f" (was {before.epoch})" if after.epoch != before.epoch else "",
                     self._reason(step, sender, before, after))
 
-    def after_step(self) -> None:
-        """The core took a step (after ``role_changed``, if it changed role)."""
+    def after_step(self, leader_has_committed: bool) -> None:
+        """The core took a step (after ``role_changed``, if it changed role);
+        ``leader_has_committed``: whether a leader has committed a record of its epoch."""
         if self._role.state is RaftState.LEADER:
+            if self._serving_epoch != self._role.epoch and leader_has_committed:
+                # The end of a failover: from here on the new leader commits writes.
+                self._serving_epoch = self._role.epoch
+                logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
+                            self._node_id, self._role.epoch)
             self._check_replicas()
 
     def _reason(self, step: str, sender: int | None, before: NodeStatus,

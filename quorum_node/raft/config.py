@@ -42,6 +42,14 @@ class QuorumConfig(BaseModel):
         return self
 
     @property
+    def long_poll_ms(self) -> int:
+        """How long a Fetch may wait at the leader for records: fetch_max_wait_ms, and at most
+        half the fetch timeout, so that an idle leader's answer reaches its follower well inside
+        the fetch timer (a fetch timeout shorter than the long poll would expire while the
+        Fetch waits, and the follower would campaign against a live leader)."""
+        return min(self.fetch_max_wait_ms, self.fetch_timeout_ms // 2)
+
+    @property
     def check_quorum_timeout_ms(self) -> int:
         return self.fetch_timeout_ms * 3 // 2
 

@@ -1156,7 +1156,7 @@ class RaftCore:
         self._send(now_ms, target, FetchRequest(
             cluster_id=self.cluster_id, replica_id=self.node_id,
             replica_directory_id=self.local_key.directory_id,
-            max_wait_ms=self.config.fetch_max_wait_ms, current_leader_epoch=self.epoch,
+            max_wait_ms=self.config.long_poll_ms, current_leader_epoch=self.epoch,
             fetch_offset=self.log.end_offset, last_fetch_epoch=self.log.last_fetched_epoch(),
             high_watermark=self._high_watermark, max_bytes=self.config.fetch_max_bytes,
         ))
@@ -1433,7 +1433,7 @@ class RaftCore:
         linger = self.config.high_watermark_linger_ms
         if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0):
             return response
-        wait = min(request.max_wait_ms, self.config.fetch_max_wait_ms)
+        wait = min(request.max_wait_ms, self.config.long_poll_ms)
         if newer_hwm:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
         state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))

@@ -84,8 +84,12 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
     teller = NodeStory(lambda: now[0], 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000, clock=clock)
     now[0] = leading()
     teller.role_changed(FOLLOWING_2, now[0], "handle_response", 2)
-    teller.after_step()
+    teller.after_step(leader_has_committed=False)
     assert messages(caplog) == ["node 1: follower -> leader in epoch 4 (was 3): won the election"]
+    # The end of a failover is said once: the new leader's LeaderChange is committed.
+    teller.after_step(leader_has_committed=True)
+    teller.after_step(leader_has_committed=True)
+    assert messages(caplog) == ["node 1: the LeaderChange of epoch 4 is committed; serving"]
 
     def later(seconds: float, *, alive: tuple[int, ...] = (2, 3)) -> list[str]:
         clock.now += seconds
@@ -93,7 +97,7 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
         for node_id in alive:
             fetched[node_id] = wall_ms[0]
         now[0] = leading()
-        teller.after_step()
+        teller.after_step(leader_has_committed=True)
         return messages(caplog)
 
     assert later(3) == []
