@@ -31,6 +31,7 @@ def build_app(node: QuorumNode, service: KvService | None = None) -> web.Applica
     app.add_routes(admin_routes(node))
     metrics = metrics_for(node)
     node.step_hooks.append(metrics.on_step)
+    node.role_hooks.append(metrics.on_role_changed)
     node.commit_hooks.append(metrics.observe_commit_latency)
     app.add_routes(metrics_routes(node))
     app.add_routes(openapi_routes())

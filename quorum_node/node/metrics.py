@@ -5,15 +5,17 @@ Each node has its own ``CollectorRegistry`` (several nodes may share one test pr
 through ``metrics_for(node)``: the runtime, the client API and the route all get the same
 ``NodeMetrics`` that way, without the node having to carry an attribute for it.
 
-Gauges are read from the core at scrape time. What cannot be read from a snapshot (election
-latency, transitions, records appended and fetched) is derived by a ``StateWatcher`` that compares
-the core before and after each step; each scrape samples it too, so the counters are current even
-between steps (and calling it more than once per step is harmless).
+Gauges are read from the core at scrape time. What cannot be read from a snapshot is derived by
+a ``StateWatcher``: election latency, transitions and since when the replica leads from the
+core's ``RoleChanged`` effects, as they happen; records appended and fetched from the log's end
+offset before and after each step (each scrape samples it too, so the counters are current even
+between steps, and calling it more than once per step is harmless).
 
 Wiring (``app.build_app``)::
 
     metrics = metrics_for(node)
     node.step_hooks.append(metrics.on_step)                  # after every call into the core
+    node.role_hooks.append(metrics.on_role_changed)           # each role change, with its cause
     node.commit_hooks.append(metrics.observe_commit_latency)  # once per committed append
     app.add_routes(metrics_routes(node))  # quorum_node.node.api.metrics
 """
@@ -35,6 +37,7 @@ from prometheus_client.metrics_core import (
 
 from quorum_node.node.clock import now_ms
 from quorum_node.node.voter_candidates import could_be_voter
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, VoterChangeKind
 from quorum_node.storage.kafka_uuid import to_kafka_string
@@ -91,14 +94,11 @@ class WatchedCore(Protocol):
     def state(self) -> RaftState: ...
 
     @property
-    def epoch(self) -> int: ...
-
-    @property
     def log(self) -> _WatchedLog: ...
 
 
 class StateWatcher:
-    """Derives event metrics from successive snapshots of the core.
+    """Derives event metrics from the core's role changes and the log's growth.
 
     Election latency runs from the moment the replica leaves Leader or Follower (or, from any
     state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
@@ -114,14 +114,13 @@ class StateWatcher:
         self._observe_election = observe_election
         self._clock = clock
         self._wall_ms = wall_ms
-        self._state = core.state
-        self._epoch = core.epoch
+        state = core.state
         self._end_offset = core.log.end_offset
-        self._election_started: float | None = clock() if self._state in _ELECTING else None
+        self._election_started: float | None = clock() if state in _ELECTING else None
         self.appended_records = 0
         self.fetched_records = 0
         self.transitions: dict[RaftState, int] = dict.fromkeys(RaftState, 0)
-        self.elected_ms: int | None = wall_ms() if self._state is RaftState.LEADER else None
+        self.elected_ms: int | None = wall_ms() if state is RaftState.LEADER else None
 
     def on_step(self) -> None:
         core = self._core
@@ -133,18 +132,18 @@ class StateWatcher:
             elif state is RaftState.FOLLOWER:
                 self.fetched_records += end_offset - self._end_offset
         self._end_offset = end_offset
-        epoch = core.epoch
-        if state is self._state and epoch == self._epoch:
-            return
+
+    def on_role_changed(self, change: RoleChanged) -> None:
+        state = change.after
         self.transitions[state] += 1
         self.elected_ms = self._wall_ms() if state is RaftState.LEADER else None
         if state in _STABLE:
             if self._election_started is not None:
                 self._observe_election(max(0.0, self._clock() - self._election_started))
                 self._election_started = None
-        elif self._election_started is None and (self._state in _STABLE or state in _ELECTING):
+        elif self._election_started is None and (change.before in _STABLE
+                                                 or state in _ELECTING):
             self._election_started = self._clock()
-        self._state, self._epoch = state, epoch
 
 
 class _CoreCollector:
@@ -299,6 +298,10 @@ class NodeMetrics:
     def on_step(self) -> None:
         """Call after every call into the core (cheap: a few attribute reads)."""
         self.watcher.on_step()
+
+    def on_role_changed(self, change: RoleChanged) -> None:
+        """Call with every role change the core reports."""
+        self.watcher.on_role_changed(change)
 
     def observe_commit_latency(self, seconds: float) -> None:
         self.commit_latency.observe(seconds)

@@ -1,7 +1,8 @@
 """The log lines that tell a node's story to an operator: role and epoch changes with what
 caused them, peers that become unreachable and come back, an observer that could be a voter
 (with the exact ``quorum-admin add-voter`` line), and the shutdown. The runtime tells it what
-happened; it compares the core's state before and after and says what changed, once.
+happened: each role change comes from the core with its cause (``RoleChanged``), and is said
+once, as it happened.
 
 Directory ids are printed in Kafka's 22-character form, as everywhere else."""
 
@@ -10,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from quorum_node.node.voter_candidates import could_be_voter
 from quorum_node.raft.core import RaftCore
+from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey
 from quorum_node.storage.kafka_uuid import to_kafka_string
@@ -28,12 +29,25 @@ OBSERVER_CHECK_S = 1.0
 # quorum come up one after another.
 STARTUP_GRACE_S = 5.0
 
-
-@dataclass(frozen=True)
-class _Role:
-    state: RaftState
-    epoch: int
-    leader_id: int | None
+# What each cause of a role change is said as; ``{previous_leader}``: the leader before it.
+_REASONS: dict[TransitionCause, str] = {
+    TransitionCause.ELECTED: "won the election",
+    TransitionCause.PRE_VOTE_GRANTED: "a majority granted the pre-vote; asking for votes",
+    TransitionCause.PRE_VOTE_UNSUPPORTED: "a voter cannot take a pre-vote; asking for votes",
+    TransitionCause.PRE_VOTE_LOST: "the pre-vote failed (refused, or no majority in time)",
+    TransitionCause.ELECTION_TIMEOUT: "no leader known within the election timeout; starting "
+                                      "an election",
+    TransitionCause.FETCH_TIMEOUT: "no word from leader {previous_leader} within the fetch "
+                                   "timeout; starting an election",
+    TransitionCause.LEADER_RESIGNED: "leader {previous_leader} resigned; starting an election",
+    TransitionCause.LONE_VOTER: "the only voter; electing itself",
+    TransitionCause.CHECK_QUORUM: "resigning: no fetch from a majority of the voters within the "
+                                  "check-quorum timeout (cut off?)",
+    TransitionCause.SHUTDOWN: "shutting down: resigning so that another voter leads",
+    TransitionCause.REMOVED: "resigning: removed from the voters",
+    TransitionCause.LOG_FULL: "resigning at once: no room in the log for the epoch's first "
+                              "record",
+}
 
 
 class NodeStory:
@@ -46,7 +60,7 @@ class NodeStory:
         self._voter_ids = frozenset(voter_ids)
         self._bootstrap = bootstrap  # the voters' client endpoints, for the add-voter line
         self._clock = clock
-        self._role = self._current()
+        self._state = core.state
         self._started = clock()
         self._heard: set[int] = set()  # peers that have answered once
         self._down_since: dict[int, float] = {}
@@ -57,49 +71,21 @@ class NodeStory:
         self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
         self._leading_since = clock()
         self._next_observer_check = 0.0
-        self.shutting_down = False
 
-    def _current(self) -> _Role:
-        return _Role(self._core.state, self._core.epoch, self._core.leader_id)
+    def role_changed(self, change: RoleChanged) -> None:
+        """The core changed role (state, epoch or leader): say so, with its cause."""
+        self._state = change.after
+        if change.after is RaftState.LEADER:
+            self._leading_since = self._clock()
+        logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, change.before,
+                    change.after, change.epoch,
+                    f" (was {change.previous_epoch})" if change.epoch != change.previous_epoch
+                    else "", _reason(change))
 
-    def after_step(self, step: str, sender: int | None) -> None:
-        """The core took a step (``step``: the core's method; ``sender``: the peer whose message
-        or failure it was)."""
-        role = self._current()
-        if role != self._role:
-            before, self._role = self._role, role
-            if role.state is RaftState.LEADER:
-                self._leading_since = self._clock()
-            logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
-                        role.state, role.epoch,
-                        f" (was {before.epoch})" if role.epoch != before.epoch else "",
-                        self._reason(step, sender, before, role))
-        if role.state is RaftState.LEADER:
+    def after_step(self) -> None:
+        """The core took a step: a leader looks at its replicas now and then."""
+        if self._state is RaftState.LEADER:
             self._check_replicas()
-
-    def _reason(self, step: str, sender: int | None, before: _Role, after: _Role) -> str:
-        from_sender = f" (node {sender})" if sender is not None else ""
-        electing = (RaftState.PROSPECTIVE, RaftState.CANDIDATE)
-        if after.state is RaftState.LEADER:
-            return "won the election"
-        if after.state is RaftState.RESIGNED:
-            return "shutting down: resigning so that another voter leads" if self.shutting_down \
-                else "resigning (removed from the voters, or cut off from a majority)"
-        if after.state is RaftState.FOLLOWER and after.leader_id is not None:
-            source = f"node {sender}" if sender is not None else "the log"
-            return f"following node {after.leader_id} (learned from {source})"
-        if after.state is RaftState.CANDIDATE and before.state is RaftState.PROSPECTIVE:
-            return "a majority granted the pre-vote; asking for votes"
-        if after.state in electing and before.state is RaftState.FOLLOWER:
-            if step == "poll":
-                return (f"no word from leader {before.leader_id} within the fetch timeout; "
-                        "starting an election")
-            return f"leader {before.leader_id} resigned{from_sender}; starting an election"
-        if after.state in electing and step == "poll":
-            return "no leader known within the election timeout; starting an election"
-        if after.epoch > before.epoch and sender is not None:
-            return f"node {sender} is in a higher epoch"
-        return step.replace("_", " ") + from_sender
 
     def peer_failed(self, node_id: int, problem: str) -> None:
         now = self._clock()
@@ -166,12 +152,33 @@ class NodeStory:
                         directory_id, self._bootstrap, key.id, directory_id)
 
     def stopping(self, why: str) -> None:
-        self.shutting_down = True
         logger.info("node %d: shutting down (%s)%s", self._node_id, why,
-                    "; resigning the leadership first" if self._role.state is RaftState.LEADER
+                    "; resigning the leadership first" if self._state is RaftState.LEADER
                     else "")
 
     def stopped(self, failure: BaseException | None) -> None:
         # A failure was said once already, by the runtime's one CRITICAL line that stopped it.
         logger.info("node %d: stopped%s", self._node_id,
                     "" if failure is None else " (after the failure above)")
+
+
+def _reason(change: RoleChanged) -> str:
+    """Why the role changed, in words (the peer whose message moved it, when one did)."""
+    cause, after = change.cause, change.after
+    if after is RaftState.FOLLOWER and cause in (TransitionCause.HIGHER_EPOCH,
+                                                 TransitionCause.LEADER_LEARNED):
+        return f"following node {change.leader_id} (learned from node {change.peer})"
+    if cause is TransitionCause.HIGHER_EPOCH:
+        return f"node {change.peer} is in a higher epoch"
+    if cause is TransitionCause.LEADER_LEARNED:  # the leader's id, known again
+        return f"node {change.peer} names leader {change.leader_id}"
+    if cause is TransitionCause.PRE_VOTE_LOST and after is RaftState.FOLLOWER:
+        return f"the pre-vote failed; following node {change.leader_id} again"
+    if cause is TransitionCause.ELECTION_TIMEOUT and change.before is RaftState.CANDIDATE:
+        return "no majority within the election timeout; starting over with a pre-vote"
+    if cause is TransitionCause.ELECTION_TIMEOUT and change.before is RaftState.RESIGNED:
+        return "leaving the epoch it led once its election timeout passed"
+    if after is RaftState.UNATTACHED and cause in (TransitionCause.FETCH_TIMEOUT,
+                                                    TransitionCause.LEADER_RESIGNED):
+        return f"lost leader {change.previous_leader_id}; an observer looks for the next one"
+    return _REASONS[cause].format(previous_leader=change.previous_leader_id)

@@ -20,6 +20,7 @@ from quorum_node.node.metrics import (
 )
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.leader import QuorumDescription, ReplicaDescription
+from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import ReplicaKey
@@ -39,6 +40,15 @@ class FakeCore:
     epoch: int = 0
     log: FakeLog = field(default_factory=FakeLog)
 
+    def change(self, watcher: StateWatcher, state: RaftState, epoch: int | None = None) -> None:
+        """Move to ``state`` (and ``epoch``) and tell the watcher, as the core's effect does."""
+        before, previous_epoch = self.state, self.epoch
+        self.state = state
+        self.epoch = self.epoch if epoch is None else epoch
+        watcher.on_role_changed(RoleChanged(before, state, self.epoch, None,
+                                            TransitionCause.ELECTION_TIMEOUT, previous_epoch,
+                                            None))
+
 
 @dataclass
 class Clock:
@@ -57,8 +67,8 @@ def watch(core: FakeCore) -> tuple[StateWatcher, list[float], Clock]:
 def step(watcher: StateWatcher, core: FakeCore, clock: Clock, at: float, state: RaftState, *,
          epoch: int | None = None, end_offset: int | None = None) -> None:
     clock.now = at
-    core.state = state
-    core.epoch = core.epoch if epoch is None else epoch
+    if (state, core.epoch if epoch is None else epoch) != (core.state, core.epoch):
+        core.change(watcher, state, epoch)
     core.log.end_offset = core.log.end_offset if end_offset is None else end_offset
     watcher.on_step()
 
@@ -108,13 +118,11 @@ def test_the_watcher_knows_since_when_the_replica_leads() -> None:
     wall = iter([5_000, 9_000])
     watcher = StateWatcher(core, [].append, Clock(), lambda: next(wall))
     assert watcher.elected_ms is None
-    core.state, core.epoch = RaftState.LEADER, 2
-    watcher.on_step()
+    core.change(watcher, RaftState.LEADER, 2)
     assert watcher.elected_ms == 5_000
-    watcher.on_step()  # the same epoch: still the same election
+    watcher.on_step()  # a step without a role change: still the same election
     assert watcher.elected_ms == 5_000
-    core.state, core.epoch = RaftState.UNATTACHED, 3
-    watcher.on_step()
+    core.change(watcher, RaftState.UNATTACHED, 3)
     assert watcher.elected_ms is None
 
 
