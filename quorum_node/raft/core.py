@@ -62,7 +62,6 @@ from quorum_node.raft.leader import (
     ReadTimedOut,
     ReplicaDescription,
     ReplicaProgress,
-    VoterChange,
     VoterChangeDone,
 )
 from quorum_node.raft.log import LogFullError, RaftLog
@@ -115,6 +114,7 @@ from quorum_node.raft.types import (
     VoterChangeKind,
     epoch_in_bounds,
 )
+from quorum_node.raft.voter_change import VoterChangeHandler
 from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
 
 logger = logging.getLogger(__name__)
@@ -225,8 +225,9 @@ class RaftCore:
         self._refused_snapshots = 0
         self._load_voter_history()
         self._set_voters(self._history.latest())
-        self._voter_change: VoterChange | None = None
-        self._next_ticket = 0
+        self._voter_changes = VoterChangeHandler(local_key=self.local_key,
+                                                 static_ids=self._static_ids,
+                                                 fetch_timeout_ms=config.fetch_timeout_ms)
         self._next_read_id = 0
         self.config = config
         self._random = random
@@ -338,7 +339,7 @@ class RaftCore:
 
     @property
     def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
-        change = self._voter_change
+        change = self._voter_changes.pending
         return None if change is None else (change.kind, change.key)
 
     # --- the voter set, read from the log ----------------------------------------------------
@@ -423,8 +424,8 @@ class RaftCore:
             times.append(state.linger_deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(read.deadline_ms for read in state.reads)
-            if self._voter_change is not None:
-                times.append(self._voter_change.deadline_ms)
+            if self._voter_changes.pending is not None:
+                times.append(self._voter_changes.pending.deadline_ms)
             times.extend(
                 max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
@@ -570,14 +571,10 @@ class RaftCore:
         observer has caught up, no other voter change is uncommitted and this leader's
         LeaderChange is committed; it succeeds once committed by a majority of the new voter
         set."""
-        state = self._check_voter_change(now_ms, key)
-        if any(voter == key for voter in self.voters):
-            raise VoterChangeError(Errors.DUPLICATE_VOTER, f"{key} is already a voter")
-        progress = state.observers.get(key)
-        if progress is None or progress.last_fetch_ms is None:
-            raise VoterChangeError(Errors.INVALID_REQUEST,
-                                   f"{key} is not an observer: it has not fetched from the leader")
-        return self._start_voter_change(now_ms, VoterChangeKind.ADD, key, timeout_ms)
+        state = self._voter_changing_leader(now_ms)
+        ticket = self._voter_changes.add(now_ms, state, self.voters, key, timeout_ms)
+        self._drive(now_ms)
+        return ticket
 
     def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int, *,
                      decommission: bool = False) -> int:
@@ -589,21 +586,15 @@ class RaftCore:
         refused, so a slip in a disk replacement (removing the old directory before adding the
         new one) cannot shrink the quorum. ``decommission`` is the explicit opt-in to remove the
         id itself (scaling down), as KIP-853's RemoveRaftVoter allows; the last voter stays."""
-        self._check_voter_change(now_ms, key)
-        if not any(voter == key for voter in self.voters):
-            raise VoterChangeError(Errors.VOTER_NOT_FOUND, f"{key} is not a voter")
-        if len(self.voters) == 1:
-            raise VoterChangeError(Errors.INVALID_REQUEST, f"{key} is the only voter")
-        if not decommission and not any(voter.id == key.id and voter != key
-                                        for voter in self.voters):
-            raise VoterChangeError(
-                Errors.INVALID_REQUEST,
-                f"removing {key} would remove node {key.id} from the voters; only a replaced "
-                f"directory of a node can be removed (add the new one first), unless the node "
-                f"is decommissioned")
-        return self._start_voter_change(now_ms, VoterChangeKind.REMOVE, key, timeout_ms)
+        self._voter_changing_leader(now_ms)
+        ticket = self._voter_changes.remove(now_ms, self.voters, key, timeout_ms,
+                                            decommission=decommission)
+        self._drive(now_ms)
+        return ticket
 
-    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> LeaderState:
+    def _voter_changing_leader(self, now_ms: int) -> LeaderState:
+        """The leader's state, to change the voters in; refused elsewhere, or in a static
+        quorum."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
         if not isinstance(state, LeaderState) or self._shutting_down:
@@ -611,79 +602,21 @@ class RaftCore:
         if not self._reconfigurable:
             raise VoterChangeError(Errors.UNSUPPORTED_VERSION,
                                    "this quorum is static: its replicas have no directory ids")
-        if key.directory_id is None:
-            raise VoterChangeError(Errors.INVALID_REQUEST, "a voter needs its directory id")
-        if key.id not in self._static_ids:
-            raise VoterChangeError(
-                Errors.INVALID_REQUEST,
-                f"node {key.id} is not in controller.quorum.voters {sorted(self._static_ids)}")
-        if self._voter_change is not None:
-            pending = self._voter_change
-            raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
-                                   f"another voter change is in progress ({pending.kind} "
-                                   f"{pending.key}); retry when it is done")
         return state
 
-    def _start_voter_change(self, now_ms: int, kind: VoterChangeKind, key: ReplicaKey,
-                            timeout_ms: int) -> int:
-        self._next_ticket += 1
-        self._voter_change = VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
-        self._drive(now_ms)
-        return self._next_ticket
-
-    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
-        """Take the pending change through KIP-856's steps as far as it can go now."""
-        hwm = state.high_watermark
-        if change.record_offset is not None:
-            if hwm is not None and hwm > change.record_offset:
-                self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: committed")
-                if change.kind is VoterChangeKind.REMOVE and change.key.matches(self.local_key):
-                    logger.info("node %d: removed from the voters; resigning", self.node_id)
-                    self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
-            elif now_ms >= change.deadline_ms:
-                self._finish_voter_change(
-                    Errors.REQUEST_TIMED_OUT,
-                    f"{change.kind} {change.key} appended at offset {change.record_offset} but "
-                    f"not committed in time; it may still commit")
-            return
-        waiting_for = self._voter_change_blocker(now_ms, state, change, hwm)
-        if waiting_for is not None:
-            if now_ms >= change.deadline_ms:
-                self._finish_voter_change(Errors.REQUEST_TIMED_OUT,
-                                          f"{change.kind} {change.key}: timed out {waiting_for}")
-            return
-        if change.kind is VoterChangeKind.ADD:
-            new = tuple(sorted((*self.voters, change.key)))
-        else:
-            new = tuple(voter for voter in self.voters if voter != change.key)
-        # None while the log's disk is full: appended at a later poll, within the deadline.
-        change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
-
-    def _voter_change_blocker(
-        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
-    ) -> str | None:
-        """What the change still waits for, in KIP-856's order; None when it can be appended."""
-        if change.kind is VoterChangeKind.ADD \
-                and not state.is_caught_up(change.key, now_ms, self.config.fetch_timeout_ms):
-            return f"waiting for {change.key} to catch up with the leader"
-        if not self.bootstrapped:
-            return "waiting for the leader to write the bootstrap voters"
-        if hwm is None:
-            return "waiting for the leader's LeaderChange record to commit"
-        latest = self._history.latest_offset()
-        if latest is not None and latest >= hwm:
-            return "waiting for the previous voter change to commit"
-        return None
-
-    def _finish_voter_change(self, error: Errors, message: str) -> None:
-        change = self._voter_change
-        assert change is not None
-        self._voter_change = None
-        self._effects.voter_changes.append(VoterChangeDone(change.ticket, error, message))
-        if error != Errors.NONE:
-            logger.warning("node %d: voter change failed: %s", self.node_id, message)
-        else:
-            logger.info("node %d: %s", self.node_id, message)
+    def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
+        """Carry out the handler's step for the change in progress."""
+        step = self._voter_changes.advance(now_ms, state, self.voters,
+                                           bootstrapped=self.bootstrapped,
+                                           latest_voters_offset=self._history.latest_offset())
+        if step.done is not None:
+            self._effects.voter_changes.append(step.done)
+        if step.resign:
+            logger.info("node %d: removed from the voters; resigning", self.node_id)
+            self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
+        elif step.append is not None:
+            self._voter_changes.appended(
+                self._append_control(now_ms, state, [voters_record(step.append)]))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -738,8 +671,8 @@ class RaftCore:
             self._append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
             self._maybe_write_bootstrap_voters(now_ms, state)
-        if self._voter_change is not None:
-            self._advance_voter_change(now_ms, state, self._voter_change)
+        if self._voter_changes.pending is not None:
+            self._advance_voter_change(now_ms, state)
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
@@ -911,10 +844,9 @@ class RaftCore:
         self._effects.flush = True
 
     def _leave_leadership(self, leader: LeaderState) -> None:
-        if self._voter_change is not None:
-            self._finish_voter_change(Errors.NOT_LEADER_OR_FOLLOWER,
-                                      f"node {self.node_id} lost the leadership of epoch "
-                                      f"{leader.epoch}; the change may or may not commit")
+        abandoned = self._voter_changes.abandon(leader.epoch)
+        if abandoned is not None:
+            self._effects.voter_changes.append(abandoned)
         leader.pending.clear()
         self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
@@ -1333,13 +1265,10 @@ class RaftCore:
 
     def _note_contact(self, now_ms: int, state: LeaderState,
                       replica: ReplicaKey) -> ReplicaProgress:
-        change = self._voter_change
-        adding = change.key if change is not None and change.kind is VoterChangeKind.ADD \
-            else None
         return state.note_contact(now_ms, replica, local_key=self.local_key,
                                   counts_itself=self._is_voter,
                                   check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
-                                  protected=adding)
+                                  protected=self._voter_changes.adding)
 
     def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
                       offset: int) -> None:

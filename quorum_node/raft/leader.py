@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from quorum_node.raft.messages import FetchRequest
 from quorum_node.raft.records import Record
-from quorum_node.raft.types import NEVER, Errors, ReplicaKey, VoterChangeKind
+from quorum_node.raft.types import NEVER, Errors, ReplicaKey
 from quorum_node.raft.voters import VoterSet
 
 # Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
@@ -95,17 +95,6 @@ class VoterChangeDone:
     ticket: int
     error: Errors
     message: str
-
-
-@dataclass(slots=True)
-class VoterChange:
-    """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
-
-    ticket: int
-    kind: VoterChangeKind
-    key: ReplicaKey
-    deadline_ms: int
-    record_offset: int | None = None  # once its VotersRecord is appended
 
 
 @dataclass(slots=True)
