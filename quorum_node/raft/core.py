@@ -63,6 +63,7 @@ from quorum_node.raft.leader import (
     ReplicaDescription,
     ReplicaProgress,
     VoterChangeDone,
+    record_size,
 )
 from quorum_node.raft.log import LogFullError, RaftLog
 from quorum_node.raft.messages import (
@@ -173,10 +174,6 @@ class Effects:
     reads: list[ReadOutcome] = field(default_factory=list)
     # Every change of role in the step(s), in order (durable once ``persist`` is).
     role_changes: list[RoleChanged] = field(default_factory=list)
-
-
-def _record_size(record: Record) -> int:
-    return len(record.value) + (len(record.key) if record.key is not None else 0) + 8
 
 
 class RaftCore:
@@ -421,7 +418,7 @@ class RaftCore:
         else:
             if self._remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
-            times.append(state.linger_deadline_ms)
+            times.append(state.accumulator.deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(read.deadline_ms for read in state.reads)
             if self._voter_changes.pending is not None:
@@ -514,18 +511,16 @@ class RaftCore:
             raise LeaderNotReadyError(self.leader_id, self.epoch)
         if not records:
             raise ValueError("nothing to append")
-        size = sum(_record_size(r) for r in records)
+        size = sum(record_size(r) for r in records)
         if size > self.config.max_batch_bytes:
             raise ValueError(f"{size} bytes of records exceed one batch "
                              f"({self.config.max_batch_bytes} bytes)")
-        if state.pending and state.pending_bytes + size > self.config.max_batch_bytes \
-                and not self._append_pending(now_ms, state):  # a batch never outgrows the limit
+        accumulator = state.accumulator
+        if accumulator.overflows(size, self.config.max_batch_bytes) \
+                and not self._append_pending(now_ms, state):
             raise LogFullError("the log is full: records already wait for space")
-        base = self.log.end_offset + len(state.pending)
-        state.pending.extend(records)
-        state.pending_bytes += size
-        if state.linger_deadline_ms == NEVER:
-            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
+        base = self.log.end_offset + len(accumulator.records)
+        accumulator.add(records, size, now_ms, self.config.append_linger_ms)
         self._drive(now_ms)
         return base, base + len(records) - 1
 
@@ -661,13 +656,9 @@ class RaftCore:
             )
             self._quorum.to_resigned(now_ms, TransitionCause.CHECK_QUORUM)
             return
-        # Group commit: while an fsync is running, records accumulate (up to the linger) and go
-        # out together once it completes; with the disk idle there is nothing to wait for.
-        if state.pending and (
-            now_ms >= state.linger_deadline_ms
-            or state.pending_bytes >= self.config.max_batch_bytes
-            or self._flushed_offset >= self.log.end_offset
-        ):
+        # Group commit: records wait while an fsync runs, and go out together after it.
+        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes,
+                                    disk_idle=self._flushed_offset >= self.log.end_offset):
             self._append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
             self._maybe_write_bootstrap_voters(now_ms, state)
@@ -709,7 +700,7 @@ class RaftCore:
         or None while the log's disk is full (nothing appended: the caller tries again at a
         later poll, as pending records are)."""
         # Proposals keep the offsets they were given: the control batch only ever follows them.
-        if state.pending and not self._append_pending(now_ms, state):
+        if state.accumulator.records and not self._append_pending(now_ms, state):
             return None
         try:
             batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
@@ -847,7 +838,7 @@ class RaftCore:
         abandoned = self._voter_changes.abandon(leader.epoch)
         if abandoned is not None:
             self._effects.voter_changes.append(abandoned)
-        leader.pending.clear()
+        leader.accumulator.records.clear()
         self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
             self._respond(parked.source, parked.correlation_id, self._fetch_response(
@@ -1302,16 +1293,15 @@ class RaftCore:
     def _append_pending(self, now_ms: int, state: LeaderState) -> bool:
         """Append the pending records as one batch; False when the log is full, with the records
         still pending (their proposals keep their offsets) and a retry after a back-off."""
+        accumulator = state.accumulator
         try:
-            self.log.append_as_leader(state.pending, state.epoch, now_ms)
+            self.log.append_as_leader(accumulator.records, state.epoch, now_ms)
         except LogFullError as error:
             self._warn_limited(now_ms, "log-full", "node %d: %d records wait for space: %s",
-                               self.node_id, len(state.pending), error)
-            state.linger_deadline_ms = now_ms + FULL_LOG_RETRY_MS
+                               self.node_id, len(accumulator.records), error)
+            accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
             return False
-        state.pending = []
-        state.pending_bytes = 0
-        state.linger_deadline_ms = NEVER
+        accumulator.appended()
         self._effects.flush = True
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
