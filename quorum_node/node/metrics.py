@@ -6,10 +6,10 @@ through ``metrics_for(node)``: the runtime, the client API and the route all get
 ``NodeMetrics`` that way, without the node having to carry an attribute for it.
 
 Gauges are read from the node's status (``quorum_node.raft.status``) at scrape time. What
-cannot be read from one status (election latency, transitions, records appended and fetched) is
-derived by a ``StateWatcher``, told of each change of role by the node and looking at the log's
-end after each step; each scrape samples the log too, so the counters are current even between
-steps (and looking more than once per step is harmless).
+cannot be read from one status is derived by a ``StateWatcher``: election latency, transitions
+and since when the replica leads from the core's ``RoleChanged`` effects, as they happen; records
+appended and fetched from the log's end after each step (each scrape samples the log too, so the
+counters are current even between steps, and looking more than once per step is harmless).
 
 ``metrics_for(node)`` creates them on first use and hooks them to the node (its role, step and
 commit hooks); ``metrics_routes(node)`` (``quorum_node.node.api.metrics``) serves them.
@@ -30,8 +30,10 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from quorum_node.node.clock import now_ms
 from quorum_node.node.voter_candidates import could_be_voter
 from quorum_node.raft.leader import QuorumDescription
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import VoterChangeKind
@@ -82,7 +84,7 @@ class WatchedLog(Protocol):
 
 
 class StateWatcher:
-    """Derives event metrics from the node's changes of role and the growth of its log.
+    """Derives event metrics from the core's role changes and the growth of its log.
 
     Election latency runs from the moment the replica leaves Leader or Follower (or, from any
     state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
@@ -93,12 +95,13 @@ class StateWatcher:
 
     def __init__(self, status: NodeStatus, log: WatchedLog,
                  observe_election: Callable[[float], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_ms: Callable[[], int] = now_ms) -> None:
         self._log = log
         self._observe_election = observe_election
         self._clock = clock
+        self._wall_ms = wall_ms
         self._state = status.state
-        self._epoch = status.epoch
         self._end_offset = log.end_offset
         self._election_started: float | None = clock() if self._state in _ELECTING else None
         self.appended_records = 0
@@ -107,21 +110,21 @@ class StateWatcher:
         self.elected_ms: int | None = status.as_of_ms if self._state is RaftState.LEADER \
             else None
 
-    def role_changed(self, status: NodeStatus) -> None:
-        """The node's status after a step that changed its state, epoch or leader (before that
-        step's ``on_step``)."""
-        state, epoch = status.state, status.epoch
-        if state is self._state and epoch == self._epoch:
+    def on_role_changed(self, change: RoleChanged) -> None:
+        """A change of role the core reported (before its step's ``on_step``)."""
+        state = change.after
+        self._state = state
+        if state is change.before and change.epoch == change.previous_epoch:
             return  # a new leader in the same epoch is no transition
         self.transitions[state] += 1
-        self.elected_ms = status.as_of_ms if state is RaftState.LEADER else None
+        self.elected_ms = self._wall_ms() if state is RaftState.LEADER else None
         if state in _STABLE:
             if self._election_started is not None:
                 self._observe_election(max(0.0, self._clock() - self._election_started))
                 self._election_started = None
-        elif self._election_started is None and (self._state in _STABLE or state in _ELECTING):
+        elif self._election_started is None and (change.before in _STABLE
+                                                 or state in _ELECTING):
             self._election_started = self._clock()
-        self._state, self._epoch = state, epoch
 
     def on_step(self) -> None:
         """After every step: the log's growth since the last look."""
@@ -276,13 +279,13 @@ class NodeMetrics:
         # One process per node in production: its RSS and CPU belong to the node.
         ProcessCollector(registry=self.registry)
 
-    def role_changed(self, status: NodeStatus) -> None:
-        """Call with the status after each change of role (state, epoch or leader)."""
-        self.watcher.role_changed(status)
-
     def on_step(self) -> None:
-        """Call after every call into the core, after ``role_changed`` (cheap: one read)."""
+        """Call after every call into the core, after ``on_role_changed`` (cheap: one read)."""
         self.watcher.on_step()
+
+    def on_role_changed(self, change: RoleChanged) -> None:
+        """Call with every role change the core reports."""
+        self.watcher.on_role_changed(change)
 
     def observe_commit_latency(self, seconds: float) -> None:
         self.commit_latency.observe(seconds)
@@ -303,7 +306,7 @@ def metrics_for(node: QuorumNode) -> NodeMetrics:
     if metrics is None:
         metrics = _BY_NODE[node] = NodeMetrics(node.status_reader, frozenset(node.endpoints),
                                                 node.log_dir.log)
-        node.role_hooks.append(metrics.role_changed)
+        node.role_hooks.append(metrics.on_role_changed)
         node.step_hooks.append(metrics.on_step)
         node.commit_hooks.append(metrics.observe_commit_latency)
     return metrics

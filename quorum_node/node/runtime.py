@@ -72,6 +72,7 @@ from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
 )
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.records import Record, RecordBatch, decode_batches
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState, RaftState
@@ -228,14 +229,11 @@ class QuorumNode:
         self._kafka_protocol: Callable[[Listener], SecondProtocol] | None = None
         self._stopped = asyncio.Event()
         self.failure: BaseException | None = None
-        # Observers of the node (metrics): called with the new status on each change of role
-        # (state, epoch or leader), after every step, and with each append's commit latency in
-        # seconds.
-        self.role_hooks: list[Callable[[NodeStatus], None]] = []
+        # Observers of the node (metrics): called after every step, with each role change, and
+        # with each append's commit latency in seconds.
         self.step_hooks: list[Callable[[], None]] = []
+        self.role_hooks: list[Callable[[RoleChanged], None]] = []
         self.commit_hooks: list[Callable[[float], None]] = []
-        # The status at the latest change of role: the one place a change of role is noticed.
-        self._role_status = self.status()
         # The core may have changed state (and asked to persist) at start-up.
         self.driver.after_step()
 
@@ -356,7 +354,6 @@ class QuorumNode:
             return
         if self.failure is None:
             self._unreachable.clear()  # from here on: who the resignation cannot reach
-            self.story.shutting_down = True
             self.driver.step(lambda core: core.begin_shutdown(_now_ms()), name="begin_shutdown")
             with contextlib.suppress(TimeoutError, NotLeaderError):
                 await self._wait_for(self._no_successor_to_wait_for, timeout_s,
@@ -452,14 +449,13 @@ class QuorumNode:
     def read_settled(self, outcome: ReadOutcome) -> None:
         self._reads_settled[outcome.barrier_id] = outcome
 
+    def role_changed(self, change: RoleChanged) -> None:
+        self.story.role_changed(change)
+        for hook in self.role_hooks:
+            hook(change)
+
     def stepped(self, step: str, peer: int | None) -> None:
-        core, before = self.core, self._role_status
-        if (core.state, core.epoch, core.leader_id) != before.role:
-            self._role_status = after = self.status()
-            self.story.role_changed(before, after, step, peer)
-            for role_hook in self.role_hooks:
-                role_hook(after)
-        self.story.after_step(core.leader_has_committed)
+        self.story.after_step(self.core.leader_has_committed)
         self.waits.after_step()
         self.state_machine.after_step()
         for hook in self.step_hooks:

@@ -1,8 +1,8 @@
 """The log lines that tell a node's story to an operator: role and epoch changes with what
 caused them, peers that become unreachable and come back, an observer that could be a voter
 (with the exact ``quorum-admin add-voter`` line), and the shutdown. The runtime tells it what
-happened, a change of role with the node's status (``quorum_node.raft.status``) before and after
-it; the story says what changed and why, once.
+happened: each role change comes from the core with its cause (``RoleChanged``), and is said
+once, as it happened.
 
 Directory ids are printed in Kafka's 22-character form, as everywhere else."""
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from quorum_node.node.voter_candidates import could_be_voter
+from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import ReplicaKey
@@ -28,6 +29,26 @@ OBSERVER_CHECK_S = 1.0
 # quorum come up one after another.
 STARTUP_GRACE_S = 5.0
 
+# What each cause of a role change is said as; ``{previous_leader}``: the leader before it.
+_REASONS: dict[TransitionCause, str] = {
+    TransitionCause.ELECTED: "won the election",
+    TransitionCause.PRE_VOTE_GRANTED: "a majority granted the pre-vote; asking for votes",
+    TransitionCause.PRE_VOTE_UNSUPPORTED: "a voter cannot take a pre-vote; asking for votes",
+    TransitionCause.PRE_VOTE_LOST: "the pre-vote failed (refused, or no majority in time)",
+    TransitionCause.ELECTION_TIMEOUT: "no leader known within the election timeout; starting "
+                                      "an election",
+    TransitionCause.FETCH_TIMEOUT: "no word from leader {previous_leader} within the fetch "
+                                   "timeout; starting an election",
+    TransitionCause.LEADER_RESIGNED: "leader {previous_leader} resigned; starting an election",
+    TransitionCause.LONE_VOTER: "the only voter; electing itself",
+    TransitionCause.CHECK_QUORUM: "resigning: no fetch from a majority of the voters within the "
+                                  "check-quorum timeout (cut off?)",
+    TransitionCause.SHUTDOWN: "shutting down: resigning so that another voter leads",
+    TransitionCause.REMOVED: "resigning: removed from the voters",
+    TransitionCause.LOG_FULL: "resigning at once: no room in the log for the epoch's first "
+                              "record",
+}
+
 
 class NodeStory:
     def __init__(self, status: Callable[[], NodeStatus], node_id: int, voter_ids: Sequence[int],
@@ -39,7 +60,8 @@ class NodeStory:
         self._voter_ids = frozenset(voter_ids)
         self._bootstrap = bootstrap  # the voters' client endpoints, for the add-voter line
         self._clock = clock
-        self._role = status()  # as of the latest change of role
+        role = status()
+        self._state, self._epoch = role.state, role.epoch  # as of the latest change of role
         self._started = clock()
         self._heard: set[int] = set()  # peers that have answered once
         self._down_since: dict[int, float] = {}
@@ -50,55 +72,28 @@ class NodeStory:
         self._leading_since = clock()
         self._serving_epoch: int | None = None  # the epoch whose LeaderChange was said committed
         self._next_observer_check = 0.0
-        self.shutting_down = False
 
-    def role_changed(self, before: NodeStatus, after: NodeStatus, step: str,
-                     sender: int | None) -> None:
-        """A step of the core changed its state, epoch or leader (``step``: the core's method;
-        ``sender``: the peer whose message or failure it was)."""
-        self._role = after
-        if after.state is RaftState.LEADER:
+    def role_changed(self, change: RoleChanged) -> None:
+        """The core changed role (state, epoch or leader): say so, with its cause."""
+        self._state, self._epoch = change.after, change.epoch
+        if change.after is RaftState.LEADER:
             self._leading_since = self._clock()
-        logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, before.state,
-                    after.state, after.epoch,
-                    f" (was {before.epoch})" if after.epoch != before.epoch else "",
-                    self._reason(step, sender, before, after))
+        logger.info("node %d: %s -> %s in epoch %d%s: %s", self._node_id, change.before,
+                    change.after, change.epoch,
+                    f" (was {change.previous_epoch})" if change.epoch != change.previous_epoch
+                    else "", _reason(change))
 
     def after_step(self, leader_has_committed: bool) -> None:
-        """The core took a step (after ``role_changed``, if it changed role);
-        ``leader_has_committed``: whether a leader has committed a record of its epoch."""
-        if self._role.state is RaftState.LEADER:
-            if self._serving_epoch != self._role.epoch and leader_has_committed:
+        """The core took a step (after ``role_changed``, if it changed role): a leader says when
+        it first serves (``leader_has_committed``: a record of its epoch is committed) and looks
+        at its replicas now and then."""
+        if self._state is RaftState.LEADER:
+            if self._serving_epoch != self._epoch and leader_has_committed:
                 # The end of a failover: from here on the new leader commits writes.
-                self._serving_epoch = self._role.epoch
+                self._serving_epoch = self._epoch
                 logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
-                            self._node_id, self._role.epoch)
+                            self._node_id, self._epoch)
             self._check_replicas()
-
-    def _reason(self, step: str, sender: int | None, before: NodeStatus,
-                after: NodeStatus) -> str:
-        from_sender = f" (node {sender})" if sender is not None else ""
-        electing = (RaftState.PROSPECTIVE, RaftState.CANDIDATE)
-        if after.state is RaftState.LEADER:
-            return "won the election"
-        if after.state is RaftState.RESIGNED:
-            return "shutting down: resigning so that another voter leads" if self.shutting_down \
-                else "resigning (removed from the voters, or cut off from a majority)"
-        if after.state is RaftState.FOLLOWER and after.leader_id is not None:
-            source = f"node {sender}" if sender is not None else "the log"
-            return f"following node {after.leader_id} (learned from {source})"
-        if after.state is RaftState.CANDIDATE and before.state is RaftState.PROSPECTIVE:
-            return "a majority granted the pre-vote; asking for votes"
-        if after.state in electing and before.state is RaftState.FOLLOWER:
-            if step == "poll":
-                return (f"no word from leader {before.leader_id} within the fetch timeout; "
-                        "starting an election")
-            return f"leader {before.leader_id} resigned{from_sender}; starting an election"
-        if after.state in electing and step == "poll":
-            return "no leader known within the election timeout; starting an election"
-        if after.epoch > before.epoch and sender is not None:
-            return f"node {sender} is in a higher epoch"
-        return step.replace("_", " ") + from_sender
 
     def peer_failed(self, node_id: int, problem: str) -> None:
         now = self._clock()
@@ -164,12 +159,33 @@ class NodeStory:
                         directory_id, self._bootstrap, key.id, directory_id)
 
     def stopping(self, why: str) -> None:
-        self.shutting_down = True
         logger.info("node %d: shutting down (%s)%s", self._node_id, why,
-                    "; resigning the leadership first" if self._role.state is RaftState.LEADER
+                    "; resigning the leadership first" if self._state is RaftState.LEADER
                     else "")
 
     def stopped(self, failure: BaseException | None) -> None:
         # A failure was said once already, by the runtime's one CRITICAL line that stopped it.
         logger.info("node %d: stopped%s", self._node_id,
                     "" if failure is None else " (after the failure above)")
+
+
+def _reason(change: RoleChanged) -> str:
+    """Why the role changed, in words (the peer whose message moved it, when one did)."""
+    cause, after = change.cause, change.after
+    if after is RaftState.FOLLOWER and cause in (TransitionCause.HIGHER_EPOCH,
+                                                 TransitionCause.LEADER_LEARNED):
+        return f"following node {change.leader_id} (learned from node {change.peer})"
+    if cause is TransitionCause.HIGHER_EPOCH:
+        return f"node {change.peer} is in a higher epoch"
+    if cause is TransitionCause.LEADER_LEARNED:  # the leader's id, known again
+        return f"node {change.peer} names leader {change.leader_id}"
+    if cause is TransitionCause.PRE_VOTE_LOST and after is RaftState.FOLLOWER:
+        return f"the pre-vote failed; following node {change.leader_id} again"
+    if cause is TransitionCause.ELECTION_TIMEOUT and change.before is RaftState.CANDIDATE:
+        return "no majority within the election timeout; starting over with a pre-vote"
+    if cause is TransitionCause.ELECTION_TIMEOUT and change.before is RaftState.RESIGNED:
+        return "leaving the epoch it led once its election timeout passed"
+    if after is RaftState.UNATTACHED and cause in (TransitionCause.FETCH_TIMEOUT,
+                                                    TransitionCause.LEADER_RESIGNED):
+        return f"lost leader {change.previous_leader_id}; an observer looks for the next one"
+    return _REASONS[cause].format(previous_leader=change.previous_leader_id)

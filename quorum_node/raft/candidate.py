@@ -1,8 +1,8 @@
 """The states of a replica without a leader to follow, as Kafka keeps them (``UnattachedState``,
 ``ProspectiveState``, ``CandidateState``, ``ResignedState``): their timers, their elections, and
 whom each may give its vote to (``can_grant_vote``, Kafka's grant matrix of KIP-595 and KIP-996 as
-shipped; ``FollowerState`` and ``LeaderState`` answer it too). ``RaftCore`` moves between them
-and sends the votes; nothing here reads a clock or does I/O.
+shipped; ``FollowerState`` and ``LeaderState`` answer it too). ``QuorumState`` moves between
+them, ``RaftCore`` sends the votes; nothing here reads a clock or does I/O.
 """
 
 from __future__ import annotations

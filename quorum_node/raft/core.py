@@ -14,14 +14,17 @@ The driver's contract (``take_effects`` after every call):
    log and report the flushed end offset with ``handle_flushed``. Only flushed data counts as the
    leader's own progress and only flushed data is acknowledged by a follower's next Fetch;
 3. hand ``Effects.voter_changes`` and ``Effects.reads`` to whoever waits for them: every voter
-   change ticket and read barrier the core handed out is settled by exactly one of them.
+   change ticket and read barrier the core handed out is settled by exactly one of them;
+4. tell ``Effects.role_changes`` (once ``persist`` is durable) to whoever tells or counts them.
 
 Each replica state lives with its role, as Kafka's ``EpochState`` classes do: ``leader.py``
 (``LeaderState``: replica progress, high watermark, check-quorum, observers, read barriers),
 ``follower.py`` (``FollowerState``: the fetch timer, snapshot downloads, the checks of a leader's
 answers), ``candidate.py`` (Unattached, Prospective, Candidate, Resigned; whom each votes for).
-This module is the dispatcher (``match`` over every request and response) and what all states
-share: the log and voter set, transitions, timers and the RPC handlers.
+``quorum_state.py`` (``QuorumState``, as Kafka's) holds the current one, the election state it
+persists, and every transition, each reported as a ``RoleChanged`` with its cause. This module
+is the dispatcher (``match`` over every request and response) and what all states share: the
+log and voter set, timers and the RPC handlers.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ from quorum_node.raft.leader import (
     ReadTimedOut,
     ReplicaDescription,
     ReplicaProgress,
-    VoterChange,
     VoterChangeDone,
+    record_size,
 )
 from quorum_node.raft.log import LogFullError, RaftLog
 from quorum_node.raft.messages import (
@@ -81,6 +84,7 @@ from quorum_node.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
+from quorum_node.raft.quorum_state import QuorumState, ReplicaState, RoleChanged, TransitionCause
 from quorum_node.raft.records import (
     Record,
     RecordBatch,
@@ -112,6 +116,7 @@ from quorum_node.raft.types import (
     VoterChangeKind,
     epoch_in_bounds,
 )
+from quorum_node.raft.voter_change import VoterChangeHandler
 from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
 
 logger = logging.getLogger(__name__)
@@ -168,24 +173,8 @@ class Effects:
     # Outcomes for the callers of add_voter/remove_voter and begin_read.
     voter_changes: list[VoterChangeDone] = field(default_factory=list)
     reads: list[ReadOutcome] = field(default_factory=list)
-
-
-# The replica states, each in the module of its role (leader, follower, candidate).
-_State = (UnattachedState | ProspectiveState | CandidateState | FollowerState | LeaderState
-          | ResignedState)
-
-_STATE_NAMES: dict[type, RaftState] = {
-    UnattachedState: RaftState.UNATTACHED,
-    ProspectiveState: RaftState.PROSPECTIVE,
-    CandidateState: RaftState.CANDIDATE,
-    FollowerState: RaftState.FOLLOWER,
-    LeaderState: RaftState.LEADER,
-    ResignedState: RaftState.RESIGNED,
-}
-
-
-def _record_size(record: Record) -> int:
-    return len(record.value) + (len(record.key) if record.key is not None else 0) + 8
+    # Every change of role in the step(s), in order (durable once ``persist`` is).
+    role_changes: list[RoleChanged] = field(default_factory=list)
 
 
 class RaftCore:
@@ -234,8 +223,9 @@ class RaftCore:
         self._refused_snapshots = 0
         self._load_voter_history()
         self._set_voters(self._history.latest())
-        self._voter_change: VoterChange | None = None
-        self._next_ticket = 0
+        self._voter_changes = VoterChangeHandler(local_key=self.local_key,
+                                                 static_ids=self._static_ids,
+                                                 fetch_timeout_ms=config.fetch_timeout_ms)
         self._next_read_id = 0
         self.config = config
         self._random = random
@@ -248,31 +238,31 @@ class RaftCore:
         self._shutting_down = False
         self._now_ms = now_ms
 
-        stored = election_state if election_state is not None else ElectionState.initial()
-        self._persisted = stored
-        self._state: _State = self._initial_state(stored, now_ms)
-        if self._election_state_of(self._state) != stored:
-            self._effects.persist = self._persisted = self._election_state_of(self._state)
+        self._quorum = QuorumState(
+            local_key=self.local_key, config=config, random=random, voters=lambda: self.voters,
+            on_leave=self._leave_state,
+            stored=election_state if election_state is not None else ElectionState.initial(),
+            log_epoch=log.last_fetched_epoch(), log_end_offset=log.end_offset, now_ms=now_ms)
         self._drive(now_ms)
 
     # --- inspection --------------------------------------------------------------------------
 
     @property
     def state(self) -> RaftState:
-        return _STATE_NAMES[type(self._state)]
+        return self._quorum.name
+
+    @property
+    def _state(self) -> ReplicaState:
+        """The current state object (``QuorumState`` owns it and every transition)."""
+        return self._quorum.state
 
     @property
     def epoch(self) -> int:
-        return self._state.epoch
+        return self._quorum.epoch
 
     @property
     def leader_id(self) -> int | None:
-        state = self._state
-        if isinstance(state, LeaderState | ResignedState):
-            return self.node_id
-        if isinstance(state, CandidateState):
-            return None
-        return state.leader_id
+        return self._quorum.leader_id
 
     @property
     def high_watermark(self) -> int | None:
@@ -296,7 +286,7 @@ class RaftCore:
 
     @property
     def election_state(self) -> ElectionState:
-        return self._election_state_of(self._state)
+        return self._quorum.election_state
 
     @property
     def is_voter(self) -> bool:
@@ -347,7 +337,7 @@ class RaftCore:
 
     @property
     def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
-        change = self._voter_change
+        change = self._voter_changes.pending
         return None if change is None else (change.kind, change.key)
 
     def status(self, now_ms: int) -> NodeStatus:
@@ -357,7 +347,8 @@ class RaftCore:
         return NodeStatus(
             as_of_ms=now_ms, node_id=self.node_id, directory_id=self.local_key.directory_id,
             cluster_id=self.cluster_id, state=self.state, epoch=state.epoch,
-            leader_id=self.leader_id, voted_for=self._state_voted_key(), is_voter=self._is_voter,
+            leader_id=self.leader_id, voted_for=self._quorum.election_state.voted_key,
+            is_voter=self._is_voter,
             high_watermark=self._high_watermark, leader_has_committed=self.leader_has_committed,
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
             log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._flushed_offset,
@@ -412,11 +403,7 @@ class RaftCore:
             return
         logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
         self._set_voters(latest)
-        state = self._state
-        if isinstance(state, LeaderState):
-            state.regroup(self.voters, self.local_key)
-        elif isinstance(state, UnattachedState):
-            state.election_deadline_ms = self._unattached_deadline(self._now_ms)
+        self._quorum.voters_changed(self._now_ms)
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -430,6 +417,7 @@ class RaftCore:
 
     def take_effects(self) -> Effects:
         effects, self._effects = self._effects, Effects()
+        effects.persist, effects.role_changes = self._quorum.take_outputs()
         return effects
 
     def next_deadline_ms(self) -> int:
@@ -448,11 +436,11 @@ class RaftCore:
         else:
             if self._remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
-            times.append(state.linger_deadline_ms)
+            times.append(state.accumulator.deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(read.deadline_ms for read in state.reads)
-            if self._voter_change is not None:
-                times.append(self._voter_change.deadline_ms)
+            if self._voter_changes.pending is not None:
+                times.append(self._voter_changes.pending.deadline_ms)
             times.extend(
                 max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
@@ -541,18 +529,16 @@ class RaftCore:
             raise LeaderNotReadyError(self.leader_id, self.epoch)
         if not records:
             raise ValueError("nothing to append")
-        size = sum(_record_size(r) for r in records)
+        size = sum(record_size(r) for r in records)
         if size > self.config.max_batch_bytes:
             raise ValueError(f"{size} bytes of records exceed one batch "
                              f"({self.config.max_batch_bytes} bytes)")
-        if state.pending and state.pending_bytes + size > self.config.max_batch_bytes \
-                and not self._append_pending(now_ms, state):  # a batch never outgrows the limit
+        accumulator = state.accumulator
+        if accumulator.overflows(size, self.config.max_batch_bytes) \
+                and not self._append_pending(now_ms, state):
             raise LogFullError("the log is full: records already wait for space")
-        base = self.log.end_offset + len(state.pending)
-        state.pending.extend(records)
-        state.pending_bytes += size
-        if state.linger_deadline_ms == NEVER:
-            state.linger_deadline_ms = now_ms + self.config.append_linger_ms
+        base = self.log.end_offset + len(accumulator.records)
+        accumulator.add(records, size, now_ms, self.config.append_linger_ms)
         self._drive(now_ms)
         return base, base + len(records) - 1
 
@@ -561,7 +547,7 @@ class RaftCore:
         self._now_ms = max(self._now_ms, now_ms)
         self._shutting_down = True
         if isinstance(self._state, LeaderState):
-            self._resign(now_ms)
+            self._quorum.to_resigned(now_ms, TransitionCause.SHUTDOWN)
         self._drive(now_ms)
 
     def begin_read(self, now_ms: int, timeout_ms: int) -> ReadBarrier | None:
@@ -598,14 +584,10 @@ class RaftCore:
         observer has caught up, no other voter change is uncommitted and this leader's
         LeaderChange is committed; it succeeds once committed by a majority of the new voter
         set."""
-        state = self._check_voter_change(now_ms, key)
-        if any(voter == key for voter in self.voters):
-            raise VoterChangeError(Errors.DUPLICATE_VOTER, f"{key} is already a voter")
-        progress = state.observers.get(key)
-        if progress is None or progress.last_fetch_ms is None:
-            raise VoterChangeError(Errors.INVALID_REQUEST,
-                                   f"{key} is not an observer: it has not fetched from the leader")
-        return self._start_voter_change(now_ms, VoterChangeKind.ADD, key, timeout_ms)
+        state = self._voter_changing_leader(now_ms)
+        ticket = self._voter_changes.add(now_ms, state, self.voters, key, timeout_ms)
+        self._drive(now_ms)
+        return ticket
 
     def remove_voter(self, now_ms: int, key: ReplicaKey, timeout_ms: int, *,
                      decommission: bool = False) -> int:
@@ -617,21 +599,15 @@ class RaftCore:
         refused, so a slip in a disk replacement (removing the old directory before adding the
         new one) cannot shrink the quorum. ``decommission`` is the explicit opt-in to remove the
         id itself (scaling down), as KIP-853's RemoveRaftVoter allows; the last voter stays."""
-        self._check_voter_change(now_ms, key)
-        if not any(voter == key for voter in self.voters):
-            raise VoterChangeError(Errors.VOTER_NOT_FOUND, f"{key} is not a voter")
-        if len(self.voters) == 1:
-            raise VoterChangeError(Errors.INVALID_REQUEST, f"{key} is the only voter")
-        if not decommission and not any(voter.id == key.id and voter != key
-                                        for voter in self.voters):
-            raise VoterChangeError(
-                Errors.INVALID_REQUEST,
-                f"removing {key} would remove node {key.id} from the voters; only a replaced "
-                f"directory of a node can be removed (add the new one first), unless the node "
-                f"is decommissioned")
-        return self._start_voter_change(now_ms, VoterChangeKind.REMOVE, key, timeout_ms)
+        self._voter_changing_leader(now_ms)
+        ticket = self._voter_changes.remove(now_ms, self.voters, key, timeout_ms,
+                                            decommission=decommission)
+        self._drive(now_ms)
+        return ticket
 
-    def _check_voter_change(self, now_ms: int, key: ReplicaKey) -> LeaderState:
+    def _voter_changing_leader(self, now_ms: int) -> LeaderState:
+        """The leader's state, to change the voters in; refused elsewhere, or in a static
+        quorum."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
         if not isinstance(state, LeaderState) or self._shutting_down:
@@ -639,122 +615,21 @@ class RaftCore:
         if not self._reconfigurable:
             raise VoterChangeError(Errors.UNSUPPORTED_VERSION,
                                    "this quorum is static: its replicas have no directory ids")
-        if key.directory_id is None:
-            raise VoterChangeError(Errors.INVALID_REQUEST, "a voter needs its directory id")
-        if key.id not in self._static_ids:
-            raise VoterChangeError(
-                Errors.INVALID_REQUEST,
-                f"node {key.id} is not in controller.quorum.voters {sorted(self._static_ids)}")
-        if self._voter_change is not None:
-            pending = self._voter_change
-            raise VoterChangeError(Errors.REQUEST_TIMED_OUT,
-                                   f"another voter change is in progress ({pending.kind} "
-                                   f"{pending.key}); retry when it is done")
         return state
 
-    def _start_voter_change(self, now_ms: int, kind: VoterChangeKind, key: ReplicaKey,
-                            timeout_ms: int) -> int:
-        self._next_ticket += 1
-        self._voter_change = VoterChange(self._next_ticket, kind, key, now_ms + timeout_ms)
-        self._drive(now_ms)
-        return self._next_ticket
-
-    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
-        """Take the pending change through KIP-856's steps as far as it can go now."""
-        hwm = state.high_watermark
-        if change.record_offset is not None:
-            if hwm is not None and hwm > change.record_offset:
-                self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: committed")
-                if change.kind is VoterChangeKind.REMOVE and change.key.matches(self.local_key):
-                    logger.info("node %d: removed from the voters; resigning", self.node_id)
-                    self._resign(now_ms)
-            elif now_ms >= change.deadline_ms:
-                self._finish_voter_change(
-                    Errors.REQUEST_TIMED_OUT,
-                    f"{change.kind} {change.key} appended at offset {change.record_offset} but "
-                    f"not committed in time; it may still commit")
-            return
-        waiting_for = self._voter_change_blocker(now_ms, state, change, hwm)
-        if waiting_for is not None:
-            if now_ms >= change.deadline_ms:
-                self._finish_voter_change(Errors.REQUEST_TIMED_OUT,
-                                          f"{change.kind} {change.key}: timed out {waiting_for}")
-            return
-        if change.kind is VoterChangeKind.ADD:
-            new = tuple(sorted((*self.voters, change.key)))
-        else:
-            new = tuple(voter for voter in self.voters if voter != change.key)
-        # None while the log's disk is full: appended at a later poll, within the deadline.
-        change.record_offset = self._append_control(now_ms, state, [voters_record(new)])
-
-    def _voter_change_blocker(
-        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
-    ) -> str | None:
-        """What the change still waits for, in KIP-856's order; None when it can be appended."""
-        if change.kind is VoterChangeKind.ADD \
-                and not state.is_caught_up(change.key, now_ms, self.config.fetch_timeout_ms):
-            return f"waiting for {change.key} to catch up with the leader"
-        if not self.bootstrapped:
-            return "waiting for the leader to write the bootstrap voters"
-        if hwm is None:
-            return "waiting for the leader's LeaderChange record to commit"
-        latest = self._history.latest_offset()
-        if latest is not None and latest >= hwm:
-            return "waiting for the previous voter change to commit"
-        return None
-
-    def _finish_voter_change(self, error: Errors, message: str) -> None:
-        change = self._voter_change
-        assert change is not None
-        self._voter_change = None
-        self._effects.voter_changes.append(VoterChangeDone(change.ticket, error, message))
-        if error != Errors.NONE:
-            logger.warning("node %d: voter change failed: %s", self.node_id, message)
-        else:
-            logger.info("node %d: %s", self.node_id, message)
-
-    # --- start-up ----------------------------------------------------------------------------
-
-    def _initial_state(self, stored: ElectionState, now_ms: int) -> _State:
-        log_epoch = self.log.last_fetched_epoch()
-        if not epoch_in_bounds(log_epoch):
-            # Only a leader that broke the rule can have put it there (this node refuses such
-            # batches): no election could follow, and nothing sensible can be made of it here.
-            raise RaftInvariantError(
-                f"node {self.node_id}: the log's last epoch {log_epoch} is not below "
-                f"{MAX_EPOCH}: it holds batches no correct leader wrote; replace the log "
-                f"directory as a lost disk")
-        if stored.leader_id == self.node_id and log_epoch < stored.epoch:
-            # A leader appends its LeaderChange at once; only a crash before its flush, or a
-            # log that lost its tail, leaves the epoch it led without a record of it. In the
-            # second case records this node acknowledged may be gone (see docs/design.md).
-            logger.warning(
-                "node %d: quorum-state says this node led epoch %d, but the log (ending at %d, "
-                "epoch %d) holds nothing of it: if the log lost its last segment, records it "
-                "acknowledged are missing", self.node_id, stored.epoch, self.log.end_offset,
-                log_epoch)
-        if stored.epoch < log_epoch:
-            logger.warning(
-                "quorum-state epoch %d is behind the log's last epoch %d; starting unattached",
-                stored.epoch,
-                log_epoch,
-            )
-            return UnattachedState(log_epoch, None, None, self._unattached_deadline(now_ms))
-        voter = self.is_voter
-        if stored.leader_id == self.node_id and voter:
-            # Never lead or vote again in an epoch we led: un-flushed data of that epoch may be
-            # lost, and reusing an (offset, epoch) pair would break log matching.
-            remote = {key.id for key in self._peer_voters}
-            return ResignedState(stored.epoch, stored.voted_key, self._election_deadline(now_ms),
-                             (), remote)
-        # A known leader wins over our own vote: Kafka restarts such a replica as a Candidate,
-        # which forgets the leader and campaigns in an epoch that already has one.
-        if stored.leader_id is not None and stored.leader_id != self.node_id:
-            return self._new_follower(stored.epoch, stored.leader_id, stored.voted_key, now_ms)
-        if stored.voted_key is not None and stored.voted_key.matches(self.local_key) and voter:
-            return self._new_candidate_state(stored.epoch, now_ms)
-        return UnattachedState(stored.epoch, None, stored.voted_key,
-                               self._unattached_deadline(now_ms))
+    def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
+        """Carry out the handler's step for the change in progress."""
+        step = self._voter_changes.advance(now_ms, state, self.voters,
+                                           bootstrapped=self.bootstrapped,
+                                           latest_voters_offset=self._history.latest_offset())
+        if step.done is not None:
+            self._effects.voter_changes.append(step.done)
+        if step.resign:
+            logger.info("node %d: removed from the voters; resigning", self.node_id)
+            self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
+        elif step.append is not None:
+            self._voter_changes.appended(
+                self._append_control(now_ms, state, [voters_record(step.append)]))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -789,7 +664,7 @@ class RaftCore:
     def _poll_leader(self, now_ms: int, state: LeaderState) -> None:
         if self._shutting_down:
             # Elected while shutting down (a nominee keeps campaigning): hand over at once.
-            self._resign(now_ms)
+            self._quorum.to_resigned(now_ms, TransitionCause.SHUTDOWN)
             return
         remote_voters = self._remote_voters
         if remote_voters and now_ms >= state.check_quorum_deadline_ms:
@@ -797,20 +672,16 @@ class RaftCore:
                 "node %d: no fetch from a majority of voters in %d ms; resigning epoch %d",
                 self.node_id, self.config.check_quorum_timeout_ms, state.epoch,
             )
-            self._resign(now_ms)
+            self._quorum.to_resigned(now_ms, TransitionCause.CHECK_QUORUM)
             return
-        # Group commit: while an fsync is running, records accumulate (up to the linger) and go
-        # out together once it completes; with the disk idle there is nothing to wait for.
-        if state.pending and (
-            now_ms >= state.linger_deadline_ms
-            or state.pending_bytes >= self.config.max_batch_bytes
-            or self._flushed_offset >= self.log.end_offset
-        ):
+        # Group commit: records wait while an fsync runs, and go out together after it.
+        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes,
+                                    disk_idle=self._flushed_offset >= self.log.end_offset):
             self._append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
             self._maybe_write_bootstrap_voters(now_ms, state)
-        if self._voter_change is not None:
-            self._advance_voter_change(now_ms, state, self._voter_change)
+        if self._voter_changes.pending is not None:
+            self._advance_voter_change(now_ms, state)
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
@@ -847,7 +718,7 @@ class RaftCore:
         or None while the log's disk is full (nothing appended: the caller tries again at a
         later poll, as pending records are)."""
         # Proposals keep the offsets they were given: the control batch only ever follows them.
-        if state.pending and not self._append_pending(now_ms, state):
+        if state.accumulator.records and not self._append_pending(now_ms, state):
             return None
         try:
             batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
@@ -863,17 +734,17 @@ class RaftCore:
 
     def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:
-            self._become_leader(now_ms, state)
+            self._become_leader(now_ms)
         elif now_ms >= state.election_deadline_ms:
             # KAFKA-18345: a candidate that did not win waits out its randomized timer, then
             # starts over with a pre-vote instead of bumping the epoch again.
-            self._transition(self._new_prospective_state(state.epoch, None, self.local_key, now_ms))
+            self._quorum.to_prospective(now_ms, TransitionCause.ELECTION_TIMEOUT)
         else:
             self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
     def _poll_prospective(self, now_ms: int, state: ProspectiveState) -> None:
         if state.election.is_granted and not self._epoch_exhausted(now_ms, state.epoch):
-            self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
+            self._quorum.to_candidate(now_ms, TransitionCause.PRE_VOTE_GRANTED)
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
         else:
@@ -892,27 +763,29 @@ class RaftCore:
 
     def _lose_pre_vote(self, now_ms: int, state: ProspectiveState) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
-            self._transition(self._new_follower(state.epoch, state.leader_id, state.voted_key,
-                                                now_ms))
+            self._quorum.to_follower(now_ms, state.epoch, state.leader_id,
+                                     TransitionCause.PRE_VOTE_LOST)
         else:
-            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key,
-                                         self._election_deadline(now_ms)))
+            self._quorum.to_unattached_in_epoch(self._quorum.election_deadline(now_ms),
+                                                TransitionCause.PRE_VOTE_LOST)
 
     def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
         if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
+            cause = (TransitionCause.LONE_VOTER if self._is_only_voter
+                     else TransitionCause.LEADER_RESIGNED if state.leader_resigned
+                     else TransitionCause.FETCH_TIMEOUT)
             if self.is_voter:
-                self._transition(self._new_prospective_state(
-                    state.epoch, state.leader_id, state.voted_key, now_ms))
+                self._quorum.to_prospective(now_ms, cause)
                 return
             # An observer cannot campaign: it looks for the leader through the other voters.
-            self._transition(UnattachedState(state.epoch, state.leader_id, state.voted_key, NEVER))
+            self._quorum.to_unattached_in_epoch(NEVER, cause)
             return
         self._maybe_send_fetch(now_ms, state.leader_id)
 
     def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
         if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
-            self._transition(self._new_prospective_state(
-                state.epoch, state.leader_id, state.voted_key, now_ms))
+            self._quorum.to_prospective(now_ms, TransitionCause.LONE_VOTER if self._is_only_voter
+                                        else TransitionCause.ELECTION_TIMEOUT)
             return
         # KAFKA-17030: while waiting, fetch from a voter now and then to discover the leader.
         # By id, not key: a replica whose disk was replaced shares its id with a voter.
@@ -925,11 +798,12 @@ class RaftCore:
     def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
         expired = now_ms >= state.election_deadline_ms or self._is_only_voter
         if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
-            state.election_deadline_ms = self._election_deadline(now_ms)
+            state.election_deadline_ms = self._quorum.election_deadline(now_ms)
         elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
-            self._transition(UnattachedState(state.epoch + 1, None, None,
-                                         self._unattached_deadline(now_ms)))
+            self._quorum.to_unattached(now_ms, state.epoch + 1,
+                                       TransitionCause.LONE_VOTER if self._is_only_voter
+                                       else TransitionCause.ELECTION_TIMEOUT)
             return
         successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
         for key in self.voters:
@@ -943,29 +817,9 @@ class RaftCore:
 
     # --- transitions -------------------------------------------------------------------------
 
-    def _election_state_of(self, state: _State) -> ElectionState:
-        if isinstance(state, LeaderState | ResignedState):
-            return ElectionState(state.epoch, self.node_id, state.voted_key)
-        if isinstance(state, CandidateState):
-            return ElectionState(state.epoch, None, self.local_key)
-        return ElectionState(state.epoch, state.leader_id, state.voted_key)
-
-    def _transition(self, new: _State) -> None:
-        """Enter ``new``. The election state is persisted (before any message of this step goes
-        out) whenever it changes; Prospective and Resigned never change it, by construction."""
-        if new.epoch < self._state.epoch:
-            raise RaftInvariantError(f"epoch going backwards: {self._state.epoch} -> {new.epoch}")
-        new_election = self._election_state_of(new)
-        if new_election != self._persisted:
-            # Entering Prospective or Resigned never changes the quorum-state; the one durable
-            # change a Prospective makes is recording a standard vote it grants.
-            entering = isinstance(new, ResignedState) or (
-                isinstance(new, ProspectiveState) and not isinstance(self._state, ProspectiveState))
-            if entering:
-                raise RaftInvariantError(f"{type(new).__name__} must not change the quorum-state")
-            self._persisted = new_election
-            self._effects.persist = new_election
-        old, self._state = self._state, new
+    def _leave_state(self, old: ReplicaState) -> None:
+        """What leaving ``old`` involves beyond the state (``QuorumState`` calls it once the new
+        state is in)."""
         if isinstance(old, LeaderState):
             self._leave_leadership(old)
         elif isinstance(old, FollowerState):
@@ -973,41 +827,10 @@ class RaftCore:
         # Responses are matched to the state that sent the request (KRaft resets connections).
         self._requests.reset()
 
-    def _new_prospective_state(
-        self, epoch: int, leader_id: int | None, voted_key: ReplicaKey | None, now_ms: int
-    ) -> ProspectiveState:
-        return ProspectiveState(epoch, leader_id, voted_key,
-                            EpochElection(self.local_key, self.voters),
-                            self._election_deadline(now_ms))
-
-    def _new_candidate_state(self, epoch: int, now_ms: int) -> CandidateState:
-        return CandidateState(epoch, EpochElection(self.local_key, self.voters),
-                          self._election_deadline(now_ms))
-
-    def _become_follower(self, now_ms: int, epoch: int, leader_id: int) -> None:
-        voted = self._state_voted_key() if epoch == self.epoch else None
-        self._transition(self._new_follower(epoch, leader_id, voted, now_ms))
-
-    def _new_follower(self, epoch: int, leader_id: int, voted_key: ReplicaKey | None,
-                      now_ms: int) -> FollowerState:
-        timeout = self.config.fetch_timeout_ms
-        timeout += self._random.randrange(timeout // 10 + 1)
-        return FollowerState(epoch, leader_id, voted_key, now_ms + timeout, timeout)
-
-    def _become_unattached(self, now_ms: int, epoch: int) -> None:
-        voted = self._state_voted_key() if epoch == self.epoch else None
-        self._transition(UnattachedState(epoch, None, voted, self._unattached_deadline(now_ms)))
-
-    def _state_voted_key(self) -> ReplicaKey | None:
-        return self._election_state_of(self._state).voted_key
-
-    def _become_leader(self, now_ms: int, candidate: CandidateState) -> None:
-        remote = {k: ReplicaProgress() for k in self._remote_voters}
-        voters = {self._local_voter_key(): ReplicaProgress(), **remote}
-        start = self.log.end_offset
-        leader = LeaderState(candidate.epoch, self.local_key, start,
-                         now_ms + self.config.check_quorum_timeout_ms, voters)
-        self._transition(leader)
+    def _become_leader(self, now_ms: int) -> None:
+        candidate = self._state
+        assert isinstance(candidate, CandidateState)
+        leader = self._quorum.to_leader(now_ms, self.log.end_offset)
         logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
         change = LeaderChangeMessage(
             leader_id=self.node_id,
@@ -1025,43 +848,33 @@ class RaftCore:
             # hands the epoch on at once (EndQuorumEpoch) rather than stop the node.
             logger.warning("node %d: resigning the leadership of epoch %d at once: %s",
                            self.node_id, leader.epoch, error)
-            self._resign(now_ms)
+            self._quorum.to_resigned(now_ms, TransitionCause.LOG_FULL)
             return
         self._effects.flush = True
 
-    def _local_voter_key(self) -> ReplicaKey:
-        return next(k for k in self.voters if k.matches(self.local_key))
-
-    def _resign(self, now_ms: int) -> None:
-        state = self._state
-        assert isinstance(state, LeaderState)
-        successors = state.successors(self.node_id)
-        self._transition(ResignedState(
-            state.epoch, state.voted_key, self._election_deadline(now_ms),
-            tuple(successors), {k.id for k in successors},
-        ))
-
     def _leave_leadership(self, leader: LeaderState) -> None:
-        if self._voter_change is not None:
-            self._finish_voter_change(Errors.NOT_LEADER_OR_FOLLOWER,
-                                      f"node {self.node_id} lost the leadership of epoch "
-                                      f"{leader.epoch}; the change may or may not commit")
-        leader.pending.clear()
+        abandoned = self._voter_changes.abandon(leader.epoch)
+        if abandoned is not None:
+            self._effects.voter_changes.append(abandoned)
+        leader.accumulator.records.clear()
         self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
             self._respond(parked.source, parked.correlation_id, self._fetch_response(
                 Errors.NOT_LEADER_OR_FOLLOWER))
         leader.parked.clear()
 
-    def _maybe_transition(self, now_ms: int, leader_id: int | None, epoch: int) -> None:
-        """React to an epoch and leader learned from a peer (Kafka's maybeTransition)."""
+    def _maybe_transition(self, now_ms: int, source: int, leader_id: int | None,
+                          epoch: int) -> None:
+        """React to an epoch and leader learned from the peer ``source`` (Kafka's
+        maybeTransition)."""
         if leader_id is not None and leader_id < 0:
             leader_id = None
         if epoch > self.epoch:
             if leader_id is not None and leader_id != self.node_id:
-                self._become_follower(now_ms, epoch, leader_id)
+                self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.HIGHER_EPOCH,
+                                         source)
             else:
-                self._become_unattached(now_ms, epoch)
+                self._quorum.to_unattached(now_ms, epoch, TransitionCause.HIGHER_EPOCH, source)
             return
         if epoch < self.epoch or leader_id is None:
             return
@@ -1081,7 +894,8 @@ class RaftCore:
         if isinstance(self._state, UnattachedState) or (
             known is None and isinstance(self._state, ProspectiveState | CandidateState)
         ):
-            self._become_follower(now_ms, epoch, leader_id)
+            self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.LEADER_LEARNED,
+                                     source)
 
     def _claims_other_leader(self, now_ms: int, leader_id: int, epoch: int) -> bool:
         """A request naming another leader for an epoch whose leader we know: no correct peer
@@ -1094,13 +908,6 @@ class RaftCore:
                            "node %d: refused a request naming %d leader of epoch %d, whose "
                            "leader is %d", self.node_id, leader_id, epoch, known)
         return True
-
-    def _unattached_deadline(self, now_ms: int) -> int:
-        return self._election_deadline(now_ms) if self.is_voter else NEVER
-
-    def _election_deadline(self, now_ms: int) -> int:
-        timeout = self.config.election_timeout_ms
-        return now_ms + timeout + self._random.randrange(timeout)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -1194,7 +1001,8 @@ class RaftCore:
             return Errors.INCONSISTENT_VOTER_SET, False
         if request.replica_epoch > self.epoch:
             self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
-            self._become_unattached(now_ms, request.replica_epoch)
+            self._quorum.to_unattached(now_ms, request.replica_epoch,
+                                       TransitionCause.HIGHER_EPOCH, request.replica_id)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return Errors.INVALID_VOTER_KEY, False
         up_to_date = (request.last_offset_epoch, request.last_offset) >= (
@@ -1205,12 +1013,7 @@ class RaftCore:
                 and isinstance(state, UnattachedState | ProspectiveState) \
                 and state.voted_key is None:
             # The vote is durable before the response leaves (Effects.persist goes first).
-            deadline = self._election_deadline(now_ms)
-            if isinstance(state, ProspectiveState):
-                self._transition(ProspectiveState(state.epoch, state.leader_id, candidate,
-                                              state.election, deadline))
-            else:
-                self._transition(UnattachedState(state.epoch, state.leader_id, candidate, deadline))
+            self._quorum.record_vote(now_ms, candidate)
         return Errors.NONE, granted
 
     def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
@@ -1255,7 +1058,7 @@ class RaftCore:
                 and isinstance(state, ProspectiveState)
                 and not self._epoch_exhausted(now_ms, state.epoch)):
             # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
-            self._transition(self._new_candidate_state(state.epoch + 1, now_ms))
+            self._quorum.to_candidate(now_ms, TransitionCause.PRE_VOTE_UNSUPPORTED)
             return
         if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
                                         response.leader_epoch):
@@ -1304,7 +1107,8 @@ class RaftCore:
         INVALID_VOTER_KEY if it was meant for another directory of this node's id."""
         rpc = type(request).__name__.removesuffix("Request")
         self._log_moved_by(request.leader_id, rpc, request.leader_epoch, request.leader_id)
-        self._maybe_transition(now_ms, request.leader_id, request.leader_epoch)
+        self._maybe_transition(now_ms, request.leader_id, request.leader_id,
+                               request.leader_epoch)
         if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
             return Errors.INVALID_VOTER_KEY
         return Errors.NONE
@@ -1348,6 +1152,7 @@ class RaftCore:
             successors = [info.key() for info in request.preferred_successors]
             backoff = self._end_epoch_backoff_ms(successors)
             state.fetch_deadline_ms = now_ms + backoff
+            state.leader_resigned = True
         return Errors.NONE
 
     def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
@@ -1469,13 +1274,10 @@ class RaftCore:
 
     def _note_contact(self, now_ms: int, state: LeaderState,
                       replica: ReplicaKey) -> ReplicaProgress:
-        change = self._voter_change
-        adding = change.key if change is not None and change.kind is VoterChangeKind.ADD \
-            else None
         return state.note_contact(now_ms, replica, local_key=self.local_key,
                                   counts_itself=self._is_voter,
                                   check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
-                                  protected=adding)
+                                  protected=self._voter_changes.adding)
 
     def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
                       offset: int) -> None:
@@ -1509,16 +1311,15 @@ class RaftCore:
     def _append_pending(self, now_ms: int, state: LeaderState) -> bool:
         """Append the pending records as one batch; False when the log is full, with the records
         still pending (their proposals keep their offsets) and a retry after a back-off."""
+        accumulator = state.accumulator
         try:
-            self.log.append_as_leader(state.pending, state.epoch, now_ms)
+            self.log.append_as_leader(accumulator.records, state.epoch, now_ms)
         except LogFullError as error:
             self._warn_limited(now_ms, "log-full", "node %d: %d records wait for space: %s",
-                               self.node_id, len(state.pending), error)
-            state.linger_deadline_ms = now_ms + FULL_LOG_RETRY_MS
+                               self.node_id, len(accumulator.records), error)
+            accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
             return False
-        state.pending = []
-        state.pending_bytes = 0
-        state.linger_deadline_ms = NEVER
+        accumulator.appended()
         self._effects.flush = True
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
@@ -1753,7 +1554,7 @@ class RaftCore:
                                            Errors.NOT_LEADER_OR_FOLLOWER):
             if epoch > self.epoch:
                 self._log_moved_by(source, "a response", epoch, leader_id)
-            self._maybe_transition(now_ms, leader_id, epoch)
+            self._maybe_transition(now_ms, source, leader_id, epoch)
             return True
         if error == Errors.INVALID_REQUEST:
             # Kafka treats this as our bug and stops; but the peer may be the broken one, and
@@ -1761,12 +1562,13 @@ class RaftCore:
             self._drop_response(now_ms, source, "it found our request invalid")
             return True
         if leader_id is not None and self.leader_id is None:
-            self._maybe_transition(now_ms, leader_id, epoch)
+            self._maybe_transition(now_ms, source, leader_id, epoch)
             return error != Errors.NONE
         if (isinstance(self._state, UnattachedState) and leader_id is not None
                 and leader_id != self.node_id):
             # An unattached replica that kept the last leader's id rediscovered it.
-            self._become_follower(now_ms, epoch, leader_id)
+            self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.LEADER_LEARNED,
+                                     source)
             return error != Errors.NONE
         return False
 

@@ -4,9 +4,10 @@ the order the core's contract requires, through a ``DriverHost``.
 The node runtime (``quorum_node.node.runtime``) hosts it over real files, sockets and an asyncio
 loop; the simulator (``quorum_node.sim.node``) over a simulated disk, network and clock. Both
 run this class, so the simulator's fault schedules test the driving that production runs: when
-the election state is written (durably, before any message of its step leaves), how requests
-and answers leave, when a flush is asked for, how the core's timer is kept, what a failing core
-does to its node, and how a snapshot downloaded from the leader reaches the state machine.
+the election state is written (durably, before any message of its step leaves, and before the
+role changes it implies are told), how requests and answers leave, when a flush is asked for,
+how the core's timer is kept, what a failing core does to its node, and how a snapshot
+downloaded from the leader reaches the state machine.
 
 The driver does no I/O of its own and reads no clock but the host's.
 """
@@ -25,6 +26,7 @@ from quorum_node.raft.core import (
 )
 from quorum_node.raft.log import LogFullError
 from quorum_node.raft.messages import RaftRequest, RaftResponse
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import NotLeaderError, VoterChangeError
@@ -63,6 +65,11 @@ class DriverHost(Protocol):
     def flush(self) -> None:
         """Make the log durable (now or soon; one flush may cover many asks), then call the
         driver's ``handle_flushed`` with the offset it is durable to."""
+        ...
+
+    def role_changed(self, change: RoleChanged) -> None:
+        """The replica changed role (state, epoch or leader), for the reason ``change.cause``
+        says; the election state it implies is durable by now."""
         ...
 
     def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
@@ -194,6 +201,8 @@ class CoreDriver:
             except Exception as error:
                 self._fail(error)
                 return
+        for change in effects.role_changes:
+            host.role_changed(change)
         for message in effects.messages:
             if isinstance(message, OutboundRequest):
                 host.send(message)

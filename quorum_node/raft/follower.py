@@ -32,6 +32,8 @@ class FollowerState:
     # KIP-630: the leader's snapshot being downloaded, instead of fetching, when the log it needs
     # is gone from the leader.
     download: PartialSnapshot | None = None
+    # The leader's EndQuorumEpoch came: the fetch timer runs out after the successor back-off.
+    leader_resigned: bool = False
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         # KAFKA-17641: a pre-vote only, and only until the leader has been heard from.

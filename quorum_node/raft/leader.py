@@ -8,11 +8,12 @@ reads a clock or does I/O (the core hands in ``now_ms``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quorum_node.raft.messages import FetchRequest
 from quorum_node.raft.records import Record
-from quorum_node.raft.types import NEVER, Errors, ReplicaKey, VoterChangeKind
+from quorum_node.raft.types import NEVER, Errors, ReplicaKey
 from quorum_node.raft.voters import VoterSet
 
 # Observers that stopped fetching this long ago are forgotten (Kafka: 5 minutes).
@@ -98,17 +99,6 @@ class VoterChangeDone:
 
 
 @dataclass(slots=True)
-class VoterChange:
-    """An AddVoter or RemoveVoter in progress on the leader (KIP-856, one at a time)."""
-
-    ticket: int
-    kind: VoterChangeKind
-    key: ReplicaKey
-    deadline_ms: int
-    record_offset: int | None = None  # once its VotersRecord is appended
-
-
-@dataclass(slots=True)
 class ReplicaProgress:
     """What the leader knows of one replica in its epoch (Kafka's ``ReplicaState``)."""
 
@@ -141,6 +131,46 @@ class ParkedFetch:
     deadline_ms: int
 
 
+def record_size(record: Record) -> int:
+    """What a record counts for against the batch limit (its value and key, and their framing)."""
+    return len(record.value) + (len(record.key) if record.key is not None else 0) + 8
+
+
+@dataclass(slots=True)
+class BatchAccumulator:
+    """The client records a leader holds for the linger (Kafka's ``BatchAccumulator``): their
+    offsets are given when proposed, and they go to the log together, as one batch, once the
+    linger has passed, the batch is full or the disk is idle (group commit)."""
+
+    records: list[Record] = field(default_factory=list)
+    size_bytes: int = 0
+    deadline_ms: int = NEVER  # the linger's end; or the retry after the log was full
+
+    def add(self, records: Sequence[Record], size_bytes: int, now_ms: int,
+            linger_ms: int) -> None:
+        self.records.extend(records)
+        self.size_bytes += size_bytes
+        if self.deadline_ms == NEVER:
+            self.deadline_ms = now_ms + linger_ms
+
+    def overflows(self, size_bytes: int, max_bytes: int) -> bool:
+        """Whether ``size_bytes`` more would take the batch past ``max_bytes``: the records
+        held go first, so that a batch never outgrows the limit."""
+        return bool(self.records) and self.size_bytes + size_bytes > max_bytes
+
+    def is_due(self, now_ms: int, max_bytes: int, *, disk_idle: bool) -> bool:
+        """Whether the records held go to the log now: while an fsync runs they wait (up to the
+        linger, or until the batch is full); with the disk idle there is nothing to wait for."""
+        return bool(self.records) and (now_ms >= self.deadline_ms
+                                       or self.size_bytes >= max_bytes or disk_idle)
+
+    def appended(self) -> None:
+        """The records held are in the log (a new list: the log may keep the one it was given)."""
+        self.records = []
+        self.size_bytes = 0
+        self.deadline_ms = NEVER
+
+
 @dataclass(slots=True)
 class LeaderState:
     epoch: int
@@ -151,9 +181,7 @@ class LeaderState:
     observers: dict[ReplicaKey, ReplicaProgress] = field(default_factory=dict)
     high_watermark: int | None = None  # unknown until this epoch's LeaderChange is committed
     fetched_voters: set[ReplicaKey] = field(default_factory=set)
-    pending: list[Record] = field(default_factory=list)
-    pending_bytes: int = 0
-    linger_deadline_ms: int = NEVER
+    accumulator: BatchAccumulator = field(default_factory=BatchAccumulator)
     parked: list[ParkedFetch] = field(default_factory=list)
     reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest sequence) first
     fetch_sequence: int = 0  # counts valid fetches in this epoch, for read barriers

@@ -1,7 +1,8 @@
 """Safety invariants, checked after every event (Kafka's RaftEventSimulationTest, plus the
 committed-data checks it runs at the end, done here continuously, plus KIP-856's voter changes):
 
-* SingleLeader: at most one leader per epoch over the whole run (quorum-state files and LEADERs).
+* SingleLeader: at most one leader per epoch over the whole run (quorum-state files, and the
+  replicas that reported becoming leader).
 * MonotonicEpoch: a disk's persisted epoch never falls, and its core runs in that epoch.
 * DurableElectionState: what the core believes is persisted is what the disk holds.
 * MonotonicHighWatermark: a process's high watermark never falls, nor does the one of the leader
@@ -237,6 +238,10 @@ class InvariantChecker:
             disk.max_persisted_epoch = max(disk.max_persisted_epoch, persisted.epoch)
             if persisted.leader_id is not None:
                 self._record_leader(persisted.epoch, persisted.leader_id, node, "its quorum-state")
+        changes, node.role_changes = node.role_changes, []
+        for change in changes:
+            if change.after is RaftState.LEADER:
+                self._record_leader(change.epoch, node.node_id, node, "a role change")
         self._check_snapshot(node, disk)
         core = node.core
         if core is None:
@@ -253,8 +258,6 @@ class InvariantChecker:
                 DURABLE_ELECTION_STATE,
                 f"node {node.node_id} believes {believed} is persisted, the disk holds {persisted}",
             )
-        if core.state is RaftState.LEADER:
-            self._record_leader(core.epoch, node.node_id, node, "its state")
 
         process = self._processes.get(node.node_id)
         if process is None or process.incarnation != node.incarnation:

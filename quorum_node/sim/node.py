@@ -28,6 +28,7 @@ from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId, SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
@@ -131,6 +132,8 @@ class SimNode:
         self._shutdown_deadline_ms: int | None = None
         # Set by anything that may change the node; the invariant checker clears it.
         self.touched = True
+        # The role changes its cores reported, until the invariant checker takes them.
+        self.role_changes: list[RoleChanged] = []
 
     @property
     def alive(self) -> bool:
@@ -348,6 +351,9 @@ class SimNode:
             return True
 
         self._loop.after(self._rng.randint(MIN_FLUSH_MS, MAX_FLUSH_MS), complete)
+
+    def role_changed(self, change: RoleChanged) -> None:
+        self.role_changes.append(change)
 
     def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
         # The core replaced the log by a snapshot from the leader: the state machine starts

@@ -411,6 +411,31 @@ def test_version_compares_the_model_cannot_decide_are_refused() -> None:
         check(history)
 
 
+def _planned_operation(rng: random.Random, n: int, client: int, *,
+                       interval: tuple[float, float], keys: list[str],
+                       latest: dict[str, str]) -> Operation:
+    """The n-th operation of a simulated history: a get, a put, or a txn (a conditional put of
+    two keys, or a read of all three); ``latest`` follows the values written."""
+    start, end = interval
+    roll = rng.random()
+    first, second = rng.sample(keys, 2)
+    if roll < 0.3:
+        return Operation(Kind.GET, first, start, end, Outcome.OK, client=client)
+    if roll < 0.5:
+        latest[first] = f"v{n}"
+        return Operation(Kind.PUT, first, start, end, Outcome.OK, value=f"v{n}", client=client)
+    # Mostly what a client that read the key last would expect: many compares hold.
+    expected = latest.get(first, "v0") if rng.random() < 0.8 else f"v{rng.randrange(n)}"
+    call = TxnCall((TxnCompare(first, "value", "=", expected),),
+                   (put_step(first, f"v{n}"), put_step(second, f"v{n}")),
+                   (get_step(first), get_step(second)))
+    if roll < 0.65:
+        call = TxnCall((), tuple(get_step(key) for key in keys))
+    else:
+        latest[first] = latest[second] = f"v{n}"
+    return Operation(Kind.TXN, first, start, end, Outcome.OK, client=client, txn=call)
+
+
 def simulated_txn_history(seed: int, operations: int, clients: int, unknown_rate: float,
                           torn: bool = False) -> list[Operation]:
     """A history of gets, puts and txns on three keys, each operation taking effect at a random
@@ -428,24 +453,7 @@ def simulated_txn_history(seed: int, operations: int, clients: int, unknown_rate
         effect = start + rng.uniform(0, 0.01)
         end = effect + rng.uniform(0, 0.01)
         clock[client] = end
-        roll = rng.random()
-        first, second = rng.sample(keys, 2)
-        if roll < 0.3:
-            op = Operation(Kind.GET, first, start, end, Outcome.OK, client=client)
-        elif roll < 0.5:
-            op = Operation(Kind.PUT, first, start, end, Outcome.OK, value=f"v{n}", client=client)
-            latest[first] = f"v{n}"
-        else:
-            # Mostly what a client that read the key last would expect: many compares hold.
-            expected = latest.get(first, "v0") if rng.random() < 0.8 else f"v{rng.randrange(n)}"
-            call = TxnCall((TxnCompare(first, "value", "=", expected),),
-                           (put_step(first, f"v{n}"), put_step(second, f"v{n}")),
-                           (get_step(first), get_step(second)))
-            if roll < 0.65:
-                call = TxnCall((), tuple(get_step(key) for key in keys))
-            else:
-                latest[first] = latest[second] = f"v{n}"
-            op = Operation(Kind.TXN, first, start, end, Outcome.OK, client=client, txn=call)
+        op = _planned_operation(rng, n, client, interval=(start, end), keys=keys, latest=latest)
         unknown = op.kind is not Kind.GET and rng.random() < unknown_rate
         if unknown and rng.random() < 0.5:  # it never took effect
             planned.append((end, start, end, n, -1, replace(op, completed=None,

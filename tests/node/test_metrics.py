@@ -21,6 +21,7 @@ from quorum_node.node.metrics import (
 )
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.leader import QuorumDescription, ReplicaDescription
+from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.status import NodeStatus
@@ -47,6 +48,15 @@ class FakeCore:
     def status(self) -> NodeStatus:
         return status(as_of_ms=self.wall_ms, state=self.state, epoch=self.epoch)
 
+    def change(self, watcher: StateWatcher, state: RaftState, epoch: int | None = None) -> None:
+        """Move to ``state`` (and ``epoch``) and tell the watcher, as the core's effect does."""
+        before, previous_epoch = self.state, self.epoch
+        self.state = state
+        self.epoch = self.epoch if epoch is None else epoch
+        watcher.on_role_changed(RoleChanged(before, state, self.epoch, None,
+                                            TransitionCause.ELECTION_TIMEOUT, previous_epoch,
+                                            None))
+
 
 @dataclass
 class Clock:
@@ -65,13 +75,10 @@ def watch(core: FakeCore) -> tuple[StateWatcher, list[float], Clock]:
 def step(watcher: StateWatcher, core: FakeCore, clock: Clock, at: float, state: RaftState, *,
          epoch: int | None = None, end_offset: int | None = None) -> None:
     """One step of the node, told as the runtime tells it."""
-    before = core.status().role
     clock.now = at
-    core.state = state
-    core.epoch = core.epoch if epoch is None else epoch
+    if (state, core.epoch if epoch is None else epoch) != (core.state, core.epoch):
+        core.change(watcher, state, epoch)
     core.log.end_offset = core.log.end_offset if end_offset is None else end_offset
-    if core.status().role != before:
-        watcher.role_changed(core.status())
     watcher.on_step()
 
 
@@ -117,16 +124,14 @@ def test_start_up_counts_as_an_election_only_once_campaigning() -> None:
 
 def test_the_watcher_knows_since_when_the_replica_leads() -> None:
     core = FakeCore(RaftState.FOLLOWER, 1)
-    clock = Clock()
-    watcher = StateWatcher(core.status(), core.log, [].append, clock)
+    wall = iter([5_000, 9_000])
+    watcher = StateWatcher(core.status(), core.log, [].append, Clock(), lambda: next(wall))
     assert watcher.elected_ms is None
-    core.wall_ms = 5_000
-    step(watcher, core, clock, 101, RaftState.LEADER, epoch=2)
+    core.change(watcher, RaftState.LEADER, 2)
     assert watcher.elected_ms == 5_000
-    core.wall_ms = 9_000
-    step(watcher, core, clock, 102, RaftState.LEADER)  # the same epoch: the same election
+    watcher.on_step()  # a step without a role change: still the same election
     assert watcher.elected_ms == 5_000
-    step(watcher, core, clock, 103, RaftState.UNATTACHED, epoch=3)
+    core.change(watcher, RaftState.UNATTACHED, 3)
     assert watcher.elected_ms is None
 
 

@@ -11,6 +11,7 @@ from statuses import status
 
 from quorum_node.node.story import STARTUP_GRACE_S, UNREACHABLE_REMINDER_S, NodeStory
 from quorum_node.raft.core import QuorumDescription, ReplicaDescription
+from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import ReplicaKey
@@ -83,9 +84,10 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
     now = [FOLLOWING_2]
     teller = NodeStory(lambda: now[0], 1, [1, 2, 3], "h:1", fetch_timeout_ms=2000, clock=clock)
     now[0] = leading()
-    teller.role_changed(FOLLOWING_2, now[0], "handle_response", 2)
+    teller.role_changed(RoleChanged(RaftState.CANDIDATE, RaftState.LEADER, 4, 1,
+                                    TransitionCause.ELECTED, 4, None))
     teller.after_step(leader_has_committed=False)
-    assert messages(caplog) == ["node 1: follower -> leader in epoch 4 (was 3): won the election"]
+    assert messages(caplog) == ["node 1: candidate -> leader in epoch 4: won the election"]
     # The end of a failover is said once: the new leader's LeaderChange is committed.
     teller.after_step(leader_has_committed=True)
     teller.after_step(leader_has_committed=True)
@@ -107,3 +109,48 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
         "the quorum needs a majority of the 3 voters"]
     assert later(30, alive=(2,)) == []  # said once
     assert later(1) == ["node 1: voter 3:AAAAAAAAAAAAAAAAAAAABw fetching again, at offset 10"]
+
+
+def _said(teller: NodeStory, caplog: pytest.LogCaptureFixture, change: RoleChanged) -> str:
+    teller.role_changed(change)
+    (line,) = messages(caplog)
+    return line
+
+
+def test_role_changes_are_told_with_the_cause_the_core_gives(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The story says why from the core's cause, not from which call took the step: a follower
+    whose leader resigned and that campaigns once its back-off runs out (in a poll) says so."""
+    caplog.set_level(logging.INFO, logger="quorum_node.node")
+    teller = story(Clock())
+    follower, prospective = RaftState.FOLLOWER, RaftState.PROSPECTIVE
+    assert _said(teller, caplog, RoleChanged(
+        follower, prospective, 3, 2, TransitionCause.LEADER_RESIGNED, 3, 2)) == (
+        "node 1: follower -> prospective in epoch 3: leader 2 resigned; starting an election")
+    assert _said(teller, caplog, RoleChanged(
+        follower, prospective, 3, 2, TransitionCause.FETCH_TIMEOUT, 3, 2)) == (
+        "node 1: follower -> prospective in epoch 3: no word from leader 2 within the fetch "
+        "timeout; starting an election")
+    assert _said(teller, caplog, RoleChanged(
+        RaftState.CANDIDATE, follower, 5, 3, TransitionCause.HIGHER_EPOCH, 4, None, peer=3)) == (
+        "node 1: candidate -> follower in epoch 5 (was 4): following node 3 (learned from "
+        "node 3)")
+    assert _said(teller, caplog, RoleChanged(
+        RaftState.LEADER, RaftState.RESIGNED, 5, 1, TransitionCause.CHECK_QUORUM, 5, 1)) == (
+        "node 1: leader -> resigned in epoch 5: resigning: no fetch from a majority of the "
+        "voters within the check-quorum timeout (cut off?)")
+    assert _said(teller, caplog, RoleChanged(
+        RaftState.LEADER, RaftState.RESIGNED, 5, 1, TransitionCause.SHUTDOWN, 5, 1)) == (
+        "node 1: leader -> resigned in epoch 5: shutting down: resigning so that another voter "
+        "leads")
+
+
+@pytest.mark.parametrize("cause", list(TransitionCause))
+@pytest.mark.parametrize("after", list(RaftState))
+def test_every_cause_is_told_in_words(caplog: pytest.LogCaptureFixture, cause: TransitionCause,
+                                      after: RaftState) -> None:
+    caplog.set_level(logging.INFO, logger="quorum_node.node")
+    line = _said(story(Clock()), caplog, RoleChanged(RaftState.FOLLOWER, after, 4, 2, cause, 3,
+                                                     2, peer=2))
+    assert line.startswith(f"node 1: follower -> {after} in epoch 4 (was 3): ")
+    assert "None" not in line and "{" not in line

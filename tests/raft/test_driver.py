@@ -1,4 +1,5 @@
-"""The driver hands the core's outcomes (read barriers, voter changes) to its host."""
+"""The driver hands the core's outcomes (read barriers, voter changes, role changes) to its
+host."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import VoteRequest
+from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import ReplicaKey
@@ -29,12 +31,16 @@ class RecordingHost:
         self.flush_wanted = False
         self.reads: list[ReadOutcome] = []
         self.voter_changes: list[VoterChangeDone] = []
+        self.told: list[str] = []  # persists and role changes, in the order the host got them
 
     def now_ms(self) -> int:
         return 0
 
     def persist(self, state: ElectionState) -> None:
-        pass
+        self.told.append(f"persist epoch {state.epoch}")
+
+    def role_changed(self, change: RoleChanged) -> None:
+        self.told.append(f"{change.before} -> {change.after}")
 
     def send(self, request: OutboundRequest) -> None:
         raise AssertionError("a lone voter sends nothing")
@@ -120,3 +126,14 @@ def test_a_failed_election_state_write_stops_the_node_before_anything_leaves() -
     assert host.answers == [], "the vote left before it was on disk"
     assert [str(error) for error in host.failures] == ["[Errno 28] No space left on device"]
     assert not driver.driving
+    assert host.told == [], "a role change was told that is not on disk"
+
+
+def test_role_changes_are_told_once_the_election_state_is_durable() -> None:
+    core = RaftCore(node_id=1, directory_id=None, cluster_id="c", voters=[ReplicaKey(1)],
+                    log=MemoryLog(), election_state=None, config=QuorumConfig(),
+                    random=random.Random(0), now_ms=0, snapshots=MemorySnapshotStore())
+    host = RecordingHost()
+    CoreDriver(core, host).after_step()
+    assert host.told == ["persist epoch 1", "unattached -> prospective",
+                         "prospective -> candidate", "candidate -> leader"]

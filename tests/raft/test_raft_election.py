@@ -717,7 +717,7 @@ def test_initialize_as_follower_from_state_store(make_ctx: MakeCtx) -> None:
 def test_initialize_with_leader_and_own_vote_follows_the_leader(make_ctx: MakeCtx) -> None:
     """Start-up: a candidate that learned the leader of its epoch restarts as that leader's
     follower and keeps its vote (a deliberate departure from Kafka, which restarts it as
-    Candidate; see core._initial_state)."""
+    Candidate; see QuorumState._initial_state)."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, ReplicaKey(1)))
     assert (ctx.core.state, ctx.core.leader_id) == (RaftState.FOLLOWER, 3)
     assert ctx.core.election_state == ElectionState(2, 3, ReplicaKey(1))

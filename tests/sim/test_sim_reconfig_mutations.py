@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore, VoterChange
+from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
+from quorum_node.raft.voter_change import VoterChange, VoterChangeHandler
 from quorum_node.raft.voters import parse_voters_record, voters_record
 from quorum_node.sim.invariants import (
     NO_COMMITTED_LOSS,
@@ -32,8 +34,9 @@ class ReplacesInOneStep(RaftCore):
     """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
     once, whose majorities need not overlap."""
 
-    def _append_control(self, now_ms: int, state: LeaderState, records: Sequence[Record]) -> int:
-        change = self._voter_change
+    def _append_control(self, now_ms: int, state: LeaderState,
+                        records: Sequence[Record]) -> int | None:
+        change = self._voter_changes.pending
         if change is not None and change.kind == "add" and change.record_offset is None:
             voters = parse_voters_record(records[0].value)
             replaced = [k for k in voters if k.id != change.key.id or k == change.key]
@@ -41,20 +44,29 @@ class ReplacesInOneStep(RaftCore):
         return super()._append_control(now_ms, state, records)
 
 
+class _Impatient(VoterChangeHandler):
+    def blocker(self, now_ms: int, leader: LeaderState, change: VoterChange, *,
+                bootstrapped: bool, latest_voters_offset: int | None) -> str | None:
+        reason = super().blocker(now_ms, leader, change, bootstrapped=bootstrapped,
+                                 latest_voters_offset=latest_voters_offset)
+        return None if reason == _WAITING_FOR_PREVIOUS else reason
+
+
 class DoesNotWaitForVoterChanges(RaftCore):
     """Answers a voter change as soon as its record is appended, and appends the next one without
     waiting for the previous one to commit."""
 
-    def _advance_voter_change(self, now_ms: int, state: LeaderState, change: VoterChange) -> None:
-        super()._advance_voter_change(now_ms, state, change)
-        if self._voter_change is change and change.record_offset is not None:
-            self._finish_voter_change(Errors.NONE, f"{change.kind} {change.key}: appended")
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._voter_changes = _Impatient(local_key=self.local_key, static_ids=self._static_ids,
+                                         fetch_timeout_ms=self.config.fetch_timeout_ms)
 
-    def _voter_change_blocker(
-        self, now_ms: int, state: LeaderState, change: VoterChange, hwm: int | None
-    ) -> str | None:
-        reason = super()._voter_change_blocker(now_ms, state, change, hwm)
-        return None if reason == _WAITING_FOR_PREVIOUS else reason
+    def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
+        super()._advance_voter_change(now_ms, state)
+        change = self._voter_changes.pending
+        if change is not None and change.record_offset is not None:
+            self._effects.voter_changes.append(
+                self._voter_changes.finish(Errors.NONE, f"{change.kind} {change.key}: appended"))
 
 
 class IgnoresTheVoterBeingAdded(RaftCore):
@@ -62,7 +74,7 @@ class IgnoresTheVoterBeingAdded(RaftCore):
     the change commits on a majority of the old set only."""
 
     def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
-        change, state = self._voter_change, self._state
+        change, state = self._voter_changes.pending, self._state
         if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
                 or change.key not in state.voters:
             return super()._maybe_advance_leader_high_watermark(now_ms)
