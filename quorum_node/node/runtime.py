@@ -354,7 +354,7 @@ class QuorumNode:
             return
         if self.failure is None:
             self._unreachable.clear()  # from here on: who the resignation cannot reach
-            self.driver.step(lambda core: core.begin_shutdown(_now_ms()), name="begin_shutdown")
+            self.driver.step(lambda core: core.begin_shutdown(_now_ms()))
             with contextlib.suppress(TimeoutError, NotLeaderError):
                 await self._wait_for(self._no_successor_to_wait_for, timeout_s,
                                      interruptible=False)
@@ -454,7 +454,7 @@ class QuorumNode:
         for hook in self.role_hooks:
             hook(change)
 
-    def stepped(self, step: str, peer: int | None) -> None:
+    def stepped(self) -> None:
         self.story.after_step(self.core.leader_has_committed)
         self.waits.after_step()
         self.state_machine.after_step()

@@ -85,9 +85,8 @@ class DriverHost(Protocol):
         """A read barrier the core handed out is confirmed, abandoned or timed out."""
         ...
 
-    def stepped(self, step: str, peer: int | None) -> None:
-        """A step is carried out: what waits on the core's state may look again. ``step`` names
-        the core's method that took it, ``peer`` the node whose message (or failure) it was."""
+    def stepped(self) -> None:
+        """A step is carried out: what waits on the core's state may look again."""
         ...
 
     def set_timer(self, at_ms: int) -> None:
@@ -120,10 +119,8 @@ class CoreDriver:
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def step(self, step: Callable[[RaftCore], object], *, name: str = "step",
-             peer: int | None = None, polled: bool = False) -> None:
-        """Call into the core and carry out its effects; a core that raises fails the node.
-        ``name`` and ``peer`` say what the step was (``DriverHost.stepped``)."""
+    def step(self, step: Callable[[RaftCore], object], *, polled: bool = False) -> None:
+        """Call into the core and carry out its effects; a core that raises fails the node."""
         if not self.driving:
             return
         try:
@@ -131,7 +128,7 @@ class CoreDriver:
         except Exception as error:  # an invariant failure, or a bug: never carry on past it
             self._fail(error)
             return
-        self.after_step(name=name, peer=peer, polled=polled)
+        self.after_step(polled=polled)
 
     def request(self, call: Callable[[RaftCore], T]) -> T:
         """Call the core for a client or an administrator and carry out the step's effects: its
@@ -142,12 +139,12 @@ class CoreDriver:
         try:
             answer = call(self.core)
         except REFUSALS:
-            self.after_step(name="request")
+            self.after_step()
             raise
         except Exception as error:
             self._fail(error)
             raise NotLeaderError(None, self.core.epoch) from error
-        self.after_step(name="request")
+        self.after_step()
         return answer
 
     def poll(self) -> None:
@@ -159,30 +156,26 @@ class CoreDriver:
         if self.core.next_deadline_ms() > now_ms:
             self._schedule(polled=False)  # early: the host's clock stepped back
             return
-        self.step(lambda core: core.poll(now_ms), name="poll", polled=True)
+        self.step(lambda core: core.poll(now_ms), polled=True)
 
     def handle_request(self, source: int, correlation_id: int, request: RaftRequest) -> None:
         self.step(lambda core: core.handle_request(self._host.now_ms(), source, correlation_id,
-                                                   request), name="handle_request", peer=source)
+                                                   request))
 
     def handle_response(self, source: int, correlation_id: int, response: RaftResponse) -> None:
         self.step(lambda core: core.handle_response(self._host.now_ms(), source, correlation_id,
-                                                    response),
-                  name="handle_response", peer=source)
+                                                    response))
 
     def handle_request_failure(self, destination: int, correlation_id: int) -> None:
         self.step(lambda core: core.handle_request_failure(self._host.now_ms(), destination,
-                                                           correlation_id),
-                  name="handle_request_failure", peer=destination)
+                                                           correlation_id))
 
     def handle_flushed(self, offset: int) -> None:
-        self.step(lambda core: core.handle_flushed(self._host.now_ms(), offset),
-                  name="handle_flushed")
+        self.step(lambda core: core.handle_flushed(self._host.now_ms(), offset))
 
     # --- effects -----------------------------------------------------------------------------
 
-    def after_step(self, *, name: str = "start", peer: int | None = None,
-                   polled: bool = False) -> None:
+    def after_step(self, *, polled: bool = False) -> None:
         """Carry out what the core asked for in its last step(s), in the contract's order."""
         host = self._host
         try:
@@ -215,7 +208,7 @@ class CoreDriver:
         for outcome in effects.reads:
             host.read_settled(outcome)
         self._schedule(polled=polled)
-        host.stepped(name, peer)
+        host.stepped()
 
     def _schedule(self, *, polled: bool) -> None:
         """Keep the host's one timer at the core's next deadline. Right after a poll every timer

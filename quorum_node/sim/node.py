@@ -367,7 +367,7 @@ class SimNode:
     def read_settled(self, outcome: ReadOutcome) -> None:
         pass  # the simulated clients take no read barriers
 
-    def stepped(self, step: str, peer: int | None) -> None:
+    def stepped(self) -> None:
         core = self.core
         assert core is not None
         high_watermark = core.high_watermark

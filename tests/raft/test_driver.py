@@ -60,7 +60,7 @@ class RecordingHost:
     def read_settled(self, outcome: ReadOutcome) -> None:
         self.reads.append(outcome)
 
-    def stepped(self, step: str, peer: int | None) -> None:
+    def stepped(self) -> None:
         pass
 
     def set_timer(self, at_ms: int) -> None:
