@@ -296,28 +296,28 @@ def decode_op(record: Record) -> KvOp | None:
     return op
 
 
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+
+
 def _nesting_exceeds(payload: bytes, limit: int) -> bool:
     """Whether the JSON text nests arrays and objects deeper than ``limit`` (brackets inside
-    strings do not count). Linear, and free for a payload with few brackets at all."""
+    strings do not count). Linear, and free for a payload with few brackets at all.
+
+    Escapes go first (an escaped backslash, then an escaped quote), so that every quote left
+    delimits a string; the brackets outside strings are then walked alone, not the bytes of
+    every key and value (a txn's). Exact for any JSON text: a payload that is not JSON may be
+    judged either way, and is refused all the same when it is parsed."""
     if payload.count(b"[") + payload.count(b"{") <= limit:
         return False
+    unescaped = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
     depth = 0
-    in_string = escaped = False
-    for byte in payload:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
+    for byte in outside.translate(None, _NOT_BRACKETS):
+        if byte in (0x5B, 0x7B):  # [ {
             depth += 1
             if depth > limit:
                 return True
-        elif byte in (0x5D, 0x7D):  # ] }
+        else:  # ] }
             depth -= 1
     return False
 
