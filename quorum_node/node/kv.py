@@ -357,15 +357,24 @@ def check_txn(txn: Txn) -> None:
     for name, branch in (("success", txn.success), ("failure", txn.failure)):
         written: set[str] = set()
         for index, op in enumerate(branch):
-            where = f"{name}[{index}]"
-            size += _checked_size(where, check_key, op.key)
+            key = op.key
+            # An ASCII key within its bound is its size in bytes: the usual case, checked and
+            # measured without encoding it (or naming its place).
+            if key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+                size += len(key)
+            else:
+                size += _checked_size(f"{name}[{index}]", check_key, key)
             if isinstance(op, Put):
-                size += _checked_size(where, check_value, op.value)
+                value = op.value
+                if value.isascii() and len(value) <= MAX_VALUE_BYTES:
+                    size += len(value)
+                else:
+                    size += _checked_size(f"{name}[{index}]", check_value, value)
             if not isinstance(op, Get):
-                if op.key in written:
-                    raise KvOpError(f"{where}: key {op.key!r} is put or deleted more than once "
-                                    f"in '{name}'")
-                written.add(op.key)
+                if key in written:
+                    raise KvOpError(f"{name}[{index}]: key {key!r} is put or deleted more than "
+                                    f"once in '{name}'")
+                written.add(key)
     if size > MAX_TXN_BYTES:
         raise KvOpError(f"{size} bytes of keys and values exceed the limit of {MAX_TXN_BYTES} "
                         f"bytes per txn", too_large=True)
@@ -435,8 +444,8 @@ def txn_from_document(document: Any) -> Txn:
                             f"{MAX_TXN_OPS}", too_large=True)
         lists[name] = items
     txn = Txn(tuple(_compare(index, item) for index, item in enumerate(lists["compare"])),
-              tuple(_txn_op(f"success[{i}]", item) for i, item in enumerate(lists["success"])),
-              tuple(_txn_op(f"failure[{i}]", item) for i, item in enumerate(lists["failure"])))
+              tuple(_txn_op("success", i, item) for i, item in enumerate(lists["success"])),
+              tuple(_txn_op("failure", i, item) for i, item in enumerate(lists["failure"])))
     check_txn(txn)
     return txn
 
@@ -466,19 +475,23 @@ def _compare(index: int, item: Any) -> Compare:
     return Compare(key, target, result, operand)
 
 
-def _txn_op(where: str, item: Any) -> TxnOp:
+def _txn_op(branch: str, index: int, item: Any) -> TxnOp:
+    # The item's place (``branch[index]``) is spelt out only in an error: a replay decodes
+    # every operation of every txn.
     kind = item.get("op") if isinstance(item, dict) else None
     fields = _TXN_OP_FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise KvOpError(f'{where}: expected {{"op": "put" | "delete" | "get", "key": ...}}')
-    if set(item) != fields:
-        raise KvOpError(f"{where}: a {kind} has the fields {', '.join(sorted(fields))}")
+        raise KvOpError(f'{branch}[{index}]: expected {{"op": "put" | "delete" | "get", '
+                        f'"key": ...}}')
+    if item.keys() != fields:
+        raise KvOpError(f"{branch}[{index}]: a {kind} has the fields "
+                        f"{', '.join(sorted(fields))}")
     key = item["key"]
     if not isinstance(key, str):
-        raise KvOpError(f"{where}: 'key' must be a string")
+        raise KvOpError(f"{branch}[{index}]: 'key' must be a string")
     if kind == "put":
         if not isinstance(item["value"], str):
-            raise KvOpError(f"{where}: 'value' must be a string")
+            raise KvOpError(f"{branch}[{index}]: 'value' must be a string")
         return Put(key, item["value"])
     return Delete(key) if kind == "delete" else Get(key)
 
