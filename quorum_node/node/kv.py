@@ -1017,9 +1017,7 @@ SNAPSHOT_CHUNK_CHARS = 256 * 1024
 SNAPSHOT_CHUNK_ENTRIES = 8192
 _CHUNK_COUNT = struct.Struct("<I")
 _CHUNK_ENTRY_FIXED_BYTES = 4 + 4 + 8 + 8  # an entry's two sizes, offset and version
-# Format 0's first record once the quorum has had a txn: {"op": "versions", "from": OFFSET}.
-VERSIONS_OP = "versions"
-_LEGACY_CHUNK_RECORDS = 1024
+_LEGACY_CHUNK_RECORDS = 1024  # format 0's puts, decoded into chunks of this many
 
 
 class SnapshotChunk(NamedTuple):
