@@ -45,7 +45,7 @@ from bench import QUORUM, System, running, start_quorum, wait_for_leader
 from quorum_node import wire
 from quorum_node.client import QuorumClient
 from quorum_node.client_stream import ClientStream
-from quorum_node.node.kv import KvStore, Put, encode_op
+from quorum_node.node.kv import KvStore, Put, SnapshotEntries, encode_op, snapshot_records
 from quorum_node.raft.records import RecordBatch
 
 WATCHES_PER_STREAM = 250  # below a stream's 256 requests in flight
@@ -89,8 +89,8 @@ def store_figures(idle_watches: int, keys: int) -> dict[str, Any]:
             store.watchers.add(IdleWatcher(f"idle-{i}/"))
         result[f"write_cpu_us_{idle_watches}_idle_watches"] = write_cpu_us(store, writes,
                                                                            2 * writes)
-    records = [encode_op(Put(f"k{i}", VALUE)) for i in range(keys)]
-    records.sort(key=lambda record: record.value)  # a snapshot's order: by key
+    records = list(snapshot_records(SnapshotEntries(
+        [(f"k{i}", VALUE, i, 1) for i in range(keys)], None)))
     store = KvStore()
     started = time.perf_counter()
     store.load_snapshot(records, next_offset=keys)

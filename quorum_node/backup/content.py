@@ -22,7 +22,7 @@ def restored_content(log_dir: Path, manifest: BackupManifest) -> KvStore:
     if manifest.snapshot is not None:
         name = f"{manifest.snapshot.end_offset:020d}-{manifest.snapshot.epoch:010d}.checkpoint"
         with mapped(partition / name) as data:
-            store.load_snapshot(list(iter_snapshot_records(data)), manifest.snapshot.end_offset)
+            store.load_snapshot(iter_snapshot_records(data), manifest.snapshot.end_offset)
     for segment in sorted(partition.glob("*.log")):
         with mapped(segment) as data:
             store.apply_encoded(bytes(data), manifest.end_offset)

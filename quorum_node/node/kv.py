@@ -47,14 +47,15 @@ a listing is a bisection and the page's entries, not a sort of every key.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import logging
-import re
+import struct
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
-from typing import Any, NamedTuple, Protocol
+from operator import itemgetter, lt
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from sortedcontainers import SortedList
 
@@ -77,11 +78,6 @@ CHANGE_OVERHEAD_BYTES = 64
 # recursion on every replica (and again at every replay). The size bound is what the largest
 # valid cas can take: a key and two values, each character escaped at worst as \uXXXX.
 MAX_OP_DEPTH = 32
-# A JSON string literal (escapes included, or one left open to the end), and what is not a
-# bracket: what ``_nesting_exceeds`` leaves out.
-_STRING_LITERAL = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-_NOT_A_BRACKET = bytes(byte for byte in range(256) if byte not in b"[]{}")
-_OPENING = b"[{"
 MAX_OP_BYTES = 6 * (MAX_KEY_BYTES + 2 * MAX_VALUE_BYTES) + 256
 # A txn's bounds: operations in its compare list and in each branch (etcd's --max-txn-ops
 # default), and the UTF-8 bytes of every key and value it names, which bounds the record (the
@@ -300,24 +296,28 @@ def decode_op(record: Record) -> KvOp | None:
     return op
 
 
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+
+
 def _nesting_exceeds(payload: bytes, limit: int) -> bool:
     """Whether the JSON text nests arrays and objects deeper than ``limit`` (brackets inside
-    strings do not count; an unterminated string runs to the end). Linear, and done by C code
-    but for one step per bracket: a txn's hundreds of brackets cost little, a payload with few
-    brackets nothing."""
+    strings do not count). Linear, and free for a payload with few brackets at all.
+
+    Escapes go first (an escaped backslash, then an escaped quote), so that every quote left
+    delimits a string; the brackets outside strings are then walked alone, not the bytes of
+    every key and value (a txn's). Exact for any JSON text: a payload that is not JSON may be
+    judged either way, and is refused all the same when it is parsed."""
     if payload.count(b"[") + payload.count(b"{") <= limit:
         return False
-    if b"\\" in payload:  # escapes: strings are found by the regex engine
-        outside = _STRING_LITERAL.sub(b"", payload)
-    else:  # no escapes: every quote opens or closes a string
-        outside = b"".join(payload.split(b'"')[0::2])
+    unescaped = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
     depth = 0
-    for byte in outside.translate(None, _NOT_A_BRACKET):
-        if byte in _OPENING:
+    for byte in outside.translate(None, _NOT_BRACKETS):
+        if byte in (0x5B, 0x7B):  # [ {
             depth += 1
             if depth > limit:
                 return True
-        else:
+        else:  # ] }
             depth -= 1
     return False
 
@@ -357,15 +357,24 @@ def check_txn(txn: Txn) -> None:
     for name, branch in (("success", txn.success), ("failure", txn.failure)):
         written: set[str] = set()
         for index, op in enumerate(branch):
-            where = f"{name}[{index}]"
-            size += _checked_size(where, check_key, op.key)
+            key = op.key
+            # An ASCII key within its bound is its size in bytes: the usual case, checked and
+            # measured without encoding it (or naming its place).
+            if key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+                size += len(key)
+            else:
+                size += _checked_size(f"{name}[{index}]", check_key, key)
             if isinstance(op, Put):
-                size += _checked_size(where, check_value, op.value)
+                value = op.value
+                if value.isascii() and len(value) <= MAX_VALUE_BYTES:
+                    size += len(value)
+                else:
+                    size += _checked_size(f"{name}[{index}]", check_value, value)
             if not isinstance(op, Get):
-                if op.key in written:
-                    raise KvOpError(f"{where}: key {op.key!r} is put or deleted more than once "
-                                    f"in '{name}'")
-                written.add(op.key)
+                if key in written:
+                    raise KvOpError(f"{name}[{index}]: key {key!r} is put or deleted more than "
+                                    f"once in '{name}'")
+                written.add(key)
     if size > MAX_TXN_BYTES:
         raise KvOpError(f"{size} bytes of keys and values exceed the limit of {MAX_TXN_BYTES} "
                         f"bytes per txn", too_large=True)
@@ -435,8 +444,8 @@ def txn_from_document(document: Any) -> Txn:
                             f"{MAX_TXN_OPS}", too_large=True)
         lists[name] = items
     txn = Txn(tuple(_compare(index, item) for index, item in enumerate(lists["compare"])),
-              tuple(_txn_op(f"success[{i}]", item) for i, item in enumerate(lists["success"])),
-              tuple(_txn_op(f"failure[{i}]", item) for i, item in enumerate(lists["failure"])))
+              tuple(_txn_op("success", i, item) for i, item in enumerate(lists["success"])),
+              tuple(_txn_op("failure", i, item) for i, item in enumerate(lists["failure"])))
     check_txn(txn)
     return txn
 
@@ -466,19 +475,23 @@ def _compare(index: int, item: Any) -> Compare:
     return Compare(key, target, result, operand)
 
 
-def _txn_op(where: str, item: Any) -> TxnOp:
+def _txn_op(branch: str, index: int, item: Any) -> TxnOp:
+    # The item's place (``branch[index]``) is spelt out only in an error: a replay decodes
+    # every operation of every txn.
     kind = item.get("op") if isinstance(item, dict) else None
     fields = _TXN_OP_FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise KvOpError(f'{where}: expected {{"op": "put" | "delete" | "get", "key": ...}}')
-    if set(item) != fields:
-        raise KvOpError(f"{where}: a {kind} has the fields {', '.join(sorted(fields))}")
+        raise KvOpError(f'{branch}[{index}]: expected {{"op": "put" | "delete" | "get", '
+                        f'"key": ...}}')
+    if item.keys() != fields:
+        raise KvOpError(f"{branch}[{index}]: a {kind} has the fields "
+                        f"{', '.join(sorted(fields))}")
     key = item["key"]
     if not isinstance(key, str):
-        raise KvOpError(f"{where}: 'key' must be a string")
+        raise KvOpError(f"{branch}[{index}]: 'key' must be a string")
     if kind == "put":
         if not isinstance(item["value"], str):
-            raise KvOpError(f"{where}: 'value' must be a string")
+            raise KvOpError(f"{branch}[{index}]: 'value' must be a string")
         return Put(key, item["value"])
     return Delete(key) if kind == "delete" else Get(key)
 
@@ -756,17 +769,16 @@ class KvStore:
         return SnapshotEntries([(key, value, *meta[key]) for key, value in self._data.items()],
                                self.versions_from)
 
-    def load_snapshot(self, records: Sequence[Record], next_offset: int) -> None:
-        """Replace the map by a snapshot's records, as of ``next_offset`` (its end offset)."""
+    def load_snapshot(self, records: Iterable[Record], next_offset: int) -> None:
+        """Replace the map by a snapshot's data records (``snapshot_data``), as of
+        ``next_offset`` (its end offset). Raises KvOpError, leaving the store as it was, for a
+        snapshot it cannot load."""
         data: dict[str, str] = {}
         meta: dict[str, tuple[int, int]] = {}
-        versions_from = snapshot_versions_from(records[0]) if records else None
-        for record in records[0 if versions_from is None else 1:]:
-            op = decode_op(record)
-            if not isinstance(op, Put):
-                raise ValueError(f"a snapshot holds puts only, not {op!r}")
-            data[op.key] = op.value
-            meta[op.key] = snapshot_meta(record, next_offset)
+        versions_from, chunks = snapshot_data(records, next_offset)
+        for keys, values, mod_offsets, versions in chunks:
+            data.update(zip(keys, values, strict=True))
+            meta.update(zip(keys, zip(mod_offsets, versions, strict=True), strict=True))
         self._data = data
         self._meta = meta
         self.versions_from = versions_from
@@ -972,57 +984,279 @@ class SnapshotEntries(NamedTuple):
     versions_from: int | None
 
 
-# A snapshot's first record once the quorum has had a txn: {"op": "versions", "from": OFFSET}.
-VERSIONS_OP = "versions"
+# --- snapshots -------------------------------------------------------------------------------
+#
+# A snapshot's data records (framed as KIP-630 has it: ``quorum_node.raft.snapshot_format``), in
+# SNAPSHOT_FORMAT 1:
+#
+#   record 0   key SNAPSHOT_HEADER_KEY, value {"format": 1, "versions_from": OFFSET or null}
+#   record 1.. key SNAPSHOT_ENTRIES_KEY, value a chunk of entries, every key in order (the keys
+#              of a chunk follow those of the one before), each chunk little-endian:
+#                count                  u32, at least 1
+#                key sizes              count x u32, UTF-8 bytes
+#                value sizes            count x u32, UTF-8 bytes
+#                modification offsets   count x i64
+#                versions               count x i64
+#                keys                   their UTF-8 bytes back to back, then the values' alike
+#
+# A chunk is read with a few struct calls and slices of two decoded strings, not a JSON document
+# a key: loading a large snapshot costs about what building its map does. Format 0, written by
+# earlier releases and still read, has no header record: one JSON put a key
+# ({"op": "put", "key", "value", "mod_offset", "version"}; the last two absent before versions
+# were kept), after {"op": "versions", "from": OFFSET} once the quorum has had a txn. A release
+# before format 1 refuses a format-1 snapshot as a whole (a leader's, or a backup's): it keeps
+# its log, so every node is upgraded before a snapshot in it is sent to an older one.
+
+SNAPSHOT_FORMAT = 1
+SNAPSHOT_HEADER_KEY = b"\x00kv-snapshot"
+SNAPSHOT_ENTRIES_KEY = b"\x00kv-entries"
+# A chunk ends once its keys and values reach SNAPSHOT_CHUNK_CHARS characters or it holds
+# SNAPSHOT_CHUNK_ENTRIES entries: at most 4 bytes a character before its last entry, which is
+# within the key and value bounds, so that a chunk always fits a batch of the snapshot.
+SNAPSHOT_CHUNK_CHARS = 256 * 1024
+SNAPSHOT_CHUNK_ENTRIES = 8192
+_CHUNK_COUNT = struct.Struct("<I")
+_CHUNK_ENTRY_FIXED_BYTES = 4 + 4 + 8 + 8  # an entry's two sizes, offset and version
+_LEGACY_CHUNK_RECORDS = 1024  # format 0's puts, decoded into chunks of this many
+
+
+class SnapshotChunk(NamedTuple):
+    """Entries of a snapshot, in key order, each checked as a put of the store is."""
+
+    keys: list[str]
+    values: list[str]
+    mod_offsets: Sequence[int]
+    versions: Sequence[int]
+
+
+class SnapshotData(NamedTuple):
+    """A snapshot's data as it is read: where versions are counted from, and its entries, each
+    chunk decoded and checked as it is reached (a defect raises KvOpError then, naming the data
+    record)."""
+
+    versions_from: int | None
+    chunks: Iterator[SnapshotChunk]
 
 
 def snapshot_records(content: SnapshotEntries) -> Iterator[Record]:
-    """A snapshot's data: once the quorum has had a txn, first the offset versions are counted
-    from (``KvStore.versions_from``); then one put per key, in key order (sorts ``entries`` in
-    place, when the first record is asked for), carrying the key's modification offset and
-    version as the fields ``mod_offset`` and ``version`` (which a put's decoding ignores, so
-    that readers of puts read them alike). Records are made one at a time as the snapshot is
-    framed, never a list of them all."""
+    """A snapshot's data in SNAPSHOT_FORMAT: its header record, then the entries in key order
+    (sorts ``entries`` in place, when the first chunk is asked for), a chunk at a time as the
+    snapshot is framed, never a list of them all. Raises KvOpError for a key or value the store
+    could not hold (the API refuses those before they are written)."""
     entries, versions_from = content
-    if versions_from is not None:
-        marker = json.dumps({"op": VERSIONS_OP, "from": versions_from}, separators=(",", ":"))
-        yield Record(value=marker.encode("utf-8"), key=KV_RECORD_KEY)
+    header = json.dumps({"format": SNAPSHOT_FORMAT, "versions_from": versions_from},
+                        separators=(",", ":"))
+    yield Record(value=header.encode("utf-8"), key=SNAPSHOT_HEADER_KEY)
     entries.sort()
-    for key, value, mod_offset, version in entries:
-        check_key(key)
-        check_value(value)
-        document = {"op": "put", "key": key, "value": value, "mod_offset": mod_offset,
-                    "version": version}
-        payload = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-        yield Record(value=payload.encode("utf-8"), key=KV_RECORD_KEY)
+    start = 0
+    while start < len(entries):
+        end = _chunk_end(entries, start)
+        yield Record(value=encode_snapshot_chunk(entries[start:end]), key=SNAPSHOT_ENTRIES_KEY)
+        start = end
 
 
-def snapshot_versions_from(record: Record) -> int | None:
-    """The offset versions are counted from if ``record`` is a snapshot's first record saying
-    so (``snapshot_records``); None for any other record."""
+def _chunk_end(entries: list[SnapshotEntry], start: int) -> int:
+    limit = min(len(entries), start + SNAPSHOT_CHUNK_ENTRIES)
+    chars = 0
+    end = start
+    while end < limit and chars < SNAPSHOT_CHUNK_CHARS:
+        key, value, _, _ = entries[end]
+        chars += len(key) + len(value)
+        end += 1
+    return end
+
+
+def encode_snapshot_chunk(entries: Sequence[SnapshotEntry]) -> bytes:
+    """One chunk of a snapshot's entries (see SNAPSHOT_FORMAT), in the order given."""
+    keys, values, mod_offsets, versions = zip(*entries, strict=True)
+    key_bytes, key_sizes = _utf8_joined(keys, check_key)
+    value_bytes, value_sizes = _utf8_joined(values, check_value)
+    if min(key_sizes) < 1 or max(key_sizes) > MAX_KEY_BYTES:
+        for key in keys:
+            check_key(key)
+    if max(value_sizes) > MAX_VALUE_BYTES:
+        for value in values:
+            check_value(value)
+    count = len(keys)
+    fixed = struct.pack(f"<I{count}I{count}I{count}q{count}q", count, *key_sizes, *value_sizes,
+                        *mod_offsets, *versions)
+    return b"".join((fixed, key_bytes, value_bytes))
+
+
+def _utf8_joined(texts: Sequence[str], check: Callable[[str], None]) -> tuple[bytes, list[int]]:
+    """The UTF-8 bytes of ``texts`` back to back, and each one's size: one encoding of them all
+    when they are ASCII (a byte a character), the usual case."""
+    joined = "".join(texts)
+    try:
+        encoded = joined.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: check names it
+        for text in texts:
+            check(text)
+        raise
+    if len(encoded) == len(joined):
+        return encoded, [len(text) for text in texts]
+    each = [text.encode("utf-8") for text in texts]
+    return encoded, [len(item) for item in each]
+
+
+def snapshot_data(records: Iterable[Record], end_offset: int) -> SnapshotData:
+    """Read a snapshot's data records, of either format, as of ``end_offset`` (its end: every
+    modification offset is below it). Raises KvOpError, naming the data record, for anything
+    the store could not load, here for the first record and while iterating for the others."""
+    remaining = iter(records)
+    first = next(remaining, None)
+    if first is None:
+        return SnapshotData(None, iter(()))
+    if first.key == SNAPSHOT_HEADER_KEY:
+        return SnapshotData(_snapshot_header(first), _chunks(remaining, end_offset))
+    versions_from = _legacy_versions_from(first)
+    if versions_from is None:
+        remaining = itertools.chain((first,), remaining)
+    return SnapshotData(versions_from,
+                        _legacy_chunks(remaining, end_offset, 0 if versions_from is None else 1))
+
+
+def _snapshot_header(record: Record) -> int | None:
+    try:
+        document = json.loads(record.value)
+    except (ValueError, RecursionError):  # not UTF-8 or JSON, nested too deep
+        raise KvOpError("data record 0: a snapshot's header is not JSON") from None
+    if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
+        found = document.get("format") if isinstance(document, dict) else document
+        raise KvOpError(f"data record 0: a snapshot of format {found!r}, which this release "
+                        f"does not read (it reads {SNAPSHOT_FORMAT} and 0)")
+    versions_from = document.get("versions_from")
+    if versions_from is not None and not _is_offset(versions_from):
+        raise KvOpError(f"data record 0: a snapshot's header carries a bad versions_from "
+                        f"{versions_from!r}")
+    return versions_from
+
+
+def _chunks(records: Iterator[Record], end_offset: int) -> Iterator[SnapshotChunk]:
+    last_key = ""  # below every key: a key is never empty
+    for index, record in enumerate(records, start=1):
+        if record.key != SNAPSHOT_ENTRIES_KEY:
+            raise KvOpError(f"data record {index} is not a chunk of entries: a snapshot of "
+                            f"format {SNAPSHOT_FORMAT} holds only those after its header")
+        try:
+            chunk = decode_snapshot_chunk(record.value, end_offset)
+        except KvOpError as error:
+            raise KvOpError(f"data record {index}: {error}") from None
+        keys = chunk.keys
+        if not (last_key < keys[0] and all(map(lt, keys, itertools.islice(keys, 1, None)))):
+            raise KvOpError(f"data record {index}: keys out of order or repeated")
+        last_key = keys[-1]
+        yield chunk
+
+
+def decode_snapshot_chunk(payload: bytes, end_offset: int) -> SnapshotChunk:
+    """A chunk's entries (see SNAPSHOT_FORMAT), checked: sizes that add up to the payload's,
+    keys and values within the store's bounds and UTF-8, modification offsets below
+    ``end_offset`` and versions from 1. Raises KvOpError."""
+    size = len(payload)
+    (count,) = _CHUNK_COUNT.unpack_from(payload) if size >= _CHUNK_COUNT.size else (0,)
+    fixed = _CHUNK_COUNT.size + count * _CHUNK_ENTRY_FIXED_BYTES
+    if count < 1 or fixed > size:
+        raise KvOpError(f"a chunk of {size} bytes cannot hold the {count} entries it counts")
+    key_sizes = struct.unpack_from(f"<{count}I", payload, 4)
+    value_sizes = struct.unpack_from(f"<{count}I", payload, 4 + 4 * count)
+    mod_offsets = struct.unpack_from(f"<{count}q", payload, 4 + 8 * count)
+    versions = struct.unpack_from(f"<{count}q", payload, 4 + 16 * count)
+    keys_end = fixed + sum(key_sizes)
+    if keys_end + sum(value_sizes) != size:
+        raise KvOpError(f"a chunk's entries do not add up to its {size} bytes")
+    if (shortest := min(key_sizes)) < 1 or (longest := max(key_sizes)) > MAX_KEY_BYTES:
+        bad = shortest if shortest < 1 else longest
+        raise KvOpError(f"a chunk holds a key of {bad} bytes (1 to {MAX_KEY_BYTES})")
+    if (longest := max(value_sizes)) > MAX_VALUE_BYTES:
+        raise KvOpError(f"a chunk holds a value of {longest} bytes (at most {MAX_VALUE_BYTES})")
+    if (lowest := min(mod_offsets)) < 0 or (highest := max(mod_offsets)) >= end_offset:
+        bad = lowest if lowest < 0 else highest
+        raise KvOpError(f"a chunk carries a mod_offset of {bad} (0 to {end_offset - 1})")
+    if (lowest := min(versions)) < 1:
+        raise KvOpError(f"a chunk carries a version of {lowest} (versions start at 1)")
+    return SnapshotChunk(_utf8_split(payload, fixed, key_sizes, "key"),
+                         _utf8_split(payload, keys_end, value_sizes, "value"),
+                         mod_offsets, versions)
+
+
+def _utf8_split(payload: bytes, start: int, sizes: Sequence[int], what: str) -> list[str]:
+    """The texts of ``sizes`` UTF-8 bytes each, back to back from ``start``: sliced out of one
+    decoded string when it is ASCII (a byte a character), the usual case."""
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    end = start + bounds[-1]
+    try:
+        text = payload[start:end].decode("utf-8")
+        if len(text) == end - start:
+            return list(map(text.__getitem__, map(slice, bounds, bounds[1:])))
+        view = memoryview(payload)[start:end]
+        return [str(view[low:high], "utf-8") for low, high in itertools.pairwise(bounds)]
+    except UnicodeDecodeError:
+        raise KvOpError(f"a chunk holds a {what} that is not UTF-8 text") from None
+
+
+def _legacy_chunks(records: Iterator[Record], end_offset: int,
+                   first_index: int) -> Iterator[SnapshotChunk]:
+    """Format 0's puts, in chunks of _LEGACY_CHUNK_RECORDS."""
+    keys: list[str] = []
+    values: list[str] = []
+    mod_offsets: list[int] = []
+    versions: list[int] = []
+    for index, record in enumerate(records, start=first_index):
+        try:
+            op = decode_op(record)
+        except KvOpError as error:
+            raise KvOpError(f"data record {index} is not a valid key-value operation: "
+                            f"{error}") from None
+        if not isinstance(op, Put):
+            what = "not a key-value operation" if op is None else f"a {type(op).__name__}"
+            raise KvOpError(f"data record {index} is {what}: a snapshot of the store holds puts "
+                            f"only")
+        try:
+            mod_offset, version = _legacy_meta(record, end_offset)
+        except KvOpError as error:
+            raise KvOpError(f"data record {index}: {error}") from None
+        keys.append(op.key)
+        values.append(op.value)
+        mod_offsets.append(mod_offset)
+        versions.append(version)
+        if len(keys) == _LEGACY_CHUNK_RECORDS:
+            yield SnapshotChunk(keys, values, mod_offsets, versions)
+            keys, values, mod_offsets, versions = [], [], [], []
+    if keys:
+        yield SnapshotChunk(keys, values, mod_offsets, versions)
+
+
+def _legacy_versions_from(record: Record) -> int | None:
+    """The offset versions are counted from if ``record`` is a format-0 snapshot's first record
+    saying so; None for any other record."""
     if record.key != KV_RECORD_KEY or not record.value.startswith(b'{"op":"versions"'):
         return None
     try:
         document = json.loads(record.value)
-    except ValueError:
-        raise KvOpError("a snapshot's versions record is not JSON") from None
+    except (ValueError, RecursionError):
+        raise KvOpError("data record 0: a snapshot's versions record is not JSON") from None
     offset = document.get("from") if isinstance(document, dict) else None
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-        raise KvOpError(f"a snapshot's versions record carries a bad offset {offset!r}")
+    if not _is_offset(offset):
+        raise KvOpError(f"data record 0: a snapshot's versions record carries a bad offset "
+                        f"{offset!r}")
     return offset
 
 
-def snapshot_meta(record: Record, end_offset: int) -> tuple[int, int]:
-    """The modification offset and version a snapshot's put carries. A snapshot written before
-    they were kept carries neither: its keys count as written once, at the snapshot's last
-    offset (what every replica loading that snapshot assumes alike)."""
+def _legacy_meta(record: Record, end_offset: int) -> tuple[int, int]:
+    """The modification offset and version a format-0 put carries. One written before they were
+    kept carries neither: its keys count as written once, at the snapshot's last offset (what
+    every replica loading that snapshot assumes alike)."""
     document = json.loads(record.value)
     mod_offset, version = document.get("mod_offset"), document.get("version")
     if mod_offset is None and version is None:
         return end_offset - 1, 1
-    if (not isinstance(mod_offset, int) or isinstance(mod_offset, bool)
-            or not isinstance(version, int) or isinstance(version, bool)
-            or not 0 <= mod_offset < end_offset or version < 1):
+    if (not _is_offset(mod_offset) or not _is_offset(version)
+            or not mod_offset < end_offset or version < 1):
         raise KvOpError(f"a snapshot's put carries a bad mod_offset {mod_offset!r} or version "
                         f"{version!r}")
     return mod_offset, version
+
+
+def _is_offset(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

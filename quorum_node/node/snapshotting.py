@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from quorum_node.node.kv import KvStore, SnapshotEntries, snapshot_records
 from quorum_node.raft.records import read_batch_header
-from quorum_node.raft.snapshot_format import encode_snapshot_batches, read_snapshot
+from quorum_node.raft.snapshot_format import encode_snapshot_batches, iter_snapshot_records
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
 
@@ -78,8 +78,10 @@ class KvSnapshots:
         size = snapshots.size(latest)
         assert size is not None
         started = time.perf_counter()
-        contents = read_snapshot(snapshots.read(latest, 0, size))
-        self.store.load_snapshot(contents.records, latest.end_offset)
+        # Batches are decoded as the store reads them; it replaces its map only once the
+        # footer is reached, every batch checked.
+        self.store.load_snapshot(iter_snapshot_records(snapshots.read(latest, 0, size)),
+                                 latest.end_offset)
         self._last_end = max(self._last_end, latest.end_offset)
         self._last_txn_extra_ops = 0
         logger.info("node %d: loaded snapshot %s (%d keys, %d bytes) in %.3f s",

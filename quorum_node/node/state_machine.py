@@ -22,14 +22,7 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
-from quorum_node.node.kv import (
-    KvOpError,
-    KvStore,
-    Put,
-    decode_op,
-    snapshot_meta,
-    snapshot_versions_from,
-)
+from quorum_node.node.kv import KvOpError, KvStore, snapshot_data
 from quorum_node.node.snapshotting import KvSnapshots, SnapshotHost
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import CorruptSnapshotError
@@ -47,26 +40,15 @@ STEP_APPLY_RECORDS = 1000
 
 def check_snapshot_records(records: Iterator[Record]) -> None:
     """Raise CorruptSnapshotError naming the first of a snapshot's data records that the store
-    cannot load: a snapshot of the store holds one valid put per key, with its modification
-    offset and version, after the offset versions are counted from once the quorum has had a
-    txn, and nothing else (``KvStore.load_snapshot`` refuses anything else, and a
-    replica that kept such a snapshot could neither apply its log nor start)."""
-    for index, record in enumerate(records):
-        try:
-            if index == 0 and snapshot_versions_from(record) is not None:
-                continue  # the offset versions are counted from (KvStore.versions_from)
-            op = decode_op(record)
-        except KvOpError as error:
-            raise CorruptSnapshotError(
-                f"data record {index} is not a valid key-value operation: {error}") from None
-        if not isinstance(op, Put):
-            what = "not a key-value operation" if op is None else f"a {type(op).__name__}"
-            raise CorruptSnapshotError(
-                f"data record {index} is {what}: a snapshot of the store holds puts only")
-        try:
-            snapshot_meta(record, 2**63)  # the snapshot's end is checked when it is loaded
-        except KvOpError as error:
-            raise CorruptSnapshotError(f"data record {index}: {error}") from None
+    cannot load (``KvStore.load_snapshot`` would refuse it, and a replica that kept such a
+    snapshot could neither apply its log nor start): every chunk of entries is decoded and
+    checked, one at a time, as loading it would. Modification offsets are checked against the
+    snapshot's end when it is loaded."""
+    try:
+        for _ in snapshot_data(records, 2**63).chunks:
+            pass
+    except KvOpError as error:
+        raise CorruptSnapshotError(str(error)) from None
 
 
 class StateMachineHost(SnapshotHost, Protocol):

@@ -17,9 +17,11 @@ from quorum_audit.decode import (
     decode_batches,
     decode_file,
 )
+from quorum_node.node.kv import KvStore, Put, encode_op, snapshot_records
 from quorum_node.raft.records import (
     HEADER_SIZE,
     Record,
+    RecordBatch,
     control_record,
     encode_batch,
     read_batch_header,
@@ -134,6 +136,21 @@ def test_a_snapshot_is_read_with_its_header_voters_and_footer() -> None:
     truncated = rows(snapshot[:-30], 0, identity)
     assert truncated[-1]["damage"] in (DAMAGE_SNAPSHOT, DAMAGE_TORN_TAIL)
 
+
+
+def test_a_key_value_stores_snapshot_is_read_a_chunk_of_entries_a_row() -> None:
+    store = KvStore()
+    store.apply_batch(RecordBatch(0, 1, tuple(encode_op(Put(f"k{i}", "v" * 100))
+                                              for i in range(20_000))))
+    records = list(snapshot_records(store.snapshot_entries()))
+    identity = FileIdentity("c", 1, "d", "x.checkpoint", source=SOURCE_SNAPSHOT,
+                            snapshot_end_offset=20_000, snapshot_epoch=1)
+    decoded = rows(encode_snapshot(None, 5, records), 0, identity)
+    data = [r for r in decoded if not r["is_control"]]
+    assert len(records) > 2 and len(data) == len(records)
+    for row, record in zip(data, records, strict=True):
+        assert row["key"] == record.key and row["value_size"] == len(record.value)
+        assert row["checksum"] == crc32c.crc32c(record_bytes(record)) and row["checksum_ok"]
 
 def test_only_the_columns_asked_for_are_built() -> None:
     data, records = log()

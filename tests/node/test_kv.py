@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from quorum_node.node.kv import (
@@ -21,7 +21,6 @@ from quorum_node.node.kv import (
     KvStore,
     Outcome,
     Put,
-    _nesting_exceeds,
     decode_op,
     encode_op,
 )
@@ -354,35 +353,3 @@ def test_each_event_holds_what_its_key_holds_after_the_change(
         if changed:
             assert changed == [KvEvent(offset, op.key, store.get(op.key))]
 
-
-def _nesting_exceeds_reference(payload: bytes, limit: int) -> bool:
-    """The depth bound's meaning, a byte at a time: brackets outside strings, an escape skipping
-    the byte after it, an unterminated string running to the end."""
-    depth = 0
-    in_string = escaped = False
-    for byte in payload:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == ord("\\"):
-                escaped = True
-            elif byte == ord('"'):
-                in_string = False
-        elif byte == ord('"'):
-            in_string = True
-        elif byte in b"[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in b"]}":
-            depth -= 1
-    return False
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b',']), max_size=80),
-       st.integers(min_value=0, max_value=6))
-def test_the_depth_bound_counts_brackets_outside_strings_only(parts: list[bytes],
-                                                              limit: int) -> None:
-    payload = b"".join(parts)
-    assert _nesting_exceeds(payload, limit) == _nesting_exceeds_reference(payload, limit)

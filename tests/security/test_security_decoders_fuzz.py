@@ -24,7 +24,15 @@ from quorum_node.node.api import client as client_api
 from quorum_node.node.api.http import ApiError
 from quorum_node.node.config import ConfigError, Setting, config_from_settings, parse_properties
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import KV_RECORD_KEY, KvOpError, decode_op
+from quorum_node.node.kv import (
+    KV_RECORD_KEY,
+    SNAPSHOT_ENTRIES_KEY,
+    SNAPSHOT_HEADER_KEY,
+    KvOpError,
+    KvStore,
+    decode_op,
+)
+from quorum_node.node.state_machine import check_snapshot_records
 from quorum_node.node.transport import REQUEST_TYPES, RESPONSE_TYPES, FrameError, decode_frame
 from quorum_node.raft.records import CorruptRecordError, Record, decode_batches, encode_batch
 from quorum_node.raft.snapshot_format import check_snapshot, encode_snapshot, read_snapshot
@@ -189,6 +197,22 @@ def test_kv_operations(payload: bytes) -> None:
     with contextlib.suppress(KvOpError):
         decode_op(Record(value=payload, key=KV_RECORD_KEY))
 
+
+
+@FUZZ
+@given(payload=st.binary(max_size=300), header=st.binary(max_size=60)
+       | json_values.map(lambda v: json.dumps(v).encode()), end_offset=st.integers(0, 2**63))
+def test_kv_snapshot_records(payload: bytes, header: bytes, end_offset: int) -> None:
+    """A snapshot's header and chunk of entries: loaded, or refused as a whole."""
+    tally("KV snapshot records")
+    good = Record(value=b'{"format":1,"versions_from":null}', key=SNAPSHOT_HEADER_KEY)
+    for records in ([good, Record(value=payload, key=SNAPSHOT_ENTRIES_KEY)],
+                    [Record(value=header, key=SNAPSHOT_HEADER_KEY)],
+                    [Record(value=payload, key=KV_RECORD_KEY)]):
+        with contextlib.suppress(CorruptSnapshotError):
+            check_snapshot_records(iter(records))
+        with contextlib.suppress(KvOpError):
+            KvStore().load_snapshot(records, end_offset)
 
 # --- the client and admin APIs' body and path parsers ----------------------------------------
 
