@@ -60,19 +60,23 @@ class Waits:
             raise WaitInterrupted
         if timeout_s <= 0:
             raise TimeoutError
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         if committed is None:
             self._waiters[future] = (condition, interruptible)
         else:
             self._commit_waiter_sequence += 1
             heapq.heappush(self._commit_waiters, (committed, self._commit_waiter_sequence,
                                                   future, interruptible))
+        # A timer that fails the future, rather than asyncio.timeout (a Timeout object per wait,
+        # which cancels the waiting task when it expires) or wait_for (a task per wait, and on
+        # Python 3.11 it can swallow a cancellation): the wait needs no task of its own, and
+        # cancelling the waiting task still ends it.
+        timer = loop.call_at(loop.time() + timeout_s, _time_out, future)
         try:
-            # asyncio.timeout rather than wait_for: no task per wait, and on Python 3.11
-            # wait_for can swallow a cancellation.
-            async with asyncio.timeout(timeout_s):
-                await future
+            await future
         finally:
+            timer.cancel()
             if committed is None:
                 del self._waiters[future]
             elif len(self._commit_waiters) > _COMMIT_WAITERS_PRUNED_AT:
@@ -135,3 +139,8 @@ class Waits:
             yield future, interruptible
         for _, _, future, interruptible in self._commit_waiters:
             yield future, interruptible
+
+
+def _time_out(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

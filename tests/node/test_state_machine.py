@@ -106,3 +106,19 @@ async def test_txns_count_their_operations_towards_a_snapshot_which_keeps_versio
         assert first.offset < second.offset
     finally:
         await shutdown(restarted, timeout_s=2)
+
+
+async def test_a_leader_applies_a_write_in_the_step_that_commits_it(tmp_path: Path) -> None:
+    """No wake-up of the applier between a write's commit and its answer: when the append's
+    waiter resumes, the store holds the write already, so KvService answers without a wait."""
+    node = _single_node(tmp_path)
+    await node.start()
+    try:
+        await _wait(lambda: node.core.state is RaftState.LEADER
+                    and node.core.high_watermark is not None, "a leader")
+        store = node.state_machine.store
+        for index in range(20):
+            first, _ = await node.append([encode_op(Put(f"key-{index}", "value"))], timeout_s=5)
+            assert store.next_offset > first and store.get(f"key-{index}") == "value"
+    finally:
+        await shutdown(node, timeout_s=2)

@@ -71,3 +71,28 @@ async def test_timed_out_commit_waiters_are_let_go() -> None:
         with pytest.raises(TimeoutError):
             await host.waits.wait_committed(offset, 0.0001)
     assert len(list(host.waits._all())) <= 1024
+
+
+async def test_a_wait_times_out_without_cancelling_its_task() -> None:
+    """A timed-out wait raises TimeoutError into the code that awaits it and leaves its task
+    alone: no cancellation is left pending on the task (which a transport's reader may be, or
+    share), and a wait run by a plain coroutine step, outside any task, times out as well."""
+    host = Host()
+    with pytest.raises(TimeoutError):
+        await host.waits.wait(lambda: False, 0.01)
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    # Driven by hand, as an eager start does: asyncio.timeout would refuse to run here.
+    outcome: list[BaseException] = []
+    coroutine = host.waits.wait_committed(0, 0.01)
+    awaited = coroutine.send(None)
+
+    def resume(_: object) -> None:
+        try:
+            coroutine.throw(awaited.exception() or RuntimeError("resolved"))
+        except BaseException as error:  # what the wait ended with
+            outcome.append(error)
+
+    awaited.add_done_callback(resume)
+    await asyncio.sleep(0.1)
+    assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError)
