@@ -82,6 +82,11 @@ class KvStateMachine:
         self.node = node
         self.store = KvStore(event_bytes_limit=node.config.kv_history_retention_bytes)
         self.snapshots = KvSnapshots(node, self.store)
+        # The store starts from the latest snapshot on disk, loaded before the node's core and
+        # timers exist: however long it takes, no timeout runs meanwhile.
+        self.snapshots.load_latest()
+        # Set when the core replaced the log by a snapshot from the leader: the applier loads it.
+        self._snapshot_wanted = asyncio.Event()
         self.failure: BaseException | None = None
         self._applier: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -122,6 +127,11 @@ class KvStateMachine:
 
     # --- the applier -------------------------------------------------------------------------
 
+    def snapshot_loaded(self) -> None:
+        """The core replaced the log by a snapshot from the leader: the applier loads it before
+        applying anything more (the log below it is gone)."""
+        self._snapshot_wanted.set()
+
     def _notify(self) -> None:
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
@@ -131,12 +141,14 @@ class KvStateMachine:
         try:
             # Checked as well as cancelled: a cancellation can be lost in the node's waits.
             while not self._closing.is_set():
-                if self.snapshots.load_if_behind():
-                    self._notify()
+                if self._snapshot_wanted.is_set():
+                    self._snapshot_wanted.clear()
+                    if await self.snapshots.load_downloaded():
+                        self._notify()
+                    continue
                 high_watermark = node.high_watermark
                 if high_watermark is None or store.next_offset >= high_watermark:
-                    # A bounded wait so that a stopped node is noticed (it raises then).
-                    await node.wait_for_high_watermark(store.next_offset, 1.0)
+                    await self._wait_for_work()
                     continue
                 self._apply_chunk(high_watermark)
                 await asyncio.sleep(0)  # a long replay must not starve the handlers
@@ -147,6 +159,20 @@ class KvStateMachine:
         except Exception as error:
             self.applier_failed(error)
         self._notify()
+
+    async def _wait_for_work(self) -> None:
+        """Wait until the high watermark passes what the store applied, or a snapshot is to be
+        loaded; at most a second, so that a stopped node is noticed (its wait raises then)."""
+        committed = asyncio.ensure_future(
+            self.node.wait_for_high_watermark(self.store.next_offset, 1.0))
+        snapshot = asyncio.ensure_future(self._snapshot_wanted.wait())
+        try:
+            await asyncio.wait((committed, snapshot), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            committed.cancel()
+            snapshot.cancel()
+        if committed.done() and not committed.cancelled():
+            committed.result()  # raises NotLeaderError once the node has stopped
 
     def _apply_chunk(self, high_watermark: int) -> None:
         store = self.store
@@ -167,7 +193,7 @@ class KvStateMachine:
         to the applier, after the fsync its leader waits for; a backlog, or a snapshot to load
         first, is the applier's anywhere."""
         if (self._applier is None or self.failure is not None or self._closing.is_set()
-                or self.node.state is not RaftState.LEADER):
+                or self._snapshot_wanted.is_set() or self.node.state is not RaftState.LEADER):
             return
         high_watermark = self.node.high_watermark
         next_offset = self.store.next_offset
