@@ -82,9 +82,6 @@ class KvStateMachine:
         self.node = node
         self.store = KvStore(event_bytes_limit=node.config.kv_history_retention_bytes)
         self.snapshots = KvSnapshots(node, self.store)
-        # The store starts from the latest snapshot on disk, loaded before the node's core and
-        # timers exist: however long it takes, no timeout runs meanwhile.
-        self.snapshots.load_latest()
         # Set when the core replaced the log by a snapshot from the leader: the applier loads it.
         self._snapshot_wanted = asyncio.Event()
         self.failure: BaseException | None = None
@@ -93,6 +90,13 @@ class KvStateMachine:
         # Replaced after every step of the applier: waiters hold the one current when they
         # checked, so no step is missed between the check and the wait.
         self._progress = asyncio.Event()
+        # The store starts from the latest snapshot on disk, loaded before the node's core and
+        # timers exist: however long it takes, no timeout runs meanwhile. One it cannot load
+        # fails the store, not the replica.
+        try:
+            self.snapshots.load_latest()
+        except Exception as error:
+            self.applier_failed(error)
 
     @property
     def closing(self) -> bool:
@@ -138,6 +142,8 @@ class KvStateMachine:
 
     async def _apply_committed(self) -> None:
         node, store = self.node, self.store
+        if self.failure is not None:
+            return  # the snapshot on disk could not be loaded: the log below it is gone
         try:
             # Checked as well as cancelled: a cancellation can be lost in the node's waits.
             while not self._closing.is_set():
