@@ -154,7 +154,10 @@ class KvStateMachine:
                     continue
                 high_watermark = node.high_watermark
                 if high_watermark is None or store.next_offset >= high_watermark:
-                    await self._wait_for_work()
+                    # A bounded wait so that a stopped node is noticed (it raises then). A
+                    # snapshot from the leader ends it too: the core counts everything below the
+                    # snapshot committed, the store is behind it.
+                    await node.wait_for_high_watermark(store.next_offset, 1.0)
                     continue
                 self._apply_chunk(high_watermark)
                 await asyncio.sleep(0)  # a long replay must not starve the handlers
@@ -165,20 +168,6 @@ class KvStateMachine:
         except Exception as error:
             self.applier_failed(error)
         self._notify()
-
-    async def _wait_for_work(self) -> None:
-        """Wait until the high watermark passes what the store applied, or a snapshot is to be
-        loaded; at most a second, so that a stopped node is noticed (its wait raises then)."""
-        committed = asyncio.ensure_future(
-            self.node.wait_for_high_watermark(self.store.next_offset, 1.0))
-        snapshot = asyncio.ensure_future(self._snapshot_wanted.wait())
-        try:
-            await asyncio.wait((committed, snapshot), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            committed.cancel()
-            snapshot.cancel()
-        if committed.done() and not committed.cancelled():
-            committed.result()  # raises NotLeaderError once the node has stopped
 
     def _apply_chunk(self, high_watermark: int) -> None:
         store = self.store
