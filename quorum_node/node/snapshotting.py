@@ -94,7 +94,8 @@ class KvSnapshots:
         loaded = await asyncio.to_thread(LoadedSnapshot.build, iter_snapshot_records(data),
                                          snapshot_id.end_offset)
         if loaded.next_offset <= self.store.next_offset:
-            return False  # nothing applies while the applier loads: never the case
+            # A guard: the applier, which applies below the log's start only, waited here.
+            return False
         self._install(snapshot_id, loaded, len(data), started)
         return True
 
