@@ -773,17 +773,16 @@ class KvStore:
         """Replace the map by a snapshot's data records (``snapshot_data``), as of
         ``next_offset`` (its end offset). Raises KvOpError, leaving the store as it was, for a
         snapshot it cannot load."""
-        data: dict[str, str] = {}
-        meta: dict[str, tuple[int, int]] = {}
-        versions_from, chunks = snapshot_data(records, next_offset)
-        for keys, values, mod_offsets, versions in chunks:
-            data.update(zip(keys, values, strict=True))
-            meta.update(zip(keys, zip(mod_offsets, versions, strict=True), strict=True))
-        self._data = data
-        self._meta = meta
-        self.versions_from = versions_from
-        # The snapshot's records come in key order: sorting them again is a linear pass.
-        self._keys = SortedList(data)
+        self.install_snapshot(LoadedSnapshot.build(records, next_offset))
+
+    def install_snapshot(self, loaded: LoadedSnapshot) -> None:
+        """Replace the map by a snapshot built (``LoadedSnapshot.build``) beside the store: a
+        swap, whatever the snapshot's size."""
+        next_offset = loaded.next_offset
+        self._data = loaded.data
+        self._meta = loaded.meta
+        self.versions_from = loaded.versions_from
+        self._keys = loaded.keys
         self._outcomes.clear()
         self._events.clear()
         self._events_head = 0
@@ -975,6 +974,32 @@ class KvStore:
 
 # A snapshot's entry: key, value, modification offset, version.
 SnapshotEntry = tuple[str, str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSnapshot:
+    """A snapshot's map, built from its data records and not yet installed in a store
+    (``KvStore.install_snapshot``): building it touches no store, so it can be done in a thread
+    while the store goes on serving."""
+
+    data: dict[str, str]
+    meta: dict[str, tuple[int, int]]
+    keys: SortedList[str]
+    versions_from: int | None
+    next_offset: int
+
+    @classmethod
+    def build(cls, records: Iterable[Record], next_offset: int) -> LoadedSnapshot:
+        """Decode and check a snapshot's data records (``snapshot_data``), as of ``next_offset``
+        (its end offset). Raises KvOpError for a snapshot the store cannot load."""
+        data: dict[str, str] = {}
+        meta: dict[str, tuple[int, int]] = {}
+        versions_from, chunks = snapshot_data(records, next_offset)
+        for keys, values, mod_offsets, versions in chunks:
+            data.update(zip(keys, values, strict=True))
+            meta.update(zip(keys, zip(mod_offsets, versions, strict=True), strict=True))
+        # The snapshot's records come in key order: sorting them again is a linear pass.
+        return cls(data, meta, SortedList(data), versions_from, next_offset)
 
 
 class SnapshotEntries(NamedTuple):

@@ -156,6 +156,10 @@ class QuorumNode:
             raise ConfigError(str(error)) from None
         self.log_dir = open_log_directory(config)
         try:
+            # The key-value store the committed log is applied to, with its snapshots: run with
+            # the node, whatever it serves. Made first: it loads the latest snapshot before the
+            # core's clock starts, so that a long load is not a leader's silence.
+            self.state_machine = KvStateMachine(self)
             self.endpoints = {voter.id: (voter.host, voter.port) for voter in config.voters}
             self.core = RaftCore(
                 node_id=config.node_id,
@@ -173,9 +177,6 @@ class QuorumNode:
         except BaseException:
             self.log_dir.close()  # and its lock, for whoever opens it next
             raise
-        # The key-value store the committed log is applied to, with its snapshots: run with the
-        # node, whatever it serves.
-        self.state_machine = KvStateMachine(self)
         self.driver = CoreDriver(self.core, self)
         # Where each voter serves clients: a non-leader redirects clients to the leader's.
         self.client_endpoints = {
@@ -439,9 +440,9 @@ class QuorumNode:
         self.driver.handle_flushed(flushed)
 
     def snapshot_loaded(self, snapshot_id: SnapshotId) -> None:
-        # The key-value applier sees that its store is behind the latest snapshot and loads it.
         logger.info("node %d: the log was replaced by snapshot %s from the leader",
                     self.config.node_id, snapshot_id)
+        self.state_machine.snapshot_loaded()
 
     def voter_change_done(self, done: VoterChangeDone) -> None:
         self._voter_changes_done[done.ticket] = done  # its waiter wakes after the step

@@ -4,11 +4,13 @@ The state machine, not the Raft core, decides when to snapshot: every
 ``snapshot.interval.records`` applied records (and no more often than it has applied a quarter
 as many records as the map has keys; a txn counts as many records as it has operations, what
 replaying it costs) it writes its map, as of the offset it has applied
-(always committed, always at a batch boundary), with the voter set in force there. The log below
-the snapshot is then deleted, keeping ``snapshot.retained.log.records`` records for followers that
-are only a little behind. A replica whose store is behind its latest snapshot (at start-up, or
-after the core replaced its log by a snapshot downloaded from the leader) loads the snapshot
-instead of replaying.
+(always committed, always at a batch boundary), with the voter set in force there. That policy
+is ``quorum_node.raft.snapshot_policy``'s, the simulator's too. The log below the snapshot is then
+deleted, keeping ``snapshot.retained.log.records`` records for followers that are only a little
+behind. The store starts from the latest snapshot on disk (``load_latest``, before the node's
+core and timers exist), and loads the snapshot the core downloaded from the leader when the core
+says so (``load_downloaded``: built in a thread, swapped in on the loop, so that the node goes on
+serving its peers meanwhile).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from quorum_node.node.kv import KvStore, SnapshotEntries, snapshot_records
+from quorum_node.node.kv import KvStore, LoadedSnapshot, SnapshotEntries, snapshot_records
 from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot_batches, iter_snapshot_records
+from quorum_node.raft.snapshot_policy import SnapshotPolicy
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet
 
@@ -30,21 +33,6 @@ if TYPE_CHECKING:
     from quorum_node.storage.log_dir import LogDirectory
 
 logger = logging.getLogger(__name__)
-
-
-# A restart loads the latest snapshot and replays the log after it, and replaying a record costs
-# a few times what loading a key does: a snapshot is due once the log after the last one holds a
-# quarter as many records as the map has keys (or ``interval``, whichever is more), so that a
-# restart's replay stays a fraction of its snapshot's load, while a large map written to slowly
-# is rewritten at most once per quarter of its size in new records.
-REPLAY_SHARE_OF_KEYS = 4
-
-
-def snapshot_due(records_since: int, interval: int, keys: int) -> bool:
-    """Whether to snapshot after ``records_since`` records applied since the last snapshot:
-    every ``interval`` records (0: never), and no more often than every quarter of the map's
-    size in records (``REPLAY_SHARE_OF_KEYS``)."""
-    return interval > 0 and records_since >= max(interval, keys // REPLAY_SHARE_OF_KEYS)
 
 
 class SnapshotHost(Protocol):
@@ -65,38 +53,66 @@ class KvSnapshots:
         self.node = node
         self.store = store
         latest = node.log_dir.snapshots.latest()
-        self._last_end = latest.end_offset if latest is not None else 0
-        self._last_txn_extra_ops = 0  # the store's txn_extra_ops at the last snapshot
+        self.policy = SnapshotPolicy(node.config.snapshot_interval_records,
+                                     latest.end_offset if latest is not None else 0)
         self._task: asyncio.Task[None] | None = None
 
-    def load_if_behind(self) -> bool:
-        """Load the latest snapshot if the store has not applied up to it. True if loaded."""
+    def _latest_ahead(self) -> tuple[SnapshotId, bytes] | None:
+        """The latest snapshot and its bytes, if the store has not applied up to it."""
         snapshots = self.node.log_dir.snapshots
         latest = snapshots.latest()
         if latest is None or latest.end_offset <= self.store.next_offset:
-            return False
+            return None
         size = snapshots.size(latest)
         assert size is not None
+        return latest, snapshots.read(latest, 0, size)
+
+    def load_latest(self) -> bool:
+        """Load the latest snapshot if the store has not applied up to it, here and now (at
+        start-up, before anything else runs on the node). True if loaded."""
+        ahead = self._latest_ahead()
+        if ahead is None:
+            return False
         started = time.perf_counter()
+        snapshot_id, data = ahead
         # Batches are decoded as the store reads them; it replaces its map only once the
         # footer is reached, every batch checked.
-        self.store.load_snapshot(iter_snapshot_records(snapshots.read(latest, 0, size)),
-                                 latest.end_offset)
-        self._last_end = max(self._last_end, latest.end_offset)
-        self._last_txn_extra_ops = 0
-        logger.info("node %d: loaded snapshot %s (%d keys, %d bytes) in %.3f s",
-                    self.node.config.node_id, latest, len(self.store), size,
-                    time.perf_counter() - started)
+        self._install(snapshot_id, LoadedSnapshot.build(iter_snapshot_records(data),
+                                                        snapshot_id.end_offset),
+                      len(data), started)
         return True
+
+    async def load_downloaded(self) -> bool:
+        """Load the latest snapshot (the core replaced the log by one from the leader) if the
+        store has not applied up to it. The new map is built in a thread, the loop going on
+        meanwhile, and swapped in on the loop. True if loaded."""
+        ahead = self._latest_ahead()
+        if ahead is None:
+            return False
+        started = time.perf_counter()
+        snapshot_id, data = ahead
+        loaded = await asyncio.to_thread(LoadedSnapshot.build, iter_snapshot_records(data),
+                                         snapshot_id.end_offset)
+        if loaded.next_offset <= self.store.next_offset:
+            # A guard: the applier, which applies below the log's start only, waited here.
+            return False
+        self._install(snapshot_id, loaded, len(data), started)
+        return True
+
+    def _install(self, snapshot_id: SnapshotId, loaded: LoadedSnapshot, size: int,
+                 started: float) -> None:
+        self.store.install_snapshot(loaded)
+        self.policy.loaded(snapshot_id.end_offset)
+        logger.info("node %d: loaded snapshot %s (%d keys, %d bytes) in %.3f s",
+                    self.node.config.node_id, snapshot_id, len(self.store), size,
+                    time.perf_counter() - started)
 
     def maybe_start_writing(self) -> None:
         """Start writing a snapshot in the background if enough has been applied since the
         last one (the applier goes on meanwhile: a snapshot is of the map as it is now)."""
         end = self.store.next_offset
         # A txn counts as many records as it has operations: what replaying it costs.
-        since = end - self._last_end + self.store.txn_extra_ops - self._last_txn_extra_ops
-        due = snapshot_due(since, self.node.config.snapshot_interval_records,
-                           len(self.store))
+        due = self.policy.due(end, len(self.store), self.store.txn_extra_ops)
         if not due or self._task is not None:
             return
         log = self.node.log_dir.log
@@ -131,8 +147,7 @@ class KvSnapshots:
         log = self.node.log_dir.log
         log.delete_before(max(0, snapshot_id.end_offset
                               - self.node.config.snapshot_retained_log_records))
-        self._last_end = snapshot_id.end_offset
-        self._last_txn_extra_ops = txn_extra_ops
+        self.policy.written(snapshot_id.end_offset, txn_extra_ops)
         logger.info("node %d: wrote snapshot %s (%d keys, %d bytes) in %.3f s; the log starts "
                     "at %d", self.node.config.node_id, snapshot_id, keys, size,
                     time.perf_counter() - started, log.start_offset)

@@ -82,12 +82,21 @@ class KvStateMachine:
         self.node = node
         self.store = KvStore(event_bytes_limit=node.config.kv_history_retention_bytes)
         self.snapshots = KvSnapshots(node, self.store)
+        # Set when the core replaced the log by a snapshot from the leader: the applier loads it.
+        self._snapshot_wanted = asyncio.Event()
         self.failure: BaseException | None = None
         self._applier: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         # Replaced after every step of the applier: waiters hold the one current when they
         # checked, so no step is missed between the check and the wait.
         self._progress = asyncio.Event()
+        # The store starts from the latest snapshot on disk, loaded before the node's core and
+        # timers exist: however long it takes, no timeout runs meanwhile. One it cannot load
+        # fails the store, not the replica.
+        try:
+            self.snapshots.load_latest()
+        except Exception as error:
+            self.applier_failed(error)
 
     @property
     def closing(self) -> bool:
@@ -122,20 +131,32 @@ class KvStateMachine:
 
     # --- the applier -------------------------------------------------------------------------
 
+    def snapshot_loaded(self) -> None:
+        """The core replaced the log by a snapshot from the leader: the applier loads it before
+        applying anything more (the log below it is gone)."""
+        self._snapshot_wanted.set()
+
     def _notify(self) -> None:
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
 
     async def _apply_committed(self) -> None:
         node, store = self.node, self.store
+        if self.failure is not None:
+            return  # the snapshot on disk could not be loaded: the log below it is gone
         try:
             # Checked as well as cancelled: a cancellation can be lost in the node's waits.
             while not self._closing.is_set():
-                if self.snapshots.load_if_behind():
-                    self._notify()
+                if self._snapshot_wanted.is_set():
+                    self._snapshot_wanted.clear()
+                    if await self.snapshots.load_downloaded():
+                        self._notify()
+                    continue
                 high_watermark = node.high_watermark
                 if high_watermark is None or store.next_offset >= high_watermark:
-                    # A bounded wait so that a stopped node is noticed (it raises then).
+                    # A bounded wait so that a stopped node is noticed (it raises then). A
+                    # snapshot from the leader ends it too: the core counts everything below the
+                    # snapshot committed, the store is behind it.
                     await node.wait_for_high_watermark(store.next_offset, 1.0)
                     continue
                 self._apply_chunk(high_watermark)
@@ -167,7 +188,7 @@ class KvStateMachine:
         to the applier, after the fsync its leader waits for; a backlog, or a snapshot to load
         first, is the applier's anywhere."""
         if (self._applier is None or self.failure is not None or self._closing.is_set()
-                or self.node.state is not RaftState.LEADER):
+                or self._snapshot_wanted.is_set() or self.node.state is not RaftState.LEADER):
             return
         high_watermark = self.node.high_watermark
         next_offset = self.store.next_offset

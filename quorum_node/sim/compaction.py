@@ -1,7 +1,8 @@
 """Log compaction, as a node's state machine does it (KIP-630): now and then each running node
-snapshots what it has applied and deletes the log below the snapshot, keeping a random tail for
-followers that are only a little behind. Followers further behind must then catch up through
-FetchSnapshot."""
+looks whether the node's snapshot policy (``quorum_node.raft.snapshot_policy``) calls for a
+snapshot of what it has applied; if so it snapshots and deletes the log below the snapshot,
+keeping a random tail for followers that are only a little behind. Followers further behind must
+then catch up through FetchSnapshot."""
 
 from __future__ import annotations
 
@@ -37,13 +38,13 @@ class Compaction:
     def _schedule(self, node: SimNode) -> None:
         def compact() -> bool:
             self._schedule(node)
-            return self.compact(node)
+            return node.state_machine.snapshot_due and self.compact(node)
 
         self._cluster.loop.after(self._rng.randint(*self._interval_ms), compact)
 
     def compact(self, node: SimNode, *, keep: int | None = None) -> bool:
         """Snapshot ``node`` and delete its log below, but for ``keep`` records (random if not
-        given). False if there was nothing new to snapshot."""
+        given), due or not. False if there was nothing new to snapshot."""
         snapshot = node.take_snapshot()
         if snapshot is None:
             return False

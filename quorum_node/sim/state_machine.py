@@ -5,6 +5,9 @@ order, their count, and a table of the latest value per slot (so that snapshots 
 and are fetched in several chunks). The invariant checker chains the same digest over the
 committed prefix it knows, so a snapshot, or a state machine, that lost, added or reordered a
 committed record cannot go unnoticed.
+
+When it snapshots is the node's policy (``quorum_node.raft.snapshot_policy``), with an interval
+in records small enough for the simulated workload to reach it many times a run.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Iterator
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.records import Record
 from quorum_node.raft.snapshot_format import encode_snapshot, read_snapshot
+from quorum_node.raft.snapshot_policy import SnapshotPolicy
 from quorum_node.raft.snapshots import CorruptSnapshotError, SnapshotId, SnapshotStore
 from quorum_node.raft.voters import VoterSet
 
@@ -22,6 +26,8 @@ INITIAL_DIGEST = bytes(16)
 SLOTS = 32
 _DIGEST = b"digest"
 _COUNT = b"count"
+# The simulated snapshot.interval.records: a workload proposes tens of records a second.
+SNAPSHOT_INTERVAL_RECORDS = 16
 
 
 def chain(digest: bytes, value: bytes) -> bytes:
@@ -69,9 +75,16 @@ class StateMachine:
         self.digest = INITIAL_DIGEST
         self.count = 0
         self._slots: dict[int, bytes] = {}
+        self.policy = SnapshotPolicy(SNAPSHOT_INTERVAL_RECORDS)
+
+    @property
+    def snapshot_due(self) -> bool:
+        """Whether the node's policy calls for a snapshot of what is applied now."""
+        return self.policy.due(self.applied, len(self._slots))
 
     def restore(self, store: SnapshotStore) -> None:
         """A process starting: begin from the latest snapshot, or from nothing."""
+        self.policy = SnapshotPolicy(SNAPSHOT_INTERVAL_RECORDS)
         latest = store.latest()
         if latest is not None:
             self.load(store, latest)
@@ -86,6 +99,7 @@ class StateMachine:
         self.count = int(fields.pop(_COUNT))
         self._slots = {int(key.removeprefix(b"slot-")): value for key, value in fields.items()
                        if key is not None}
+        self.policy.loaded(snapshot_id.end_offset)
 
     def apply(self, log: MemoryLog, high_watermark: int) -> None:
         """Apply what the log holds below the high watermark (a gap stops it: reporting one is
@@ -104,6 +118,8 @@ class StateMachine:
             self.applied = end
 
     def snapshot(self, voters: VoterSet | None, timestamp_ms: int) -> bytes:
+        """The state machine's snapshot as of what it applied (the policy counts from there)."""
+        self.policy.written(self.applied)
         records = [Record(key=_DIGEST, value=self.digest),
                    Record(key=_COUNT, value=b"%d" % self.count)]
         records += [Record(key=b"slot-%d" % slot, value=value)

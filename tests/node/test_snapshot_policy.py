@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from quorum_node.node.snapshotting import snapshot_due
+from quorum_node.raft.snapshot_policy import snapshot_due
 
 
 @pytest.mark.parametrize(
