@@ -39,6 +39,11 @@ where a call costs a fraction of an HTTP request; ``protocol="http"`` uses the H
 (``http.client`` with keep-alive connections). Voter changes (the admin API) are
 always HTTP. ``put_many`` pipelines puts over the stream (many in flight, answered as they
 complete). A client is not thread-safe: use one per thread.
+
+QuorumClient checks a call's arguments and hands it to its transport (``ClientTransport``: the
+HTTP API's or the stream's), which sends it, follows redirects and reads the answer; every try
+of either transport goes through the client's one retry policy (``_Policy``), which also keeps
+the server to try first and the last answer.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from quorum_node import wire
 from quorum_node.client_stream import ClientStream, StreamBroken, StreamNotOpened
@@ -247,347 +252,30 @@ class _WireAnswer:
     fields: tuple[Any, ...]
 
 
-class QuorumClient:
-    def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
-                 *, credentials: ClientCredentials | None = None,
-                 fail_fast: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
-        """``fail_fast``: give up at once when no server of the list accepts a connection
-        (the command-line tools' policy: nothing is running there); otherwise keep trying
-        until the timeout (a program that starts with its nodes). ``protocol``: "binary"
-        (the stream) or "http"."""
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        self.protocol = protocol
-        self.fail_fast = fail_fast
-        self._last_answer: dict[str, Any] | _WireAnswer = {}
-        self.credentials = credentials or ClientCredentials()
-        self.servers = parse_bootstrap(bootstrap,
-                                       "https" if self.credentials.uses_tls else "http")
+_A = TypeVar("_A", bound="dict[str, Any] | _WireAnswer")
+
+
+class _Policy:
+    """The client's retry policy, the one piece of code every transport's calls run through
+    (which failures are retried, the back-off, fail_fast, OUTCOME_UNKNOWN: the client's policy,
+    not a protocol's), and what the calls learnt: the server tried first (the last one that
+    served: the leader, once found) and the last answer, whichever transport made the call."""
+
+    def __init__(self, servers: list[str], timeout_s: float, fail_fast: bool) -> None:
+        self.servers = servers
         self.timeout_s = timeout_s
-        self._ssl_context: ssl.SSLContext | None = None
-        self._preferred = self.servers[0]  # the last server that answered (the leader, once found)
-        self._connections: dict[str, http.client.HTTPConnection] = {}
-        self._streams: dict[str, ClientStream] = {}
+        self.fail_fast = fail_fast
+        self.preferred = servers[0]
+        self.last_answer: dict[str, Any] | _WireAnswer = {}
 
-    @property
-    def last_answer(self) -> dict[str, Any]:
-        """The JSON answer of the last call that succeeded (or found no key): what the API said
-        (over the stream: what the HTTP API would have said)."""
-        answer = self._last_answer
-        return _http_answer(answer) if isinstance(answer, _WireAnswer) else answer
-
-    def __enter__(self) -> QuorumClient:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
-        for stream in self._streams.values():
-            stream.close()
-        self._streams.clear()
-
-    # --- key-value store ---------------------------------------------------------------------
-
-    def put(self, key: str, value: str) -> WriteResult:
-        if self.protocol == "binary":
-            offset, epoch, applied = self._call_stream(wire.Op.PUT, (_checked_key(key), value),
-                                                       key=key)
-            return WriteResult(key, offset, epoch, applied)
-        body = self._call("PUT", _kv_path(key), body=value.encode("utf-8"),
-                          content_type="text/plain; charset=utf-8")
-        return _write_result(body, "applied")
-
-    def get(self, key: str, stale: bool = False) -> str | None:
-        """The key's value, None if absent. Linearizable unless ``stale`` (then any node's
-        local copy, possibly behind)."""
-        if self.protocol == "binary":
-            value, _ = self._call_stream(wire.Op.GET, (_checked_key(key), stale), key=key,
-                                         server_timeout=not stale)
-            return value  # type: ignore[no-any-return]
-        body = self._call("GET", _kv_path(key), query={"stale": "true"} if stale else {},
-                          server_timeout=not stale, absent_ok=True)
-        if body.get("code") == "KEY_NOT_FOUND":
-            return None
-        return _field(body, "value", str)
-
-    def delete(self, key: str) -> WriteResult:
-        if self.protocol == "binary":
-            offset, epoch, applied = self._call_stream(wire.Op.DELETE, (_checked_key(key),),
-                                                       key=key)
-            return WriteResult(key, offset, epoch, applied)
-        return _write_result(self._call("DELETE", _kv_path(key)), "deleted")
-
-    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
-        """Set ``key`` to ``value`` (None: delete it) only if its value is ``expected`` (None:
-        only if it is absent); ``applied`` tells whether it did."""
-        if self.protocol == "binary":
-            offset, epoch, applied = self._call_stream(
-                wire.Op.CAS, (_checked_key(key), expected, value), key=key)
-            return WriteResult(key, offset, epoch, applied)
-        body = json.dumps({"expected": expected, "value": value}).encode()
-        return _write_result(self._call("POST", _kv_path(key) + "/cas", body=body,
-                                        content_type="application/json"), "applied")
-
-    def txn(self, compare: Sequence[Mapping[str, Any]] = (),
-            success: Sequence[Mapping[str, Any]] = (),
-            failure: Sequence[Mapping[str, Any]] = ()) -> TxnResult:
-        """A multi-key transaction, etcd's Txn (README.md, Transactions): if every compare
-        (``{"key", "target": "value" | "version" | "mod_offset", "result": "=" | "!=" | "<" |
-        ">", <target>: operand}``) holds, the ``success`` operations apply, else the
-        ``failure`` ones (``{"op": "put", "key", "value"}``, ``{"op": "delete", "key"}``,
-        ``{"op": "get", "key"}``), all at one offset. Never retried once sent (as a cas)."""
-        if self.protocol == "binary":
-            offset, epoch, succeeded, responses = self._call_stream(
-                wire.Op.TXN, _txn_fields(compare, success, failure))
-            return TxnResult(succeeded, [_txn_response(r) for r in responses], offset, epoch)
-        body = json.dumps({"compare": list(compare), "success": list(success),
-                           "failure": list(failure)}).encode()
-        answer = self._call("POST", "/v1/txn", body=body, content_type="application/json")
-        return TxnResult(_field(answer, "succeeded", bool), _field(answer, "responses", list),
-                         _field(answer, "offset", int), _field(answer, "epoch", int))
-
-    def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
-                  stale: bool = False) -> KeyPage:
-        """A page of the keys starting with ``prefix``, in key order, after ``start_after``
-        (linearizable unless ``stale``). A page holds fewer than ``limit`` keys when they would
-        be more than the node answers at once (about 1 MiB of keys and values):
-        ``next_start_after`` is where the next page starts, None after the last."""
-        _utf8_text(prefix, "a prefix")
-        if start_after is not None:
-            _utf8_text(start_after, "start_after")
-        if self.protocol == "binary":
-            entries, after, applied_offset = self._call_stream(
-                wire.Op.LIST, (prefix, start_after, _u32(limit, "limit"), stale),
-                server_timeout=not stale)
-            return KeyPage([tuple(entry) for entry in entries], after, applied_offset)
-        query = {"prefix": prefix, "limit": str(limit)}
-        if start_after is not None:
-            query["start_after"] = start_after
-        if stale:
-            query["stale"] = "true"
-        body = self._call("GET", "/v1/kv", query=query, server_timeout=not stale)
-        entries = []
-        for entry in _field(body, "entries", list):
-            if not isinstance(entry, dict):
-                raise QuorumClientError("malformed answer: an entry is not an object")
-            entries.append((_field(entry, "key", str), _field(entry, "value", str)))
-        after = body.get("next_start_after")
-        return KeyPage(entries, after if isinstance(after, str) else None,
-                       _field(body, "applied_offset", int))
-
-    def scan_keys(self, prefix: str = "", *, start_after: str | None = None,
-                  page_size: int = 100, stale: bool = False) -> Iterator[tuple[str, str]]:
-        """Every (key, value) under ``prefix`` after ``start_after``, in key order: ``list_keys``
-        page after page, each page read when the previous is used up (each linearizable
-        unless ``stale``, but not the whole scan at once)."""
-        after = start_after
-        while True:
-            page = self.list_keys(prefix, start_after=after, limit=page_size, stale=stale)
-            yield from page.entries
-            after = page.next_start_after
-            if after is None:
-                return
-
-    def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
-              wait_ms: int = 0, max_events: int = 100) -> WatchResult:
-        """The changes of ``key`` (or of the keys under ``prefix``) committed at or after
-        ``offset``, waiting up to ``wait_ms`` while there is none; continue from
-        ``next_offset`` (an answer holds fewer than ``max_events`` changes when they would be
-        more than the node answers at once, about 1 MiB). Raises QuorumClientError COMPACTED
-        when they are no longer known."""
-        if (key is None) == (prefix is None):
-            raise ValueError("watch a key or a prefix")
-        if key is not None:
-            _checked_key(key)
-        else:
-            _utf8_text(prefix or "", "a prefix")
-        if self.protocol == "binary":
-            watched = key if key is not None else prefix or ""
-            events, next_offset, applied_offset = self._call_stream(
-                wire.Op.WATCH, (key is not None, watched, _u64(offset, "offset"),
-                                _u32(wait_ms, "wait_ms"), _u32(max_events, "max_events")),
-                server_timeout=False, extra_time_s=max(wait_ms, 0) / 1000)
-            return WatchResult([KvEvent(*event) for event in events], next_offset,
-                               applied_offset)
-        query = {"offset": str(offset), "wait_ms": str(wait_ms),
-                 "max_events": str(max_events)}
-        query.update({"key": key} if key is not None else {"prefix": prefix or ""})
-        body = self._call("GET", "/v1/watch", query=query, server_timeout=False,
-                          extra_time_s=max(wait_ms, 0) / 1000)
-        events = []
-        for entry in _field(body, "events", list):
-            if not isinstance(entry, dict):
-                raise QuorumClientError("malformed answer: an event is not an object")
-            value = entry.get("value")
-            events.append(KvEvent(_field(entry, "offset", int), _field(entry, "key", str),
-                                  value if isinstance(value, str) else None))
-        return WatchResult(events, _field(body, "next_offset", int),
-                           _field(body, "applied_offset", int))
-
-    # --- records -----------------------------------------------------------------------------
-
-    def append(self, values: Sequence[bytes]) -> tuple[int, int]:
-        """Append records as one batch; their (first, last) offsets once committed."""
-        if not values:
-            raise ValueError("nothing to append")
-        if self.protocol == "binary":
-            first, last, _ = self._call_stream(wire.Op.APPEND, ([bytes(v) for v in values],))
-            return first, last
-        body = b"".join(len(value).to_bytes(4, "big") + bytes(value) for value in values)
-        answer = self._call("POST", "/v1/records", body=body,
-                            content_type="application/octet-stream")
-        return _field(answer, "first_offset", int), _field(answer, "last_offset", int)
-
-    def read(self, offset: int, max_records: int = 100, wait_ms: int = 0) -> ReadResult:
-        """Committed records from ``offset``, waiting up to ``wait_ms`` for the first one."""
-        if self.protocol == "binary":
-            high_watermark, next_offset, entries = self._call_stream(
-                wire.Op.READ, (_u64(offset, "offset"), _u32(max_records, "max_records"),
-                               _u32(wait_ms, "wait_ms")),
-                server_timeout=False, extra_time_s=max(wait_ms, 0) / 1000)
-            records = [ReadRecord(offset=record_offset, value=value, key=record_key,
-                                  timestamp_ms=timestamp_ms)
-                       for record_offset, timestamp_ms, record_key, value in entries]
-            return ReadResult(records, high_watermark, next_offset)
-        query = {"offset": str(offset), "max_records": str(max_records), "wait_ms": str(wait_ms)}
-        body = self._call("GET", "/v1/records", query=query, server_timeout=False,
-                          extra_time_s=max(wait_ms, 0) / 1000)
-        records = []
-        for entry in _field(body, "records", list):
-            key = entry.get("key")
-            records.append(ReadRecord(
-                offset=_field(entry, "offset", int),
-                value=base64.b64decode(_field(entry, "value", str)),
-                key=base64.b64decode(key) if isinstance(key, str) else None,
-                timestamp_ms=int(entry.get("timestamp_ms", 0)),
-            ))
-        high_watermark = body.get("high_watermark")
-        return ReadResult(records, high_watermark if isinstance(high_watermark, int) else None,
-                          _field(body, "next_offset", int))
-
-    # --- voter changes (the admin API) ------------------------------------------------------
-
-    def add_voter(self, voter_id: int, directory_id: str) -> list[Voter]:
-        """AddVoter (KIP-856): make observer (``voter_id``, ``directory_id``: Kafka's base64url
-        form) a voter. Returns the voter set once the change is committed. A refusal raises
-        QuorumClientError with Kafka's error name as its code: DUPLICATE_VOTER,
-        INVALID_REQUEST, or REQUEST_TIMED_OUT (another change is pending, or this one was not
-        done in time and may still complete)."""
-        body = json.dumps({"id": voter_id, "directory_id": directory_id}).encode()
-        return _voters(self._call("POST", VOTERS_PATH, body=body,
-                                  content_type="application/json"))
-
-    def remove_voter(self, voter_id: int, directory_id: str, *,
-                     decommission: bool = False) -> list[Voter]:
-        """RemoveVoter (KIP-856), as ``add_voter``; VOTER_NOT_FOUND if it is not a voter (also
-        when a retry follows a try whose answer was lost). Removing a node id's last directory
-        is refused (INVALID_REQUEST) unless ``decommission``: scaling the quorum down."""
-        path = f"{VOTERS_PATH}/{voter_id}/{urllib.parse.quote(directory_id, safe='')}"
-        query = {"decommission": "true"} if decommission else None
-        return _voters(self._call("DELETE", path, query=query))
-
-    # --- pipelining -------------------------------------------------------------------------
-
-    def put_many(self, items: Sequence[tuple[str, str]], *,
-                 window: int = DEFAULT_WINDOW) -> list[WriteResult]:
-        """Put each (key, value); their results, in the order given. Over the stream up to
-        ``window`` puts are in flight at once (one round trip for many puts); a put refused or
-        cut off there is tried again alone, with ``put``'s redirects and retries. The puts
-        are not applied in a guaranteed order: put a key once per call."""
-        if window < 1:
-            raise ValueError("window must be at least 1")
-        for key, _ in items:
-            _checked_key(key)
-        if self.protocol != "binary":
-            return [self.put(key, value) for key, value in items]
-        results: list[WriteResult] = []
-        for start in range(0, len(items), window):
-            chunk = items[start:start + window]
-            answers = self._pipeline(wire.Op.PUT, [(key, value) for key, value in chunk])
-            for (key, value), answer in zip(chunk, answers, strict=True):
-                if answer is None:
-                    results.append(self.put(key, value))
-                else:
-                    offset, epoch, applied = answer
-                    results.append(WriteResult(key, offset, epoch, applied))
-        return results
-
-    def _pipeline(self, op: wire.Op,
-                  requests: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...] | None]:
-        """Send ``requests`` on the preferred server's stream, all before the first answer is
-        awaited; each one's answer, or None where it has none (an error answer, or the stream
-        failed: the caller retries those alone)."""
-        answers: list[tuple[Any, ...] | None] = [None] * len(requests)
-        deadline = time.monotonic() + self.timeout_s
-        budget_ms = _server_budget_ms(self.timeout_s)
-        try:
-            stream = self._stream(self._preferred, self.timeout_s)
-        except (_NotSent, QuorumClientError):
-            return answers
-        sent: list[tuple[int, int]] = []
-        try:
-            for index, fields in enumerate(requests):
-                sent.append((index, stream.send(op, budget_ms, fields)))
-            for index, correlation in sent:
-                answer = stream.wait(correlation, max(0.0, deadline - time.monotonic()))
-                if not isinstance(answer, wire.ErrorAnswer):
-                    answers[index] = answer
-        except StreamBroken:
-            self._drop_stream(stream)
-        return answers
-
-    # --- transport ---------------------------------------------------------------------------
-
-    def _call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
-              body: bytes | None = None, content_type: str | None = None,
-              server_timeout: bool = True, absent_ok: bool = False,
-              extra_time_s: float = 0.0) -> dict[str, Any]:
-        """One HTTP API call with redirects and retries; the JSON answer of a success."""
-        request = _Request(method, path, dict(query or {}), body, content_type, server_timeout)
-
-        def attempt(server: str, deadline: float) -> tuple[dict[str, Any] | _Refusal, str]:
-            answer, server = self._follow(request, server, deadline)
-            code = answer.body.get("code") if isinstance(answer.body, dict) else None
-            if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
-                return answer.body, server
-            return _Refusal(code or "ERROR", _error_message(answer), answer.status,
-                            answer.body), server
-
-        answer: dict[str, Any] = self._retrying(
-            attempt, read=method == "GET", idempotent=method in ("GET", "PUT", "DELETE"),
-            extra_time_s=extra_time_s)
-        self._last_answer = answer
-        return answer
-
-    def _call_stream(self, op: wire.Op, fields: tuple[Any, ...], *, key: str | None = None,
-                     server_timeout: bool = True,
-                     extra_time_s: float = 0.0) -> tuple[Any, ...]:
-        """One call over the stream with redirects and retries; the answer's fields."""
-
-        def attempt(server: str, deadline: float) -> tuple[tuple[Any, ...] | _Refusal, str]:
-            return self._follow_stream(op, fields, server, deadline, server_timeout)
-
-        answer: tuple[Any, ...] = self._retrying(
-            attempt, read=op in _READ_OPS, idempotent=op in _IDEMPOTENT_OPS,
-            extra_time_s=extra_time_s)
-        self._last_answer = _WireAnswer(op, key, answer)
-        return answer
-
-    def _retrying(self, attempt: Callable[[str, float], tuple[Any, str]], *, read: bool,
-                  idempotent: bool, extra_time_s: float) -> Any:
+    def call(self, attempt: Callable[[str, float], tuple[_A | _Refusal, str]], *, read: bool,
+             idempotent: bool, extra_time_s: float = 0.0) -> _A:
         """Run ``attempt(server, deadline)`` across the servers until it succeeds, fails in a
         way a retry cannot mend, or the time is up. ``read``: it changes nothing, any failure
         may be retried; ``idempotent``: applying it twice is applying it once."""
         start = time.monotonic()
         deadline = start + self.timeout_s + extra_time_s
-        candidates = [self._preferred] + [s for s in self.servers if s != self._preferred]
+        candidates = [self.preferred] + [s for s in self.servers if s != self.preferred]
         tries = 0
         last_problem = "no attempt made"
         unreachable: dict[str, str] = {}  # servers that refused a connection, since an answer
@@ -620,7 +308,8 @@ class QuorumClient:
                 unreachable.clear()
                 silent = 0
                 if not isinstance(answer, _Refusal):
-                    self._preferred = server
+                    self.preferred = server
+                    self.last_answer = answer
                     return answer
                 if answer.code not in (_RETRYABLE_READ_CODES if read else _RETRYABLE_CODES):
                     raise QuorumClientError(answer.message, code=answer.code,
@@ -634,64 +323,333 @@ class QuorumClient:
                                 f"{time.monotonic() - start:.1f} s (last: {last_problem})",
                                 code="UNAVAILABLE")
 
-    def _follow_stream(self, op: wire.Op, fields: tuple[Any, ...], server: str,
-                       deadline: float, server_timeout: bool
-                       ) -> tuple[tuple[Any, ...] | _Refusal, str]:
-        """Send over ``server``'s stream, following NOT_LEADER to the leader; the answer and
-        who gave it."""
-        first = server
-        for _ in range(MAX_REDIRECTS + 1):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _OutOfTime
-            try:
-                stream = self._stream(server, remaining)
-            except _NotSent as problem:
-                if server == first:
-                    raise
-                raise _NotSent(str(problem)) from None  # as _follow: the list is reachable
-            timeout_ms = _server_budget_ms(remaining) if server_timeout else 0
-            try:
-                answer = stream.wait(stream.send(op, timeout_ms, fields), remaining)
-            except StreamBroken as broken:
-                self._drop_stream(stream)
-                raise _Interrupted(str(broken)) from None
-            if not isinstance(answer, wire.ErrorAnswer):
-                return answer, server
-            leader_url = answer.leader[1] if answer.leader is not None else None
-            if answer.code != "NOT_LEADER" or not leader_url:
-                return _Refusal(answer.code, answer.message, None, answer.body()), server
-            location = urllib.parse.urlsplit(leader_url)
-            server = f"{location.scheme}://{location.netloc}"
-        raise _NotSent(f"redirected more than {MAX_REDIRECTS} times (last to {server})")
 
-    def _stream(self, server: str, timeout_s: float) -> ClientStream:
-        """An open stream to ``server``; a new one if the node closed the last one."""
-        stream = self._streams.get(server)
-        if stream is not None and stream.usable:
-            return stream
-        if stream is not None:
-            self._drop_stream(stream)
-        parts = urllib.parse.urlsplit(server)
-        if parts.scheme == "https" and self._ssl_context is None:
-            self._ssl_context = self.credentials.ssl_context()
-        try:
-            stream = ClientStream.open(server, headers=self.credentials.headers(),
-                                       ssl_context=self._ssl_context, timeout_s=timeout_s)
-        except ssl.SSLCertVerificationError as error:
-            raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
-                                    code="TLS_ERROR") from None
-        except StreamNotOpened as problem:
-            if problem.status is None:
-                raise _NotSent(str(problem), unreachable=problem.unreachable) from None
-            raise _stream_refused(server, problem) from None
-        self._streams[server] = stream
-        return stream
+class ClientTransport(Protocol):
+    """How the key-value and record calls travel to the nodes: one protocol's requests,
+    redirects to the leader and answers. Its calls get arguments QuorumClient has checked, make
+    their tries through the client's _Policy, and answer as QuorumClient does."""
 
-    def _drop_stream(self, stream: ClientStream) -> None:
-        stream.close()
-        if self._streams.get(stream.server) is stream:
-            del self._streams[stream.server]
+    def put(self, key: str, value: str) -> WriteResult: ...
+
+    def get(self, key: str, stale: bool) -> str | None: ...
+
+    def delete(self, key: str) -> WriteResult: ...
+
+    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult: ...
+
+    def txn(self, compare: Sequence[Mapping[str, Any]], success: Sequence[Mapping[str, Any]],
+            failure: Sequence[Mapping[str, Any]]) -> TxnResult: ...
+
+    def list_keys(self, prefix: str, start_after: str | None, limit: int,
+                  stale: bool) -> KeyPage: ...
+
+    def watch(self, offset: int, key: str | None, prefix: str | None, wait_ms: int,
+              max_events: int) -> WatchResult:
+        """``key`` or ``prefix``: exactly one is given."""
+        ...
+
+    def append(self, values: Sequence[bytes]) -> tuple[int, int]: ...
+
+    def read(self, offset: int, max_records: int, wait_ms: int) -> ReadResult: ...
+
+    def put_many(self, items: Sequence[tuple[str, str]], window: int) -> list[WriteResult]: ...
+
+    def close(self) -> None: ...
+
+
+class QuorumClient:
+    def __init__(self, bootstrap: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 *, credentials: ClientCredentials | None = None,
+                 fail_fast: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
+        """``fail_fast``: give up at once when no server of the list accepts a connection
+        (the command-line tools' policy: nothing is running there); otherwise keep trying
+        until the timeout (a program that starts with its nodes). ``protocol``: "binary"
+        (the stream) or "http"."""
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
+        self.credentials = credentials or ClientCredentials()
+        self._policy = _Policy(parse_bootstrap(bootstrap,
+                                               "https" if self.credentials.uses_tls else "http"),
+                               timeout_s, fail_fast)
+        # The admin API is HTTP's alone: voter changes take this one whatever the protocol.
+        self._http = _HttpTransport(self._policy, self.credentials)
+        self._transport: ClientTransport = self._http if protocol == "http" else \
+            _StreamTransport(self._policy, self.credentials)
+
+    @property
+    def servers(self) -> list[str]:
+        return self._policy.servers
+
+    @property
+    def timeout_s(self) -> float:
+        return self._policy.timeout_s
+
+    @property
+    def fail_fast(self) -> bool:
+        return self._policy.fail_fast
+
+    @property
+    def last_answer(self) -> dict[str, Any]:
+        """The JSON answer of the last call that succeeded (or found no key): what the API said
+        (over the stream: what the HTTP API would have said)."""
+        answer = self._policy.last_answer
+        return _http_answer(answer) if isinstance(answer, _WireAnswer) else answer
+
+    def __enter__(self) -> QuorumClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+        self._transport.close()
+
+    # --- key-value store ---------------------------------------------------------------------
+
+    def put(self, key: str, value: str) -> WriteResult:
+        return self._transport.put(_checked_key(key), value)
+
+    def get(self, key: str, stale: bool = False) -> str | None:
+        """The key's value, None if absent. Linearizable unless ``stale`` (then any node's
+        local copy, possibly behind)."""
+        return self._transport.get(_checked_key(key), stale)
+
+    def delete(self, key: str) -> WriteResult:
+        return self._transport.delete(_checked_key(key))
+
+    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
+        """Set ``key`` to ``value`` (None: delete it) only if its value is ``expected`` (None:
+        only if it is absent); ``applied`` tells whether it did."""
+        return self._transport.cas(_checked_key(key), expected, value)
+
+    def txn(self, compare: Sequence[Mapping[str, Any]] = (),
+            success: Sequence[Mapping[str, Any]] = (),
+            failure: Sequence[Mapping[str, Any]] = ()) -> TxnResult:
+        """A multi-key transaction, etcd's Txn (README.md, Transactions): if every compare
+        (``{"key", "target": "value" | "version" | "mod_offset", "result": "=" | "!=" | "<" |
+        ">", <target>: operand}``) holds, the ``success`` operations apply, else the
+        ``failure`` ones (``{"op": "put", "key", "value"}``, ``{"op": "delete", "key"}``,
+        ``{"op": "get", "key"}``), all at one offset. Never retried once sent (as a cas). The
+        node checks the compares and operations (BAD_REQUEST), over either protocol."""
+        return self._transport.txn(compare, success, failure)
+
+    def list_keys(self, prefix: str = "", *, start_after: str | None = None, limit: int = 100,
+                  stale: bool = False) -> KeyPage:
+        """A page of the keys starting with ``prefix``, in key order, after ``start_after``
+        (linearizable unless ``stale``). A page holds fewer than ``limit`` keys when they would
+        be more than the node answers at once (about 1 MiB of keys and values):
+        ``next_start_after`` is where the next page starts, None after the last."""
+        _utf8_text(prefix, "a prefix")
+        if start_after is not None:
+            _utf8_text(start_after, "start_after")
+        return self._transport.list_keys(prefix, start_after, _u32(limit, "limit"), stale)
+
+    def scan_keys(self, prefix: str = "", *, start_after: str | None = None,
+                  page_size: int = 100, stale: bool = False) -> Iterator[tuple[str, str]]:
+        """Every (key, value) under ``prefix`` after ``start_after``, in key order: ``list_keys``
+        page after page, each page read when the previous is used up (each linearizable
+        unless ``stale``, but not the whole scan at once)."""
+        after = start_after
+        while True:
+            page = self.list_keys(prefix, start_after=after, limit=page_size, stale=stale)
+            yield from page.entries
+            after = page.next_start_after
+            if after is None:
+                return
+
+    def watch(self, offset: int, *, key: str | None = None, prefix: str | None = None,
+              wait_ms: int = 0, max_events: int = 100) -> WatchResult:
+        """The changes of ``key`` (or of the keys under ``prefix``) committed at or after
+        ``offset``, waiting up to ``wait_ms`` while there is none; continue from
+        ``next_offset`` (an answer holds fewer than ``max_events`` changes when they would be
+        more than the node answers at once, about 1 MiB). Raises QuorumClientError COMPACTED
+        when they are no longer known."""
+        if (key is None) == (prefix is None):
+            raise ValueError("watch a key or a prefix")
+        if key is not None:
+            _checked_key(key)
+        else:
+            _utf8_text(prefix or "", "a prefix")
+        return self._transport.watch(_u64(offset, "offset"), key, prefix,
+                                     _u32(wait_ms, "wait_ms"), _u32(max_events, "max_events"))
+
+    # --- records -----------------------------------------------------------------------------
+
+    def append(self, values: Sequence[bytes]) -> tuple[int, int]:
+        """Append records as one batch; their (first, last) offsets once committed."""
+        if not values:
+            raise ValueError("nothing to append")
+        return self._transport.append(values)
+
+    def read(self, offset: int, max_records: int = 100, wait_ms: int = 0) -> ReadResult:
+        """Committed records from ``offset``, waiting up to ``wait_ms`` for the first one."""
+        return self._transport.read(_u64(offset, "offset"), _u32(max_records, "max_records"),
+                                    _u32(wait_ms, "wait_ms"))
+
+    # --- voter changes (the admin API) ------------------------------------------------------
+
+    def add_voter(self, voter_id: int, directory_id: str) -> list[Voter]:
+        """AddVoter (KIP-856): make observer (``voter_id``, ``directory_id``: Kafka's base64url
+        form) a voter. Returns the voter set once the change is committed. A refusal raises
+        QuorumClientError with Kafka's error name as its code: DUPLICATE_VOTER,
+        INVALID_REQUEST, or REQUEST_TIMED_OUT (another change is pending, or this one was not
+        done in time and may still complete)."""
+        body = json.dumps({"id": voter_id, "directory_id": directory_id}).encode()
+        return _voters(self._http.call("POST", VOTERS_PATH, body=body,
+                                       content_type="application/json"))
+
+    def remove_voter(self, voter_id: int, directory_id: str, *,
+                     decommission: bool = False) -> list[Voter]:
+        """RemoveVoter (KIP-856), as ``add_voter``; VOTER_NOT_FOUND if it is not a voter (also
+        when a retry follows a try whose answer was lost). Removing a node id's last directory
+        is refused (INVALID_REQUEST) unless ``decommission``: scaling the quorum down."""
+        path = f"{VOTERS_PATH}/{voter_id}/{urllib.parse.quote(directory_id, safe='')}"
+        query = {"decommission": "true"} if decommission else None
+        return _voters(self._http.call("DELETE", path, query=query))
+
+    # --- pipelining -------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[str, str]], *,
+                 window: int = DEFAULT_WINDOW) -> list[WriteResult]:
+        """Put each (key, value); their results, in the order given. Over the stream up to
+        ``window`` puts are in flight at once (one round trip for many puts); a put refused or
+        cut off there is tried again alone, with ``put``'s redirects and retries. The puts
+        are not applied in a guaranteed order: put a key once per call."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        for key, _ in items:
+            _checked_key(key)
+        return self._transport.put_many(items, window)
+
+
+class _HttpTransport:
+    """The HTTP API (``quorum_node.node.api.client``, and the admin API's voter changes):
+    ``http.client`` keep-alive connections, one per server, and the 307/308 redirects to the
+    leader."""
+
+    def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
+        self._policy = policy
+        self._credentials = credentials
+        self._ssl_context: ssl.SSLContext | None = None
+        self._connections: dict[str, http.client.HTTPConnection] = {}
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+
+    def put(self, key: str, value: str) -> WriteResult:
+        body = self.call("PUT", _kv_path(key), body=value.encode("utf-8"),
+                         content_type="text/plain; charset=utf-8")
+        return _write_result(body, "applied")
+
+    def get(self, key: str, stale: bool) -> str | None:
+        body = self.call("GET", _kv_path(key), query={"stale": "true"} if stale else {},
+                         server_timeout=not stale, absent_ok=True)
+        if body.get("code") == "KEY_NOT_FOUND":
+            return None
+        return _field(body, "value", str)
+
+    def delete(self, key: str) -> WriteResult:
+        return _write_result(self.call("DELETE", _kv_path(key)), "deleted")
+
+    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
+        body = json.dumps({"expected": expected, "value": value}).encode()
+        return _write_result(self.call("POST", _kv_path(key) + "/cas", body=body,
+                                       content_type="application/json"), "applied")
+
+    def txn(self, compare: Sequence[Mapping[str, Any]], success: Sequence[Mapping[str, Any]],
+            failure: Sequence[Mapping[str, Any]]) -> TxnResult:
+        body = json.dumps({"compare": list(compare), "success": list(success),
+                           "failure": list(failure)}).encode()
+        answer = self.call("POST", "/v1/txn", body=body, content_type="application/json")
+        return TxnResult(_field(answer, "succeeded", bool), _field(answer, "responses", list),
+                         _field(answer, "offset", int), _field(answer, "epoch", int))
+
+    def list_keys(self, prefix: str, start_after: str | None, limit: int,
+                  stale: bool) -> KeyPage:
+        query = {"prefix": prefix, "limit": str(limit)}
+        if start_after is not None:
+            query["start_after"] = start_after
+        if stale:
+            query["stale"] = "true"
+        body = self.call("GET", "/v1/kv", query=query, server_timeout=not stale)
+        entries = []
+        for entry in _field(body, "entries", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an entry is not an object")
+            entries.append((_field(entry, "key", str), _field(entry, "value", str)))
+        after = body.get("next_start_after")
+        return KeyPage(entries, after if isinstance(after, str) else None,
+                       _field(body, "applied_offset", int))
+
+    def watch(self, offset: int, key: str | None, prefix: str | None, wait_ms: int,
+              max_events: int) -> WatchResult:
+        query = {"offset": str(offset), "wait_ms": str(wait_ms),
+                 "max_events": str(max_events)}
+        query.update({"key": key} if key is not None else {"prefix": prefix or ""})
+        body = self.call("GET", "/v1/watch", query=query, server_timeout=False,
+                         extra_time_s=wait_ms / 1000)
+        events = []
+        for entry in _field(body, "events", list):
+            if not isinstance(entry, dict):
+                raise QuorumClientError("malformed answer: an event is not an object")
+            value = entry.get("value")
+            events.append(KvEvent(_field(entry, "offset", int), _field(entry, "key", str),
+                                  value if isinstance(value, str) else None))
+        return WatchResult(events, _field(body, "next_offset", int),
+                           _field(body, "applied_offset", int))
+
+    def append(self, values: Sequence[bytes]) -> tuple[int, int]:
+        body = b"".join(len(value).to_bytes(4, "big") + bytes(value) for value in values)
+        answer = self.call("POST", "/v1/records", body=body,
+                           content_type="application/octet-stream")
+        return _field(answer, "first_offset", int), _field(answer, "last_offset", int)
+
+    def read(self, offset: int, max_records: int, wait_ms: int) -> ReadResult:
+        query = {"offset": str(offset), "max_records": str(max_records), "wait_ms": str(wait_ms)}
+        body = self.call("GET", "/v1/records", query=query, server_timeout=False,
+                         extra_time_s=wait_ms / 1000)
+        records = []
+        for entry in _field(body, "records", list):
+            key = entry.get("key")
+            records.append(ReadRecord(
+                offset=_field(entry, "offset", int),
+                value=base64.b64decode(_field(entry, "value", str)),
+                key=base64.b64decode(key) if isinstance(key, str) else None,
+                timestamp_ms=int(entry.get("timestamp_ms", 0)),
+            ))
+        high_watermark = body.get("high_watermark")
+        return ReadResult(records, high_watermark if isinstance(high_watermark, int) else None,
+                          _field(body, "next_offset", int))
+
+    def put_many(self, items: Sequence[tuple[str, str]], window: int) -> list[WriteResult]:
+        """One put after the other: HTTP/1.1 answers a connection's requests in order."""
+        return [self.put(key, value) for key, value in items]
+
+    def call(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+             body: bytes | None = None, content_type: str | None = None,
+             server_timeout: bool = True, absent_ok: bool = False,
+             extra_time_s: float = 0.0) -> dict[str, Any]:
+        """One HTTP API call with redirects and retries; the JSON answer of a success."""
+        request = _Request(method, path, dict(query or {}), body, content_type, server_timeout)
+
+        def attempt(server: str, deadline: float) -> tuple[dict[str, Any] | _Refusal, str]:
+            answer, server = self._follow(request, server, deadline)
+            code = answer.body.get("code") if isinstance(answer.body, dict) else None
+            if 200 <= answer.status < 300 or (absent_ok and code == "KEY_NOT_FOUND"):
+                return answer.body, server
+            return _Refusal(code or "ERROR", _error_message(answer), answer.status,
+                            answer.body), server
+
+        return self._policy.call(attempt, read=method == "GET",
+                                 idempotent=method in ("GET", "PUT", "DELETE"),
+                                 extra_time_s=extra_time_s)
 
     def _follow(self, request: _Request, server: str, deadline: float) -> tuple[_Answer, str]:
         """Send to ``server``, following redirects to the leader; the answer and who gave it."""
@@ -726,7 +684,7 @@ class QuorumClient:
 
     def _send(self, server: str, request: _Request, target: str, timeout_s: float) -> _Answer:
         connection = self._connection(server, timeout_s)
-        headers = {"Accept": "application/json", **self.credentials.headers()}
+        headers = {"Accept": "application/json", **self._credentials.headers()}
         if request.content_type is not None:
             headers["Content-Type"] = request.content_type
         try:
@@ -763,7 +721,7 @@ class QuorumClient:
             parts = urllib.parse.urlsplit(server)
             if parts.scheme == "https":
                 if self._ssl_context is None:
-                    self._ssl_context = self.credentials.ssl_context()
+                    self._ssl_context = self._credentials.ssl_context()
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, timeout=timeout_s,
                     context=self._ssl_context)
@@ -787,6 +745,181 @@ class QuorumClient:
         connection.timeout = timeout_s
         connection.sock.settimeout(timeout_s)
         return connection
+
+
+class _StreamTransport:
+    """The binary protocol (``quorum_node.wire``): one ClientStream per server, NOT_LEADER
+    answers followed to the leader they name, and put_many's puts pipelined on one stream."""
+
+    def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
+        self._policy = policy
+        self._credentials = credentials
+        self._ssl_context: ssl.SSLContext | None = None
+        self._streams: dict[str, ClientStream] = {}
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+
+    def put(self, key: str, value: str) -> WriteResult:
+        offset, epoch, applied = self._call(wire.Op.PUT, (key, value), key=key)
+        return WriteResult(key, offset, epoch, applied)
+
+    def get(self, key: str, stale: bool) -> str | None:
+        value, _ = self._call(wire.Op.GET, (key, stale), key=key, server_timeout=not stale)
+        return value  # type: ignore[no-any-return]
+
+    def delete(self, key: str) -> WriteResult:
+        offset, epoch, applied = self._call(wire.Op.DELETE, (key,), key=key)
+        return WriteResult(key, offset, epoch, applied)
+
+    def cas(self, key: str, expected: str | None, value: str | None) -> WriteResult:
+        offset, epoch, applied = self._call(wire.Op.CAS, (key, expected, value), key=key)
+        return WriteResult(key, offset, epoch, applied)
+
+    def txn(self, compare: Sequence[Mapping[str, Any]], success: Sequence[Mapping[str, Any]],
+            failure: Sequence[Mapping[str, Any]]) -> TxnResult:
+        offset, epoch, succeeded, responses = self._call(
+            wire.Op.TXN, _txn_fields(compare, success, failure))
+        return TxnResult(succeeded, [_txn_response(r) for r in responses], offset, epoch)
+
+    def list_keys(self, prefix: str, start_after: str | None, limit: int,
+                  stale: bool) -> KeyPage:
+        entries, after, applied_offset = self._call(
+            wire.Op.LIST, (prefix, start_after, limit, stale), server_timeout=not stale)
+        return KeyPage([tuple(entry) for entry in entries], after, applied_offset)
+
+    def watch(self, offset: int, key: str | None, prefix: str | None, wait_ms: int,
+              max_events: int) -> WatchResult:
+        watched = key if key is not None else prefix or ""
+        events, next_offset, applied_offset = self._call(
+            wire.Op.WATCH, (key is not None, watched, offset, wait_ms, max_events),
+            server_timeout=False, extra_time_s=wait_ms / 1000)
+        return WatchResult([KvEvent(*event) for event in events], next_offset, applied_offset)
+
+    def append(self, values: Sequence[bytes]) -> tuple[int, int]:
+        first, last, _ = self._call(wire.Op.APPEND, ([bytes(v) for v in values],))
+        return first, last
+
+    def read(self, offset: int, max_records: int, wait_ms: int) -> ReadResult:
+        high_watermark, next_offset, entries = self._call(
+            wire.Op.READ, (offset, max_records, wait_ms), server_timeout=False,
+            extra_time_s=wait_ms / 1000)
+        records = [ReadRecord(offset=record_offset, value=value, key=record_key,
+                              timestamp_ms=timestamp_ms)
+                   for record_offset, timestamp_ms, record_key, value in entries]
+        return ReadResult(records, high_watermark, next_offset)
+
+    def put_many(self, items: Sequence[tuple[str, str]], window: int) -> list[WriteResult]:
+        results: list[WriteResult] = []
+        for start in range(0, len(items), window):
+            chunk = items[start:start + window]
+            answers = self._pipeline(wire.Op.PUT, [(key, value) for key, value in chunk])
+            for (key, value), answer in zip(chunk, answers, strict=True):
+                if answer is None:
+                    results.append(self.put(key, value))
+                else:
+                    offset, epoch, applied = answer
+                    results.append(WriteResult(key, offset, epoch, applied))
+        return results
+
+    def _pipeline(self, op: wire.Op,
+                  requests: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...] | None]:
+        """Send ``requests`` on the preferred server's stream, all before the first answer is
+        awaited; each one's answer, or None where it has none (an error answer, or the stream
+        failed: the caller retries those alone)."""
+        answers: list[tuple[Any, ...] | None] = [None] * len(requests)
+        timeout_s = self._policy.timeout_s
+        deadline = time.monotonic() + timeout_s
+        budget_ms = _server_budget_ms(timeout_s)
+        try:
+            stream = self._stream(self._policy.preferred, timeout_s)
+        except (_NotSent, QuorumClientError):
+            return answers
+        sent: list[tuple[int, int]] = []
+        try:
+            for index, fields in enumerate(requests):
+                sent.append((index, stream.send(op, budget_ms, fields)))
+            for index, correlation in sent:
+                answer = stream.wait(correlation, max(0.0, deadline - time.monotonic()))
+                if not isinstance(answer, wire.ErrorAnswer):
+                    answers[index] = answer
+        except StreamBroken:
+            self._drop_stream(stream)
+        return answers
+
+    def _call(self, op: wire.Op, fields: tuple[Any, ...], *, key: str | None = None,
+              server_timeout: bool = True, extra_time_s: float = 0.0) -> tuple[Any, ...]:
+        """One call over the stream with redirects and retries; the answer's fields."""
+
+        def attempt(server: str, deadline: float) -> tuple[_WireAnswer | _Refusal, str]:
+            return self._follow(op, key, fields, server, deadline,
+                                server_timeout=server_timeout)
+
+        return self._policy.call(attempt, read=op in _READ_OPS, idempotent=op in _IDEMPOTENT_OPS,
+                                 extra_time_s=extra_time_s).fields
+
+    def _follow(self, op: wire.Op, key: str | None, fields: tuple[Any, ...], server: str,
+                deadline: float, *, server_timeout: bool
+                ) -> tuple[_WireAnswer | _Refusal, str]:
+        """Send over ``server``'s stream, following NOT_LEADER to the leader; the answer and
+        who gave it."""
+        first = server
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _OutOfTime
+            try:
+                stream = self._stream(server, remaining)
+            except _NotSent as problem:
+                if server == first:
+                    raise
+                # As over HTTP: the node sent here answered, the list is reachable.
+                raise _NotSent(str(problem)) from None
+            timeout_ms = _server_budget_ms(remaining) if server_timeout else 0
+            try:
+                answer = stream.wait(stream.send(op, timeout_ms, fields), remaining)
+            except StreamBroken as broken:
+                self._drop_stream(stream)
+                raise _Interrupted(str(broken)) from None
+            if not isinstance(answer, wire.ErrorAnswer):
+                return _WireAnswer(op, key, answer), server
+            leader_url = answer.leader[1] if answer.leader is not None else None
+            if answer.code != "NOT_LEADER" or not leader_url:
+                return _Refusal(answer.code, answer.message, None, answer.body()), server
+            location = urllib.parse.urlsplit(leader_url)
+            server = f"{location.scheme}://{location.netloc}"
+        raise _NotSent(f"redirected more than {MAX_REDIRECTS} times (last to {server})")
+
+    def _stream(self, server: str, timeout_s: float) -> ClientStream:
+        """An open stream to ``server``; a new one if the node closed the last one."""
+        stream = self._streams.get(server)
+        if stream is not None and stream.usable:
+            return stream
+        if stream is not None:
+            self._drop_stream(stream)
+        parts = urllib.parse.urlsplit(server)
+        if parts.scheme == "https" and self._ssl_context is None:
+            self._ssl_context = self._credentials.ssl_context()
+        try:
+            stream = ClientStream.open(server, headers=self._credentials.headers(),
+                                       ssl_context=self._ssl_context, timeout_s=timeout_s)
+        except ssl.SSLCertVerificationError as error:
+            raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
+                                    code="TLS_ERROR") from None
+        except StreamNotOpened as problem:
+            if problem.status is None:
+                raise _NotSent(str(problem), unreachable=problem.unreachable) from None
+            raise _stream_refused(server, problem) from None
+        self._streams[server] = stream
+        return stream
+
+    def _drop_stream(self, stream: ClientStream) -> None:
+        stream.close()
+        if self._streams.get(stream.server) is stream:
+            del self._streams[stream.server]
+
 
 
 def _server_budget_ms(remaining_s: float) -> int:
@@ -856,7 +989,7 @@ def _utf8_text(text: str, what: str) -> str:
 
 
 def _kv_path(key: str) -> str:
-    return "/v1/kv/" + urllib.parse.quote(_checked_key(key), safe="")
+    return "/v1/kv/" + urllib.parse.quote(key, safe="")
 
 
 def _u32(value: int, name: str) -> int:

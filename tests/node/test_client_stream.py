@@ -213,13 +213,13 @@ def test_redirect_to_the_leader_and_failover_over_the_stream(tmp_path: Path) -> 
         leader = cluster.leader()
         with QuorumClient([follower.address], protocol="binary", timeout_s=10) as client:
             assert client.put("failover", "one").applied  # NOT_LEADER, then the leader
-            assert client._preferred == leader.url
+            assert client._policy.preferred == leader.url
         with QuorumClient(cluster.bootstrap, protocol="binary", timeout_s=15) as client:
             assert client.get("failover") == "one"
             cluster.shut_down(leader)
             assert client.put("failover", "two").applied  # a new leader, elected meanwhile
             assert client.get("failover") == "two"
-            assert client._preferred != leader.url
+            assert client._policy.preferred != leader.url
     finally:
         cluster.stop()
 
