@@ -16,9 +16,10 @@
         client.add_voter(3, "<directory id>")  # admin: AddVoter, RemoveVoter (KIP-856)
 
 It talks to any node of the bootstrap list, follows a redirect to the leader (and sticks to the
-leader it found), and retries across the list within ``timeout_s`` per call, whenever a try is
-known not to have taken effect: the node could not be reached, knew no leader, was shutting
-down, or the leader lost the append to a new leader. While nodes answer (an election is under
+leader it found), and retries across the list within ``timeout_s`` per call (a try begun at its
+end is given a quarter of a second to be answered), whenever a try is known not to have taken
+effect: the node could not be reached, knew no leader, was shutting down, or the leader lost the
+append to a new leader. While nodes answer (an election is under
 way) it tries again every few tens of milliseconds, as etcd's client does, so that a write
 lands as soon as a new leader serves; while none answers, the back-off doubles up to a second.
 When a connection breaks after a request was sent, its outcome is unknown: reads, puts and
@@ -664,7 +665,7 @@ class _HttpTransport:
                 query["timeout_ms"] = str(_server_budget_ms(remaining))
             target = request.path + ("?" + urllib.parse.urlencode(query) if query else "")
             try:
-                answer = self._send(server, request, target, remaining)
+                answer = self._send(server, request, target, _answer_window_s(remaining))
             except _NotSent as problem:
                 if server == first:
                     raise
@@ -879,7 +880,8 @@ class _StreamTransport:
                 raise _NotSent(str(problem)) from None
             timeout_ms = _server_budget_ms(remaining) if server_timeout else 0
             try:
-                answer = stream.wait(stream.send(op, timeout_ms, fields), remaining)
+                answer = stream.wait(stream.send(op, timeout_ms, fields),
+                                     _answer_window_s(remaining))
             except StreamBroken as broken:
                 self._drop_stream(stream)
                 raise _Interrupted(str(broken)) from None
@@ -920,6 +922,13 @@ class _StreamTransport:
         if self._streams.get(stream.server) is stream:
             del self._streams[stream.server]
 
+
+
+def _answer_window_s(remaining_s: float) -> float:
+    """How long a request sent now is waited for: what is left of the call's time, but never
+    less than the margin an answer needs to travel back (the node was given the rest). A request
+    sent in the call's last moments is waited for, not cut off with its outcome unknown."""
+    return max(remaining_s, _SERVER_TIMEOUT_MARGIN_S)
 
 
 def _server_budget_ms(remaining_s: float) -> int:

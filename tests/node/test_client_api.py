@@ -600,11 +600,13 @@ def test_the_store_is_rebuilt_from_the_log_at_restart(tmp_path: Path, protocol: 
 
 
 class _MisbehavingServer(http.server.ThreadingHTTPServer):
-    """A "node" that hangs up on every request, or redirects every request to itself."""
+    """A "node" that hangs up on every request, or redirects every request to itself (after
+    ``delay_s``: a slow machine)."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Misbehaving)
         self.mode = "hang-up"
+        self.delay_s = 0.0
         self.calls: list[str] = []
 
 
@@ -623,6 +625,7 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
         if self.server.mode == "hang-up":
             self.close_connection = True  # no answer at all: the outcome is unknown
             return
+        time.sleep(self.server.delay_s)
         self.send_response(307)  # "loop": a leader that points at itself
         self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}{self.path}")
         self.send_header("Content-Type", "application/json")
@@ -675,6 +678,19 @@ def test_client_gives_up_on_a_redirect_loop(misbehaving: _MisbehavingServer) -> 
         client.cas("k", None, "v")
     assert failed.value.code == "UNAVAILABLE"
     assert "redirected more than 5 times" in str(failed.value)
+
+
+def test_a_try_begun_at_the_end_of_a_call_is_waited_for(misbehaving: _MisbehavingServer) -> None:
+    """A redirect that comes just after the call's time is up is still an answer (nothing was
+    applied), not a cut-off request whose outcome is unknown."""
+    misbehaving.mode, misbehaving.delay_s = "loop", 0.04
+    started = time.monotonic()
+    with pytest.raises(QuorumClientError) as failed, \
+            QuorumClient(f"127.0.0.1:{misbehaving.server_port}", timeout_s=0.1,
+                         protocol="http") as client:
+        client.cas("k", None, "v")
+    assert failed.value.code == "UNAVAILABLE"
+    assert time.monotonic() - started < 0.1 + 0.25 + 0.2  # the margin, and no more
 
 
 # --- listing and watching keys ----------------------------------------------------------------
