@@ -372,7 +372,9 @@ PATHS: dict[str, Any] = {
             "operationId": "kvPut", "summary": "Set a key",
             "security": [{"bearer": []}, {"mutualTls": []}, {}],
             "parameters": [_TIMEOUT],
-            "requestBody": {"required": True, **_TEXT},
+            # HTTP cannot tell an absent body from an empty one: either is the empty value.
+            "requestBody": {"required": False, "description": "the value (UTF-8); no body is "
+                            "the empty value", **_TEXT},
             "responses": {**_WRITE, "200": _KV_WRITE},
         },
         "get": {
