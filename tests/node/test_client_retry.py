@@ -5,52 +5,33 @@ back-off double. Real sockets on loopback: a node that redirects, and ports nobo
 from __future__ import annotations
 
 import http.server
-import json
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
+from fake_nodes import closed_port, send_json, serving
 
 from quorum_node import client as client_module
 from quorum_node.client import QuorumClient, QuorumClientError
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def redirecting_node() -> Iterator[tuple[str, int]]:
     """A node that sends every request to a leader whose port is closed (it was killed, and
     the node has not heard of a new one yet)."""
-    dead = _closed_port()
+    dead = closed_port()
 
     class Redirect(http.server.BaseHTTPRequestHandler):
         def _redirect(self) -> None:
-            body = json.dumps({"code": "NOT_LEADER", "message": "not the leader"}).encode()
-            self.send_response(307)
-            self.send_header("Location", f"http://127.0.0.1:{dead}{self.path}")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, 307, {"code": "NOT_LEADER", "message": "not the leader"},
+                      {"Location": f"http://127.0.0.1:{dead}{self.path}"})
 
         do_GET = do_PUT = do_POST = do_DELETE = _redirect
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", dead
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Redirect) as port:
+        yield f"127.0.0.1:{port}", dead
 
 
 def _slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
@@ -75,7 +56,7 @@ def test_a_node_that_answers_is_tried_again_soon(
 
 def test_the_back_off_doubles_while_no_node_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     waits = _slept(monkeypatch)
-    with QuorumClient([f"127.0.0.1:{_closed_port()}"], timeout_s=0.3,
+    with QuorumClient([f"127.0.0.1:{closed_port()}"], timeout_s=0.3,
                       protocol="http") as client, pytest.raises(QuorumClientError):
         client.put("k", "v")
     assert len(waits) > 10

@@ -6,13 +6,11 @@ a node that serves the voters route alone, and a port nobody listens on."""
 from __future__ import annotations
 
 import http.server
-import json
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from fake_nodes import closed_port, send_json, serving
 
 from quorum_node.client import PROTOCOLS, QuorumClient
 
@@ -21,12 +19,6 @@ pytestmark = pytest.mark.timeout(60)
 
 VOTERS = {"voters": [{"id": 1, "directory_id": "AAAAAAAAAAAAAAAAAAAAAQ"},
                      {"id": 3, "directory_id": "AAAAAAAAAAAAAAAAAAAAAw"}]}
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -45,26 +37,15 @@ def voters_node() -> Iterator[tuple[str, list[str]]]:
             found = self.command == "POST" and self.path.startswith("/v1/quorum/voters")
             document: dict[str, Any] = VOTERS if found else {"code": "NOT_FOUND",
                                                              "message": "no such route"}
-            body = json.dumps(document).encode()
-            self.send_response(200 if found else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, 200 if found else 404, document)
 
         do_GET = do_PUT = do_POST = do_DELETE = _answer
 
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Voters)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Voters) as port:
+        yield f"127.0.0.1:{port}", seen
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -101,6 +82,6 @@ def test_a_bad_argument_is_refused_before_anything_is_sent(
         protocol: str, what: str, call: Callable[[QuorumClient], object]) -> None:
     # Nobody listens there: a call that reached its transport would wait out its timeout and
     # raise QuorumClientError UNAVAILABLE, not ValueError.
-    with QuorumClient(f"127.0.0.1:{_closed_port()}", timeout_s=0.3, protocol=protocol) as client, \
+    with QuorumClient(f"127.0.0.1:{closed_port()}", timeout_s=0.3, protocol=protocol) as client, \
             pytest.raises(ValueError):
         call(client)
