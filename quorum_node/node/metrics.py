@@ -90,8 +90,9 @@ class StateWatcher:
     state, starts campaigning as Prospective or Candidate) until it is Leader or Follower again.
     Growth of the log end offset counts as records appended while Leader and as records fetched
     while Follower (the role after the step that grew it); a truncation only moves the baseline
-    down. ``elected_ms`` is when this replica became leader of its current epoch (the status's
-    time: wall clock, as DescribeQuorum's timestamps), None while it is not leader."""
+    down. ``elected_ms`` is when this replica became leader of its current epoch (wall clock, as
+    DescribeQuorum's timestamps: the change's, or the status's at start), None while it is not
+    leader."""
 
     def __init__(self, status: NodeStatus, log: WatchedLog,
                  observe_election: Callable[[float], None],
