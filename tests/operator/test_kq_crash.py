@@ -274,6 +274,7 @@ def test_the_voter_bound_check_can_fail() -> None:
     assert not more_than_one_extra(["1:a", "1:b", "2:c", "3:d"])
 
 
+@pytest.mark.slow
 async def test_operator_killed_at_each_step_of_a_replacement(tmp_path: Path) -> None:
     async with crash_cluster(tmp_path) as (cluster, emulator, operator):
         body = quorum_object(NAME, 3)

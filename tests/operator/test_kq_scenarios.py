@@ -17,8 +17,10 @@ from kq_scenarios import Timings, create_and_ready, heal_evicted, lifecycle, sca
 pytestmark = pytest.mark.timeout(1800)
 
 
+@pytest.mark.slow
 async def test_lifecycle(tmp_path: Path) -> None:
-    """The heals (and everything else here) with the operator's default timings."""
+    """The heals (and everything else here) with the operator's default timings (minutes: CI's
+    step of the operator's slow scenarios)."""
     async with running_cluster(tmp_path) as cluster:
         await lifecycle(EmulatedQuorum(cluster, {}), Timings("emulated"), hold_s=6)
         assert cluster.operator.alive and cluster.operator.error is None
