@@ -92,10 +92,12 @@ class FollowerState:
         self.pre_vote_at_ms = NEVER
 
     def saw_leader_gone(self, now_ms: int, delay_ms: int) -> None:
-        """The leader refused a connection: ask for pre-votes ``delay_ms`` from now (or sooner,
-        if a round is due sooner already)."""
-        self.leader_gone = True
-        self.pre_vote_at_ms = min(self.pre_vote_at_ms, now_ms + delay_ms)
+        """The leader refused a connection: ask for pre-votes ``delay_ms`` from now. The first
+        refusal sets the time; the next ones, every retry back-off while it waits, keep it (a
+        pre-vote granted meanwhile may have put it off)."""
+        if not self.leader_gone:
+            self.leader_gone = True
+            self.pre_vote_at_ms = now_ms + delay_ms
 
     def granted_pre_vote(self, not_before_ms: int) -> None:
         """This follower granted a pre-vote: a round of its own on a gone leader waits until

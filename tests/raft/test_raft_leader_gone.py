@@ -117,6 +117,8 @@ def test_a_follower_whose_leader_is_gone_grants_pre_votes(make_ctx: MakeCtx) -> 
     assert isinstance(response, VoteResponse)
     assert response.vote_granted is True
     assert ctx.core.state is RaftState.FOLLOWER
+    ctx.advance(ctx.config.retry_backoff_ms)
+    _refuse_fetch(ctx)  # refused again, as every retry is: the round stays put off
     ctx.advance(T // 10)
     assert ctx.core.state is RaftState.FOLLOWER  # put off: its round waits an election timer
     assert ctx.core.next_deadline_ms() == refused_at + T
