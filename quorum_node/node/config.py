@@ -475,7 +475,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(_QUORUM_TIMING + "election.timeout.ms", ("quorum.election_timeout_ms",),
               "Election timeout; each timer is drawn from [T, 2T).", shared=True),
     ConfigKey(_QUORUM_TIMING + "fetch.timeout.ms", ("quorum.fetch_timeout_ms",),
-              "A follower that has not heard from its leader for this long starts an election.",
+              "A follower that has not heard from its leader for this long starts an election "
+              "(at once when the leader's address refuses connections: its process is gone).",
               shared=True),
     ConfigKey(_QUORUM_TIMING + "election.backoff.max.ms", ("quorum.election_backoff_max_ms",),
               "Cap of the back-off before a resigned leader's successors campaign.", shared=True),

@@ -514,7 +514,7 @@ class QuorumNode:
                 logger.debug("%s", answer)
                 self.story.peer_failed(destination, str(answer))
                 self._peer_lost(destination)
-                self.driver.handle_request_failure(destination, correlation_id)
+                self.driver.handle_request_failure(destination, correlation_id, answer.failure)
             else:
                 self.story.peer_answered(destination)
                 self._unreachable.discard(destination)

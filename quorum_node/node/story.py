@@ -40,6 +40,8 @@ _REASONS: dict[TransitionCause, str] = {
     TransitionCause.FETCH_TIMEOUT: "no word from leader {previous_leader} within the fetch "
                                    "timeout; starting an election",
     TransitionCause.LEADER_RESIGNED: "leader {previous_leader} resigned; starting an election",
+    TransitionCause.LEADER_GONE: "leader {previous_leader} refused a connection (its process is "
+                                 "gone); starting an election",
     TransitionCause.LONE_VOTER: "the only voter; electing itself",
     TransitionCause.CHECK_QUORUM: "resigning: no fetch from a majority of the voters within the "
                                   "check-quorum timeout (cut off?)",

@@ -69,6 +69,7 @@ from quorum_node.raft.messages import (
     VoteResponse,
     check_received_epochs,
 )
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.security.authorization import Authorizer, Refused
 from quorum_node.security.peer_secret import PEER_SECRET_HEADER
 from quorum_node.security.tls import ReloadingTls
@@ -273,7 +274,8 @@ class PeerClient:
         except (TimeoutError, aiohttp.ClientError, OSError, ssl.SSLError) as error:
             # str, not repr: the operator reads it in the log ("Cannot connect to host ...").
             reason = str(error) or type(error).__name__
-            raise PeerUnavailable(f"node {destination} unreachable: {reason}") from None
+            raise PeerUnavailable(f"node {destination} unreachable: {reason}",
+                                  connection_failure(error)) from None
         # A timed-out or broken call may mean a silently dead connection: start afresh.
         stream = _PeerStream(destination, socket, on_unavailable=self._drop,
                              on_ended=self._stream_ended)
@@ -444,7 +446,24 @@ def start_now(coroutine: Coroutine[Any, Any, None],
 
 
 class PeerUnavailable(Exception):
-    pass
+    """No answer from a peer. ``failure`` says why, for the core: ``REFUSED`` when the connection
+    was refused (nothing listens at the peer's address: its process is gone), else
+    ``UNANSWERED`` (a timeout, a broken stream, a failed handshake or an unusable answer, all of
+    which a live peer behind a partition, paused or overloaded can give)."""
+
+    def __init__(self, message: str,
+                 failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def connection_failure(error: BaseException) -> RequestFailure:
+    """What a failed connection attempt tells of the peer: only a refusal (the peer's host
+    answered the connection with a reset: no socket listens on the port) says its process is
+    gone; a timeout, an unreachable host or a failed TLS or WebSocket handshake says nothing."""
+    cause = error.os_error if isinstance(error, aiohttp.ClientConnectorError) else error
+    return (RequestFailure.REFUSED if isinstance(cause, ConnectionRefusedError)
+            else RequestFailure.UNANSWERED)
 
 
 # A parked request's answer, given later; None when there will be none (the node is stopping,

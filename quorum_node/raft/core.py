@@ -92,7 +92,7 @@ from quorum_node.raft.records import (
     decode_batch,
     read_batch_header,
 )
-from quorum_node.raft.requests import RequestManager
+from quorum_node.raft.requests import RequestFailure, RequestManager
 from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
 from quorum_node.raft.snapshots import (
     Buffer,
@@ -432,7 +432,7 @@ class RaftCore:
             if isinstance(state, ProspectiveState):
                 times.append(state.ask_again_ms)
         elif isinstance(state, FollowerState):
-            times.append(state.fetch_deadline_ms)
+            times.append(state.deadline_ms)
         else:
             if self._remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
@@ -503,10 +503,14 @@ class RaftCore:
                 assert_never(response)
         self._drive(now_ms)
 
-    def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int) -> None:
-        """The request could not be delivered (connection refused, peer gone): back off."""
+    def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int,
+                               failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
+        """The request got no answer (``failure`` says why): back off. A refusal may tell that
+        the leader is gone (``follower.py``)."""
         self._now_ms = max(self._now_ms, now_ms)
-        self._requests.on_response(destination, correlation_id, now_ms, ok=False)
+        if self._requests.on_response(destination, correlation_id, now_ms, ok=False) \
+                and failure is RequestFailure.REFUSED:
+            self._quorum.peer_refused(now_ms, destination)
         self._drive(now_ms)
 
     def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:
@@ -770,9 +774,10 @@ class RaftCore:
                                                 TransitionCause.PRE_VOTE_LOST)
 
     def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
+        if now_ms >= state.deadline_ms or self._is_only_voter:
             cause = (TransitionCause.LONE_VOTER if self._is_only_voter
                      else TransitionCause.LEADER_RESIGNED if state.leader_resigned
+                     else TransitionCause.LEADER_GONE if state.leader_gone
                      else TransitionCause.FETCH_TIMEOUT)
             if self.is_voter:
                 self._quorum.to_prospective(now_ms, cause)
@@ -1008,6 +1013,8 @@ class RaftCore:
         up_to_date = (request.last_offset_epoch, request.last_offset) >= (
             self.log.last_fetched_epoch(), self.log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
+        if granted and request.pre_vote:
+            self._quorum.granted_pre_vote(now_ms)
         state = self._state
         if granted and not request.pre_vote \
                 and isinstance(state, UnattachedState | ProspectiveState) \

@@ -27,6 +27,7 @@ from quorum_node.raft.core import (
 from quorum_node.raft.log import LogFullError
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.quorum_state import RoleChanged
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import NotLeaderError, VoterChangeError
@@ -55,7 +56,8 @@ class DriverHost(Protocol):
 
     def send(self, request: OutboundRequest) -> None:
         """Send a request to a peer; its answer or failure comes back through the driver's
-        ``handle_response`` or ``handle_request_failure``."""
+        ``handle_response`` or ``handle_request_failure`` (with why: a refused connection is
+        told apart from silence)."""
         ...
 
     def answer(self, response: OutboundResponse) -> None:
@@ -166,9 +168,10 @@ class CoreDriver:
         self.step(lambda core: core.handle_response(self._host.now_ms(), source, correlation_id,
                                                     response))
 
-    def handle_request_failure(self, destination: int, correlation_id: int) -> None:
+    def handle_request_failure(self, destination: int, correlation_id: int,
+                               failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
         self.step(lambda core: core.handle_request_failure(self._host.now_ms(), destination,
-                                                           correlation_id))
+                                                           correlation_id, failure))
 
     def handle_flushed(self, offset: int) -> None:
         self.step(lambda core: core.handle_flushed(self._host.now_ms(), offset))

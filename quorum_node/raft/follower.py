@@ -2,18 +2,52 @@
 leader has been heard from in this epoch, a snapshot download in progress), and the checks a
 follower makes of its leader's Fetch answers before it changes anything. ``RaftCore`` sends the
 fetches and applies what passes; nothing here reads a clock or does I/O.
+
+**A leader that is gone.** Kafka's follower starts an election only once it has not heard from
+its leader for ``controller.quorum.fetch.timeout.ms``. Silence is all a partition or a paused
+process gives, and the timeout is what tells them from a slow answer; but a leader whose process
+has died says more: the follower's connection to it ends and the next one is refused, since
+nothing listens at its address any more. The transport reports that refusal as
+``RequestFailure.REFUSED``, distinct from a request that timed out, broke or got an unusable
+answer (``UNANSWERED``, which changes nothing here). A refusal of a Fetch (or FetchSnapshot) to
+the leader, in this state, makes the leader *gone* (``saw_leader_gone``), and the rules are:
+
+- The follower asks for pre-votes (KIP-996) without waiting out the fetch timeout. Nothing
+  durable changes: a pre-vote moves no epoch and records no vote, so Raft's safety is the
+  standard vote's and is untouched; what is at stake is only whether a healthy leader is
+  disturbed, which the pre-vote's majority still decides.
+- A follower that saw its leader gone grants pre-votes again (``can_grant_vote``). Kafka's rule
+  (KAFKA-17641) rejects them once the leader has been heard from in the epoch, to protect a
+  leader others still follow; a follower whose leader refused it no longer has one to protect,
+  and if it kept rejecting, the two survivors of a three-voter quorum would reject each other
+  until their fetch timeouts ran out anyway.
+- A disruptive or cut-off follower still cannot unseat a live leader: the followers still
+  fetching from that leader reject its pre-vote, and a lost pre-vote takes it back to following
+  the leader it knew in the same epoch (``_lose_pre_vote``), with nothing bumped. A later
+  successful fetch makes the leader present again (``heard_from_leader``).
+- The survivors of a crash see the refusal within the same milliseconds, and two that ask at
+  once grant each other's pre-votes and split the vote (what the fetch timeout's jitter avoids
+  on the slow path). So the first round is staggered by rank, as Kafka staggers the successors
+  an EndQuorumEpoch names: the voters other than the gone leader, by id, ask a tenth of the
+  election timeout apart (the first at once); and granting a pre-vote puts this follower's own
+  round off by an election timer, as a Raft follower's timer restarts when it grants a vote, so
+  the one that asked first wins alone.
+- Churn is bounded: a follower refused by a leader that others still follow would otherwise
+  ask again after every lost round. Each further round in the same epoch, with the same leader,
+  waits as an election backs off: a randomized election timer, doubling with each round
+  (``gone_leader_delay_ms``). The fetch timeout bounds it from above, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from quorum_node.raft.log import RaftLog
 from quorum_node.raft.messages import EpochEndOffset, FetchResponse
 from quorum_node.raft.records import RecordBatch, decode_batches
 from quorum_node.raft.snapshots import PartialSnapshot
-from quorum_node.raft.types import MAX_OFFSET, ReplicaKey
+from quorum_node.raft.types import MAX_OFFSET, NEVER, ReplicaKey
 from quorum_node.raft.voters import voter_sets_in
 
 
@@ -34,20 +68,59 @@ class FollowerState:
     download: PartialSnapshot | None = None
     # The leader's EndQuorumEpoch came: the fetch timer runs out after the successor back-off.
     leader_resigned: bool = False
+    # The leader refused a connection (see the module docstring): a pre-vote is due at
+    # ``pre_vote_at_ms``, before the fetch timer runs out.
+    leader_gone: bool = False
+    pre_vote_at_ms: int = NEVER
+
+    @property
+    def deadline_ms(self) -> int:
+        """When this follower stops following: its fetch timer, or a gone leader's pre-vote."""
+        return min(self.fetch_deadline_ms, self.pre_vote_at_ms)
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
-        # KAFKA-17641: a pre-vote only, and only until the leader has been heard from.
-        return pre_vote and up_to_date and not self.has_fetched_from_leader
+        # KAFKA-17641: a pre-vote only, and only until the leader has been heard from, or once
+        # it is gone.
+        return pre_vote and up_to_date and (self.leader_gone or not self.has_fetched_from_leader)
 
     def heard_from_leader(self, now_ms: int) -> None:
-        """A usable answer from the leader: the fetch timer starts over."""
+        """A usable answer from the leader: the fetch timer starts over, and a leader thought
+        gone is back."""
         self.fetch_deadline_ms = now_ms + self.fetch_timeout_ms
         self.has_fetched_from_leader = True
+        self.leader_gone = False
+        self.pre_vote_at_ms = NEVER
+
+    def saw_leader_gone(self, now_ms: int, delay_ms: int) -> None:
+        """The leader refused a connection: ask for pre-votes ``delay_ms`` from now. The first
+        refusal sets the time; the next ones, every retry back-off while it waits, keep it (a
+        pre-vote granted meanwhile may have put it off)."""
+        if not self.leader_gone:
+            self.leader_gone = True
+            self.pre_vote_at_ms = now_ms + delay_ms
+
+    def granted_pre_vote(self, not_before_ms: int) -> None:
+        """This follower granted a pre-vote: a round of its own on a gone leader waits until
+        ``not_before_ms``, and the candidate it granted goes first."""
+        if self.leader_gone:
+            self.pre_vote_at_ms = max(self.pre_vote_at_ms, not_before_ms)
 
     def abort_download(self) -> None:
         if self.download is not None:
             self.download.abort()
         self.download = None
+
+
+def gone_leader_delay_ms(rounds: int, rank: int, election_timeout_ms: int,
+                         draw: Callable[[int], int]) -> int:
+    """How long a follower whose leader is gone waits before asking for pre-votes, having asked
+    ``rounds`` times already in this epoch with this leader, at ``rank`` among the voters other
+    than the leader (by id); ``draw(n)`` is uniform in [0, n). The first round is staggered by
+    rank; each further one waits a randomized election timer, doubled per round, as a candidate
+    that keeps losing backs off."""
+    if rounds == 0:
+        return rank * (election_timeout_ms // 10)
+    return (election_timeout_ms << min(rounds - 1, 16)) + draw(election_timeout_ms)
 
 
 def fetch_response_problem(response: FetchResponse, committed: int | None) -> str | None:

@@ -32,7 +32,7 @@ from quorum_node.raft.candidate import (
 )
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
-from quorum_node.raft.follower import FollowerState
+from quorum_node.raft.follower import FollowerState, gone_leader_delay_ms
 from quorum_node.raft.leader import LeaderState, ReplicaProgress
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import MAX_EPOCH, NEVER, RaftInvariantError, ReplicaKey, epoch_in_bounds
@@ -64,6 +64,7 @@ class TransitionCause(enum.StrEnum):
     ELECTION_TIMEOUT = "election-timeout"  # no leader (or no win) within the election timer
     FETCH_TIMEOUT = "fetch-timeout"  # the leader was not heard from within the fetch timeout
     LEADER_RESIGNED = "leader-resigned"  # the leader's EndQuorumEpoch, after the back-off
+    LEADER_GONE = "leader-gone"  # the leader refused a connection: nothing listens at its address
     LONE_VOTER = "lone-voter"  # the only voter elects itself without waiting
     HIGHER_EPOCH = "higher-epoch"  # a peer's message carried a newer epoch
     LEADER_LEARNED = "leader-learned"  # a peer named the leader of this epoch
@@ -110,6 +111,8 @@ class QuorumState:
         self._persisted = stored
         self._unpersisted: ElectionState | None = None
         self._role_changes: list[RoleChanged] = []
+        # (epoch, leader id, rounds): the pre-votes asked for because that leader was gone.
+        self._gone_rounds = (0, -1, 0)
         self.state: ReplicaState = self._initial_state(stored, log_epoch, log_end_offset, now_ms)
         if self.election_state != stored:
             self._persisted = self._unpersisted = self.election_state
@@ -165,6 +168,35 @@ class QuorumState:
 
     def unattached_deadline(self, now_ms: int) -> int:
         return self.election_deadline(now_ms) if self.is_voter else NEVER
+
+    # --- a leader gone (follower.py) ---------------------------------------------------------
+
+    def peer_refused(self, now_ms: int, peer: int) -> None:
+        """``peer`` refused a connection: if it is the leader this voter follows, the leader is
+        gone and a pre-vote is due (staggered by rank, backed off per round: ``follower.py``).
+        An observer cannot campaign and keeps its fetch timer."""
+        state = self.state
+        if not isinstance(state, FollowerState) or peer != state.leader_id or not self.is_voter:
+            return
+        others = sorted({key.id for key in self._voters()} - {peer})
+        rank = others.index(self.local_key.id) if self.local_key.id in others else len(others)
+        epoch, leader_id, rounds = self._gone_rounds
+        if (epoch, leader_id) != (state.epoch, peer):
+            rounds = 0
+        state.saw_leader_gone(now_ms, gone_leader_delay_ms(
+            rounds, rank, self._config.election_timeout_ms, self._random.randrange))
+
+    def granted_pre_vote(self, now_ms: int) -> None:
+        """A pre-vote was granted: a follower whose leader is gone puts its own round off by an
+        election timer (the candidate it granted goes first)."""
+        state = self.state
+        if isinstance(state, FollowerState) and state.leader_gone:
+            state.granted_pre_vote(self.election_deadline(now_ms))
+
+    def _count_gone_round(self, state: FollowerState) -> None:
+        epoch, leader_id, rounds = self._gone_rounds
+        same = (epoch, leader_id) == (state.epoch, state.leader_id)
+        self._gone_rounds = (state.epoch, state.leader_id, rounds + 1 if same else 1)
 
     # --- start-up ----------------------------------------------------------------------------
 
@@ -250,6 +282,8 @@ class QuorumState:
         """Ask for pre-votes (KIP-996) in this epoch, keeping the leader known and the vote
         held: a pre-vote changes nothing durable."""
         held = self.election_state
+        if cause is TransitionCause.LEADER_GONE and isinstance(self.state, FollowerState):
+            self._count_gone_round(self.state)
         self._enter(ProspectiveState(held.epoch, held.leader_id, held.voted_key,
                                      EpochElection(self.local_key, self._voters()),
                                      self.election_deadline(now_ms)),

@@ -6,7 +6,19 @@ disambiguates the same way)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class RequestFailure(enum.Enum):
+    """Why a request got no answer, as the transport tells it: the core treats a refusal as news
+    about the peer, and anything else as a lost message."""
+
+    # Timed out, the connection broke, or the answer was unusable: the peer may be alive and
+    # merely slow, paused or cut off by a partition.
+    UNANSWERED = "unanswered"
+    # The connection was refused: nothing listens at the peer's address (its process is gone).
+    REFUSED = "refused"
 
 
 @dataclass(slots=True)

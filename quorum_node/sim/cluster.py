@@ -1,5 +1,10 @@
 """The simulated cluster: nodes, message routing between them over the network, and the fault
-verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss)."""
+verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss).
+
+What a sender learns of a peer's death is what TCP tells it: a request to a process that is
+gone is refused (``RequestFailure.REFUSED``: nothing listens at its address), and the requests
+the process held when it was killed fail on the connections it dropped (``UNANSWERED``, as a
+broken stream). Across a cut link a sender learns nothing: a partition is silence."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import OutboundRequest, OutboundResponse, VoterChangeDone
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.sim.events import EventLoop
@@ -37,6 +43,9 @@ class Cluster:
         self.loop = loop
         self._rng = rng
         self.network = Network(loop, rng)
+        # The requests each node's process holds unanswered: (source, its incarnation,
+        # correlation id), failed on their connections when the process is killed.
+        self._held: dict[int, set[tuple[int, int, int]]] = {}
         # Told of every voter change a node's core finished (the administrators who asked).
         self.voter_change_listeners: list[Callable[[SimNode, VoterChangeDone], None]] = []
         self.voter_ids = list(range(voters))
@@ -101,12 +110,17 @@ class Cluster:
                     self._refuse(source, source_incarnation, message)
                     return False
                 assert destination is not None
+                held = (source.node_id, source_incarnation, message.correlation_id)
+                self._held.setdefault(destination.node_id, set()).add(held)
                 destination.handle_request(source.node_id, message.correlation_id, request)
                 return True
 
             self.network.send(source.node_id, message.destination, deliver_request)
         else:
             response = message.message
+            if destination is not None:
+                self._held.get(source.node_id, set()).discard(
+                    (destination.node_id, target_incarnation, message.correlation_id))
 
             def deliver_response() -> bool:
                 if not reachable():
@@ -122,12 +136,16 @@ class Cluster:
             listener(source, done)
 
     def _refuse(self, source: SimNode, incarnation: int, request: OutboundRequest) -> None:
-        """Tell the sender its connection failed, as a refused or reset TCP connection would."""
+        """Tell the sender its connection was refused: nothing listens where the process was."""
+        self._fail_request(source, incarnation, request.destination, request.correlation_id,
+                           RequestFailure.REFUSED)
 
+    def _fail_request(self, source: SimNode, incarnation: int, destination: int,
+                      correlation_id: int, failure: RequestFailure) -> None:
         def fail() -> bool:
             if source.incarnation != incarnation or not source.alive:
                 return False
-            source.handle_request_failure(request.destination, request.correlation_id)
+            source.handle_request_failure(destination, correlation_id, failure)
             return True
 
         self.loop.after(self.network.latency_ms(), fail)
@@ -143,10 +161,16 @@ class Cluster:
 
     def kill(self, node_id: int) -> None:
         self.nodes[node_id].kill()
+        # The connections the process held end: their senders' calls fail, unless a partition
+        # keeps the news from them.
+        for source_id, incarnation, correlation_id in sorted(self._held.pop(node_id, set())):
+            if not self.network.is_blocked(node_id, source_id):
+                self._fail_request(self.nodes[source_id], incarnation, node_id, correlation_id,
+                                   RequestFailure.UNANSWERED)
 
     def kill_all(self) -> None:
-        for node in self.nodes.values():
-            node.kill()
+        for node_id in self.nodes:
+            self.kill(node_id)
 
     def wipe_disk(self, node_id: int) -> None:
         """Lose a stopped node's disk: it comes back formatted afresh, under a directory id no

@@ -30,6 +30,7 @@ from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.quorum_state import RoleChanged
 from quorum_node.raft.records import Record
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotId, SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey
@@ -250,10 +251,11 @@ class SimNode:
             self.touched = True
             self._driver.handle_response(source, correlation_id, response)
 
-    def handle_request_failure(self, destination: int, correlation_id: int) -> None:
+    def handle_request_failure(self, destination: int, correlation_id: int,
+                               failure: RequestFailure) -> None:
         if self._driver is not None:
             self.touched = True
-            self._driver.handle_request_failure(destination, correlation_id)
+            self._driver.handle_request_failure(destination, correlation_id, failure)
 
     def propose(self, records: Sequence[Record]) -> tuple[int, int] | None:
         """Offer records to the core; None if it is not the leader (or failed)."""

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from fake_nodes import closed_port
 
 from quorum_node.node.transport import (
     STREAM_PATH,
@@ -30,6 +31,7 @@ from quorum_node.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.types import Errors
 
 
@@ -131,6 +133,39 @@ async def test_a_refusal_or_timeout_is_peer_unavailable(peer: Peer) -> None:
         assert (await client.send(1, fetch(3))).error_code is Errors.NONE  # a new stream
         with pytest.raises(PeerUnavailable, match="no endpoint"):
             await client.send(9, fetch(0))
+    finally:
+        await client.close()
+
+
+async def test_only_a_refused_connection_says_the_peer_is_gone(peer: Peer) -> None:
+    """The core starts an election at once when its leader's address refuses a connection
+    (``RequestFailure.REFUSED``): nothing listens there, the process is gone. A request the
+    node refused, a timeout, or a stream cut under a waiting call says nothing of the kind."""
+    client = PeerClient({1: ("127.0.0.1", peer.port), 2: ("127.0.0.1", closed_port())},
+                        timeout_ms=300)
+    try:
+        with pytest.raises(PeerUnavailable) as refused:
+            await client.send(2, fetch(0))
+        assert refused.value.failure is RequestFailure.REFUSED
+        peer.fail = True
+        with pytest.raises(PeerUnavailable) as answered:
+            await client.send(1, fetch(0))
+        assert answered.value.failure is RequestFailure.UNANSWERED
+        peer.fail = False
+        peer.delays[2] = 1.0
+        with pytest.raises(PeerUnavailable) as timed_out:
+            await client.send(1, fetch(2))
+        assert timed_out.value.failure is RequestFailure.UNANSWERED
+        peer.delays[2] = 0.25
+        waiting = asyncio.ensure_future(client.send(1, fetch(2)))
+        await asyncio.sleep(0.05)
+        await peer.stop()  # the process goes: the waiting call's stream ends
+        with pytest.raises(PeerUnavailable) as cut:
+            await waiting
+        assert cut.value.failure is RequestFailure.UNANSWERED
+        with pytest.raises(PeerUnavailable) as gone:
+            await client.send(1, fetch(0))
+        assert gone.value.failure is RequestFailure.REFUSED
     finally:
         await client.close()
 

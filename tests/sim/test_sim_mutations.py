@@ -212,7 +212,9 @@ def _first_violation(factory: CoreFactory, check: str, scenario: str, seeds: int
     [
         (ForgetsToPersist, MONOTONIC_EPOCH, "initial_election", 1),
         (ForgetsItsVote, DURABLE_ELECTION_STATE, "initial_election", 3),
-        (GrantsEveryVote, SINGLE_LEADER, "leader_crash", 20),
+        # Not leader_crash: a crashed leader's survivors, refused, ask a tenth of an election
+        # timeout apart and never campaign at once, which two leaders need.
+        (GrantsEveryVote, SINGLE_LEADER, "initial_election", 20),
         (GrantsEveryVote, NO_COMMITTED_LOSS, "leader_partition", 20),
         (CommitsOnAppend, MONOTONIC_HIGH_WATERMARK, "leader_partition", 20),
         (CommitsOnAppend, NO_MINORITY_COMMIT, "majority_split", 20),

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from quorum_node.raft.core import RaftCore
+from quorum_node.raft.quorum_state import TransitionCause
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import Errors
@@ -17,7 +18,7 @@ from quorum_node.sim.events import EventLoop
 from quorum_node.sim.network import Network
 from quorum_node.sim.runner import SeedResult
 from quorum_node.sim.scenarios import SCENARIOS
-from quorum_node.sim.simulation import Simulation
+from quorum_node.sim.simulation import SIM_CONFIG, Simulation
 from quorum_node.sim.violation import Violation
 
 
@@ -224,3 +225,48 @@ def test_scenario_for_is_round_robin_unless_named() -> None:
     assert runner.scenario_for(3, "majority_split") == "majority_split"
     with pytest.raises(ValueError, match="unknown scenario"):
         runner.scenario_for(0, "nope")
+
+
+def _three_voters_led(seed: int) -> Simulation:
+    """Three voters, run until a leader has served its followers' fetches for a while."""
+    sim = Simulation(seed=seed, scenario="test", rng=random.Random(seed), voters=3, observers=0,
+                     core_factory=RaftCore)
+    sim.cluster.start_all()
+    while (leader := sim.cluster.leader()) is None or leader.core is None \
+            or not leader.core.accepts_writes:
+        sim.loop.run_one(until_ms=10_000)
+    until = sim.now_ms + 1000
+    while sim.loop.run_one(until_ms=until) is not None:
+        pass
+    return sim
+
+
+@pytest.mark.parametrize("fault", ["kill", "partition"])
+def test_a_killed_leader_is_refused_and_replaced_at_once_a_cut_off_one_is_not(
+        fault: str) -> None:
+    """A crashed leader's followers get refusals, not silence, and elect a successor well
+    within the fetch timeout; a leader cut off by a partition gives silence, and the survivors
+    wait out the fetch timeout."""
+    sim = _three_voters_led(seed=4)
+    old = sim.cluster.leader()
+    assert old is not None and old.core is not None
+    old_epoch, failed_at = old.core.epoch, sim.now_ms
+    for node in sim.cluster.nodes.values():
+        node.role_changes.clear()
+    if fault == "kill":
+        sim.cluster.kill(old.node_id)
+    else:
+        sim.cluster.network.isolate(old.node_id, sim.cluster.nodes)
+    while (leader := sim.cluster.leader()) is None or leader.core is None \
+            or leader.core.epoch == old_epoch:
+        assert sim.loop.run_one(until_ms=failed_at + 10_000) is not None
+    took = sim.now_ms - failed_at
+    causes = {change.cause for node in sim.cluster.nodes.values()
+              for change in node.role_changes}
+    fetch_timeout = SIM_CONFIG.fetch_timeout_ms
+    if fault == "kill":
+        assert TransitionCause.LEADER_GONE in causes
+        assert took < fetch_timeout // 4
+    else:
+        assert TransitionCause.LEADER_GONE not in causes
+        assert took >= fetch_timeout
