@@ -1,6 +1,6 @@
 """The HTTP application of a node: health probes, metrics, the client and admin APIs, and the
-binary client protocol's stream (the runtime adds the peer RPCs where they share a listener).
-Only ``quorum_node.node.main`` (and tests) build it."""
+binary client protocol's stream (the node's listeners add the peer RPCs where they share a
+listener). Only ``quorum_node.node.main`` (and tests) build it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def build_app(node: QuorumNode, service: KvService | None = None) -> web.Applica
     """The application serving ``node``; ``service``: the node's KvService, if other
     transports share it (and its bound on waiting calls)."""
     # The error middleware first: outermost, it answers every error of every route (the
-    # security middlewares the runtime adds answer refusals in the same body themselves).
+    # security middlewares the listeners add answer refusals in the same body themselves).
     app = web.Application(client_max_size=16 * 1024 * 1024,
                           middlewares=[error_middleware(node)])
     kv_service = service if service is not None else KvService(node)

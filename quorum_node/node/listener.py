@@ -24,6 +24,10 @@ included, so every bound below holds for connections that never complete one.
   request with a method's letter). The wait is bounded by the handshake timeout; ``admits`` is
   asked of HTTP connections only (the second protocol authenticates each request itself), and
   ``admits_either`` of every connection before its first byte.
+
+``NodeListeners`` is a node's set of them and their lifecycle: the peer RPCs on the controller
+listener(s), the client application on the client listeners, the connections closed when a TLS
+file or the peer secret changes, and all of it stopped at shutdown.
 """
 
 from __future__ import annotations
@@ -34,15 +38,24 @@ import socket
 import ssl
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from quorum_node.addresses import every_interface_socket
-from quorum_node.node.transport import start_now
+from quorum_node.addresses import address_url, every_interface_socket
+from quorum_node.node.config import Listener, NodeConfig
+from quorum_node.node.limits import READ_TIMEOUT_KEY
+from quorum_node.node.transport import (
+    PeerClient,
+    PeerServer,
+    refusals_close_connections,
+    start_now,
+    wrong_listener_middleware,
+)
+from quorum_node.security.node_security import NodeSecurity
 
 logger = logging.getLogger(__name__)
 
@@ -434,3 +447,127 @@ async def start_site(runner: web.BaseRunner, host: str, port: int,
                        second_protocol=second_protocol, admits_either=admits_either)
     await site.start()
     return site
+
+
+class NodeListeners:
+    """A node's listeners and their lifecycle: the peer RPCs (``peer_servers``, one per
+    controller listener) on the controller listener(s), the client application on the client
+    listeners (or everything on one listener), each kind with its own runner; and, after the TLS
+    files or the peer secret change, the connections made under the old ones closed, both
+    ways (``peers``: the streams this node opened)."""
+
+    def __init__(self, config: NodeConfig, security: NodeSecurity,
+                 peer_servers: list[PeerServer], peers: PeerClient,
+                 client_endpoints: dict[int, tuple[str, int]]) -> None:
+        self.config = config
+        self.security = security
+        self.peer_servers = peer_servers
+        self.peers = peers
+        self.client_endpoints = client_endpoints
+        self._sites: list[BoundedSite] = []
+        self._secret_sites: list[BoundedSite] = []  # the PLAINTEXT ones serving peers
+        self._runners: list[web.AppRunner] = []  # one per kind of listener, as start() made
+        self._kafka_protocol: Callable[[Listener], SecondProtocol] | None = None
+
+    async def start(self, app: web.Application,
+                    kafka_protocol: Callable[[Listener], SecondProtocol] | None) -> None:
+        """Serve the peer RPCs on the controller listener(s), ``app`` on the client listeners
+        (with one listener for everything, ``app`` gets the peer routes too), and close the
+        connections of a rotated TLS file or peer secret from now on."""
+        config = self.config
+        self._kafka_protocol = kafka_protocol
+        controllers = config.controller_listeners
+        if config.combined_listener:
+            app.add_routes(self.peer_servers[0].routes())
+            await self._serve(app, controllers, serves_peers=True, serves_clients=True)
+        else:
+            for controller, peer_server in zip(controllers, self.peer_servers, strict=True):
+                peer_app = web.Application()
+                peer_app.add_routes(peer_server.routes())
+                await self._serve(peer_app, (controller,), serves_peers=True,
+                                  serves_clients=False)
+            await self._serve(app, config.client_listeners, serves_peers=False,
+                              serves_clients=True)
+        if self.security.tls is not None:
+            self.security.tls.on_reload.append(self._close_connections)
+        self.security.on_peer_secret_change.append(self._close_secret_connections)
+
+    async def close_peer_servers(self) -> None:
+        """End the peers' streams served here (the node stops answering them)."""
+        for peer_server in self.peer_servers:
+            await peer_server.close()
+
+    async def close(self) -> None:
+        """Stop listening, waiting for the requests in flight (a second at most)."""
+        for runner in self._runners:
+            await runner.cleanup()
+
+    async def _serve(self, app: web.Application, listeners: Sequence[Listener], *,
+                     serves_peers: bool, serves_clients: bool) -> None:
+        """Serve ``app`` on ``listeners`` (all of one protocol), with its own runner."""
+        config, security, listener = self.config, self.security, listeners[0]
+        kafka_protocol = self._kafka_protocol if serves_peers else None
+        # Outermost: the probes' reserve answers probes only; on a listener of the peers alone,
+        # a refused request closes its connection, and a client's is told where to go.
+        app.middlewares.insert(0, probes_reserve_middleware() if serves_clients
+                               else refusals_close_connections)
+        if not serves_clients:
+            app.middlewares.insert(1, wrong_listener_middleware(self._where_clients_go()))
+        # Refusals happen before any handler runs: a refused request changes nothing.
+        app.middlewares.extend(security.middlewares(listener, serves_peers=serves_peers))
+        if security.authenticates(listener):
+            app.middlewares.append(principals_middleware(security.principal_of))
+        app[READ_TIMEOUT_KEY] = config.http_read_timeout_ms / 1000
+        # In-flight requests get a second to finish at shutdown (a long poll ends within
+        # fetch_max_wait_ms anyway), not aiohttp's default minute. The keep-alive timeout also
+        # runs from the start of a connection: one that never completes a request head (a
+        # slow-loris client) is closed after it.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                               keepalive_timeout=self.config.http_read_timeout_ms / 1000)
+        await runner.setup()
+        self._runners.append(runner)
+        tls = security.tls
+        limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip,
+                                  config.max_connections_per_principal)
+        # A listener of the peers alone over SSL holds no connection without a node's
+        # certificate: none of its requests could be served.
+        admits = security.admits_peer if listener.tls and not serves_clients else None
+        for each in listeners:
+            site = await start_site(
+                runner, each.host, each.port, tls.listening if tls and each.tls else None,
+                handshake_timeout_s=config.http_read_timeout_ms / 1000, limits=limits,
+                serves_probes=serves_clients, admits=admits,
+                second_protocol=kafka_protocol(each) if kafka_protocol is not None else None,
+                # Kafka's admin tools may come without a node's certificate.
+                admits_either=security.admits_peer_or_admin if admits is not None else None)
+            self._sites.append(site)
+            if serves_peers and not each.tls:
+                self._secret_sites.append(site)
+
+    def _where_clients_go(self) -> str:
+        """Where this node serves clients and the admin API, for a client that came to the
+        controller listener."""
+        config = self.config
+        own = self.client_endpoints.get(config.node_id)
+        listeners = ", ".join(str(listener) for listener in config.client_listeners)
+        url = f" ({address_url(config.url_scheme, *own)})" if own is not None else ""
+        return f"clients and the admin API are served on {listeners}{url}"
+
+    def _close_connections(self) -> None:
+        """The TLS files changed: close every connection made under the old ones, both ways,
+        so that each is made again and verified against the current CA."""
+        closed = sum(site.close_connections() for site in self._sites)
+        self.peers.close_streams()
+        logger.info("node %d: TLS files reloaded; closed %d connection(s) made under the "
+                    "previous ones, and the streams to peers", self.config.node_id, closed)
+
+    def _close_secret_connections(self) -> None:
+        """The peer secret changed: close the connections of the PLAINTEXT listeners serving
+        peers (each was let in with the old secret, or with none) and the streams this node
+        opened with it, so that a secret taken away takes its streams with it."""
+        closed = sum(site.close_connections() for site in self._secret_sites)
+        if self.security.current_peer_secret() is not None:
+            self.peers.close_streams()
+        logger.info("node %d: peer secret changed; closed %d connection(s) of the PLAINTEXT "
+                    "listeners serving peers, and the streams to peers opened with the old "
+                    "secret", self.config.node_id, closed)

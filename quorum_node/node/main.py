@@ -1,8 +1,8 @@
 """The node's process: ``quorum-node run``'s entry point (``run_node``), serving a node with
 its HTTP application until a signal or a failure (``serve``), and the process tuning that goes
-with it (uvloop, the garbage collector). The outermost layer: it imports the application, which
-imports the APIs, and the Kafka protocol, which import the runtime; nothing imports this module
-but the CLI."""
+with it (uvloop, the garbage collector). The outermost layer: it imports the composition root
+(``wiring``, which makes the node), the application, which imports the APIs, and the Kafka
+protocol, which import the runtime; nothing imports this module but the CLI."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.kafka.server import kafka_protocol_of
 from quorum_node.node.kv_service import KvService
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 
 # Allocations between two collections of the youngest generation (Python's default: 700).
 GC_YOUNG_THRESHOLD = 20_000
@@ -25,7 +25,7 @@ GC_YOUNG_THRESHOLD = 20_000
 
 async def serve(config: NodeConfig) -> int:
     """Run a node until SIGTERM/SIGINT (graceful) or a fatal failure; return the exit code."""
-    node = QuorumNode(config)
+    node = build_node(config)
     # One service for every client transport: they share its bound on waiting calls.
     service = KvService(node)
     # The controller listener also speaks Kafka's protocol to Kafka's admin tools (KIP-919).

@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 BACKUP = Path(__file__).resolve().parents[2] / "quorum_node" / "backup"
-ABOVE = ("quorum_node.node.api", "quorum_node.node.runtime", "quorum_node.node.app")
+ABOVE = ("quorum_node.node.api", "quorum_node.node.runtime", "quorum_node.node.app",
+         "quorum_node.node.wiring", "quorum_node.node.driver_host")
 
 
 def imports_from_above(package: Path) -> list[str]:

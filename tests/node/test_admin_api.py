@@ -24,6 +24,7 @@ from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
@@ -122,7 +123,7 @@ async def running_cluster(tmp_path: Path, size: int = 3, start: Iterable[int] | 
         for node_id in start if start is not None else ports:
             log_dir = tmp_path / f"node-{node_id}"
             format_log_dir(log_dir, cluster_id, node_id)
-            node = QuorumNode(NodeConfig(
+            node = build_node(NodeConfig(
                 node_id=node_id, cluster_id=cluster_id, log_dir=log_dir,
                 listeners=f"127.0.0.1:{ports[node_id]}", voters=voters, quorum=FAST,
             ))

@@ -38,6 +38,7 @@ from quorum_node.node.kv_service import (
     MAX_WAIT_MS,
 )
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.raft.state import RaftState
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
@@ -103,7 +104,7 @@ class Cluster:
 
     async def _start(self) -> None:
         for config in self.configs:
-            node = QuorumNode(config)
+            node = build_node(config)
             await node.start(build_app(node))
             self.members[config.node_id] = Member(node)
 

@@ -38,6 +38,7 @@ from quorum_node.node.config import load_config
 from quorum_node.node.kafka.codec import encode_request, read_response
 from quorum_node.node.kafka.server import MAX_REQUEST_BYTES, SUPPORTED, kafka_protocol_of
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.state import RaftState
 from quorum_node.security.client_credentials import ClientCredentials
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
@@ -82,7 +83,7 @@ async def one_node(tmp_path: Path, *, tokens: bool = False,
                      "controller.listener.secret.file": str(tmp_path / "secret")}
     settings |= {key.replace("_", "."): value for key, value in more.items()}
     config = load_config(None, settings, {}).model_copy(update={"quorum": FAST})
-    node = QuorumNode(config)
+    node = build_node(config)
     try:
         await node.start(build_app(node), kafka_protocol_of(node))
         deadline = asyncio.get_running_loop().time() + 10

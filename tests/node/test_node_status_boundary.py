@@ -1,5 +1,6 @@
-"""Only the runtime reaches the Raft core: every other module of the node (its APIs, metrics,
-story, state machine, backups, Kafka listener) reads the node's status (``QuorumNode.status``,
+"""Only the runtime reaches the Raft core (with the driver's host, and the composition root that
+makes the core): every other module of the node (its APIs, metrics, story, state machine,
+backups, Kafka listener) reads the node's status (``QuorumNode.status``,
 ``quorum_node.raft.status``) or its few narrow accessors. The core's own package (with the driver)
 and the simulator, the core's test bed, hold cores of their own."""
 
@@ -9,9 +10,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "quorum_node"
-# Where a ``.core`` attribute may be read: the runtime hosting the core, the core's package (the
-# driver) and the simulator.
-ALLOWED = ("node/runtime.py", "raft/", "sim/")
+# Where a ``.core`` attribute may be read: the runtime, the driver's host and the composition root
+# that makes the core, the core's package (the driver) and the simulator.
+ALLOWED = ("node/runtime.py", "node/driver_host.py", "node/wiring.py", "raft/", "sim/")
 
 
 def core_reads(package: Path) -> list[str]:

@@ -25,8 +25,8 @@ from proc_cluster import FAST, PEER_SECRET_HEADER, ProcessCluster, free_port, ht
 
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.runtime import QuorumNode
 from quorum_node.node.transport import decode_frame, encode_frame
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import VoterEndpoint
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
@@ -238,7 +238,7 @@ def test_one_combined_listener_still_serves_everything(
     format_log_dir(config.log_dir, cluster_id, 1)
 
     async def scenario() -> tuple[int, int]:
-        node = QuorumNode(config)
+        node = build_node(config)
         await node.start(build_app(node))
         try:
             deadline = time.monotonic() + 10

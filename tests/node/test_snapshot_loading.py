@@ -12,7 +12,7 @@ from test_admin_api import shutdown
 from test_state_machine import _single_node, _wait
 
 from quorum_node.node.kv import Put, SnapshotEntries, SnapshotEntry, encode_op, snapshot_records
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.snapshot_format import encode_snapshot_batches
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import RaftState
@@ -31,7 +31,7 @@ async def test_a_restarted_node_holds_its_snapshot_before_its_core_runs(tmp_path
         await _wait(lambda: node.log_dir.snapshots.latest() is not None, "a snapshot")
     finally:
         await shutdown(node, timeout_s=2)
-    restarted = QuorumNode(node.config)  # not started: no timer, no applier yet
+    restarted = build_node(node.config)  # not started: no timer, no applier yet
     try:
         snapshot = restarted.log_dir.snapshots.latest()
         assert snapshot is not None

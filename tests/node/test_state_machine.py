@@ -15,6 +15,7 @@ from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.kv import Compare, Put, Txn, encode_op
 from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import VoterEndpoint
 from quorum_node.raft.state import RaftState
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
@@ -33,7 +34,7 @@ def _single_node(tmp_path: Path, **settings: int) -> QuorumNode:
     log_dir = tmp_path / "node-1"
     format_log_dir(log_dir, cluster_id, 1)
     port = free_port()
-    return QuorumNode(NodeConfig(
+    return build_node(NodeConfig(
         node_id=1, cluster_id=cluster_id, log_dir=log_dir, listeners=f"127.0.0.1:{port}",
         voters=(VoterEndpoint(id=1, host="127.0.0.1", port=port),), quorum=FAST, **settings))
 
@@ -97,7 +98,7 @@ async def test_txns_count_their_operations_towards_a_snapshot_which_keeps_versio
         await _wait(lambda: node.log_dir.snapshots.latest() is not None, "a snapshot")
     finally:
         await shutdown(node, timeout_s=2)
-    restarted = QuorumNode(node.config)
+    restarted = build_node(node.config)
     await restarted.start()
     try:
         store = restarted.state_machine.store

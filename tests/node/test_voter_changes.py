@@ -24,6 +24,7 @@ from quorum_node.client import QuorumClient
 from quorum_node.node.app import build_app
 from quorum_node.node.metrics import metrics_for
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.types import Errors, ReplicaKey, VoterChangeError
 from quorum_node.storage.kafka_uuid import parse_uuid, random_uuid, to_kafka_string
 from quorum_node.storage.meta_properties import format_log_dir
@@ -199,7 +200,7 @@ async def restart_on_a_new_disk(cluster: LocalCluster, node_id: int) -> QuorumNo
     await cluster.stop(node_id)
     shutil.rmtree(config.log_dir)
     format_log_dir(config.log_dir, cluster.cluster_id, node_id)
-    node = QuorumNode(config)
+    node = build_node(config)
     metrics_for(node)
     cluster.nodes[node_id] = node
     cluster.stopped.discard(node_id)

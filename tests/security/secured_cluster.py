@@ -18,6 +18,7 @@ from proc_cluster import free_port
 from quorum_node.node.app import build_app
 from quorum_node.node.config import Listener, NodeConfig
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint
 from quorum_node.security.client_credentials import ClientCredentials
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
@@ -160,7 +161,7 @@ class InProcessCluster:
 
     async def _start(self) -> None:
         for config in self.configs:
-            node = QuorumNode(config)
+            node = build_node(config)
             await node.start(build_app(node))
             self.nodes[config.node_id] = node
 

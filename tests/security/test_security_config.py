@@ -9,7 +9,7 @@ import pytest
 from certs import CertificateAuthority
 
 from quorum_node.node.config import ConfigError, load_config
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.security.peer_identity import PeerPrincipals
 from quorum_node.security.roles import Role, parse_principal_grants, roles_of_principal
 from quorum_node.security.tokens import TokenFileError, TokenTable
@@ -110,7 +110,7 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
     config = load_config(None, {**REQUIRED, **settings, "log.dir": str(tmp_path / "log")}, {})
     format_log_dir(config.log_dir, config.cluster_id, 1)
     with pytest.raises(ConfigError, match=r"^ssl: certificate .* with key .*"):
-        QuorumNode(config)
+        build_node(config)
     (tmp_path / "tokens").write_text("short alice admin\n")
     (tmp_path / "secret").write_text("a-secret-of-the-quorum\n")
     plain = load_config(None, {**REQUIRED, "listeners": "127.0.0.1:9091",
@@ -118,7 +118,7 @@ def test_unloadable_files_are_refused_at_start(tmp_path: Path) -> None:
                                "auth.token.file": str(tmp_path / "tokens"),
                                "controller.listener.secret.file": str(tmp_path / "secret")}, {})
     with pytest.raises(ConfigError, match=r"^auth.token.file: .*tokens, line 1: the token"):
-        QuorumNode(plain)
+        build_node(plain)
 
 
 def test_roles_ladder_and_globs() -> None:

@@ -19,7 +19,7 @@ from quorum_node.cli.node import lock_local_data_dir, prepare_local_cluster
 from quorum_node.cli.node import main as node_main
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.storage.dir_lock import LOCK_FILE
 from quorum_node.storage.errors import StorageError
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
@@ -109,7 +109,7 @@ def test_a_foreign_or_corrupt_directory_is_refused_untouched(
     config = damage(copy)
     before = fingerprint(config.log_dir)
     with pytest.raises(StorageError) as refused:
-        QuorumNode(config)
+        build_node(config)
     message = str(refused.value)
     assert "\n" not in message and problem in message, message
     assert fingerprint(config.log_dir) == before
@@ -136,7 +136,7 @@ def test_format_if_empty_never_formats_a_directory_with_contents(tmp_path: Path)
     (config.log_dir / "precious").write_text("not ours")
     before = fingerprint(config.log_dir)
     with pytest.raises(StorageError):
-        QuorumNode(config)
+        build_node(config)
     assert fingerprint(config.log_dir) == before
 
 

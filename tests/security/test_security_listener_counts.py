@@ -28,7 +28,7 @@ def secured(tmp_path: Path) -> Iterator[tuple[InProcessCluster, Pki]]:
 
 
 def sites(cluster: InProcessCluster) -> list[BoundedSite]:
-    return list(cluster.nodes[1]._sites)
+    return list(cluster.nodes[1].listeners._sites)
 
 
 def counts(site: BoundedSite) -> tuple[int, int, int, int, int]:

@@ -349,13 +349,13 @@ def test_a_certificate_reload_closes_the_streams_both_ways(tmp_path: Path, pki: 
     cluster = InProcessCluster(configs)
     try:
         wait_for_leader(cluster)
-        caplog.set_level(logging.INFO, logger="quorum_node.node.runtime")
+        caplog.set_level(logging.INFO, logger="quorum_node.node.listener")
         node_1 = cluster.nodes[1]
         assert node_1.security.tls is not None
         reloads = node_1.security.tls.reloads
         # Both nodes have a stream open to the other: a leader and its follower talk both ways
         # (the follower's Fetch; the leader's BeginQuorumEpoch).
-        streams_before = dict(node_1._peers._streams)
+        streams_before = dict(node_1.peers._streams)
         assert streams_before, "node 1 has no stream to node 2"
         pki.ca.issue(tmp_path / "node-1-tls", "quorum-node-1")  # renewed in place
         deadline = time.monotonic() + 10

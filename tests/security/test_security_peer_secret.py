@@ -13,7 +13,7 @@ import pytest
 from secured_cluster import free_port, split_listeners
 
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import VoterEndpoint
 from quorum_node.security.peer_secret import PEER_SECRET_HEADER, PeerSecretError, load_peer_secret
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
@@ -59,7 +59,7 @@ def test_a_rotated_secret_is_used_without_a_restart(tmp_path: Path) -> None:
             return error.status
 
     async def scenario() -> list[int]:
-        node = QuorumNode(config)
+        node = build_node(config)
         await node.start()
         try:
             async with aiohttp.ClientSession() as session:

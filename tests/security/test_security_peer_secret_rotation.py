@@ -68,10 +68,10 @@ def test_a_node_closes_its_own_streams_of_the_old_secret(tmp_path: Path) -> None
     cluster = InProcessCluster(configs)
     try:
         deadline = time.monotonic() + 15
-        while cluster.leader() is None or not cluster.nodes[1]._peers._streams:
+        while cluster.leader() is None or not cluster.nodes[1].peers._streams:
             assert time.monotonic() < deadline, "no leader, or no stream from node 1"
             time.sleep(0.05)
-        streams_before = dict(cluster.nodes[1]._peers._streams)
+        streams_before = dict(cluster.nodes[1].peers._streams)
         rotate(secret, NEW_SECRET)
         deadline = time.monotonic() + 5
         while not all(stream.closed for stream in streams_before.values()):

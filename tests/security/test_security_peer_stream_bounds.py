@@ -63,7 +63,7 @@ def test_a_peer_that_floods_fetches_holds_a_few_parked(node: InProcessCluster) -
     most = 0
     deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:
-        most = max(most, len(leader._inbound))
+        most = max(most, len(leader.host._inbound))
         time.sleep(0.01)
     # The flood's, and the running follower's own Fetch beside them.
     assert MAX_PARKED_PER_STREAM <= most <= MAX_PARKED_PER_STREAM + 1, most

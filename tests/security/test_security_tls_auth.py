@@ -240,7 +240,7 @@ def test_every_route_has_a_role(cluster: InProcessCluster) -> None:
     left open by omission (and one missing from the table needs admin)."""
     # One application per kind of listener: the controller listener's has the Raft RPCs only,
     # the client listener's none of them.
-    peer_app, client_app = (runner.app for runner in cluster.nodes[1]._runners)
+    peer_app, client_app = (runner.app for runner in cluster.nodes[1].listeners._runners)
     peer_patterns = {route.resource.canonical for route in peer_app.router.routes()
                      if route.resource is not None}
     assert peer_patterns and all(p.startswith(RAFT_PREFIX) for p in peer_patterns)

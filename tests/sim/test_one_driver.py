@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from quorum_node.node.config import load_config
-from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.wiring import build_node
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.sim.simulation import Simulation
@@ -35,7 +35,7 @@ def test_the_simulator_and_the_node_run_the_same_driver(tmp_path: Path) -> None:
                                 "log.dir": str(log_dir),
                                 "controller.quorum.voters": "1@127.0.0.1:1",
                                 "listeners": "PLAINTEXT://127.0.0.1:1"}, {})
-    node = QuorumNode(config)
+    node = build_node(config)
     try:
         assert type(node.driver) is CoreDriver and node.driver.core is node.core
     finally:
