@@ -31,6 +31,7 @@ from typing import Any, assert_never
 from aiohttp import web
 
 from quorum_node.addresses import address_url, host_port
+from quorum_node.kv.machine import check_snapshot_records
 from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import ConfigError, Listener, NodeConfig
 from quorum_node.node.limits import READ_TIMEOUT_KEY
@@ -42,7 +43,7 @@ from quorum_node.node.listener import (
     probes_reserve_middleware,
     start_site,
 )
-from quorum_node.node.state_machine import KvStateMachine, check_snapshot_records
+from quorum_node.node.state_machine import KvStateMachine
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import (
     PeerClient,

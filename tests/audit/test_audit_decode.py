@@ -17,7 +17,7 @@ from quorum_audit.decode import (
     decode_batches,
     decode_file,
 )
-from quorum_node.node.kv import KvStore, Put, encode_op, snapshot_records
+from quorum_node.kv.store import KvStore, Put, encode_op, snapshot_records
 from quorum_node.raft.records import (
     HEADER_SIZE,
     Record,

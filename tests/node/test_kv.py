@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quorum_node.node.kv import (
+from quorum_node.kv.store import (
     KV_RECORD_KEY,
     MAX_KEY_BYTES,
     MAX_OP_BYTES,

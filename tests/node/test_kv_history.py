@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quorum_node.node.kv import (
+from quorum_node.kv.store import (
     CHANGE_OVERHEAD_BYTES,
     Cas,
     Delete,

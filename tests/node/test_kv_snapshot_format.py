@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from quorum_node.node.kv import (
+from quorum_node.kv.machine import check_snapshot_records
+from quorum_node.kv.store import (
     KV_RECORD_KEY,
     MAX_KEY_BYTES,
     SNAPSHOT_CHUNK_ENTRIES,
@@ -30,7 +31,6 @@ from quorum_node.node.kv import (
     encode_snapshot_chunk,
     snapshot_records,
 )
-from quorum_node.node.state_machine import check_snapshot_records
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.snapshot_format import encode_snapshot, iter_snapshot_records
 from quorum_node.raft.snapshots import CorruptSnapshotError

@@ -671,7 +671,7 @@ class KvStore:
         self.next_offset = 0  # every offset below it is applied
         # The operations of txns beyond one each, applied since the store started or loaded a
         # snapshot: a txn record costs a replay what its operations do, which the snapshot
-        # policy counts (``quorum_node.node.snapshotting``).
+        # policy counts (``quorum_node.kv.machine``).
         self.txn_extra_ops = 0
         # The offset of the quorum's first txn, from which versions and modification offsets
         # are counted alike on every replica; None before it.
