@@ -20,14 +20,14 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from quorum_node.kv.store import (
-    KvOpError,
-    KvStore,
+from quorum_node.kv.ops import KvOpError
+from quorum_node.kv.snapshot_data import (
     LoadedSnapshot,
     SnapshotEntries,
     snapshot_data,
     snapshot_records,
 )
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.records import BatchHeader, Record
 from quorum_node.raft.snapshot_format import encode_snapshot_batches, iter_snapshot_records
 from quorum_node.raft.snapshot_policy import SnapshotPolicy

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from quorum_node.kv.machine import KvMachine, SnapshotPlan
-from quorum_node.kv.store import LoadedSnapshot
+from quorum_node.kv.snapshot_data import LoadedSnapshot
 from quorum_node.raft.records import read_batch_header
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.voters import VoterSet

@@ -1,5 +1,6 @@
-"""The node's key-value state machine: its store (``quorum_node.kv.store``), the snapshots of it
-(``quorum_node.node.snapshotting``) and the applier that feeds it the committed log.
+"""The node's key-value state machine: the synchronous machine over its store
+(``quorum_node.kv.machine``, which the simulator runs too), the snapshots of it on disk
+(``quorum_node.node.snapshotting``) and the asyncio applier that feeds it the committed log.
 
 The runtime owns it: it is started with the node and stopped with it, on every node, leader or
 not, whatever APIs are served, so that the store follows the high watermark, and snapshots and log

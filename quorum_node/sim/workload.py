@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from quorum_node.kv.store import Cas, Compare, Delete, KvOp, Put, Txn, encode_op
+from quorum_node.kv.ops import Cas, Compare, Delete, KvOp, Put, Txn, encode_op
 from quorum_node.sim.cluster import Cluster
 
 KEYS = 32

@@ -20,14 +20,9 @@ from hypothesis import strategies as st
 
 from quorum_node import wire
 from quorum_node.kv.machine import check_snapshot_records
-from quorum_node.kv.store import (
-    KV_RECORD_KEY,
-    SNAPSHOT_ENTRIES_KEY,
-    SNAPSHOT_HEADER_KEY,
-    KvOpError,
-    KvStore,
-    decode_op,
-)
+from quorum_node.kv.ops import KV_RECORD_KEY, KvOpError, decode_op
+from quorum_node.kv.snapshot_data import SNAPSHOT_ENTRIES_KEY, SNAPSHOT_HEADER_KEY
+from quorum_node.kv.store import KvStore
 from quorum_node.node.api import admin as admin_api
 from quorum_node.node.api import client as client_api
 from quorum_node.node.api.http import ApiError

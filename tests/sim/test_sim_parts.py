@@ -8,7 +8,7 @@ import random
 import pytest
 
 from quorum_node.kv.machine import state_digest
-from quorum_node.kv.store import Put, encode_op
+from quorum_node.kv.ops import Put, encode_op
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState

@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.kv.store import (
+from quorum_node.kv.ops import (
     MAX_TXN_RECORD_BYTES,
     MAX_VALUE_BYTES,
     KvOpError,

@@ -37,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from quorum_node import wire
-from quorum_node.kv.store import KvOpError, txn_from_document
+from quorum_node.kv.ops import KvOpError, txn_from_document
 from quorum_node.node.api.http import bad_request, not_leader
 from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.kv_service import (
