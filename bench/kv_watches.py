@@ -45,7 +45,9 @@ from bench import QUORUM, System, running, start_quorum, wait_for_leader
 from quorum_node import wire
 from quorum_node.client import QuorumClient
 from quorum_node.client_stream import ClientStream
-from quorum_node.node.kv import KvStore, Put, SnapshotEntries, encode_op, snapshot_records
+from quorum_node.kv.ops import Put, encode_op
+from quorum_node.kv.snapshot_data import SnapshotEntries, snapshot_records
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.records import RecordBatch
 
 WATCHES_PER_STREAM = 250  # below a stream's 256 requests in flight

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from quorum_node.node.kv import KV_RECORD_KEY
+from quorum_node.kv.ops import KV_RECORD_KEY
 from quorum_node.raft.messages import LeaderChangeMessage, ReplicaInfo
 from quorum_node.raft.records import Record, control_record, encode_batch, read_batch_header
 from quorum_node.raft.snapshot_format import encode_snapshot

@@ -128,3 +128,37 @@ def test_the_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\n")
     (package / "c.py").write_text("import pkg.a\n")
     assert cycles(import_graph(modules_of(package))) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# Floors beneath the node: the node points down into them, never they up into the node. The
+# backups and the simulator share the node's key-value state machine through ``quorum_node.kv``.
+BENEATH_THE_NODE = ("quorum_node.kv", "quorum_node.raft", "quorum_node.storage",
+                    "quorum_node.backup", "quorum_node.sim")
+
+
+def upward_imports(graph: Mapping[str, set[str]], floors: tuple[str, ...],
+                   above: str) -> list[str]:
+    """Each import from a module of ``floors`` into ``above`` (or a module beneath it)."""
+    def within(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  if any(within(module, floor) for floor in floors)
+                  for target in targets if within(target, above))
+
+
+def test_floors_beneath_the_node_do_not_import_it() -> None:
+    graph = import_graph(modules_of(ROOT / "quorum_node"))
+    found = upward_imports(graph, BENEATH_THE_NODE, "quorum_node.node")
+    assert not found, "imports up into the node: " + "; ".join(found)
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "node").mkdir(parents=True)
+    (package / "sim").mkdir()
+    for path in ("__init__.py", "node/__init__.py", "node/kv.py", "sim/__init__.py"):
+        (package / path).write_text("")
+    (package / "sim" / "run.py").write_text("from pkg.node.kv import KvStore\n")
+    graph = import_graph(modules_of(package))
+    assert upward_imports(graph, ("pkg.sim",), "pkg.node") == ["pkg.sim.run -> pkg.node.kv"]

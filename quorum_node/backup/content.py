@@ -8,7 +8,7 @@ from pathlib import Path
 
 from quorum_node.backup.manifest import BackupManifest
 from quorum_node.backup.restore import mapped
-from quorum_node.node.kv import KvStore
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.snapshot_format import iter_snapshot_records
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest, FileEntry
 from quorum_node.backup.store import BackupStore
-from quorum_node.node.state_machine import check_snapshot_records
+from quorum_node.kv.machine import check_snapshot_records
 from quorum_node.raft.records import encode_batch, read_batch_header
 from quorum_node.raft.snapshot_format import check_snapshot, iter_snapshot_records
 from quorum_node.raft.snapshots import CorruptSnapshotError

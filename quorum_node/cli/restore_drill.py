@@ -41,7 +41,7 @@ from quorum_node.backup.store import BackupStore, S3Options, open_store
 from quorum_node.cli.local_control import fetch_status
 from quorum_node.cli.local_layout import restore_local
 from quorum_node.client import QuorumClient, QuorumClientError
-from quorum_node.node.kv import KvStore
+from quorum_node.kv.store import KvStore
 from quorum_node.storage.meta_properties import random_cluster_id
 
 HOST = "127.0.0.1"

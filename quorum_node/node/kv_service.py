@@ -53,14 +53,11 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import (
+from quorum_node.kv.ops import (
     Cas,
     Delete,
-    KvEvent,
     KvOp,
     KvOpError,
-    KvStore,
     Outcome,
     Put,
     Txn,
@@ -69,6 +66,8 @@ from quorum_node.node.kv import (
     check_key,
     encode_op,
 )
+from quorum_node.kv.store import KvEvent, KvStore
+from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
 from quorum_node.node.state_machine import (
     READ_CHUNK_BYTES,

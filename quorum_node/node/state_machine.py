@@ -1,5 +1,6 @@
-"""The node's key-value state machine: its store (``quorum_node.node.kv``), the snapshots of it
-(``quorum_node.node.snapshotting``) and the applier that feeds it the committed log.
+"""The node's key-value state machine: the synchronous machine over its store
+(``quorum_node.kv.machine``, which the simulator runs too), the snapshots of it on disk
+(``quorum_node.node.snapshotting``) and the asyncio applier that feeds it the committed log.
 
 The runtime owns it: it is started with the node and stopped with it, on every node, leader or
 not, whatever APIs are served, so that the store follows the high watermark, and snapshots and log
@@ -8,10 +9,6 @@ through ``KvService`` (``quorum_node.node.kv_service``).
 
 Errors are ordinary exceptions: ``StateMachineClosing`` once the node is shutting down,
 ``StateMachineFailed`` once the applier stopped on a failure, ``TimeoutError`` when a wait ran out.
-
-``check_snapshot_records`` is what the store can load from a snapshot: the Raft core runs it on
-every snapshot downloaded from a leader before keeping it, and ``quorum-node restore`` on a
-backup's snapshot before restoring it.
 """
 
 from __future__ import annotations
@@ -19,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Protocol
 
-from quorum_node.node.kv import KvOpError, KvStore, snapshot_data
+from quorum_node.kv.machine import KvMachine
+from quorum_node.kv.store import KvStore
 from quorum_node.node.snapshotting import KvSnapshots, SnapshotHost
-from quorum_node.raft.records import Record
-from quorum_node.raft.snapshots import CorruptSnapshotError
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.types import NotLeaderError
 
@@ -36,19 +31,6 @@ logger = logging.getLogger(__name__)
 READ_CHUNK_BYTES = 64 * 1024
 # Most committed records a step applies itself; more is a backlog for the applier task.
 STEP_APPLY_RECORDS = 1000
-
-
-def check_snapshot_records(records: Iterator[Record]) -> None:
-    """Raise CorruptSnapshotError naming the first of a snapshot's data records that the store
-    cannot load (``KvStore.load_snapshot`` would refuse it, and a replica that kept such a
-    snapshot could neither apply its log nor start): every chunk of entries is decoded and
-    checked, one at a time, as loading it would. Modification offsets are checked against the
-    snapshot's end when it is loaded."""
-    try:
-        for _ in snapshot_data(records, 2**63).chunks:
-            pass
-    except KvOpError as error:
-        raise CorruptSnapshotError(str(error)) from None
 
 
 class StateMachineHost(SnapshotHost, Protocol):
@@ -81,7 +63,10 @@ class KvStateMachine:
     def __init__(self, node: StateMachineHost) -> None:
         self.node = node
         self.store = KvStore(event_bytes_limit=node.config.kv_history_retention_bytes)
-        self.snapshots = KvSnapshots(node, self.store)
+        latest = node.log_dir.snapshots.latest()
+        self.machine = KvMachine(self.store, node.config.snapshot_interval_records,
+                                 latest.end_offset if latest is not None else 0)
+        self.snapshots = KvSnapshots(node, self.machine)
         # Set when the core replaced the log by a snapshot from the leader: the applier loads it.
         self._snapshot_wanted = asyncio.Event()
         self.failure: BaseException | None = None
@@ -170,15 +155,10 @@ class KvStateMachine:
         self._notify()
 
     def _apply_chunk(self, high_watermark: int) -> None:
-        store = self.store
-        before = store.next_offset
         # The log's bytes rather than read_committed's decoded batches: the store skips batches
         # without KV operations undecoded.
-        store.apply_encoded(self.node.log_dir.log.read(before, READ_CHUNK_BYTES),
-                            limit=high_watermark)
-        if store.next_offset == before:
-            raise RuntimeError(f"no committed batch at offset {before} below the high "
-                               f"watermark {high_watermark}")
+        self.machine.apply(self.node.log_dir.log.read(self.store.next_offset, READ_CHUNK_BYTES),
+                           high_watermark)
         self._notify()
         self.snapshots.maybe_start_writing()
 

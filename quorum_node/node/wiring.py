@@ -17,12 +17,13 @@ import os
 import random
 
 from quorum_node.addresses import host_port
+from quorum_node.kv.machine import check_snapshot_records
 from quorum_node.node.clock import now_ms
 from quorum_node.node.config import ConfigError, NodeConfig
 from quorum_node.node.driver_host import NodeDriverHost
 from quorum_node.node.listener import NodeListeners
 from quorum_node.node.runtime import NodeParts, QuorumNode
-from quorum_node.node.state_machine import KvStateMachine, check_snapshot_records
+from quorum_node.node.state_machine import KvStateMachine
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import PeerClient, PeerServer, max_response_bytes
 from quorum_node.raft.core import RaftCore

@@ -1,8 +1,8 @@
 """Log compaction, as a node's state machine does it (KIP-630): now and then each running node
-looks whether the node's snapshot policy (``quorum_node.raft.snapshot_policy``) calls for a
-snapshot of what it has applied; if so it snapshots and deletes the log below the snapshot,
-keeping a random tail for followers that are only a little behind. Followers further behind must
-then catch up through FetchSnapshot."""
+looks whether its state machine (the node's, ``quorum_node.kv.machine``) calls for a snapshot of
+what it has applied; if so it snapshots and deletes the log below the snapshot, keeping a random
+tail (the node's ``snapshot.retained.log.records``) for followers that are only a little behind.
+Followers further behind must then catch up through FetchSnapshot."""
 
 from __future__ import annotations
 
@@ -45,11 +45,9 @@ class Compaction:
     def compact(self, node: SimNode, *, keep: int | None = None) -> bool:
         """Snapshot ``node`` and delete its log below, but for ``keep`` records (random if not
         given), due or not. False if there was nothing new to snapshot."""
-        snapshot = node.take_snapshot()
-        if snapshot is None:
-            return False
-        self.snapshots_taken += 1
         if keep is None:
             keep = self._rng.choice((0, self._rng.randint(0, self._max_kept)))
-        node.delete_log_before(max(0, snapshot.end_offset - keep))
+        if node.take_snapshot(retained_log_records=keep) is None:
+            return False
+        self.snapshots_taken += 1
         return True

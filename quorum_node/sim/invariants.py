@@ -11,7 +11,9 @@ committed-data checks it runs at the end, done here continuously, plus KIP-856's
   voters (the set it had before this event or has now: an event may append a voter change; a
   lost disk counts with what it held when lost, which its replica may have acknowledged).
 * ConsistentCommittedData: every node holds, below its high watermark, the committed data, in its
-  log or its snapshot; snapshots (same id, same bytes) and state machines match the committed data.
+  log or its snapshot; snapshots (same id, same bytes) and state machines match the committed data:
+  a replica's key-value store, whatever offset it has applied up to, and the store a snapshot
+  holds, are the store the committed prefix up to there gives, applied to a fresh ``KvStore``.
 * NoCommittedLoss: the leader of the highest epoch holds all committed data, and no replica
   lacking the newest committed offset could be elected: too few voters of its own voter set are
   no more up to date than it (wiped disks, snapshots and voter changes included).
@@ -22,10 +24,11 @@ committed-data checks it runs at the end, done here continuously, plus KIP-856's
   majority of the new set, and no majority of the old set can be formed without it.
 
 The checker keeps the globally committed prefix of the log: offset -> (epoch, base offset, CRC)
-of the batch holding it, learned from any node's high watermark, with the state machine digest
-and voter set it amounts to. Only nodes an event touched are checked, and every offset once per
-node per process lifetime: a log below its high watermark only grows, so a verified prefix stays
-verified unless the batch that ended it disappears (then it is checked again).
+of the batch holding it, learned from any node's high watermark, with the digest of the key-value
+store (``quorum_node.kv.machine.state_digest``) and the voter set it amounts to. Only nodes an
+event touched are checked, and every offset once per node per process lifetime: a log below its
+high watermark only grows, so a verified prefix stays verified unless the batch that ended it
+disappears (then it is checked again).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from quorum_node.kv.machine import KvMachine, loaded_entries, state_digest
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.records import RecordBatch, control_record_type
 from quorum_node.raft.snapshots import SnapshotId
@@ -54,13 +59,7 @@ from quorum_node.sim.durability import (
     majority,
     voters_on_disk,
 )
-from quorum_node.sim.node import SimNode
-from quorum_node.sim.state_machine import (
-    INITIAL_DIGEST,
-    chain,
-    read_snapshot_bytes,
-    snapshot_digest,
-)
+from quorum_node.sim.node import SimNode, read_snapshot_bytes
 
 SINGLE_LEADER = "SingleLeader"
 MONOTONIC_EPOCH = "MonotonicEpoch"
@@ -123,7 +122,7 @@ class _Process:
     high_watermark: int | None = None
     verified: _Verified = field(default_factory=_Verified)
     voters: VoterSet | None = None  # the core's voter set at the previous check
-    applied: tuple[int, bytes] = (0, INITIAL_DIGEST)  # the state machine, as last checked
+    applied: int = 0  # the state machine's next offset, as last checked
 
 
 @dataclass(slots=True)
@@ -159,7 +158,9 @@ class InvariantChecker:
         # Records a violation; False when that invariant is switched off for this run.
         self._report = report
         self.committed: list[Entry] = []
-        self._digests = [INITIAL_DIGEST]  # the state machine digest of committed[:n]
+        # The store that committed[:n] gives (the model), and its digest for every n.
+        self._model = KvStore()
+        self._digests = [state_digest(self._model.snapshot_entries())]
         self.committed_voters: list[tuple[int, VoterSet]] = []  # committed VotersRecords
         self.durability = Durability(cluster, self.committed)
         # The latest proposal time among committed client records (-1: none yet).
@@ -337,8 +338,12 @@ class InvariantChecker:
         self.committed.append(entry_of(batch))
         record = batch.records[offset - batch.base_offset]
         digest = self._digests[-1]
-        if not batch.is_control:
-            digest = chain(digest, record.value)
+        if batch.is_control:
+            self._model.skip_batch(batch.base_offset, batch.next_offset, offset + 1)
+        else:
+            # Record by record, not through KvMachine.apply: the replicas' apply is under test.
+            if self._model.apply_batch(batch, offset + 1):
+                digest = state_digest(self._model.snapshot_entries())
             proposed = self._proposed_at.get(record.value)
             if proposed is not None and proposed > self.newest_committed_proposal_ms:
                 self.newest_committed_proposal_ms = proposed
@@ -366,7 +371,11 @@ class InvariantChecker:
             )
             return
         epoch = self.committed[end - 1][0]
-        digest, count = snapshot_digest(data)
+        try:
+            loaded = KvMachine.build_snapshot(latest, data)
+        except ValueError as error:  # CorruptSnapshotError, KvOpError
+            self._fail(CONSISTENT_COMMITTED_DATA, f"{where} cannot be loaded: {error}")
+            return
         carried = store.voters(latest)
         committed_voters = self.committed_voter_set(end)
         if any(key.directory_id is None for key in committed_voters):
@@ -376,10 +385,11 @@ class InvariantChecker:
                 CONSISTENT_COMMITTED_DATA,
                 f"{where}: offset {end - 1} was committed in epoch {epoch}",
             )
-        if digest != self._digests[end]:
+        if state_digest(loaded_entries(loaded)) != self._digests[end]:
             self._fail(
                 CONSISTENT_COMMITTED_DATA,
-                f"{where} holds a state ({count} records) that is not the committed data's",
+                f"{where} holds a store ({len(loaded.data)} keys) that is not the committed "
+                "data's",
             )
         if sorted(carried or ()) != sorted(committed_voters):
             self._fail(
@@ -389,18 +399,19 @@ class InvariantChecker:
             )
 
     def _check_state_machine(self, node: SimNode, process: _Process) -> None:
-        machine = node.state_machine
-        applied = (machine.applied, machine.digest)
+        # The store changes only as its next offset grows (an apply, a snapshot loaded).
+        store = node.state_machine.store
+        applied = store.next_offset
         if applied == process.applied:
             return
         process.applied = applied
-        if machine.applied > len(self.committed) or machine.digest != self._digests[
-            machine.applied
-        ]:
+        if applied > len(self.committed) or state_digest(
+            store.snapshot_entries()
+        ) != self._digests[applied]:
             self._fail(
                 CONSISTENT_COMMITTED_DATA,
-                f"node {node.node_id}'s state machine applied {machine.count} records up to "
-                f"offset {machine.applied}, which are not the committed ones",
+                f"node {node.node_id}'s store ({len(store)} keys) applied up to offset "
+                f"{applied} is not the one the committed records give",
             )
 
     def _check_majority_reached(

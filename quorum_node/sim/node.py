@@ -1,7 +1,10 @@
 """One simulated replica: a RaftCore, its disk (a MemoryLog, a snapshot store and the persisted
 election state), the state machine it applies committed records to, and the driver duties the core
 leaves to its host. The core is driven by ``quorum_node.raft.driver.CoreDriver``, the driver the
-node runtime runs; this node is its host over the simulated disk, network and clock.
+node runtime runs; this node is its host over the simulated disk, network and clock. The state
+machine is the node's too (``quorum_node.kv.machine.KvMachine`` over a ``KvStore``): it applies
+the log's bytes, decides when to snapshot, writes, loads and compacts as the node does, with the
+simulated disk for the node's files.
 
 The disk outlives the process. A hard kill throws away whatever was not flushed (and snapshot
 downloads in progress); a restart builds a fresh core and state machine from what is on the disk,
@@ -15,6 +18,8 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
+from quorum_node.kv.machine import KvMachine, check_snapshot_records
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import (
     OutboundRequest,
@@ -29,24 +34,44 @@ from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.messages import RaftRequest, RaftResponse
 from quorum_node.raft.quorum_state import RoleChanged
-from quorum_node.raft.records import Record
+from quorum_node.raft.records import Record, read_batch_header
 from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotId, SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError, ReplicaKey
 from quorum_node.sim.events import EventLoop
-from quorum_node.sim.state_machine import StateMachine, check_snapshot_records
 
 MIN_FLUSH_MS = 1
 MAX_FLUSH_MS = 5
 # How often a node in graceful shutdown checks whether a successor has taken over.
 SHUTDOWN_CHECK_MS = 5
+# The simulated snapshot.interval.records: a workload proposes tens of records a second.
+SNAPSHOT_INTERVAL_RECORDS = 16
+# How much of the log the state machine reads at a time: small, so that an apply takes several.
+READ_CHUNK_BYTES = 4096
 
 T = TypeVar("T")
 
 
 def random_uuid(rng: random.Random) -> uuid.UUID:
     return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
+def read_snapshot_bytes(store: SnapshotStore, snapshot_id: SnapshotId) -> bytes:
+    size = store.size(snapshot_id)
+    assert size is not None, f"no snapshot {snapshot_id}"
+    return store.read(snapshot_id, 0, size)
+
+
+def new_state_machine(snapshots: SnapshotStore) -> KvMachine:
+    """A process's state machine: an empty store, then the latest snapshot on the disk, as the
+    node starts (``KvSnapshots.load_latest``). Raises for a snapshot the store cannot load."""
+    latest = snapshots.latest()
+    machine = KvMachine(KvStore(), SNAPSHOT_INTERVAL_RECORDS,
+                        latest.end_offset if latest is not None else 0)
+    if latest is not None:
+        machine.load(latest, read_snapshot_bytes(snapshots, latest))
+    return machine
 
 
 class CoreFactory(Protocol):
@@ -124,7 +149,7 @@ class SimNode:
         # The process: None while the node is down.
         self.core: RaftCore | None = None
         self._driver: CoreDriver | None = None
-        self.state_machine = StateMachine()
+        self.state_machine = KvMachine(KvStore(), SNAPSHOT_INTERVAL_RECORDS)
         self.snapshots_loaded = 0  # downloaded from a leader, over the node's life
         # Bumped on every start and stop, so events addressed to an earlier process are dropped.
         self.incarnation = 0
@@ -153,8 +178,8 @@ class SimNode:
     def start(self) -> None:
         assert self.core is None, f"node {self.node_id} is already running"
         self._new_process()
-        self.state_machine.restore(self.snapshots)
         try:
+            self.state_machine = new_state_machine(self.snapshots)
             self.core = self._core_factory(
                 node_id=self.node_id,
                 directory_id=self.directory_id,
@@ -170,7 +195,7 @@ class SimNode:
                 observer_ids=self._observer_ids,
                 check_snapshot_records=check_snapshot_records,
             )
-        except Exception as error:  # any core failure is a finding, not a crash
+        except Exception as error:  # any failure to start is a finding, not a crash
             self._monitor.core_failed(self.node_id, error)
             return
         self._driver = CoreDriver(self.core, self)
@@ -295,25 +320,29 @@ class SimNode:
             raise
 
     # -- the state machine's duties -----------------------------------------------------------
-    def take_snapshot(self) -> SnapshotId | None:
+    def take_snapshot(self, retained_log_records: int | None = None) -> SnapshotId | None:
         """Snapshot the state machine as of what it has applied, if that is a batch boundary
         the log still holds and is past the latest snapshot (KIP-630: the state machine, not
-        the core, decides). The voter set goes in only when every voter's directory is known."""
+        the core, decides), as the node writes one; then, given ``retained_log_records``,
+        delete the log below it but for that many records, as the node compacts."""
         core = self.core
-        applied = self.state_machine.applied
+        machine = self.state_machine
+        end = machine.next_offset
         latest = self.snapshots.latest()
-        if core is None or applied == 0 or (latest is not None and latest.end_offset >= applied):
+        if (core is None or end == 0 or (latest is not None and latest.end_offset >= end)
+                or end - 1 < self.log.start_offset):
             return None
-        batch = self.log.batch_containing(applied - 1)
-        if batch is None or batch.next_offset != applied:
+        plan = machine.plan_snapshot(read_batch_header(self.log.read(end - 1, 1)),
+                                     core.voter_set_at(end - 1))
+        if plan is None:
             return None
-        voters = core.voter_set_at(applied - 1)
-        carried = voters if all(key.directory_id is not None for key in voters) else None
-        snapshot_id = SnapshotId(applied, batch.epoch)
         self.touched = True
-        self.snapshots.save(snapshot_id, self.state_machine.snapshot(carried, batch.timestamp_ms))
-        self.snapshots.delete_before(snapshot_id)
-        return snapshot_id
+        self.snapshots.save(plan.snapshot_id, b"".join(plan.batches()))
+        self.snapshots.delete_before(plan.snapshot_id)
+        log_start = machine.snapshot_written(plan, retained_log_records or 0)
+        if retained_log_records is not None:
+            self.delete_log_before(log_start)
+        return plan.snapshot_id
 
     def delete_log_before(self, offset: int) -> None:
         """Delete the log below ``offset``, which a snapshot must cover."""
@@ -361,7 +390,7 @@ class SimNode:
         # The core replaced the log by a snapshot from the leader: the state machine starts
         # over from it (a snapshot the store cannot give back fails the node: a finding).
         self.snapshots_loaded += 1
-        self.state_machine.load(self.snapshots, snapshot_id)
+        self.state_machine.load(snapshot_id, read_snapshot_bytes(self.snapshots, snapshot_id))
 
     def voter_change_done(self, done: VoterChangeDone) -> None:
         self._host.voter_change_done(self, done)
@@ -372,9 +401,19 @@ class SimNode:
     def stepped(self) -> None:
         core = self.core
         assert core is not None
+        # Every step applies what is committed (the node's leader does so after each step, its
+        # followers in their applier): a gap in the log stops it, the checker reports that.
         high_watermark = core.high_watermark
-        if high_watermark is not None and high_watermark > self.state_machine.applied:
-            self.state_machine.apply(self.log, high_watermark)
+        machine = self.state_machine
+        while high_watermark is not None and machine.next_offset < high_watermark:
+            encoded = self.log.read(machine.next_offset, READ_CHUNK_BYTES)
+            if not encoded:
+                return
+            try:
+                machine.apply(encoded, high_watermark)
+            except Exception as error:  # the node's applier would stop: a finding
+                self._monitor.core_failed(self.node_id, error)
+                return
 
     def set_timer(self, at_ms: int) -> None:
         self._poll_token += 1

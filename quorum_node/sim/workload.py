@@ -1,13 +1,22 @@
-"""The client: every few milliseconds it proposes one record with a unique value to the current
-leader, and remembers when each accepted value was proposed (liveness checks ask whether anything
-proposed after a fault healed got committed)."""
+"""The client: every few milliseconds it proposes one key-value operation to the current leader,
+encoded as the node's API encodes it (``quorum_node.kv.store.encode_op``): puts, deletes, cas
+and txns over a small set of keys, so that writes overwrite, delete and compare one another's
+results, and the replicas' stores (``quorum_node.kv.machine``) have something to disagree on.
+
+It remembers when each accepted operation carrying a value was proposed (liveness checks ask
+whether anything proposed after a fault healed got committed). Every value is unique, so a
+record's bytes name its proposal; a delete (or a cas that deletes), which carries none, is not
+remembered.
+"""
 
 from __future__ import annotations
 
 import random
 
-from quorum_node.raft.records import Record
+from quorum_node.kv.ops import Cas, Compare, Delete, KvOp, Put, Txn, encode_op
 from quorum_node.sim.cluster import Cluster
+
+KEYS = 32
 
 
 class Workload:
@@ -19,7 +28,9 @@ class Workload:
         self._min_interval_ms = min_interval_ms
         self._max_interval_ms = max_interval_ms
         self._sequence = 0
-        # Value -> simulated time the leader accepted it.
+        # The value each key was last proposed with (None: deleted), what a cas expects.
+        self._last_proposed: dict[str, str | None] = {}
+        # Record value -> simulated time the leader accepted it.
         self.proposed_at: dict[bytes, int] = {}
 
     def start(self) -> None:
@@ -30,13 +41,36 @@ class Workload:
             self._rng.randint(self._min_interval_ms, self._max_interval_ms), self._propose
         )
 
+    def _next_op(self) -> KvOp:
+        rng = self._rng
+        key = f"key-{rng.randrange(KEYS)}"
+        value = f"v-{self._sequence}"
+        self._sequence += 1
+        draw = rng.random()
+        if draw < 0.5:
+            return Put(key, value)
+        if draw < 0.65:
+            return Delete(key)
+        if draw < 0.9:
+            # Mostly what the key was last proposed with: some apply, some find it overwritten.
+            return Cas(key, self._last_proposed.get(key), None if rng.random() < 0.2 else value)
+        other = f"key-{rng.randrange(KEYS)}"
+        return Txn(compares=(Compare(key, "version", ">", rng.randint(0, 3)),),
+                   success=(Put(key, value),),
+                   failure=(Put(other, value),) if other != key else ())
+
     def _propose(self) -> bool:
         self._schedule()
         leader = self._cluster.leader()
         if leader is None:
             return False
-        value = b"v-%d" % self._sequence
-        self._sequence += 1
-        if leader.propose([Record(value=value)]) is not None:
-            self.proposed_at[value] = self._cluster.loop.now_ms
+        op = self._next_op()
+        record = encode_op(op)
+        if leader.propose([record]) is not None:
+            if isinstance(op, Put | Cas):
+                self._last_proposed[op.key] = op.value
+            elif isinstance(op, Delete):
+                self._last_proposed[op.key] = None
+            if not isinstance(op, Delete) and not (isinstance(op, Cas) and op.value is None):
+                self.proposed_at[record.value] = self._cluster.loop.now_ms
         return True

@@ -17,7 +17,9 @@ from quorum_audit.decode import (
     decode_batches,
     decode_file,
 )
-from quorum_node.node.kv import KvStore, Put, encode_op, snapshot_records
+from quorum_node.kv.ops import Put, encode_op
+from quorum_node.kv.snapshot_data import snapshot_records
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.records import (
     HEADER_SIZE,
     Record,

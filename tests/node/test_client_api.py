@@ -28,9 +28,9 @@ import pytest
 
 from quorum_node.cli.client import main as client_main
 from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError, WatchResult
+from quorum_node.kv.ops import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
-from quorum_node.node.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from quorum_node.node.kv_service import (
     MAX_APPEND_BYTES,
     MAX_READ_RECORDS,

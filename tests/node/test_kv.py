@@ -8,22 +8,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quorum_node.node.kv import (
+from quorum_node.kv.ops import (
     KV_RECORD_KEY,
     MAX_KEY_BYTES,
     MAX_OP_BYTES,
     MAX_VALUE_BYTES,
     Cas,
     Delete,
-    KvEvent,
     KvOp,
     KvOpError,
-    KvStore,
     Outcome,
     Put,
     decode_op,
     encode_op,
 )
+from quorum_node.kv.store import KvEvent, KvStore
 from quorum_node.raft.records import Record, RecordBatch, control_record
 from quorum_node.raft.types import ControlRecordType
 

@@ -10,18 +10,8 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quorum_node.node.kv import (
-    CHANGE_OVERHEAD_BYTES,
-    Cas,
-    Delete,
-    KvEvent,
-    KvOp,
-    KvStore,
-    Put,
-    Txn,
-    change_bytes,
-    encode_op,
-)
+from quorum_node.kv.ops import Cas, Delete, KvOp, Put, Txn, encode_op
+from quorum_node.kv.store import CHANGE_OVERHEAD_BYTES, KvEvent, KvStore, change_bytes
 from quorum_node.raft.records import RecordBatch
 
 MIB = 1024 * 1024

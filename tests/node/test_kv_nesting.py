@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorum_node.node.kv import MAX_OP_DEPTH, _nesting_exceeds
+from quorum_node.kv.ops import MAX_OP_DEPTH, _nesting_exceeds
 
 # Strings full of what a scanner could mistake for structure: brackets, quotes, backslashes.
 tricky_text = st.text(alphabet=st.sampled_from(list('[]{}"\\/ab\u00e9\n')), max_size=12)

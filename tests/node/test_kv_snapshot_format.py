@@ -11,26 +11,28 @@ from pathlib import Path
 
 import pytest
 
-from quorum_node.node.kv import (
+from quorum_node.kv.machine import check_snapshot_records
+from quorum_node.kv.ops import (
     KV_RECORD_KEY,
     MAX_KEY_BYTES,
-    SNAPSHOT_CHUNK_ENTRIES,
-    SNAPSHOT_ENTRIES_KEY,
-    SNAPSHOT_HEADER_KEY,
     Compare,
     Delete,
     KvOp,
     KvOpError,
-    KvStore,
     Put,
-    SnapshotEntries,
-    SnapshotEntry,
     Txn,
     encode_op,
+)
+from quorum_node.kv.snapshot_data import (
+    SNAPSHOT_CHUNK_ENTRIES,
+    SNAPSHOT_ENTRIES_KEY,
+    SNAPSHOT_HEADER_KEY,
+    SnapshotEntries,
+    SnapshotEntry,
     encode_snapshot_chunk,
     snapshot_records,
 )
-from quorum_node.node.state_machine import check_snapshot_records
+from quorum_node.kv.store import KvStore
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.snapshot_format import encode_snapshot, iter_snapshot_records
 from quorum_node.raft.snapshots import CorruptSnapshotError

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from quorum_node.node.kv import (
+from quorum_node.kv.machine import check_snapshot_records
+from quorum_node.kv.ops import (
     KV_RECORD_KEY,
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -16,20 +17,18 @@ from quorum_node.node.kv import (
     Compare,
     Delete,
     Get,
-    KvEvent,
     KvOp,
     KvOpError,
-    KvStore,
     Put,
     Txn,
     TxnOutcome,
     TxnResponse,
     decode_op,
     encode_op,
-    snapshot_records,
     txn_from_document,
 )
-from quorum_node.node.state_machine import check_snapshot_records
+from quorum_node.kv.snapshot_data import snapshot_records
+from quorum_node.kv.store import KvEvent, KvStore
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.snapshots import CorruptSnapshotError
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from test_admin_api import shutdown
 from test_state_machine import _single_node, _wait
 
-from quorum_node.node.kv import Put, SnapshotEntries, SnapshotEntry, encode_op, snapshot_records
+from quorum_node.kv.ops import Put, encode_op
+from quorum_node.kv.snapshot_data import SnapshotEntries, SnapshotEntry, snapshot_records
 from quorum_node.node.wiring import build_node
 from quorum_node.raft.snapshot_format import encode_snapshot_batches
 from quorum_node.raft.snapshots import SnapshotId

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_admin_api import FAST, free_port, shutdown
 
+from quorum_node.kv.ops import Compare, Put, Txn, encode_op
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import Compare, Put, Txn, encode_op
 from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.node.wiring import build_node

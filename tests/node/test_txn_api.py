@@ -18,7 +18,7 @@ from test_client_stream import answer, open_stream
 from quorum_node import wire
 from quorum_node.cli.client import main as client_main
 from quorum_node.client import PROTOCOLS, QuorumClient, QuorumClientError
-from quorum_node.node.kv import MAX_TXN_OPS, MAX_VALUE_BYTES
+from quorum_node.kv.ops import MAX_TXN_OPS, MAX_VALUE_BYTES
 from quorum_node.wire import Op
 
 

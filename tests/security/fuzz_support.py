@@ -7,7 +7,7 @@ import os
 import time
 from collections import Counter
 
-from quorum_node.node.kv import KvStore
+from quorum_node.kv.store import KvStore
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.raft.records import RecordBatch, decode_batches
 

@@ -17,7 +17,7 @@ import pytest
 from fake_leader import FakeLeader, forge
 from proc_cluster import FAST, NodeProcess, ProcessCluster
 
-from quorum_node.node.kv import KV_RECORD_KEY, Delete, Put, encode_op
+from quorum_node.kv.ops import KV_RECORD_KEY, Delete, Put, encode_op
 from quorum_node.raft.messages import (
     BeginQuorumEpochRequest,
     EndQuorumEpochRequest,

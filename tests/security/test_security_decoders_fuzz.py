@@ -19,20 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quorum_node import wire
+from quorum_node.kv.machine import check_snapshot_records
+from quorum_node.kv.ops import KV_RECORD_KEY, KvOpError, decode_op
+from quorum_node.kv.snapshot_data import SNAPSHOT_ENTRIES_KEY, SNAPSHOT_HEADER_KEY
+from quorum_node.kv.store import KvStore
 from quorum_node.node.api import admin as admin_api
 from quorum_node.node.api import client as client_api
 from quorum_node.node.api.http import ApiError
 from quorum_node.node.config import ConfigError, Setting, config_from_settings, parse_properties
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import (
-    KV_RECORD_KEY,
-    SNAPSHOT_ENTRIES_KEY,
-    SNAPSHOT_HEADER_KEY,
-    KvOpError,
-    KvStore,
-    decode_op,
-)
-from quorum_node.node.state_machine import check_snapshot_records
 from quorum_node.node.transport import REQUEST_TYPES, RESPONSE_TYPES, FrameError, decode_frame
 from quorum_node.raft.records import CorruptRecordError, Record, decode_batches, encode_batch
 from quorum_node.raft.snapshot_format import check_snapshot, encode_snapshot, read_snapshot

@@ -7,6 +7,8 @@ import random
 
 import pytest
 
+from quorum_node.kv.machine import state_digest
+from quorum_node.kv.ops import Put, encode_op
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.quorum_state import TransitionCause
 from quorum_node.raft.records import Record
@@ -95,7 +97,7 @@ def _single_voter_with_data() -> Simulation:
     node = sim.cluster.nodes[0]
     while node.core is not None and node.core.state is not RaftState.LEADER:
         sim.loop.run_one(until_ms=5000)
-    node.propose([Record(value=b"x")])
+    node.propose([encode_op(Put("key", "x"))])
     sim.end_ms = sim.now_ms + 100
     sim.run()
     node.propose([Record(value=b"y")])
@@ -138,7 +140,7 @@ def test_wiped_disk_comes_back_empty_under_a_new_directory_id() -> None:
     assert node.directory_id != directory_id
     node.start()
     assert node.core is not None and not node.core.is_voter
-    assert node.state_machine.applied == 0
+    assert node.state_machine.next_offset == 0 and len(node.state_machine.store) == 0
 
 
 def test_snapshot_survives_a_crash_and_restores_the_state_machine() -> None:
@@ -147,14 +149,17 @@ def test_snapshot_survives_a_crash_and_restores_the_state_machine() -> None:
     sim.end_ms = sim.now_ms + 100
     sim.run()
     machine = node.state_machine
-    applied, digest = machine.applied, machine.digest
+    applied, digest = machine.next_offset, state_digest(machine.store.snapshot_entries())
     snapshot = node.take_snapshot()
     assert snapshot is not None and snapshot.end_offset == applied
     node.delete_log_before(applied)
     assert node.log.start_offset == applied
     node.kill()
     node.start()
-    assert (node.state_machine.applied, node.state_machine.digest) == (applied, digest)
+    restored = node.state_machine
+    assert restored is not machine and restored.store.get("key") == "x"
+    assert (restored.next_offset, state_digest(restored.store.snapshot_entries())) == (
+        applied, digest)
     assert node.snapshots.latest() == snapshot and not sim.violations
 
 

@@ -13,7 +13,7 @@ Endpoints (JSON answers):
   (control records are skipped), waiting up to W ms when nothing is committed at N yet. Any
   node answers (committed records never change).
 - ``PUT``/``GET``/``DELETE /v1/kv/{key}`` and ``POST /v1/kv/{key}/cas``: the key-value store
-  (``quorum_node.node.kv``). A write answers once its operation is committed and applied here.
+  (``quorum_node.kv.store``). A write answers once its operation is committed and applied here.
   A read is linearizable (a ReadIndex confirmed by a majority, then this node's store caught up
   to it) unless ``?stale=true``, which reads this node's store as it is, on any node.
 - ``POST /v1/txn``: a multi-key transaction (etcd's Txn, ``kv.Txn``): the body is ``{"compare":
@@ -49,15 +49,15 @@ from typing import Any
 
 from aiohttp import web
 
-from quorum_node.node.api.http import ApiError, Query, bad_request, parse_json_body, read_body
-from quorum_node.node.errors import ErrorCode
-from quorum_node.node.kv import (
+from quorum_node.kv.ops import (
     MAX_TXN_RECORD_BYTES,
     MAX_VALUE_BYTES,
     KvOpError,
     TxnResponse,
     txn_from_document,
 )
+from quorum_node.node.api.http import ApiError, Query, bad_request, parse_json_body, read_body
+from quorum_node.node.errors import ErrorCode
 from quorum_node.node.kv_service import (
     DEFAULT_LIST_LIMIT,
     DEFAULT_READ_RECORDS,

@@ -10,9 +10,9 @@ from typing import Any
 
 from aiohttp import web
 
+from quorum_node.kv.ops import COMPARE_RESULTS, MAX_TXN_BYTES, MAX_TXN_OPS
 from quorum_node.node.api.admin import MAX_VOTER_TIMEOUT_MS
 from quorum_node.node.errors import ErrorCode
-from quorum_node.node.kv import COMPARE_RESULTS, MAX_TXN_BYTES, MAX_TXN_OPS
 from quorum_node.node.kv_service import (
     MAX_LIST_LIMIT,
     MAX_READ_RECORDS,

@@ -37,9 +37,9 @@ import aiohttp
 from aiohttp import web
 
 from quorum_node import wire
+from quorum_node.kv.ops import KvOpError, txn_from_document
 from quorum_node.node.api.http import bad_request, not_leader
 from quorum_node.node.errors import ErrorCode, ServiceError
-from quorum_node.node.kv import KvOpError, txn_from_document
 from quorum_node.node.kv_service import (
     DEFAULT_TIMEOUT_MS,
     MAX_LIST_LIMIT,
