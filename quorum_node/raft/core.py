@@ -33,8 +33,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, assert_never
+from typing import Any, assert_never
 
 from quorum_node.raft.candidate import (
     CandidateState,
@@ -84,13 +83,19 @@ from quorum_node.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
-from quorum_node.raft.quorum_state import QuorumState, ReplicaState, RoleChanged, TransitionCause
+from quorum_node.raft.outbox import (
+    Effects,
+    OutboundRequest,
+    OutboundResponse,
+    Outbox,
+    WarningLimiter,
+    answer,
+)
+from quorum_node.raft.quorum_state import QuorumState, ReplicaState, TransitionCause
 from quorum_node.raft.records import (
     Record,
     RecordBatch,
     control_record,
-    decode_batch,
-    read_batch_header,
 )
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
@@ -117,7 +122,8 @@ from quorum_node.raft.types import (
     epoch_in_bounds,
 )
 from quorum_node.raft.voter_change import VoterChangeHandler
-from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
+from quorum_node.raft.voter_history import VoterHistory
+from quorum_node.raft.voters import VoterSet, voters_record
 
 logger = logging.getLogger(__name__)
 
@@ -137,44 +143,8 @@ __all__ = [
     "VoterChangeDone",
 ]
 
-_ResponseT = TypeVar("_ResponseT", VoteResponse, BeginQuorumEpochResponse, EndQuorumEpochResponse,
-                     FetchResponse, FetchSnapshotResponse)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboundRequest:
-    destination: int
-    correlation_id: int
-    message: RaftRequest
-
-
-@dataclass(frozen=True, slots=True)
-class OutboundResponse:
-    destination: int
-    correlation_id: int
-    message: RaftResponse
-
-
-# A warning that a peer can provoke on every request or fetch is logged at most this often
-# (per kind of warning).
-WARNING_INTERVAL_MS = 10_000
 # How soon a leader whose log was full tries its pending records again.
 FULL_LOG_RETRY_MS = 100
-
-
-@dataclass(slots=True)
-class Effects:
-    persist: ElectionState | None = None
-    messages: list[OutboundRequest | OutboundResponse] = field(default_factory=list)
-    flush: bool = False
-    # The log was replaced by this snapshot (downloaded from the leader): the state machine must
-    # load it and go on from its end offset.
-    snapshot_loaded: SnapshotId | None = None
-    # Outcomes for the callers of add_voter/remove_voter and begin_read.
-    voter_changes: list[VoterChangeDone] = field(default_factory=list)
-    reads: list[ReadOutcome] = field(default_factory=list)
-    # Every change of role in the step(s), in order (durable once ``persist`` is).
-    role_changes: list[RoleChanged] = field(default_factory=list)
 
 
 class RaftCore:
@@ -215,14 +185,13 @@ class RaftCore:
         self.cluster_id = cluster_id
         self.log = log
         self.snapshots = snapshots
-        self._history = VoterSetHistory(tuple(voters))
-        self._static_ids = frozenset(key.id for key in self._history.static_voters)
+        self._voters = VoterHistory(local_key=self.local_key, static_voters=voters, log=log,
+                                    snapshots=snapshots)
+        self._static_ids = self._voters.static_ids
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
-        self._warned_at: dict[str, int] = {}
+        self._warnings = WarningLimiter()
         self._check_snapshot_records = check_snapshot_records
         self._refused_snapshots = 0
-        self._load_voter_history()
-        self._set_voters(self._history.latest())
         self._voter_changes = VoterChangeHandler(local_key=self.local_key,
                                                  static_ids=self._static_ids,
                                                  fetch_timeout_ms=config.fetch_timeout_ms)
@@ -231,15 +200,15 @@ class RaftCore:
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
         self._heartbeat_ms = config.begin_quorum_interval_ms
-        self._effects = Effects()
-        self._next_correlation_id = 0
+        self._outbox = Outbox(self._requests)
         self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
         self._high_watermark: int | None = None
         self._shutting_down = False
         self._now_ms = now_ms
 
         self._quorum = QuorumState(
-            local_key=self.local_key, config=config, random=random, voters=lambda: self.voters,
+            local_key=self.local_key, config=config, random=random,
+            voters=lambda: self._voters.voters,
             on_leave=self._leave_state,
             stored=election_state if election_state is not None else ElectionState.initial(),
             log_epoch=log.last_fetched_epoch(), log_end_offset=log.end_offset, now_ms=now_ms)
@@ -290,29 +259,12 @@ class RaftCore:
 
     @property
     def is_voter(self) -> bool:
-        return self._is_voter
+        return self._voters.is_voter
 
-    def _set_voters(self, voters: VoterSet) -> None:
-        """Adopt a voter set and the facts derived from it, which the hot paths read."""
-        if not voters:
-            raise ValueError("the voter set is empty")
-        unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
-        if unknown:
-            # KIP-856: voter ids come from the configuration; a log naming others belongs to a
-            # differently configured quorum.
-            raise RaftInvariantError(
-                f"node {self.node_id}: the log names voter ids {unknown} that are not in "
-                f"controller.quorum.voters {sorted(self._static_ids)}"
-            )
-        self.voters = voters
-        self._voter_ids = frozenset(key.id for key in voters)
-        self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
-        # The voters messages go to. A voter under another directory of this node's own id is
-        # this node's lost disk (KIP-856, before RemoveVoter): it counts in majorities, but
-        # nothing can reach it, and a request "to" it would come back to this very node.
-        self._peer_voters = tuple(k for k in self._remote_voters if k.id != self.node_id)
-        self._is_voter = len(self._remote_voters) < len(voters)
-        self._is_only_voter = self._is_voter and len(voters) == 1
+    @property
+    def voters(self) -> VoterSet:
+        """The voter set in force (the log's latest VotersRecord, else the configured voters)."""
+        return self._voters.voters
 
     @property
     def flushed_offset(self) -> int:
@@ -322,7 +274,7 @@ class RaftCore:
     def bootstrapped(self) -> bool:
         """Whether the voter set comes from the log (or a snapshot) rather than the static
         configuration: the first leader has written it, with every voter's directory id."""
-        return self._history.latest_offset() is not None
+        return self._voters.bootstrapped
 
     @property
     def accepts_writes(self) -> bool:
@@ -333,7 +285,7 @@ class RaftCore:
 
     def voter_set_at(self, offset: int) -> VoterSet:
         """The voter set in force at ``offset`` (what a snapshot ending after it carries)."""
-        return self._history.at(offset)
+        return self._voters.at(offset)
 
     @property
     def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
@@ -348,62 +300,24 @@ class RaftCore:
             as_of_ms=now_ms, node_id=self.node_id, directory_id=self.local_key.directory_id,
             cluster_id=self.cluster_id, state=self.state, epoch=state.epoch,
             leader_id=self.leader_id, voted_for=self._quorum.election_state.voted_key,
-            is_voter=self._is_voter,
+            is_voter=self._voters.is_voter,
             high_watermark=self._high_watermark, leader_has_committed=self.leader_has_committed,
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
             log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._flushed_offset,
-            voters=self.voters, pending_voter_change=self.pending_voter_change,
+            voters=self._voters.voters, pending_voter_change=self.pending_voter_change,
             snapshot_id=self.snapshots.latest(), refused_snapshots=self._refused_snapshots,
             quorum=state.describe(now_ms, self.local_key, log.end_offset)
             if isinstance(state, LeaderState) else None)
 
     # --- the voter set, read from the log ----------------------------------------------------
 
-    def _load_voter_history(self) -> None:
-        """Start-up: the set in the latest snapshot, then every VotersRecord of the log."""
-        latest = self.snapshots.latest()
-        if latest is not None:
-            self._history.reset(latest.end_offset - 1, self.snapshots.voters(latest))
-        start = max(self.log.start_offset, latest.end_offset if latest is not None else 0)
-        offset = start
-        while offset < self.log.end_offset:
-            data = self.log.read(offset, 1 << 20)
-            if not data:
-                break
-            position = 0
-            while position < len(data):
-                # Only a control batch can hold a VotersRecord, so the others (nearly all) are
-                # passed over by their headers, undecoded; the log checked every CRC when it
-                # wrote or recovered them.
-                header = read_batch_header(data, position, verify_crc=False)
-                if header.is_control:
-                    self._read_voter_records([decode_batch(data, position)[0]], start)
-                position, offset = header.end, header.next_offset
-
-    def _read_voter_records(self, batches: Sequence[RecordBatch], from_offset: int = 0) -> None:
-        for batch in batches:
-            for offset, voters in voter_sets_in(batch):
-                if offset >= from_offset:
-                    self._history.add(offset, voters)
-
     def _on_log_appended(self, batches: Sequence[RecordBatch]) -> None:
-        """Adopt a voter set as soon as its record is in the log, committed or not (KIP-856)."""
-        if any(batch.is_control for batch in batches):
-            self._read_voter_records(batches)
-            self._adopt_latest_voters()
+        if self._voters.appended(batches):
+            self._quorum.voters_changed(self._now_ms)
 
     def _on_log_truncated(self) -> None:
-        """A truncated VotersRecord is reverted: the previous set is in force again."""
-        self._history.truncate_new(self.log.end_offset)
-        self._adopt_latest_voters()
-
-    def _adopt_latest_voters(self) -> None:
-        latest = self._history.latest()
-        if latest == self.voters:
-            return
-        logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
-        self._set_voters(latest)
-        self._quorum.voters_changed(self._now_ms)
+        if self._voters.truncated():
+            self._quorum.voters_changed(self._now_ms)
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -416,7 +330,7 @@ class RaftCore:
         return isinstance(self._state, LeaderState) and self._state.high_watermark is not None
 
     def take_effects(self) -> Effects:
-        effects, self._effects = self._effects, Effects()
+        effects = self._outbox.take()
         effects.persist, effects.role_changes = self._quorum.take_outputs()
         return effects
 
@@ -434,7 +348,7 @@ class RaftCore:
         elif isinstance(state, FollowerState):
             times.append(state.fetch_deadline_ms)
         else:
-            if self._remote_voters:  # a lone voter has no quorum to check
+            if self._voters.remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.accumulator.deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
@@ -444,7 +358,7 @@ class RaftCore:
             times.extend(
                 max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
-                for key in self._peer_voters
+                for key in self._voters.peer_voters
                 if not self._requests.has_in_flight(key.id)
             )
         return max(min(times), self._now_ms)
@@ -462,20 +376,20 @@ class RaftCore:
             case FetchRequest():
                 response = self._handle_fetch(now_ms, source, correlation_id, request)
                 if response is not None:  # else parked: answered when data arrives
-                    self._respond(source, correlation_id, response)
+                    self._outbox.respond(source, correlation_id, response)
             case VoteRequest():
                 error, granted = self._handle_vote(now_ms, request)
-                self._respond(source, correlation_id, self._response(
+                self._outbox.respond(source, correlation_id, answer(self._quorum,
                     VoteResponse, error, vote_granted=granted,
                     voter_directory_id=self.local_key.directory_id))
             case BeginQuorumEpochRequest():
-                self._respond(source, correlation_id, self._response(
+                self._outbox.respond(source, correlation_id, answer(self._quorum,
                     BeginQuorumEpochResponse, self._handle_begin_quorum_epoch(now_ms, request)))
             case EndQuorumEpochRequest():
-                self._respond(source, correlation_id, self._response(
+                self._outbox.respond(source, correlation_id, answer(self._quorum,
                     EndQuorumEpochResponse, self._handle_end_quorum_epoch(now_ms, request)))
             case FetchSnapshotRequest():
-                self._respond(source, correlation_id,
+                self._outbox.respond(source, correlation_id,
                               self._handle_fetch_snapshot(now_ms, request))
             case _:  # a new message type must get its handler: mypy checks this, so does this
                 assert_never(request)
@@ -585,7 +499,7 @@ class RaftCore:
         LeaderChange is committed; it succeeds once committed by a majority of the new voter
         set."""
         state = self._voter_changing_leader(now_ms)
-        ticket = self._voter_changes.add(now_ms, state, self.voters, key, timeout_ms)
+        ticket = self._voter_changes.add(now_ms, state, self._voters.voters, key, timeout_ms)
         self._drive(now_ms)
         return ticket
 
@@ -600,7 +514,7 @@ class RaftCore:
         new one) cannot shrink the quorum. ``decommission`` is the explicit opt-in to remove the
         id itself (scaling down), as KIP-853's RemoveRaftVoter allows; the last voter stays."""
         self._voter_changing_leader(now_ms)
-        ticket = self._voter_changes.remove(now_ms, self.voters, key, timeout_ms,
+        ticket = self._voter_changes.remove(now_ms, self._voters.voters, key, timeout_ms,
                                             decommission=decommission)
         self._drive(now_ms)
         return ticket
@@ -619,11 +533,11 @@ class RaftCore:
 
     def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
         """Carry out the handler's step for the change in progress."""
-        step = self._voter_changes.advance(now_ms, state, self.voters,
+        step = self._voter_changes.advance(now_ms, state, self._voters.voters,
                                            bootstrapped=self.bootstrapped,
-                                           latest_voters_offset=self._history.latest_offset())
+                                           latest_voters_offset=self._voters.latest_offset())
         if step.done is not None:
-            self._effects.voter_changes.append(step.done)
+            self._outbox.effects.voter_changes.append(step.done)
         if step.resign:
             logger.info("node %d: removed from the voters; resigning", self.node_id)
             self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
@@ -666,7 +580,7 @@ class RaftCore:
             # Elected while shutting down (a nominee keeps campaigning): hand over at once.
             self._quorum.to_resigned(now_ms, TransitionCause.SHUTDOWN)
             return
-        remote_voters = self._remote_voters
+        remote_voters = self._voters.remote_voters
         if remote_voters and now_ms >= state.check_quorum_deadline_ms:
             logger.warning(
                 "node %d: no fetch from a majority of voters in %d ms; resigning epoch %d",
@@ -685,15 +599,15 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._expire_parked_fetches(now_ms, state)
-        self._effects.reads.extend(state.settle_reads(now_ms, self.local_key))
-        for key in self._peer_voters:  # re-read: the steps above may change the voters
+        self._outbox.effects.reads.extend(state.settle_reads(now_ms, self.local_key))
+        for key in self._voters.peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
             if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
                 continue
             if not self._requests.is_ready(key.id, now_ms):
                 continue
             progress.next_begin_quorum_ms = now_ms + self.config.begin_quorum_interval_ms
-            self._send(now_ms, key.id, BeginQuorumEpochRequest(
+            self._outbox.send(now_ms, key.id, BeginQuorumEpochRequest(
                 cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
                 voter_id=key.id, voter_directory_id=key.directory_id,
             ))
@@ -723,10 +637,10 @@ class RaftCore:
         try:
             batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
         except LogFullError as error:
-            self._warn_limited(now_ms, "log-full", "node %d: a control record waits for "
+            self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
                                "space: %s", self.node_id, error)
             return None
-        self._effects.flush = True
+        self._outbox.effects.flush = True
         self._on_log_appended([batch])
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
@@ -756,7 +670,7 @@ class RaftCore:
         another epoch (only a peer that jumped the quorum to the bound leads here)."""
         if epoch_in_bounds(epoch + 1):
             return False
-        self._warn_limited(now_ms, "epoch-exhausted",
+        self._warnings.warn(now_ms, "epoch-exhausted",
                            "node %d: epoch %d is the last below %d: no election can follow it",
                            self.node_id, epoch, MAX_EPOCH)
         return True
@@ -770,8 +684,8 @@ class RaftCore:
                                                 TransitionCause.PRE_VOTE_LOST)
 
     def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms >= state.fetch_deadline_ms or self._is_only_voter:
-            cause = (TransitionCause.LONE_VOTER if self._is_only_voter
+        if now_ms >= state.fetch_deadline_ms or self._voters.is_only_voter:
+            cause = (TransitionCause.LONE_VOTER if self._voters.is_only_voter
                      else TransitionCause.LEADER_RESIGNED if state.leader_resigned
                      else TransitionCause.FETCH_TIMEOUT)
             if self.is_voter:
@@ -783,33 +697,34 @@ class RaftCore:
         self._maybe_send_fetch(now_ms, state.leader_id)
 
     def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
-        if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
-            self._quorum.to_prospective(now_ms, TransitionCause.LONE_VOTER if self._is_only_voter
+        lone = self._voters.is_only_voter
+        if self.is_voter and (now_ms >= state.election_deadline_ms or lone):
+            self._quorum.to_prospective(now_ms, TransitionCause.LONE_VOTER if lone
                                         else TransitionCause.ELECTION_TIMEOUT)
             return
         # KAFKA-17030: while waiting, fetch from a voter now and then to discover the leader.
         # By id, not key: a replica whose disk was replaced shares its id with a voter.
-        others = [key.id for key in self.voters if key.id != self.node_id]
+        others = [key.id for key in self._voters.voters if key.id != self.node_id]
         if others and now_ms >= state.next_discovery_ms and not self._requests.any_in_flight():
             target = others[self._random.randrange(len(others))]
             if self._maybe_send_fetch(now_ms, target):
                 state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
 
     def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
-        expired = now_ms >= state.election_deadline_ms or self._is_only_voter
+        expired = now_ms >= state.election_deadline_ms or self._voters.is_only_voter
         if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
             state.election_deadline_ms = self._quorum.election_deadline(now_ms)
         elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
             self._quorum.to_unattached(now_ms, state.epoch + 1,
-                                       TransitionCause.LONE_VOTER if self._is_only_voter
+                                       TransitionCause.LONE_VOTER if self._voters.is_only_voter
                                        else TransitionCause.ELECTION_TIMEOUT)
             return
         successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
-        for key in self.voters:
+        for key in self._voters.voters:
             if key.id not in state.unacknowledged or not self._requests.is_ready(key.id, now_ms):
                 continue
-            self._send(now_ms, key.id, EndQuorumEpochRequest(
+            self._outbox.send(now_ms, key.id, EndQuorumEpochRequest(
                 cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
                 voter_id=key.id, voter_directory_id=key.directory_id,
                 preferred_successors=successors,
@@ -834,7 +749,7 @@ class RaftCore:
         logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
         change = LeaderChangeMessage(
             leader_id=self.node_id,
-            voters=tuple(ReplicaInfo.of(k) for k in self.voters),
+            voters=tuple(ReplicaInfo.of(k) for k in self._voters.voters),
             granting_voters=tuple(ReplicaInfo.of(k) for k in candidate.election.granting()),
         )
         payload = change.model_dump_json(by_alias=True).encode()
@@ -850,16 +765,16 @@ class RaftCore:
                            self.node_id, leader.epoch, error)
             self._quorum.to_resigned(now_ms, TransitionCause.LOG_FULL)
             return
-        self._effects.flush = True
+        self._outbox.effects.flush = True
 
     def _leave_leadership(self, leader: LeaderState) -> None:
         abandoned = self._voter_changes.abandon(leader.epoch)
         if abandoned is not None:
-            self._effects.voter_changes.append(abandoned)
+            self._outbox.effects.voter_changes.append(abandoned)
         leader.accumulator.records.clear()
-        self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
+        self._outbox.effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
-            self._respond(parked.source, parked.correlation_id, self._fetch_response(
+            self._outbox.respond(parked.source, parked.correlation_id, self._fetch_response(
                 Errors.NOT_LEADER_OR_FOLLOWER))
         leader.parked.clear()
 
@@ -883,7 +798,7 @@ class RaftCore:
             # No correct peer names another leader for an epoch whose leader we know: a broken
             # or forged message. Dropped; if our leader is the one that is gone, the fetch
             # timeout ends the epoch.
-            self._warn_limited(now_ms, "other-leader",
+            self._warnings.warn(now_ms, "other-leader",
                                "node %d: ignored a peer naming %d leader of epoch %d, whose "
                                "leader is %d", self.node_id, leader_id, epoch, known)
             return
@@ -904,28 +819,12 @@ class RaftCore:
         known = self.leader_id
         if epoch != self.epoch or known is None or known == leader_id:
             return False
-        self._warn_limited(now_ms, "other-leader",
+        self._warnings.warn(now_ms, "other-leader",
                            "node %d: refused a request naming %d leader of epoch %d, whose "
                            "leader is %d", self.node_id, leader_id, epoch, known)
         return True
 
     # --- sending -----------------------------------------------------------------------------
-
-    def _send(self, now_ms: int, destination: int, message: RaftRequest) -> None:
-        self._next_correlation_id += 1
-        correlation_id = self._next_correlation_id
-        self._requests.on_sent(destination, correlation_id, now_ms)
-        self._effects.messages.append(OutboundRequest(destination, correlation_id, message))
-
-    def _respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
-        self._effects.messages.append(OutboundResponse(destination, correlation_id, message))
-
-    def _response(self, kind: type[_ResponseT], error: Errors, **fields: Any) -> _ResponseT:
-        """This replica's answer to a peer's request: ``error``, the epoch and the leader it
-        knows now (every answer carries them: how a peer learns of a newer epoch and finds the
-        leader), and the RPC's own ``fields``."""
-        return kind(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                    **fields)
 
     def _request_votes(
         self, now_ms: int, election: EpochElection, epoch: int, *, pre_vote: bool
@@ -933,7 +832,7 @@ class RaftCore:
         for key in election.unrecorded():
             if not self._requests.is_ready(key.id, now_ms):
                 continue
-            self._send(now_ms, key.id, VoteRequest(
+            self._outbox.send(now_ms, key.id, VoteRequest(
                 cluster_id=self.cluster_id, voter_id=key.id, voter_directory_id=key.directory_id,
                 replica_epoch=epoch, replica_id=self.node_id,
                 replica_directory_id=self.local_key.directory_id,
@@ -951,7 +850,7 @@ class RaftCore:
         state = self._state
         if isinstance(state, FollowerState) and state.download is not None:
             download = state.download
-            self._send(now_ms, target, FetchSnapshotRequest(
+            self._outbox.send(now_ms, target, FetchSnapshotRequest(
                 cluster_id=self.cluster_id, replica_id=self.node_id,
                 replica_directory_id=self.local_key.directory_id,
                 max_bytes=self.config.fetch_max_bytes, current_leader_epoch=self.epoch,
@@ -960,7 +859,7 @@ class RaftCore:
                 position=download.written,
             ))
             return True
-        self._send(now_ms, target, FetchRequest(
+        self._outbox.send(now_ms, target, FetchRequest(
             cluster_id=self.cluster_id, replica_id=self.node_id,
             replica_directory_id=self.local_key.directory_id,
             max_wait_ms=self.config.long_poll_ms, current_leader_epoch=self.epoch,
@@ -994,7 +893,7 @@ class RaftCore:
         candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
         if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
             # Checked before the epoch is adopted: a non-member's vote must not move it.
-            self._warn_limited(now_ms, "vote-non-voter",
+            self._warnings.warn(now_ms, "vote-non-voter",
                                "node %d: refused a %s from %s, not a voter (epoch %d)",
                                self.node_id, "pre-vote" if request.pre_vote else "vote",
                                candidate, request.replica_epoch)
@@ -1022,7 +921,7 @@ class RaftCore:
         replicated yet (refusing it could leave the quorum with no electable replica: it may
         be the only one up to date). A log no newer than ours, by log matching, holds no voter
         set we lack."""
-        if any(voter.matches(key) for voter in self.voters):
+        if any(voter.matches(key) for voter in self._voters.voters):
             return True
         newer = (last_epoch, last_offset) > (self.log.last_fetched_epoch(), self.log.end_offset)
         return key.id in self._static_ids and newer
@@ -1030,7 +929,7 @@ class RaftCore:
     def _is_voter_id(self, node_id: int) -> bool:
         """A leader named by id (BeginQuorumEpoch, EndQuorumEpoch and responses carry no
         directory id): an id of the current voter set."""
-        return node_id in self._voter_ids
+        return node_id in self._voters.voter_ids
 
     def _log_moved_by(self, source: int, rpc: str, epoch: int, leader_id: int | None) -> None:
         """A peer's message is about to change this node's epoch or leader: say who and how."""
@@ -1038,15 +937,6 @@ class RaftCore:
             return
         logger.info("node %d: %s from %d: epoch %d -> %d, leader %s -> %s", self.node_id, rpc,
                     source, self.epoch, epoch, self.leader_id, leader_id)
-
-    def _warn_limited(self, now_ms: int, kind: str, message: str, *args: object) -> None:
-        """A warning a peer could provoke on every message: at most one per kind per
-        WARNING_INTERVAL_MS (the core has no clock of its own; the driver's time serves)."""
-        last = self._warned_at.get(kind)
-        if last is not None and now_ms - last < WARNING_INTERVAL_MS:
-            return
-        self._warned_at[kind] = now_ms
-        logger.warning(message, *args)
 
     def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         """Kafka's grant matrix (KIP-595 + KIP-996 as shipped): each state answers for itself."""
@@ -1092,7 +982,7 @@ class RaftCore:
             return Errors.INVALID_REQUEST
         if not self._is_voter_id(request.leader_id):
             rpc = type(request).__name__.removesuffix("Request")
-            self._warn_limited(now_ms, f"{rpc}-non-voter",
+            self._warnings.warn(now_ms, f"{rpc}-non-voter",
                                "node %d: refused %s naming %d, not a voter, leader of epoch %d",
                                self.node_id, rpc, request.leader_id, request.leader_epoch)
             return Errors.INCONSISTENT_VOTER_SET
@@ -1199,14 +1089,14 @@ class RaftCore:
         if not isinstance(state, LeaderState):
             return Errors.NOT_LEADER_OR_FOLLOWER
         if request.replica_id not in self._fetcher_ids:
-            self._warn_limited(now_ms, "unknown-fetcher",
+            self._warnings.warn(now_ms, "unknown-fetcher",
                                "node %d: refused a fetch from replica %d: not an id of "
                                "controller.quorum.voters", self.node_id, request.replica_id)
             return Errors.INCONSISTENT_VOTER_SET
         return state
 
     def _fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
-        return self._response(FetchResponse, error, log_start_offset=self.log.start_offset,
+        return answer(self._quorum, FetchResponse, error, log_start_offset=self.log.start_offset,
                               **fields)
 
     def _handle_fetch(
@@ -1275,7 +1165,7 @@ class RaftCore:
     def _note_contact(self, now_ms: int, state: LeaderState,
                       replica: ReplicaKey) -> ReplicaProgress:
         return state.note_contact(now_ms, replica, local_key=self.local_key,
-                                  counts_itself=self._is_voter,
+                                  counts_itself=self._voters.is_voter,
                                   check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
                                   protected=self._voter_changes.adding)
 
@@ -1315,12 +1205,12 @@ class RaftCore:
         try:
             self.log.append_as_leader(accumulator.records, state.epoch, now_ms)
         except LogFullError as error:
-            self._warn_limited(now_ms, "log-full", "node %d: %d records wait for space: %s",
+            self._warnings.warn(now_ms, "log-full", "node %d: %d records wait for space: %s",
                                self.node_id, len(accumulator.records), error)
             accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
             return False
         accumulator.appended()
-        self._effects.flush = True
+        self._outbox.effects.flush = True
         end = self.log.end_offset
         self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return True
@@ -1334,7 +1224,7 @@ class RaftCore:
         keep: list[ParkedFetch] = []
         for parked in state.parked:
             if done(parked):
-                self._respond(parked.source, parked.correlation_id,
+                self._outbox.respond(parked.source, parked.correlation_id,
                               self._valid_fetch_response(state, parked.request))
             else:
                 keep.append(parked)
@@ -1394,11 +1284,11 @@ class RaftCore:
             appended = [batch for batch in batches if batch.next_offset <= self.log.end_offset]
             if appended:
                 self._on_log_appended(appended)
-                self._effects.flush = True
+                self._outbox.effects.flush = True
             self._drop_response(now_ms, source, str(error))
             return
         self._on_log_appended(batches)
-        self._effects.flush = True
+        self._outbox.effects.flush = True
 
     def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
         if state.download is not None:
@@ -1416,17 +1306,17 @@ class RaftCore:
     ) -> FetchSnapshotResponse:
         state = self._leader_serving(now_ms, request, malformed=request.position < 0)
         if isinstance(state, Errors):
-            return self._response(FetchSnapshotResponse, state)
+            return answer(self._quorum, FetchSnapshotResponse, state)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
         size = self.snapshots.size(snapshot_id)
         if size is None:
-            return self._response(FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
+            return answer(self._quorum, FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
         if request.position >= size:
-            return self._response(FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
+            return answer(self._quorum, FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
         self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
                                                      request.replica_directory_id))
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return self._response(
+        return answer(self._quorum,
             FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
             position=request.position,
             records=self.snapshots.read(snapshot_id, request.position, max_bytes))
@@ -1468,7 +1358,7 @@ class RaftCore:
             # Backed off from, and the fetch timer not reset: a leader that only sends
             # snapshots that cannot be used is in the end replaced by an election.
             self._refused_snapshots += 1
-            self._warn_limited(now_ms, f"refused-snapshot-{source}",
+            self._warnings.warn(now_ms, f"refused-snapshot-{source}",
                                "node %d: refused snapshot %s from leader %d, the log is kept: "
                                "%s", self.node_id, expected, source, error)
             self._requests.back_off(source, now_ms)
@@ -1495,12 +1385,12 @@ class RaftCore:
         logger.info("node %d: loaded snapshot %s", self.node_id, snapshot_id)
         self.log.truncate_to_snapshot(snapshot_id)
         self._flushed_offset = self.log.end_offset
-        self._history.reset(snapshot_id.end_offset - 1, self.snapshots.voters(snapshot_id))
-        self._adopt_latest_voters()
+        if self._voters.snapshot_loaded(snapshot_id):
+            self._quorum.voters_changed(self._now_ms)
         if self._high_watermark is None or self._high_watermark < snapshot_id.end_offset:
             self._advance_local_high_watermark(snapshot_id.end_offset)
         self.snapshots.delete_before(snapshot_id)
-        self._effects.snapshot_loaded = snapshot_id
+        self._outbox.effects.snapshot_loaded = snapshot_id
 
     def _truncate_to(self, point: int) -> None:
         if self._high_watermark is not None and point < self._high_watermark:
@@ -1528,7 +1418,7 @@ class RaftCore:
         """A response that cannot be used: logged (rate-limited, it may repeat every fetch)
         and backed off from, as from an error. A follower that gets nothing usable from its
         leader reaches its fetch timeout and elects another."""
-        self._warn_limited(now_ms, f"dropped-{source}",
+        self._warnings.warn(now_ms, f"dropped-{source}",
                            "node %d: dropped a response from node %d: %s", self.node_id, source,
                            why)
         self._requests.back_off(source, now_ms)
@@ -1546,7 +1436,7 @@ class RaftCore:
         if leader_id is not None and leader_id >= 0 and not self._is_voter_id(leader_id):
             # A leader we could never follow (a stale voter set, or a broken peer): as if the
             # response named none. The epoch still counts: it fences ours.
-            self._warn_limited(now_ms, "leader-non-voter",
+            self._warnings.warn(now_ms, "leader-non-voter",
                                "node %d: node %d names %d, not a voter, leader of epoch %d",
                                self.node_id, source, leader_id, epoch)
             leader_id = None

@@ -65,7 +65,7 @@ class DoesNotWaitForVoterChanges(RaftCore):
         super()._advance_voter_change(now_ms, state)
         change = self._voter_changes.pending
         if change is not None and change.record_offset is not None:
-            self._effects.voter_changes.append(
+            self._outbox.effects.voter_changes.append(
                 self._voter_changes.finish(Errors.NONE, f"{change.kind} {change.key}: appended"))
 
 
@@ -99,7 +99,7 @@ class AnswersForAnyDirectory(RaftCore):
         super().handle_request(now_ms, source, correlation_id, request)
         if not isinstance(request, VoteRequest):
             return
-        messages = self._effects.messages
+        messages = self._outbox.effects.messages
         for i, message in enumerate(messages):
             if (isinstance(message, OutboundResponse) and message.correlation_id == correlation_id
                     and isinstance(message.message, VoteResponse)):
