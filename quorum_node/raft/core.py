@@ -32,8 +32,8 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, assert_never
+from collections.abc import Iterable, Sequence
+from typing import assert_never
 
 from quorum_node.raft.candidate import (
     CandidateState,
@@ -52,7 +52,6 @@ from quorum_node.raft.follower import (
 )
 from quorum_node.raft.leader import (
     LeaderState,
-    ParkedFetch,
     QuorumDescription,
     ReadAbandoned,
     ReadBarrier,
@@ -60,7 +59,6 @@ from quorum_node.raft.leader import (
     ReadOutcome,
     ReadTimedOut,
     ReplicaDescription,
-    ReplicaProgress,
     VoterChangeDone,
     record_size,
 )
@@ -70,7 +68,6 @@ from quorum_node.raft.messages import (
     BeginQuorumEpochResponse,
     EndQuorumEpochRequest,
     EndQuorumEpochResponse,
-    EpochEndOffset,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
@@ -97,6 +94,7 @@ from quorum_node.raft.records import (
     RecordBatch,
     control_record,
 )
+from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
 from quorum_node.raft.snapshots import (
@@ -124,6 +122,7 @@ from quorum_node.raft.types import (
 from quorum_node.raft.voter_change import VoterChangeHandler
 from quorum_node.raft.voter_history import VoterHistory
 from quorum_node.raft.voters import VoterSet, voters_record
+from quorum_node.raft.watermarks import Watermarks
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +141,6 @@ __all__ = [
     "ReplicaDescription",
     "VoterChangeDone",
 ]
-
-# How soon a leader whose log was full tries its pending records again.
-FULL_LOG_RETRY_MS = 100
-
 
 class RaftCore:
     """One replica's protocol engine. See the module docstring for the driver's contract."""
@@ -201,8 +196,7 @@ class RaftCore:
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
         self._heartbeat_ms = config.begin_quorum_interval_ms
         self._outbox = Outbox(self._requests)
-        self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
-        self._high_watermark: int | None = None
+        self._watermarks = Watermarks(node_id=node_id, flushed_offset=log.end_offset)
         self._shutting_down = False
         self._now_ms = now_ms
 
@@ -212,6 +206,11 @@ class RaftCore:
             on_leave=self._leave_state,
             stored=election_state if election_state is not None else ElectionState.initial(),
             log_epoch=log.last_fetched_epoch(), log_end_offset=log.end_offset, now_ms=now_ms)
+        self._replication = LeaderReplication(
+            local_key=self.local_key, cluster_id=cluster_id, config=config, log=log,
+            snapshots=snapshots, quorum=self._quorum, voters=self._voters,
+            voter_changes=self._voter_changes, fetcher_ids=self._fetcher_ids,
+            watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings)
         self._drive(now_ms)
 
     # --- inspection --------------------------------------------------------------------------
@@ -236,7 +235,7 @@ class RaftCore:
     @property
     def high_watermark(self) -> int | None:
         """The local high watermark: every offset below it is committed. Never decreases."""
-        return self._high_watermark
+        return self._watermarks.high_watermark
 
     @property
     def refused_snapshots(self) -> int:
@@ -250,8 +249,8 @@ class RaftCore:
         snapshot only ever holds committed records."""
         latest = self.snapshots.latest()
         if latest is None:
-            return self._high_watermark
-        return max(self._high_watermark or 0, latest.end_offset)
+            return self._watermarks.high_watermark
+        return max(self._watermarks.high_watermark or 0, latest.end_offset)
 
     @property
     def election_state(self) -> ElectionState:
@@ -268,7 +267,7 @@ class RaftCore:
 
     @property
     def flushed_offset(self) -> int:
-        return self._flushed_offset
+        return self._watermarks.flushed_offset
 
     @property
     def bootstrapped(self) -> bool:
@@ -301,9 +300,10 @@ class RaftCore:
             cluster_id=self.cluster_id, state=self.state, epoch=state.epoch,
             leader_id=self.leader_id, voted_for=self._quorum.election_state.voted_key,
             is_voter=self._voters.is_voter,
-            high_watermark=self._high_watermark, leader_has_committed=self.leader_has_committed,
+            high_watermark=self._watermarks.high_watermark,
+            leader_has_committed=self.leader_has_committed,
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
-            log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._flushed_offset,
+            log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._watermarks.flushed_offset,
             voters=self._voters.voters, pending_voter_change=self.pending_voter_change,
             snapshot_id=self.snapshots.latest(), refused_snapshots=self._refused_snapshots,
             quorum=state.describe(now_ms, self.local_key, log.end_offset)
@@ -374,7 +374,7 @@ class RaftCore:
         self._now_ms = max(self._now_ms, now_ms)
         match request:
             case FetchRequest():
-                response = self._handle_fetch(now_ms, source, correlation_id, request)
+                response = self._replication.handle_fetch(now_ms, source, correlation_id, request)
                 if response is not None:  # else parked: answered when data arrives
                     self._outbox.respond(source, correlation_id, response)
             case VoteRequest():
@@ -426,9 +426,10 @@ class RaftCore:
     def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:
         """The log is durable up to ``flushed_offset`` (the end offset the flush covered)."""
         self._now_ms = max(self._now_ms, now_ms)
-        self._flushed_offset = max(self._flushed_offset, min(flushed_offset, self.log.end_offset))
+        marks = self._watermarks
+        marks.flushed_offset = max(marks.flushed_offset, min(flushed_offset, self.log.end_offset))
         if isinstance(self._state, LeaderState):
-            self._maybe_advance_leader_high_watermark(now_ms)
+            self._replication.advance_high_watermark(now_ms)
         self._drive(now_ms)
 
     def propose(self, now_ms: int, records: Sequence[Record]) -> tuple[int, int]:
@@ -449,7 +450,7 @@ class RaftCore:
                              f"({self.config.max_batch_bytes} bytes)")
         accumulator = state.accumulator
         if accumulator.overflows(size, self.config.max_batch_bytes) \
-                and not self._append_pending(now_ms, state):
+                and not self._replication.append_pending(now_ms, state):
             raise LogFullError("the log is full: records already wait for space")
         base = self.log.end_offset + len(accumulator.records)
         accumulator.add(records, size, now_ms, self.config.append_linger_ms)
@@ -480,7 +481,7 @@ class RaftCore:
             return None
         self._next_read_id += 1
         barrier = state.begin_read(self._next_read_id, state.high_watermark, now_ms + timeout_ms)
-        self._complete_parked_fetches(state, lambda parked: True)
+        self._replication.complete_parked_fetches(state, lambda parked: True)
         self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
 
@@ -589,16 +590,16 @@ class RaftCore:
             self._quorum.to_resigned(now_ms, TransitionCause.CHECK_QUORUM)
             return
         # Group commit: records wait while an fsync runs, and go out together after it.
-        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes,
-                                    disk_idle=self._flushed_offset >= self.log.end_offset):
-            self._append_pending(now_ms, state)
+        disk_idle = self._watermarks.flushed_offset >= self.log.end_offset
+        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes, disk_idle=disk_idle):
+            self._replication.append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
             self._maybe_write_bootstrap_voters(now_ms, state)
         if self._voter_changes.pending is not None:
             self._advance_voter_change(now_ms, state)
             if self._state is not state:
                 return  # it removed this leader, which resigned
-        self._expire_parked_fetches(now_ms, state)
+        self._replication.expire_parked_fetches(now_ms, state)
         self._outbox.effects.reads.extend(state.settle_reads(now_ms, self.local_key))
         for key in self._voters.peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
@@ -632,7 +633,7 @@ class RaftCore:
         or None while the log's disk is full (nothing appended: the caller tries again at a
         later poll, as pending records are)."""
         # Proposals keep the offsets they were given: the control batch only ever follows them.
-        if state.accumulator.records and not self._append_pending(now_ms, state):
+        if state.accumulator.records and not self._replication.append_pending(now_ms, state):
             return None
         try:
             batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
@@ -643,7 +644,8 @@ class RaftCore:
         self._outbox.effects.flush = True
         self._on_log_appended([batch])
         end = self.log.end_offset
-        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+        self._replication.complete_parked_fetches(
+            state, lambda parked: parked.request.fetch_offset < end)
         return batch.base_offset
 
     def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
@@ -774,8 +776,8 @@ class RaftCore:
         leader.accumulator.records.clear()
         self._outbox.effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
         for parked in leader.parked:
-            self._outbox.respond(parked.source, parked.correlation_id, self._fetch_response(
-                Errors.NOT_LEADER_OR_FOLLOWER))
+            self._outbox.respond(parked.source, parked.correlation_id,
+                                 self._replication.fetch_response(Errors.NOT_LEADER_OR_FOLLOWER))
         leader.parked.clear()
 
     def _maybe_transition(self, now_ms: int, source: int, leader_id: int | None,
@@ -845,7 +847,7 @@ class RaftCore:
         # follower's acknowledgement of durable data.
         if self._requests.any_in_flight() or not self._requests.is_ready(target, now_ms):
             return False
-        if self._flushed_offset < self.log.end_offset:
+        if self._watermarks.flushed_offset < self.log.end_offset:
             return False
         state = self._state
         if isinstance(state, FollowerState) and state.download is not None:
@@ -864,7 +866,7 @@ class RaftCore:
             replica_directory_id=self.local_key.directory_id,
             max_wait_ms=self.config.long_poll_ms, current_leader_epoch=self.epoch,
             fetch_offset=self.log.end_offset, last_fetch_epoch=self.log.last_fetched_epoch(),
-            high_watermark=self._high_watermark, max_bytes=self.config.fetch_max_bytes,
+            high_watermark=self._watermarks.high_watermark, max_bytes=self.config.fetch_max_bytes,
         ))
         return True
 
@@ -1070,166 +1072,6 @@ class RaftCore:
 
     # --- Fetch, leader side ------------------------------------------------------------------
 
-    def _leader_serving(
-        self, now_ms: int, request: FetchRequest | FetchSnapshotRequest, *, malformed: bool
-    ) -> LeaderState | Errors:
-        """The leader's state, to serve a Fetch or FetchSnapshot with; or why it is refused
-        (``malformed``: the request's own fields are inconsistent). Checked before the leader
-        records anything of the fetcher: a refusal changes nothing, and tells any replica where
-        the leader is."""
-        if not self._cluster_ok(request.cluster_id):
-            return Errors.INCONSISTENT_CLUSTER_ID
-        if malformed or request.replica_id < 0 or request.max_bytes <= 0:
-            return Errors.INVALID_REQUEST
-        if request.current_leader_epoch < self.epoch:
-            return Errors.FENCED_LEADER_EPOCH
-        if request.current_leader_epoch > self.epoch:
-            return Errors.UNKNOWN_LEADER_EPOCH
-        state = self._state
-        if not isinstance(state, LeaderState):
-            return Errors.NOT_LEADER_OR_FOLLOWER
-        if request.replica_id not in self._fetcher_ids:
-            self._warnings.warn(now_ms, "unknown-fetcher",
-                               "node %d: refused a fetch from replica %d: not an id of "
-                               "controller.quorum.voters", self.node_id, request.replica_id)
-            return Errors.INCONSISTENT_VOTER_SET
-        return state
-
-    def _fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
-        return answer(self._quorum, FetchResponse, error, log_start_offset=self.log.start_offset,
-                              **fields)
-
-    def _handle_fetch(
-        self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
-    ) -> FetchResponse | None:
-        state = self._leader_serving(now_ms, request, malformed=(
-            request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
-            or request.last_fetch_epoch > request.current_leader_epoch))
-        if isinstance(state, Errors):
-            return self._fetch_response(state)
-
-        replica = ReplicaKey(request.replica_id, request.replica_directory_id)
-        snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
-        if snapshot is not None:
-            self._note_contact(now_ms, state, replica)
-            return self._fetch_response(
-                Errors.NONE, high_watermark=state.high_watermark,
-                snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
-        diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
-        if diverging is not None:
-            return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                        diverging_epoch=diverging)
-
-        self._record_fetch(now_ms, state, replica, request.fetch_offset)
-        self._maybe_advance_leader_high_watermark(now_ms)
-        response = self._valid_fetch_response(state, request)
-        newer_hwm = state.high_watermark is not None and (
-            request.high_watermark is None or state.high_watermark > request.high_watermark)
-        linger = self.config.high_watermark_linger_ms
-        if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0):
-            return response
-        wait = min(request.max_wait_ms, self.config.long_poll_ms)
-        if newer_hwm:
-            wait = min(wait, linger)  # the new high watermark goes out with records, or soon
-        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))
-        return None
-
-    def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
-        """KIP-630: the snapshot to send instead of records when the log the follower needs is
-        gone: its offset is below the log start, or its last epoch is older than every epoch
-        the log still holds."""
-        if self.log.start_offset == 0:
-            return None
-        latest = self.snapshots.latest()
-        if latest is None:
-            return None
-        if offset < self.log.start_offset or self.log.end_offset_for_epoch(last_epoch).epoch == 0:
-            return latest
-        return None
-
-    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
-        """None if (offset, last fetched epoch) is consistent with the leader's log; otherwise the
-        epoch and end offset the follower should truncate towards."""
-        if offset == 0 and self.log.start_offset == 0:
-            return None
-        end = self.log.end_offset_for_epoch(last_epoch)
-        if end.epoch != last_epoch or end.offset < offset:
-            return EpochEndOffset(epoch=end.epoch, end_offset=end.offset)
-        return None
-
-    def _valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
-        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                    records=self.log.read(request.fetch_offset, max_bytes))
-
-    def _note_contact(self, now_ms: int, state: LeaderState,
-                      replica: ReplicaKey) -> ReplicaProgress:
-        return state.note_contact(now_ms, replica, local_key=self.local_key,
-                                  counts_itself=self._voters.is_voter,
-                                  check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
-                                  protected=self._voter_changes.adding)
-
-    def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
-                      offset: int) -> None:
-        progress = self._note_contact(now_ms, state, replica)
-        state.record_fetch(now_ms, progress, replica, offset, self.log.end_offset)
-
-    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
-        """Raise the leader's high watermark to the offset a majority of voters holds, but only
-        past this epoch's LeaderChange record (Raft: commit an entry of the current term), and
-        never downwards. Returns True if it moved."""
-        state = self._state
-        if not isinstance(state, LeaderState):
-            return False
-        majority_end = state.majority_end(self.local_key, self._flushed_offset)
-        if majority_end <= state.epoch_start_offset:
-            return False
-        if state.high_watermark is not None and majority_end <= state.high_watermark:
-            return False
-        state.high_watermark = majority_end
-        self._advance_local_high_watermark(majority_end)
-        linger = self.config.high_watermark_linger_ms
-        if linger == 0:
-            self._complete_parked_fetches(state, lambda parked: True)
-        else:
-            # Parked fetches learn the new high watermark with the next records, or at the
-            # latest after the linger.
-            for parked in state.parked:
-                parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
-        return True
-
-    def _append_pending(self, now_ms: int, state: LeaderState) -> bool:
-        """Append the pending records as one batch; False when the log is full, with the records
-        still pending (their proposals keep their offsets) and a retry after a back-off."""
-        accumulator = state.accumulator
-        try:
-            self.log.append_as_leader(accumulator.records, state.epoch, now_ms)
-        except LogFullError as error:
-            self._warnings.warn(now_ms, "log-full", "node %d: %d records wait for space: %s",
-                               self.node_id, len(accumulator.records), error)
-            accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
-            return False
-        accumulator.appended()
-        self._outbox.effects.flush = True
-        end = self.log.end_offset
-        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
-        return True
-
-    def _expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
-        self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
-
-    def _complete_parked_fetches(
-        self, state: LeaderState, done: Callable[[ParkedFetch], bool]
-    ) -> None:
-        keep: list[ParkedFetch] = []
-        for parked in state.parked:
-            if done(parked):
-                self._outbox.respond(parked.source, parked.correlation_id,
-                              self._valid_fetch_response(state, parked.request))
-            else:
-                keep.append(parked)
-        state.parked = keep
-
     # --- Fetch, follower side ----------------------------------------------------------------
 
     def _handle_fetch_response(self, now_ms: int, source: int, response: FetchResponse) -> None:
@@ -1270,8 +1112,9 @@ class RaftCore:
         # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
         if response.high_watermark is not None and response.snapshot_id is None:
             high_watermark = min(response.high_watermark, self.log.end_offset)
-            if self._high_watermark is None or high_watermark >= self._high_watermark:
-                self._advance_local_high_watermark(high_watermark)
+            known = self._watermarks.high_watermark
+            if known is None or high_watermark >= known:
+                self._watermarks.advance_high_watermark(high_watermark)
         state.heard_from_leader(now_ms)
 
     def _append_as_follower(self, now_ms: int, source: int,
@@ -1304,7 +1147,7 @@ class RaftCore:
     def _handle_fetch_snapshot(
         self, now_ms: int, request: FetchSnapshotRequest
     ) -> FetchSnapshotResponse:
-        state = self._leader_serving(now_ms, request, malformed=request.position < 0)
+        state = self._replication.serving(now_ms, request, malformed=request.position < 0)
         if isinstance(state, Errors):
             return answer(self._quorum, FetchSnapshotResponse, state)
         snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
@@ -1313,7 +1156,7 @@ class RaftCore:
             return answer(self._quorum, FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
         if request.position >= size:
             return answer(self._quorum, FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
-        self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
+        self._replication.note_contact(now_ms, state, ReplicaKey(request.replica_id,
                                                      request.replica_directory_id))
         max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
         return answer(self._quorum,
@@ -1384,33 +1227,24 @@ class RaftCore:
         voter set is the one it carries, and everything below it is committed."""
         logger.info("node %d: loaded snapshot %s", self.node_id, snapshot_id)
         self.log.truncate_to_snapshot(snapshot_id)
-        self._flushed_offset = self.log.end_offset
+        self._watermarks.flushed_offset = self.log.end_offset
         if self._voters.snapshot_loaded(snapshot_id):
             self._quorum.voters_changed(self._now_ms)
-        if self._high_watermark is None or self._high_watermark < snapshot_id.end_offset:
-            self._advance_local_high_watermark(snapshot_id.end_offset)
+        known = self._watermarks.high_watermark
+        if known is None or known < snapshot_id.end_offset:
+            self._watermarks.advance_high_watermark(snapshot_id.end_offset)
         self.snapshots.delete_before(snapshot_id)
         self._outbox.effects.snapshot_loaded = snapshot_id
 
     def _truncate_to(self, point: int) -> None:
-        if self._high_watermark is not None and point < self._high_watermark:
+        if self._watermarks.high_watermark is not None and point < self._watermarks.high_watermark:
             raise RaftInvariantError(
                 f"node {self.node_id}: truncating to {point}, below the high watermark "
-                f"{self._high_watermark}: committed data would be lost"
+                f"{self._watermarks.high_watermark}: committed data would be lost"
             )
         self.log.truncate_to(point)
-        self._flushed_offset = min(self._flushed_offset, self.log.end_offset)
+        self._watermarks.flushed_offset = min(self._watermarks.flushed_offset, self.log.end_offset)
         self._on_log_truncated()
-
-    def _advance_local_high_watermark(self, offset: int) -> None:
-        # Truncation never goes below the high watermark and a leader's HWM starts above every
-        # committed offset, so a smaller value means a broken peer or a bug: stop, loudly.
-        if self._high_watermark is not None and offset < self._high_watermark:
-            raise RaftInvariantError(
-                f"node {self.node_id}: high watermark would go back from "
-                f"{self._high_watermark} to {offset}"
-            )
-        self._high_watermark = offset
 
     # --- responses in general ----------------------------------------------------------------
 

@@ -6,10 +6,13 @@ These reach into the core's private methods on purpose: the point is the very ru
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.messages import EpochEndOffset
+from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.sim.invariants import (
     CONSISTENT_COMMITTED_DATA,
@@ -20,12 +23,18 @@ from quorum_node.sim.runner import first_violation
 from quorum_node.sim.simulation import CORE_ERROR, LIVENESS
 
 
+class _NoDivergenceCheck(LeaderReplication):
+    def validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
+        return None
+
+
 class NeverReportsDivergence(RaftCore):
     """The leader skips the (fetch offset, last fetched epoch) check: a follower keeps its
     divergent suffix and appends the leader's records after it."""
 
-    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
-        return None
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _NoDivergenceCheck
 
 
 class IgnoresLogComparison(RaftCore):

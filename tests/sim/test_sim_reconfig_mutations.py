@@ -15,6 +15,7 @@ import pytest
 from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
+from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
 from quorum_node.raft.voter_change import VoterChange, VoterChangeHandler
@@ -58,8 +59,7 @@ class DoesNotWaitForVoterChanges(RaftCore):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._voter_changes = _Impatient(local_key=self.local_key, static_ids=self._static_ids,
-                                         fetch_timeout_ms=self.config.fetch_timeout_ms)
+        self._voter_changes.__class__ = _Impatient  # the same handler, wherever it is held
 
     def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
         super()._advance_voter_change(now_ms, state)
@@ -69,20 +69,26 @@ class DoesNotWaitForVoterChanges(RaftCore):
                 self._voter_changes.finish(Errors.NONE, f"{change.kind} {change.key}: appended"))
 
 
+class _CountsWithoutTheAddedVoter(LeaderReplication):
+    def advance_high_watermark(self, now_ms: int) -> bool:
+        change, state = self._voter_changes.pending, self._quorum.state
+        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
+                or change.key not in state.voters:
+            return super().advance_high_watermark(now_ms)
+        progress = state.voters.pop(change.key)
+        try:
+            return super().advance_high_watermark(now_ms)
+        finally:
+            state.voters[change.key] = progress
+
+
 class IgnoresTheVoterBeingAdded(RaftCore):
     """Computes the high watermark without the voter an AddVoter adds until the change is done:
     the change commits on a majority of the old set only."""
 
-    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
-        change, state = self._voter_changes.pending, self._state
-        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
-                or change.key not in state.voters:
-            return super()._maybe_advance_leader_high_watermark(now_ms)
-        progress = state.voters.pop(change.key)
-        try:
-            return super()._maybe_advance_leader_high_watermark(now_ms)
-        finally:
-            state.voters[change.key] = progress
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _CountsWithoutTheAddedVoter
 
 
 class AnswersForAnyDirectory(RaftCore):
