@@ -45,11 +45,8 @@ from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.election import EpochElection
 from quorum_node.raft.follower import (
     FollowerState,
-    diverging_point,
-    fetch_response_problem,
-    validated_batches,
-    voter_set_problem,
 )
+from quorum_node.raft.follower_fetch import FollowerFetcher
 from quorum_node.raft.leader import (
     LeaderState,
     QuorumDescription,
@@ -76,7 +73,6 @@ from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
     ReplicaInfo,
-    SnapshotIdField,
     VoteRequest,
     VoteResponse,
 )
@@ -96,11 +92,8 @@ from quorum_node.raft.records import (
 )
 from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.requests import RequestManager
-from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
+from quorum_node.raft.snapshot_transfer import SnapshotTransfer
 from quorum_node.raft.snapshots import (
-    Buffer,
-    CorruptSnapshotError,
-    SnapshotId,
     SnapshotRecordsCheck,
     SnapshotStore,
 )
@@ -113,7 +106,6 @@ from quorum_node.raft.types import (
     Errors,
     LeaderNotReadyError,
     NotLeaderError,
-    RaftInvariantError,
     ReplicaKey,
     VoterChangeError,
     VoterChangeKind,
@@ -185,8 +177,6 @@ class RaftCore:
         self._static_ids = self._voters.static_ids
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
         self._warnings = WarningLimiter()
-        self._check_snapshot_records = check_snapshot_records
-        self._refused_snapshots = 0
         self._voter_changes = VoterChangeHandler(local_key=self.local_key,
                                                  static_ids=self._static_ids,
                                                  fetch_timeout_ms=config.fetch_timeout_ms)
@@ -195,7 +185,7 @@ class RaftCore:
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
         self._heartbeat_ms = config.begin_quorum_interval_ms
-        self._outbox = Outbox(self._requests)
+        self._outbox = Outbox(node_id=node_id, requests=self._requests, warnings=self._warnings)
         self._watermarks = Watermarks(node_id=node_id, flushed_offset=log.end_offset)
         self._shutting_down = False
         self._now_ms = now_ms
@@ -211,6 +201,17 @@ class RaftCore:
             snapshots=snapshots, quorum=self._quorum, voters=self._voters,
             voter_changes=self._voter_changes, fetcher_ids=self._fetcher_ids,
             watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings)
+        self._transfer = SnapshotTransfer(
+            local_key=self.local_key, config=config, log=log, snapshots=snapshots,
+            quorum=self._quorum, voters=self._voters, replication=self._replication,
+            watermarks=self._watermarks, requests=self._requests, outbox=self._outbox,
+            warnings=self._warnings, check_snapshot_records=check_snapshot_records,
+            voters_changed=self._voters_changed)
+        self._follower = FollowerFetcher(
+            local_key=self.local_key, cluster_id=cluster_id, config=config, log=log,
+            snapshots=snapshots, quorum=self._quorum, voters=self._voters,
+            transfer=self._transfer, watermarks=self._watermarks, requests=self._requests,
+            outbox=self._outbox, voters_changed=self._voters_changed)
         self._drive(now_ms)
 
     # --- inspection --------------------------------------------------------------------------
@@ -240,17 +241,7 @@ class RaftCore:
     @property
     def refused_snapshots(self) -> int:
         """Snapshots downloaded from a leader and refused (not kept, the log kept) since start."""
-        return self._refused_snapshots
-
-    def _committed_end(self) -> int | None:
-        """What this replica knows is committed, the floor below which no leader's word may
-        truncate its log: its high watermark, or, before it has learned one (after a restart:
-        the high watermark is not persisted, as in Kafka), its latest snapshot's end, since a
-        snapshot only ever holds committed records."""
-        latest = self.snapshots.latest()
-        if latest is None:
-            return self._watermarks.high_watermark
-        return max(self._watermarks.high_watermark or 0, latest.end_offset)
+        return self._transfer.refused_snapshots
 
     @property
     def election_state(self) -> ElectionState:
@@ -305,19 +296,18 @@ class RaftCore:
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
             log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._watermarks.flushed_offset,
             voters=self._voters.voters, pending_voter_change=self.pending_voter_change,
-            snapshot_id=self.snapshots.latest(), refused_snapshots=self._refused_snapshots,
+            snapshot_id=self.snapshots.latest(), refused_snapshots=self._transfer.refused_snapshots,
             quorum=state.describe(now_ms, self.local_key, log.end_offset)
             if isinstance(state, LeaderState) else None)
 
     # --- the voter set, read from the log ----------------------------------------------------
 
+    def _voters_changed(self) -> None:
+        self._quorum.voters_changed(self._now_ms)
+
     def _on_log_appended(self, batches: Sequence[RecordBatch]) -> None:
         if self._voters.appended(batches):
-            self._quorum.voters_changed(self._now_ms)
-
-    def _on_log_truncated(self) -> None:
-        if self._voters.truncated():
-            self._quorum.voters_changed(self._now_ms)
+            self._voters_changed()
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -390,7 +380,7 @@ class RaftCore:
                     EndQuorumEpochResponse, self._handle_end_quorum_epoch(now_ms, request)))
             case FetchSnapshotRequest():
                 self._outbox.respond(source, correlation_id,
-                              self._handle_fetch_snapshot(now_ms, request))
+                              self._transfer.handle_fetch_snapshot(now_ms, request))
             case _:  # a new message type must get its handler: mypy checks this, so does this
                 assert_never(request)
         self._drive(now_ms)
@@ -404,7 +394,9 @@ class RaftCore:
             return  # not the request in flight in this state: stale or duplicated
         match response:
             case FetchResponse():
-                self._handle_fetch_response(now_ms, source, response)
+                if not self._handle_common_response(now_ms, source, response.error_code,
+                                                    response.leader_id, response.leader_epoch):
+                    self._follower.handle_fetch_response(now_ms, source, response)
             case VoteResponse():
                 self._handle_vote_response(now_ms, source, response)
             case BeginQuorumEpochResponse():
@@ -412,7 +404,9 @@ class RaftCore:
             case EndQuorumEpochResponse():
                 self._handle_end_quorum_epoch_response(now_ms, source, response)
             case FetchSnapshotResponse():
-                self._handle_fetch_snapshot_response(now_ms, source, response)
+                if not self._handle_common_response(now_ms, source, response.error_code,
+                                                    response.leader_id, response.leader_epoch):
+                    self._transfer.handle_fetch_snapshot_response(now_ms, source, response)
             case _:
                 assert_never(response)
         self._drive(now_ms)
@@ -696,7 +690,7 @@ class RaftCore:
             # An observer cannot campaign: it looks for the leader through the other voters.
             self._quorum.to_unattached_in_epoch(NEVER, cause)
             return
-        self._maybe_send_fetch(now_ms, state.leader_id)
+        self._follower.maybe_send_fetch(now_ms, state.leader_id)
 
     def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
         lone = self._voters.is_only_voter
@@ -709,7 +703,7 @@ class RaftCore:
         others = [key.id for key in self._voters.voters if key.id != self.node_id]
         if others and now_ms >= state.next_discovery_ms and not self._requests.any_in_flight():
             target = others[self._random.randrange(len(others))]
-            if self._maybe_send_fetch(now_ms, target):
+            if self._follower.maybe_send_fetch(now_ms, target):
                 state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
 
     def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
@@ -841,34 +835,6 @@ class RaftCore:
                 last_offset_epoch=self.log.last_fetched_epoch(), last_offset=self.log.end_offset,
                 pre_vote=pre_vote,
             ))
-
-    def _maybe_send_fetch(self, now_ms: int, target: int) -> bool:
-        # One fetch at a time, and only once the log is flushed: the fetch offset is the
-        # follower's acknowledgement of durable data.
-        if self._requests.any_in_flight() or not self._requests.is_ready(target, now_ms):
-            return False
-        if self._watermarks.flushed_offset < self.log.end_offset:
-            return False
-        state = self._state
-        if isinstance(state, FollowerState) and state.download is not None:
-            download = state.download
-            self._outbox.send(now_ms, target, FetchSnapshotRequest(
-                cluster_id=self.cluster_id, replica_id=self.node_id,
-                replica_directory_id=self.local_key.directory_id,
-                max_bytes=self.config.fetch_max_bytes, current_leader_epoch=self.epoch,
-                snapshot_id=SnapshotIdField(end_offset=download.snapshot_id.end_offset,
-                                            epoch=download.snapshot_id.epoch),
-                position=download.written,
-            ))
-            return True
-        self._outbox.send(now_ms, target, FetchRequest(
-            cluster_id=self.cluster_id, replica_id=self.node_id,
-            replica_directory_id=self.local_key.directory_id,
-            max_wait_ms=self.config.long_poll_ms, current_leader_epoch=self.epoch,
-            fetch_offset=self.log.end_offset, last_fetch_epoch=self.log.last_fetched_epoch(),
-            high_watermark=self._watermarks.high_watermark, max_bytes=self.config.fetch_max_bytes,
-        ))
-        return True
 
     # --- Vote --------------------------------------------------------------------------------
 
@@ -1074,188 +1040,9 @@ class RaftCore:
 
     # --- Fetch, follower side ----------------------------------------------------------------
 
-    def _handle_fetch_response(self, now_ms: int, source: int, response: FetchResponse) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if (response.error_code != Errors.NONE or not isinstance(state, FollowerState)
-                or state.leader_id != source or response.leader_epoch != state.epoch):
-            return
-        # Everything is validated before anything changes: a response that is wrong in any part
-        # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
-        # leader that keeps answering nonsense is in the end replaced by an election.
-        committed = self._committed_end()
-        problem = fetch_response_problem(response, committed)
-        batches: list[RecordBatch] = []
-        if problem is None and response.records and response.snapshot_id is None \
-                and response.diverging_epoch is None:
-            batches, problem = validated_batches(response, self.log, self._static_ids)
-        point: int | None = None
-        if problem is None and response.diverging_epoch is not None:
-            point = diverging_point(self.log, response.diverging_epoch)
-            if committed is not None and point < committed:
-                problem = (f"it asks to truncate to {point}, below the committed offset "
-                           f"{committed}: committed data would be lost")
-        if problem is not None:
-            self._drop_response(now_ms, source, problem)
-            return
-        if response.snapshot_id is not None:
-            self._begin_download(state, SnapshotId(response.snapshot_id.end_offset,
-                                                   response.snapshot_id.epoch))
-        elif point is not None:
-            self._truncate_to(point)
-        elif batches:
-            # A full log keeps hearing from its leader: no election while it waits for space.
-            self._append_as_follower(now_ms, source, batches)
-        # Not when answered with a snapshot: the local log was not validated against the
-        # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
-        if response.high_watermark is not None and response.snapshot_id is None:
-            high_watermark = min(response.high_watermark, self.log.end_offset)
-            known = self._watermarks.high_watermark
-            if known is None or high_watermark >= known:
-                self._watermarks.advance_high_watermark(high_watermark)
-        state.heard_from_leader(now_ms)
-
-    def _append_as_follower(self, now_ms: int, source: int,
-                            batches: Sequence[RecordBatch]) -> None:
-        """On a full log the rest of the records are dropped (what did fit stays appended, to be
-        flushed as any append) and fetched again after a back-off."""
-        try:
-            self.log.append_as_follower(batches)
-        except LogFullError as error:
-            appended = [batch for batch in batches if batch.next_offset <= self.log.end_offset]
-            if appended:
-                self._on_log_appended(appended)
-                self._outbox.effects.flush = True
-            self._drop_response(now_ms, source, str(error))
-            return
-        self._on_log_appended(batches)
-        self._outbox.effects.flush = True
-
-    def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
-        if state.download is not None:
-            if state.download.snapshot_id == snapshot_id:
-                return
-            state.abort_download()
-        logger.info("node %d: the leader's log starts past ours; fetching snapshot %s",
-                    self.node_id, snapshot_id)
-        state.download = self.snapshots.begin_download(snapshot_id)
-
     # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
 
-    def _handle_fetch_snapshot(
-        self, now_ms: int, request: FetchSnapshotRequest
-    ) -> FetchSnapshotResponse:
-        state = self._replication.serving(now_ms, request, malformed=request.position < 0)
-        if isinstance(state, Errors):
-            return answer(self._quorum, FetchSnapshotResponse, state)
-        snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
-        size = self.snapshots.size(snapshot_id)
-        if size is None:
-            return answer(self._quorum, FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
-        if request.position >= size:
-            return answer(self._quorum, FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
-        self._replication.note_contact(now_ms, state, ReplicaKey(request.replica_id,
-                                                     request.replica_directory_id))
-        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return answer(self._quorum,
-            FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
-            position=request.position,
-            records=self.snapshots.read(snapshot_id, request.position, max_bytes))
-
-    def _handle_fetch_snapshot_response(
-        self, now_ms: int, source: int, response: FetchSnapshotResponse
-    ) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if (not isinstance(state, FollowerState) or state.leader_id != source
-                or response.leader_epoch != state.epoch or state.download is None):
-            return
-        download = state.download
-        if response.error_code in (Errors.SNAPSHOT_NOT_FOUND, Errors.POSITION_OUT_OF_RANGE):
-            # The leader moved on to a newer snapshot: fetch again, which names it.
-            state.abort_download()
-            return
-        if response.error_code != Errors.NONE:
-            return
-        expected = download.snapshot_id
-        if (response.snapshot_id is None
-                or SnapshotId(response.snapshot_id.end_offset, response.snapshot_id.epoch)
-                != expected or response.position != download.written or not response.records):
-            logger.warning("node %d: unexpected chunk of snapshot %s; starting over",
-                           self.node_id, expected)
-            state.abort_download()
-            return
-        download.append(response.records)
-        if download.written < response.size:
-            state.heard_from_leader(now_ms)  # progress; the last chunk counts once checked
-            return
-        state.download = None
-        try:
-            download.freeze(self._check_snapshot)
-        except CorruptSnapshotError as error:
-            # Nothing changed: the log, the voters and the high watermark are as they were.
-            # Backed off from, and the fetch timer not reset: a leader that only sends
-            # snapshots that cannot be used is in the end replaced by an election.
-            self._refused_snapshots += 1
-            self._warnings.warn(now_ms, f"refused-snapshot-{source}",
-                               "node %d: refused snapshot %s from leader %d, the log is kept: "
-                               "%s", self.node_id, expected, source, error)
-            self._requests.back_off(source, now_ms)
-            return
-        state.heard_from_leader(now_ms)
-        self._load_snapshot(expected)
-
-    def _check_snapshot(self, data: Buffer) -> None:
-        """What a leader's snapshot must hold, beyond its framing, to be kept: a voter set (if
-        it carries one) of configured ids only, as a fetched VotersRecord must name, and
-        records the state machine can load. Once kept it replaces the log, and its voter set is
-        in force at once and at every start."""
-        voters = read_snapshot_header(data).voters
-        if voters is not None:
-            problem = voter_set_problem(voters, self._static_ids)
-            if problem is not None:
-                raise CorruptSnapshotError(f"its voter set {problem}")
-        if self._check_snapshot_records is not None:
-            self._check_snapshot_records(iter_snapshot_records(data))
-
-    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
-        """Replace the log by a downloaded snapshot: the log restarts at its end offset, the
-        voter set is the one it carries, and everything below it is committed."""
-        logger.info("node %d: loaded snapshot %s", self.node_id, snapshot_id)
-        self.log.truncate_to_snapshot(snapshot_id)
-        self._watermarks.flushed_offset = self.log.end_offset
-        if self._voters.snapshot_loaded(snapshot_id):
-            self._quorum.voters_changed(self._now_ms)
-        known = self._watermarks.high_watermark
-        if known is None or known < snapshot_id.end_offset:
-            self._watermarks.advance_high_watermark(snapshot_id.end_offset)
-        self.snapshots.delete_before(snapshot_id)
-        self._outbox.effects.snapshot_loaded = snapshot_id
-
-    def _truncate_to(self, point: int) -> None:
-        if self._watermarks.high_watermark is not None and point < self._watermarks.high_watermark:
-            raise RaftInvariantError(
-                f"node {self.node_id}: truncating to {point}, below the high watermark "
-                f"{self._watermarks.high_watermark}: committed data would be lost"
-            )
-        self.log.truncate_to(point)
-        self._watermarks.flushed_offset = min(self._watermarks.flushed_offset, self.log.end_offset)
-        self._on_log_truncated()
-
     # --- responses in general ----------------------------------------------------------------
-
-    def _drop_response(self, now_ms: int, source: int, why: str) -> None:
-        """A response that cannot be used: logged (rate-limited, it may repeat every fetch)
-        and backed off from, as from an error. A follower that gets nothing usable from its
-        leader reaches its fetch timeout and elects another."""
-        self._warnings.warn(now_ms, f"dropped-{source}",
-                           "node %d: dropped a response from node %d: %s", self.node_id, source,
-                           why)
-        self._requests.back_off(source, now_ms)
 
     def _handle_common_response(
         self, now_ms: int, source: int, error: Errors, leader_id: int | None, epoch: int
@@ -1265,7 +1052,7 @@ class RaftCore:
         if epoch < self.epoch or error == Errors.UNKNOWN_LEADER_EPOCH:
             return True
         if not epoch_in_bounds(epoch):
-            self._drop_response(now_ms, source, f"epoch {epoch} is not below {MAX_EPOCH}")
+            self._outbox.drop_response(now_ms, source, f"epoch {epoch} is not below {MAX_EPOCH}")
             return True
         if leader_id is not None and leader_id >= 0 and not self._is_voter_id(leader_id):
             # A leader we could never follow (a stale voter set, or a broken peer): as if the
@@ -1283,7 +1070,7 @@ class RaftCore:
         if error == Errors.INVALID_REQUEST:
             # Kafka treats this as our bug and stops; but the peer may be the broken one, and
             # stopping would let one bad peer stop every node that talks to it. Back off.
-            self._drop_response(now_ms, source, "it found our request invalid")
+            self._outbox.drop_response(now_ms, source, "it found our request invalid")
             return True
         if leader_id is not None and self.leader_id is None:
             self._maybe_transition(now_ms, source, leader_id, epoch)

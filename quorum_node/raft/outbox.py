@@ -69,12 +69,31 @@ class Effects:
     role_changes: list[RoleChanged] = field(default_factory=list)
 
 
-class Outbox:
-    """The effects of the current step, and the numbering of the requests it sends."""
+class WarningLimiter:
+    """Warnings a peer could provoke on every message: at most one per kind per
+    WARNING_INTERVAL_MS (the core has no clock of its own; the driver's time serves)."""
 
-    def __init__(self, requests: RequestManager) -> None:
+    def __init__(self) -> None:
+        self._warned_at: dict[str, int] = {}
+
+    def warn(self, now_ms: int, kind: str, message: str, *args: object) -> None:
+        last = self._warned_at.get(kind)
+        if last is not None and now_ms - last < WARNING_INTERVAL_MS:
+            return
+        self._warned_at[kind] = now_ms
+        logger.warning(message, *args)
+
+
+class Outbox:
+    """The effects of the current step, the numbering of the requests it sends, and what is done
+    with a response that cannot be used."""
+
+    def __init__(self, *, node_id: int, requests: RequestManager,
+                 warnings: WarningLimiter) -> None:
         self.effects = Effects()
+        self._node_id = node_id
         self._requests = requests
+        self._warnings = warnings
         self._next_correlation_id = 0
 
     def take(self) -> Effects:
@@ -90,6 +109,15 @@ class Outbox:
     def respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
         self.effects.messages.append(OutboundResponse(destination, correlation_id, message))
 
+    def drop_response(self, now_ms: int, source: int, why: str) -> None:
+        """A response that cannot be used: logged (rate-limited, it may repeat every fetch)
+        and backed off from, as from an error. A follower that gets nothing usable from its
+        leader reaches its fetch timeout and elects another."""
+        self._warnings.warn(now_ms, f"dropped-{source}",
+                            "node %d: dropped a response from node %d: %s", self._node_id, source,
+                            why)
+        self._requests.back_off(source, now_ms)
+
 
 def answer(quorum: QuorumState, kind: type[ResponseT], error: Errors,
              **fields: Any) -> ResponseT:
@@ -98,18 +126,3 @@ def answer(quorum: QuorumState, kind: type[ResponseT], error: Errors,
     and the RPC's own ``fields``."""
     return kind(error_code=error, leader_id=quorum.leader_id, leader_epoch=quorum.epoch,
                 **fields)
-
-
-class WarningLimiter:
-    """Warnings a peer could provoke on every message: at most one per kind per
-    WARNING_INTERVAL_MS (the core has no clock of its own; the driver's time serves)."""
-
-    def __init__(self) -> None:
-        self._warned_at: dict[str, int] = {}
-
-    def warn(self, now_ms: int, kind: str, message: str, *args: object) -> None:
-        last = self._warned_at.get(kind)
-        if last is not None and now_ms - last < WARNING_INTERVAL_MS:
-            return
-        self._warned_at[kind] = now_ms
-        logger.warning(message, *args)

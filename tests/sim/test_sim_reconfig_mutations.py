@@ -16,6 +16,7 @@ from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.records import Record
 from quorum_node.raft.replication import LeaderReplication
+from quorum_node.raft.snapshot_transfer import SnapshotTransfer
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
 from quorum_node.raft.voter_change import VoterChange, VoterChangeHandler
@@ -114,13 +115,19 @@ class AnswersForAnyDirectory(RaftCore):
                 messages[i] = OutboundResponse(message.destination, correlation_id, answer)
 
 
+class _DeletesWhatItLoaded(SnapshotTransfer):
+    def load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        super().load_snapshot(snapshot_id)
+        self._snapshots.delete_before(SnapshotId(snapshot_id.end_offset + 1, 0))
+
+
 class DeletesTheSnapshotItLoaded(RaftCore):
     """Having loaded a snapshot from the leader, deletes every snapshot up to and including it (an
     off-by-one in the clean-up): its log now starts past data it no longer has anywhere."""
 
-    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
-        super()._load_snapshot(snapshot_id)
-        self.snapshots.delete_before(SnapshotId(snapshot_id.end_offset + 1, 0))
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._transfer.__class__ = _DeletesWhatItLoaded
 
 
 @pytest.mark.parametrize(
