@@ -85,6 +85,7 @@ from quorum_node.raft.outbox import (
     answer,
 )
 from quorum_node.raft.quorum_state import QuorumState, ReplicaState, TransitionCause
+from quorum_node.raft.reads import LinearizableReads
 from quorum_node.raft.records import (
     Record,
     RecordBatch,
@@ -180,7 +181,6 @@ class RaftCore:
         self._voter_changes = VoterChangeHandler(local_key=self.local_key,
                                                  static_ids=self._static_ids,
                                                  fetch_timeout_ms=config.fetch_timeout_ms)
-        self._next_read_id = 0
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
@@ -201,6 +201,8 @@ class RaftCore:
             snapshots=snapshots, quorum=self._quorum, voters=self._voters,
             voter_changes=self._voter_changes, fetcher_ids=self._fetcher_ids,
             watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings)
+        self._reads = LinearizableReads(local_key=self.local_key,
+                                        replication=self._replication, outbox=self._outbox)
         self._transfer = SnapshotTransfer(
             local_key=self.local_key, config=config, log=log, snapshots=snapshots,
             quorum=self._quorum, voters=self._voters, replication=self._replication,
@@ -463,19 +465,14 @@ class RaftCore:
         """Start a linearizable read on the leader: a ``ReadOutcome`` effect for the barrier's id
         settles it (confirmed, abandoned with the leadership, or timed out after
         ``timeout_ms``). None while the leader has no high watermark yet (its LeaderChange is
-        not committed): retry shortly. Raises NotLeaderError elsewhere.
-
-        Parked fetches are answered at once so that followers fetch again right away: their next
-        fetches are what confirm that this replica is still the leader."""
+        not committed): retry shortly. Raises NotLeaderError elsewhere."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
         if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
-        if state.high_watermark is None:
+        barrier = self._reads.begin(now_ms, state, timeout_ms)
+        if barrier is None:
             return None
-        self._next_read_id += 1
-        barrier = state.begin_read(self._next_read_id, state.high_watermark, now_ms + timeout_ms)
-        self._replication.complete_parked_fetches(state, lambda parked: True)
         self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
 
@@ -594,7 +591,7 @@ class RaftCore:
             if self._state is not state:
                 return  # it removed this leader, which resigned
         self._replication.expire_parked_fetches(now_ms, state)
-        self._outbox.effects.reads.extend(state.settle_reads(now_ms, self.local_key))
+        self._reads.settle(now_ms, state)
         for key in self._voters.peer_voters:  # re-read: the steps above may change the voters
             progress = state.voters[key]
             if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
@@ -768,11 +765,8 @@ class RaftCore:
         if abandoned is not None:
             self._outbox.effects.voter_changes.append(abandoned)
         leader.accumulator.records.clear()
-        self._outbox.effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
-        for parked in leader.parked:
-            self._outbox.respond(parked.source, parked.correlation_id,
-                                 self._replication.fetch_response(Errors.NOT_LEADER_OR_FOLLOWER))
-        leader.parked.clear()
+        self._reads.abandon(leader, self.leader_id, self.epoch)
+        self._replication.release_parked(leader)
 
     def _maybe_transition(self, now_ms: int, source: int, leader_id: int | None,
                           epoch: int) -> None:

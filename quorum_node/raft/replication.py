@@ -225,3 +225,10 @@ class LeaderReplication:
             else:
                 keep.append(parked)
         state.parked = keep
+
+    def release_parked(self, leader: LeaderState) -> None:
+        """The leadership is lost: every parked fetch is answered, to look for the new leader."""
+        for parked in leader.parked:
+            self._outbox.respond(parked.source, parked.correlation_id,
+                                 self.fetch_response(Errors.NOT_LEADER_OR_FOLLOWER))
+        leader.parked.clear()
