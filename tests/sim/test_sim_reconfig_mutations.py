@@ -14,6 +14,7 @@ import pytest
 
 from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
+from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.records import Record
 from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.snapshot_transfer import SnapshotTransfer
@@ -92,13 +93,19 @@ class IgnoresTheVoterBeingAdded(RaftCore):
         self._replication.__class__ = _CountsWithoutTheAddedVoter
 
 
+class _AddressedByIdAlone(QuorumRpcs):
+    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
+        return voter_id == self._local_key.id
+
+
 class AnswersForAnyDirectory(RaftCore):
     """Takes a Vote (or BeginQuorumEpoch) addressed to any directory of its node id as its own,
     and answers as that directory: a replaced disk votes as the voter it lost, with an empty
     log."""
 
-    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
-        return voter_id == self.node_id
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rpcs.__class__ = _AddressedByIdAlone
 
     def handle_request(
         self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
