@@ -22,9 +22,17 @@ Each replica state lives with its role, as Kafka's ``EpochState`` classes do: ``
 ``follower.py`` (``FollowerState``: the fetch timer, snapshot downloads, the checks of a leader's
 answers), ``candidate.py`` (Unattached, Prospective, Candidate, Resigned; whom each votes for).
 ``quorum_state.py`` (``QuorumState``, as Kafka's) holds the current one, the election state it
-persists, and every transition, each reported as a ``RoleChanged`` with its cause. This module
-is the dispatcher (``match`` over every request and response) and what all states share: the
-log and voter set, timers and the RPC handlers.
+persists, and every transition, each reported as a ``RoleChanged`` with its cause.
+
+Each part of the protocol has a room of its own, given its collaborators explicitly:
+``quorum_rpcs.py`` (Vote, BeginQuorumEpoch, EndQuorumEpoch, and the epoch and leader every
+response carries), ``replication.py`` (the leader serving Fetch, parked fetches, the high
+watermark), ``follower_fetch.py`` (the follower's fetch and what it does with the answer),
+``snapshot_transfer.py`` (KIP-630, both ends), ``reads.py`` (linearizable reads),
+``voter_change.py`` (KIP-853/856 voter changes) and ``voter_history.py`` (the voter set the log
+defines). They share the log, ``watermarks.py`` (flushed offset, high watermark) and the
+``Outbox`` (``outbox.py``) their effects go into. This module is the dispatcher (``match`` over
+every request, response and state), the timers and the public API, and wires the rooms.
 """
 
 from __future__ import annotations
@@ -42,9 +50,7 @@ from quorum_node.raft.candidate import (
     UnattachedState,
 )
 from quorum_node.raft.config import QuorumConfig
-from quorum_node.raft.follower import (
-    FollowerState,
-)
+from quorum_node.raft.follower import FollowerState
 from quorum_node.raft.follower_fetch import FollowerFetcher
 from quorum_node.raft.leader import (
     LeaderState,
@@ -86,18 +92,11 @@ from quorum_node.raft.outbox import (
 from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.quorum_state import QuorumState, ReplicaState, TransitionCause
 from quorum_node.raft.reads import LinearizableReads
-from quorum_node.raft.records import (
-    Record,
-    RecordBatch,
-    control_record,
-)
+from quorum_node.raft.records import Record, RecordBatch, control_record
 from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshot_transfer import SnapshotTransfer
-from quorum_node.raft.snapshots import (
-    SnapshotRecordsCheck,
-    SnapshotStore,
-)
+from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import (
@@ -132,6 +131,7 @@ __all__ = [
     "ReplicaDescription",
     "VoterChangeDone",
 ]
+
 
 class RaftCore:
     """One replica's protocol engine. See the module docstring for the driver's contract."""
@@ -594,17 +594,8 @@ class RaftCore:
                 return  # it removed this leader, which resigned
         self._replication.expire_parked_fetches(now_ms, state)
         self._reads.settle(now_ms, state)
-        for key in self._voters.peer_voters:  # re-read: the steps above may change the voters
-            progress = state.voters[key]
-            if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
-                continue
-            if not self._requests.is_ready(key.id, now_ms):
-                continue
-            progress.next_begin_quorum_ms = now_ms + self.config.begin_quorum_interval_ms
-            self._outbox.send(now_ms, key.id, BeginQuorumEpochRequest(
-                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
-                voter_id=key.id, voter_directory_id=key.directory_id,
-            ))
+        # Re-read: the steps above may change the voters.
+        self._rpcs.send_begin_quorum_epochs(now_ms, state, self._voters.peer_voters)
 
     def _maybe_write_bootstrap_voters(self, now_ms: int, state: LeaderState) -> None:
         """KIP-856 bootstrapping: once the leader knows every configured voter's directory id
@@ -705,15 +696,7 @@ class RaftCore:
                                        TransitionCause.LONE_VOTER if self._voters.is_only_voter
                                        else TransitionCause.ELECTION_TIMEOUT)
             return
-        successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
-        for key in self._voters.voters:
-            if key.id not in state.unacknowledged or not self._requests.is_ready(key.id, now_ms):
-                continue
-            self._outbox.send(now_ms, key.id, EndQuorumEpochRequest(
-                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
-                voter_id=key.id, voter_directory_id=key.directory_id,
-                preferred_successors=successors,
-            ))
+        self._rpcs.send_end_quorum_epochs(now_ms, state)
 
     # --- transitions -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from quorum_node.raft.messages import (
     EndQuorumEpochRequest,
     EndQuorumEpochResponse,
     RaftResponse,
+    ReplicaInfo,
     VoteRequest,
     VoteResponse,
 )
@@ -178,6 +179,36 @@ class QuorumRpcs:
                            "node %d: epoch %d is the last below %d: no election can follow it",
                            self._local_key.id, epoch, MAX_EPOCH)
         return True
+
+    # --- sending -----------------------------------------------------------------------------
+
+    def send_begin_quorum_epochs(self, now_ms: int, state: LeaderState,
+                                 peer_voters: Sequence[ReplicaKey]) -> None:
+        """The leader's heartbeat: a BeginQuorumEpoch to each voter it is due to."""
+        for key in peer_voters:
+            progress = state.voters[key]
+            if now_ms < progress.begin_quorum_due_ms(self._config.begin_quorum_interval_ms):
+                continue
+            if not self._requests.is_ready(key.id, now_ms):
+                continue
+            progress.next_begin_quorum_ms = now_ms + self._config.begin_quorum_interval_ms
+            self._outbox.send(now_ms, key.id, BeginQuorumEpochRequest(
+                cluster_id=self._cluster_id, leader_id=self._local_key.id,
+                leader_epoch=state.epoch, voter_id=key.id, voter_directory_id=key.directory_id,
+            ))
+
+    def send_end_quorum_epochs(self, now_ms: int, state: ResignedState) -> None:
+        """A resigned leader asks each voter that has not acknowledged it to elect a successor,
+        the most caught-up first."""
+        successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
+        for key in self._voters.voters:
+            if key.id not in state.unacknowledged or not self._requests.is_ready(key.id, now_ms):
+                continue
+            self._outbox.send(now_ms, key.id, EndQuorumEpochRequest(
+                cluster_id=self._cluster_id, leader_id=self._local_key.id,
+                leader_epoch=state.epoch, voter_id=key.id, voter_directory_id=key.directory_id,
+                preferred_successors=successors,
+            ))
 
     # --- Vote --------------------------------------------------------------------------------
 
