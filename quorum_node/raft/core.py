@@ -623,7 +623,7 @@ class RaftCore:
             batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
         except LogFullError as error:
             self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
-                               "space: %s", self.node_id, error)
+                                "space: %s", self.node_id, error)
             return None
         self._outbox.effects.flush = True
         self._on_log_appended([batch])

@@ -128,7 +128,7 @@ class FollowerFetcher:
             return
         if response.snapshot_id is not None:
             self._transfer.begin_download(state, SnapshotId(response.snapshot_id.end_offset,
-                                                   response.snapshot_id.epoch))
+                                                            response.snapshot_id.epoch))
         elif point is not None:
             self.truncate_to(point)
         elif batches:
@@ -144,7 +144,7 @@ class FollowerFetcher:
         state.heard_from_leader(now_ms)
 
     def append_as_follower(self, now_ms: int, source: int,
-                            batches: Sequence[RecordBatch]) -> None:
+                           batches: Sequence[RecordBatch]) -> None:
         """On a full log the rest of the records are dropped (what did fit stays appended, to be
         flushed as any append) and fetched again after a back-off."""
         try:

@@ -120,7 +120,7 @@ class Outbox:
 
 
 def answer(quorum: QuorumState, kind: type[ResponseT], error: Errors,
-             **fields: Any) -> ResponseT:
+           **fields: Any) -> ResponseT:
     """This replica's answer to a peer's request: ``error``, the epoch and the leader it knows
     now (every answer carries them: how a peer learns of a newer epoch and finds the leader),
     and the RPC's own ``fields``."""

@@ -81,11 +81,11 @@ class QuorumRpcs:
             # A leader we could never follow (a stale voter set, or a broken peer): as if the
             # response named none. The epoch still counts: it fences ours.
             self._warnings.warn(now_ms, "leader-non-voter",
-                               "node %d: node %d names %d, not a voter, leader of epoch %d",
-                               self._local_key.id, source, leader_id, epoch)
+                                "node %d: node %d names %d, not a voter, leader of epoch %d",
+                                self._local_key.id, source, leader_id, epoch)
             leader_id = None
         if epoch > self._quorum.epoch or error in (Errors.FENCED_LEADER_EPOCH,
-                                           Errors.NOT_LEADER_OR_FOLLOWER):
+                                                   Errors.NOT_LEADER_OR_FOLLOWER):
             if epoch > self._quorum.epoch:
                 self._log_moved_by(source, "a response", epoch, leader_id)
             self._maybe_transition(now_ms, source, leader_id, epoch)
@@ -127,8 +127,8 @@ class QuorumRpcs:
             # or forged message. Dropped; if our leader is the one that is gone, the fetch
             # timeout ends the epoch.
             self._warnings.warn(now_ms, "other-leader",
-                               "node %d: ignored a peer naming %d leader of epoch %d, whose "
-                               "leader is %d", self._local_key.id, leader_id, epoch, known)
+                                "node %d: ignored a peer naming %d leader of epoch %d, whose "
+                                "leader is %d", self._local_key.id, leader_id, epoch, known)
             return
         if leader_id == self._local_key.id:
             return
@@ -155,8 +155,8 @@ class QuorumRpcs:
         if epoch != self._quorum.epoch or known is None or known == leader_id:
             return False
         self._warnings.warn(now_ms, "other-leader",
-                           "node %d: refused a request naming %d leader of epoch %d, whose "
-                           "leader is %d", self._local_key.id, leader_id, epoch, known)
+                            "node %d: refused a request naming %d leader of epoch %d, whose "
+                            "leader is %d", self._local_key.id, leader_id, epoch, known)
         return True
 
     def _is_voter_id(self, node_id: int) -> bool:
@@ -176,8 +176,8 @@ class QuorumRpcs:
         if epoch_in_bounds(epoch + 1):
             return False
         self._warnings.warn(now_ms, "epoch-exhausted",
-                           "node %d: epoch %d is the last below %d: no election can follow it",
-                           self._local_key.id, epoch, MAX_EPOCH)
+                            "node %d: epoch %d is the last below %d: no election can follow it",
+                            self._local_key.id, epoch, MAX_EPOCH)
         return True
 
     # --- sending -----------------------------------------------------------------------------
@@ -244,9 +244,9 @@ class QuorumRpcs:
         if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
             # Checked before the epoch is adopted: a non-member's vote must not move it.
             self._warnings.warn(now_ms, "vote-non-voter",
-                               "node %d: refused a %s from %s, not a voter (epoch %d)",
-                               self._local_key.id, "pre-vote" if request.pre_vote else "vote",
-                               candidate, request.replica_epoch)
+                                "node %d: refused a %s from %s, not a voter (epoch %d)",
+                                self._local_key.id, "pre-vote" if request.pre_vote else "vote",
+                                candidate, request.replica_epoch)
             return Errors.INCONSISTENT_VOTER_SET, False
         if request.replica_epoch > self._quorum.epoch:
             self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
@@ -320,8 +320,8 @@ class QuorumRpcs:
         if not self._is_voter_id(request.leader_id):
             rpc = type(request).__name__.removesuffix("Request")
             self._warnings.warn(now_ms, f"{rpc}-non-voter",
-                               "node %d: refused %s naming %d, not a voter, leader of epoch %d",
-                               self._local_key.id, rpc, request.leader_id, request.leader_epoch)
+                                "node %d: refused %s naming %d, not a voter, leader of epoch %d",
+                                self._local_key.id, rpc, request.leader_id, request.leader_epoch)
             return Errors.INCONSISTENT_VOTER_SET
         if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
             return Errors.INVALID_REQUEST

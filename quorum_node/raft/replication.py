@@ -86,14 +86,14 @@ class LeaderReplication:
             return Errors.NOT_LEADER_OR_FOLLOWER
         if request.replica_id not in self._fetcher_ids:
             self._warnings.warn(now_ms, "unknown-fetcher",
-                               "node %d: refused a fetch from replica %d: not an id of "
-                               "controller.quorum.voters", self._local_key.id, request.replica_id)
+                                "node %d: refused a fetch from replica %d: not an id of "
+                                "controller.quorum.voters", self._local_key.id, request.replica_id)
             return Errors.INCONSISTENT_VOTER_SET
         return state
 
     def fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
         return answer(self._quorum, FetchResponse, error, log_start_offset=self._log.start_offset,
-                              **fields)
+                      **fields)
 
     def handle_fetch(
         self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
@@ -114,7 +114,7 @@ class LeaderReplication:
         diverging = self.validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
             return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                        diverging_epoch=diverging)
+                                       diverging_epoch=diverging)
 
         self.record_fetch(now_ms, state, replica, request.fetch_offset)
         self.advance_high_watermark(now_ms)
@@ -156,17 +156,17 @@ class LeaderReplication:
     def valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self._config.fetch_max_bytes)
         return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                    records=self._log.read(request.fetch_offset, max_bytes))
+                                   records=self._log.read(request.fetch_offset, max_bytes))
 
     def note_contact(self, now_ms: int, state: LeaderState,
-                      replica: ReplicaKey) -> ReplicaProgress:
+                     replica: ReplicaKey) -> ReplicaProgress:
         return state.note_contact(now_ms, replica, local_key=self._local_key,
                                   counts_itself=self._voters.is_voter,
                                   check_quorum_timeout_ms=self._config.check_quorum_timeout_ms,
                                   protected=self._voter_changes.adding)
 
     def record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
-                      offset: int) -> None:
+                     offset: int) -> None:
         progress = self.note_contact(now_ms, state, replica)
         state.record_fetch(now_ms, progress, replica, offset, self._log.end_offset)
 
@@ -202,7 +202,7 @@ class LeaderReplication:
             self._log.append_as_leader(accumulator.records, state.epoch, now_ms)
         except LogFullError as error:
             self._warnings.warn(now_ms, "log-full", "node %d: %d records wait for space: %s",
-                               self._local_key.id, len(accumulator.records), error)
+                                self._local_key.id, len(accumulator.records), error)
             accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
             return False
         accumulator.appended()
@@ -221,7 +221,7 @@ class LeaderReplication:
         for parked in state.parked:
             if done(parked):
                 self._outbox.respond(parked.source, parked.correlation_id,
-                              self.valid_fetch_response(state, parked.request))
+                                     self.valid_fetch_response(state, parked.request))
             else:
                 keep.append(parked)
         state.parked = keep

@@ -89,12 +89,11 @@ class SnapshotTransfer:
         if request.position >= size:
             return answer(self._quorum, FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
         self._replication.note_contact(now_ms, state, ReplicaKey(request.replica_id,
-                                                     request.replica_directory_id))
+                                                                 request.replica_directory_id))
         max_bytes = min(request.max_bytes, self._config.fetch_max_bytes)
-        return answer(self._quorum,
-            FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
-            position=request.position,
-            records=self._snapshots.read(snapshot_id, request.position, max_bytes))
+        return answer(self._quorum, FetchSnapshotResponse, Errors.NONE,
+                      snapshot_id=request.snapshot_id, size=size, position=request.position,
+                      records=self._snapshots.read(snapshot_id, request.position, max_bytes))
 
     def handle_fetch_snapshot_response(
         self, now_ms: int, source: int, response: FetchSnapshotResponse
@@ -131,8 +130,8 @@ class SnapshotTransfer:
             # snapshots that cannot be used is in the end replaced by an election.
             self.refused_snapshots += 1
             self._warnings.warn(now_ms, f"refused-snapshot-{source}",
-                               "node %d: refused snapshot %s from leader %d, the log is kept: "
-                               "%s", self._local_key.id, expected, source, error)
+                                "node %d: refused snapshot %s from leader %d, the log is kept: "
+                                "%s", self._local_key.id, expected, source, error)
             self._requests.back_off(source, now_ms)
             return
         state.heard_from_leader(now_ms)
