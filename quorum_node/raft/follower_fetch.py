@@ -170,7 +170,6 @@ class FollowerFetcher:
         if self._voters.truncated():
             self._voters_changed()
 
-
     def _log_appended(self, batches: Sequence[RecordBatch]) -> None:
         if self._voters.appended(batches):
             self._voters_changed()
