@@ -92,7 +92,7 @@ from quorum_node.raft.outbox import (
 from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.quorum_state import QuorumState, ReplicaState, TransitionCause
 from quorum_node.raft.reads import LinearizableReads
-from quorum_node.raft.records import Record, RecordBatch, control_record
+from quorum_node.raft.records import Record, control_record
 from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.requests import RequestManager
 from quorum_node.raft.snapshot_transfer import SnapshotTransfer
@@ -198,7 +198,8 @@ class RaftCore:
             local_key=self.local_key, cluster_id=cluster_id, config=config, log=log,
             snapshots=snapshots, quorum=self._quorum, voters=self._voters,
             voter_changes=self._voter_changes, fetcher_ids=self._fetcher_ids,
-            watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings)
+            watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings,
+            voters_changed=self._voters_changed)
         self._reads = LinearizableReads(local_key=self.local_key,
                                         replication=self._replication, outbox=self._outbox)
         self._transfer = SnapshotTransfer(
@@ -308,10 +309,6 @@ class RaftCore:
 
     def _voters_changed(self) -> None:
         self._quorum.voters_changed(self._now_ms)
-
-    def _on_log_appended(self, batches: Sequence[RecordBatch]) -> None:
-        if self._voters.appended(batches):
-            self._voters_changed()
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -537,7 +534,7 @@ class RaftCore:
             self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
         elif step.append is not None:
             self._voter_changes.appended(
-                self._append_control(now_ms, state, [voters_record(step.append)]))
+                self._replication.append_control(now_ms, state, [voters_record(step.append)]))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -609,28 +606,7 @@ class RaftCore:
             if directory_id is None:
                 return
             keys.append(ReplicaKey(key.id, directory_id))
-        self._append_control(now_ms, state, [voters_record(keys)])
-
-    def _append_control(self, now_ms: int, state: LeaderState,
-                        records: Sequence[Record]) -> int | None:
-        """Append a control batch after whatever client records are pending; its base offset,
-        or None while the log's disk is full (nothing appended: the caller tries again at a
-        later poll, as pending records are)."""
-        # Proposals keep the offsets they were given: the control batch only ever follows them.
-        if state.accumulator.records and not self._replication.append_pending(now_ms, state):
-            return None
-        try:
-            batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
-        except LogFullError as error:
-            self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
-                                "space: %s", self.node_id, error)
-            return None
-        self._outbox.effects.flush = True
-        self._on_log_appended([batch])
-        end = self.log.end_offset
-        self._replication.complete_parked_fetches(
-            state, lambda parked: parked.request.fetch_offset < end)
-        return batch.base_offset
+        self._replication.append_control(now_ms, state, [voters_record(keys)])
 
     def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:

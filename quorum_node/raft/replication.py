@@ -15,7 +15,7 @@ As in Kafka's ``LeaderState``, the per-replica bookkeeping is ``LeaderState``'s 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from quorum_node.raft.config import QuorumConfig
@@ -30,6 +30,7 @@ from quorum_node.raft.messages import (
 )
 from quorum_node.raft.outbox import Outbox, WarningLimiter, answer
 from quorum_node.raft.quorum_state import QuorumState
+from quorum_node.raft.records import Record
 from quorum_node.raft.snapshots import SnapshotId, SnapshotStore
 from quorum_node.raft.types import Errors, ReplicaKey
 from quorum_node.raft.voter_change import VoterChangeHandler
@@ -43,13 +44,14 @@ FULL_LOG_RETRY_MS = 100
 class LeaderReplication:
     """Serves the followers' fetches while this replica leads. ``fetcher_ids``: the replica ids
     that may fetch (the configured voter ids and the observers); ``voter_changes``: an AddVoter
-    in progress protects its observer from eviction."""
+    in progress protects its observer from eviction; ``voters_changed``: how it tells
+    ``RaftCore`` that a VotersRecord it appended changed the voter set."""
 
     def __init__(self, *, local_key: ReplicaKey, cluster_id: str, config: QuorumConfig,
                  log: RaftLog, snapshots: SnapshotStore, quorum: QuorumState,
                  voters: VoterHistory, voter_changes: VoterChangeHandler,
                  fetcher_ids: frozenset[int], watermarks: Watermarks, outbox: Outbox,
-                 warnings: WarningLimiter) -> None:
+                 warnings: WarningLimiter, voters_changed: Callable[[], None]) -> None:
         self._local_key = local_key
         self._cluster_id = cluster_id
         self._config = config
@@ -62,6 +64,7 @@ class LeaderReplication:
         self._watermarks = watermarks
         self._outbox = outbox
         self._warnings = warnings
+        self._voters_changed = voters_changed
 
     def _cluster_ok(self, cluster_id: str | None) -> bool:
         return cluster_id is None or cluster_id == self._cluster_id
@@ -210,6 +213,27 @@ class LeaderReplication:
         end = self._log.end_offset
         self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return True
+
+    def append_control(self, now_ms: int, state: LeaderState,
+                       records: Sequence[Record]) -> int | None:
+        """Append a control batch after whatever client records are pending; its base offset,
+        or None while the log's disk is full (nothing appended: the caller tries again at a
+        later poll, as pending records are)."""
+        # Proposals keep the offsets they were given: the control batch only ever follows them.
+        if state.accumulator.records and not self.append_pending(now_ms, state):
+            return None
+        try:
+            batch = self._log.append_as_leader(records, state.epoch, now_ms, is_control=True)
+        except LogFullError as error:
+            self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
+                                "space: %s", self._local_key.id, error)
+            return None
+        self._outbox.effects.flush = True
+        if self._voters.appended([batch]):
+            self._voters_changed()
+        end = self._log.end_offset
+        self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+        return batch.base_offset
 
     def expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
         self.complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)

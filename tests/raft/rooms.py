@@ -75,19 +75,20 @@ def build(log_epochs: Iterable[tuple[int, int]] = (),
     warnings = WarningLimiter()
     outbox = Outbox(node_id=LOCAL.id, requests=requests, warnings=warnings)
     watermarks = Watermarks(node_id=LOCAL.id, flushed_offset=log.end_offset)
+    def voters_changed() -> None:  # called once ``rooms`` is built
+        rooms.voters_changed += 1
+
     replication = LeaderReplication(
         local_key=LOCAL, cluster_id=CLUSTER_ID, config=config, log=log, snapshots=snapshots,
         quorum=quorum, voters=voters,
         voter_changes=VoterChangeHandler(local_key=LOCAL, static_ids=voters.static_ids,
                                          fetch_timeout_ms=config.fetch_timeout_ms),
-        fetcher_ids=voters.static_ids, watermarks=watermarks, outbox=outbox, warnings=warnings)
+        fetcher_ids=voters.static_ids, watermarks=watermarks, outbox=outbox, warnings=warnings,
+        voters_changed=voters_changed)
     rooms = Rooms(log, snapshots, config, voters, quorum, requests, outbox, watermarks,
                   replication, LinearizableReads(local_key=LOCAL, replication=replication,
                                                  outbox=outbox),
                   transfer=None, follower=None)  # type: ignore[arg-type]
-
-    def voters_changed() -> None:
-        rooms.voters_changed += 1
 
     rooms.transfer = SnapshotTransfer(
         local_key=LOCAL, config=config, log=log, snapshots=snapshots, quorum=quorum,

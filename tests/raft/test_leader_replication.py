@@ -14,6 +14,7 @@ from quorum_node.raft.records import Record
 from quorum_node.raft.snapshot_format import encode_snapshot
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
+from quorum_node.raft.voters import voters_record
 
 
 def fetch(rooms: Any, replica: int, offset: int, last_epoch: int, *, epoch: int | None = None,
@@ -94,3 +95,15 @@ def test_a_leader_stepping_down_answers_its_parked_fetches(make_rooms: Callable[
     rooms.replication.release_parked(leader)
     (answer,) = rooms.outbox.take().messages
     assert answer.message.error_code == Errors.NOT_LEADER_OR_FOLLOWER and not leader.parked
+
+
+def test_a_control_batch_follows_the_pending_records_and_its_voter_set_is_in_force(
+    make_rooms: Callable[..., Any],
+) -> None:
+    rooms = make_rooms()
+    leader = rooms.lead()
+    local, second, _ = rooms.voters.voters
+    leader.accumulator.add([Record(b"a")], 1, 0, 0)
+    assert rooms.replication.append_control(0, leader, [voters_record([local, second])]) == 1
+    assert rooms.log.end_offset == 2 and not leader.accumulator.records
+    assert rooms.voters.voters == (local, second) and rooms.voters_changed == 1

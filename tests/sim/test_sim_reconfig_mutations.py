@@ -33,18 +33,24 @@ from quorum_node.sim.runner import first_violation
 _WAITING_FOR_PREVIOUS = "waiting for the previous voter change to commit"
 
 
-class ReplacesInOneStep(RaftCore):
-    """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
-    once, whose majorities need not overlap."""
-
-    def _append_control(self, now_ms: int, state: LeaderState,
-                        records: Sequence[Record]) -> int | None:
+class _AppendsAReplacement(LeaderReplication):
+    def append_control(self, now_ms: int, state: LeaderState,
+                       records: Sequence[Record]) -> int | None:
         change = self._voter_changes.pending
         if change is not None and change.kind == "add" and change.record_offset is None:
             voters = parse_voters_record(records[0].value)
             replaced = [k for k in voters if k.id != change.key.id or k == change.key]
             records = [voters_record(replaced)]
-        return super()._append_control(now_ms, state, records)
+        return super().append_control(now_ms, state, records)
+
+
+class ReplacesInOneStep(RaftCore):
+    """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
+    once, whose majorities need not overlap."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _AppendsAReplacement
 
 
 class _Impatient(VoterChangeHandler):
