@@ -305,11 +305,6 @@ class RaftCore:
             quorum=state.describe(now_ms, self.local_key, log.end_offset)
             if isinstance(state, LeaderState) else None)
 
-    # --- the voter set, read from the log ----------------------------------------------------
-
-    def _voters_changed(self) -> None:
-        self._quorum.voters_changed(self._now_ms)
-
     @property
     def epoch_start_offset(self) -> int | None:
         return self._state.epoch_start_offset if isinstance(self._state, LeaderState) else None
@@ -676,6 +671,10 @@ class RaftCore:
 
     # --- transitions -------------------------------------------------------------------------
 
+    def _voters_changed(self) -> None:
+        """A room appended, truncated or loaded another voter set (``VoterHistory`` adopted it)."""
+        self._quorum.voters_changed(self._now_ms)
+
     def _leave_state(self, old: ReplicaState) -> None:
         """What leaving ``old`` involves beyond the state (``QuorumState`` calls it once the new
         state is in)."""
@@ -718,18 +717,3 @@ class RaftCore:
         leader.accumulator.records.clear()
         self._reads.abandon(leader, self.leader_id, self.epoch)
         self._replication.release_parked(leader)
-
-    # --- sending -----------------------------------------------------------------------------
-
-    # --- Vote --------------------------------------------------------------------------------
-
-    # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
-
-    # --- Fetch, leader side ------------------------------------------------------------------
-
-    # --- Fetch, follower side ----------------------------------------------------------------
-
-    # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
-
-    # --- responses in general ----------------------------------------------------------------
-
