@@ -14,6 +14,7 @@ from quorum_node.raft.leader import LeaderState
 from quorum_node.raft.log import MemoryLog
 from quorum_node.raft.memory_snapshots import MemorySnapshotStore
 from quorum_node.raft.outbox import Outbox, WarningLimiter
+from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.quorum_state import QuorumState, TransitionCause
 from quorum_node.raft.reads import LinearizableReads
 from quorum_node.raft.records import Record
@@ -50,6 +51,7 @@ class Rooms:
     reads: LinearizableReads
     transfer: SnapshotTransfer
     follower: FollowerFetcher
+    rpcs: QuorumRpcs
     voters_changed: int = 0  # how often a room said the voter set changed
 
     def lead(self) -> LeaderState:
@@ -88,7 +90,7 @@ def build(log_epochs: Iterable[tuple[int, int]] = (),
     rooms = Rooms(log, snapshots, config, voters, quorum, requests, outbox, watermarks,
                   replication, LinearizableReads(local_key=LOCAL, replication=replication,
                                                  outbox=outbox),
-                  transfer=None, follower=None)  # type: ignore[arg-type]
+                  transfer=None, follower=None, rpcs=None)  # type: ignore[arg-type]
 
     rooms.transfer = SnapshotTransfer(
         local_key=LOCAL, config=config, log=log, snapshots=snapshots, quorum=quorum,
@@ -99,4 +101,7 @@ def build(log_epochs: Iterable[tuple[int, int]] = (),
         local_key=LOCAL, cluster_id=CLUSTER_ID, config=config, log=log, snapshots=snapshots,
         quorum=quorum, voters=voters, transfer=rooms.transfer, watermarks=watermarks,
         requests=requests, outbox=outbox, voters_changed=voters_changed)
+    rooms.rpcs = QuorumRpcs(local_key=LOCAL, cluster_id=CLUSTER_ID, config=config, log=log,
+                            quorum=quorum, voters=voters, requests=requests, outbox=outbox,
+                            warnings=warnings)
     return rooms
