@@ -66,7 +66,7 @@ class QuorumRpcs:
         self._outbox = outbox
         self._warnings = warnings
 
-    # --- epoch and leader discovery --------------------------------------------------------------
+    # --- epoch and leader discovery ----------------------------------------------------------
 
     def handle_common_response(self, now_ms: int, source: int, response: RaftResponse) -> bool:
         """Epoch and leader discovery shared by every response. True if the response is fully
