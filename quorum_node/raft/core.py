@@ -22,9 +22,17 @@ Each replica state lives with its role, as Kafka's ``EpochState`` classes do: ``
 ``follower.py`` (``FollowerState``: the fetch timer, snapshot downloads, the checks of a leader's
 answers), ``candidate.py`` (Unattached, Prospective, Candidate, Resigned; whom each votes for).
 ``quorum_state.py`` (``QuorumState``, as Kafka's) holds the current one, the election state it
-persists, and every transition, each reported as a ``RoleChanged`` with its cause. This module
-is the dispatcher (``match`` over every request and response) and what all states share: the
-log and voter set, timers and the RPC handlers.
+persists, and every transition, each reported as a ``RoleChanged`` with its cause.
+
+Each part of the protocol has a room of its own, given its collaborators explicitly:
+``quorum_rpcs.py`` (Vote, BeginQuorumEpoch, EndQuorumEpoch, and the epoch and leader every
+response carries), ``replication.py`` (the leader serving Fetch, parked fetches, the high
+watermark), ``follower_fetch.py`` (the follower's fetch and what it does with the answer),
+``snapshot_transfer.py`` (KIP-630, both ends), ``reads.py`` (linearizable reads),
+``voter_change.py`` (KIP-853/856 voter changes) and ``voter_history.py`` (the voter set the log
+defines). They share the log, ``watermarks.py`` (flushed offset, high watermark) and the
+``Outbox`` (``outbox.py``) their effects go into. This module is the dispatcher (``match`` over
+every request, response and state), the timers and the public API, and wires the rooms.
 """
 
 from __future__ import annotations
@@ -32,9 +40,8 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, assert_never
+from collections.abc import Iterable, Sequence
+from typing import assert_never
 
 from quorum_node.raft.candidate import (
     CandidateState,
@@ -43,17 +50,10 @@ from quorum_node.raft.candidate import (
     UnattachedState,
 )
 from quorum_node.raft.config import QuorumConfig
-from quorum_node.raft.election import EpochElection
-from quorum_node.raft.follower import (
-    FollowerState,
-    diverging_point,
-    fetch_response_problem,
-    validated_batches,
-    voter_set_problem,
-)
+from quorum_node.raft.follower import FollowerState
+from quorum_node.raft.follower_fetch import FollowerFetcher
 from quorum_node.raft.leader import (
     LeaderState,
-    ParkedFetch,
     QuorumDescription,
     ReadAbandoned,
     ReadBarrier,
@@ -61,7 +61,6 @@ from quorum_node.raft.leader import (
     ReadOutcome,
     ReadTimedOut,
     ReplicaDescription,
-    ReplicaProgress,
     VoterChangeDone,
     record_size,
 )
@@ -71,7 +70,6 @@ from quorum_node.raft.messages import (
     BeginQuorumEpochResponse,
     EndQuorumEpochRequest,
     EndQuorumEpochResponse,
-    EpochEndOffset,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
@@ -80,44 +78,41 @@ from quorum_node.raft.messages import (
     RaftRequest,
     RaftResponse,
     ReplicaInfo,
-    SnapshotIdField,
     VoteRequest,
     VoteResponse,
 )
-from quorum_node.raft.quorum_state import QuorumState, ReplicaState, RoleChanged, TransitionCause
-from quorum_node.raft.records import (
-    Record,
-    RecordBatch,
-    control_record,
-    decode_batch,
-    read_batch_header,
+from quorum_node.raft.outbox import (
+    Effects,
+    OutboundRequest,
+    OutboundResponse,
+    Outbox,
+    WarningLimiter,
+    answer,
 )
+from quorum_node.raft.quorum_rpcs import QuorumRpcs
+from quorum_node.raft.quorum_state import QuorumState, ReplicaState, TransitionCause
+from quorum_node.raft.reads import LinearizableReads
+from quorum_node.raft.records import Record, control_record
+from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.requests import RequestFailure, RequestManager
-from quorum_node.raft.snapshot_format import iter_snapshot_records, read_snapshot_header
-from quorum_node.raft.snapshots import (
-    Buffer,
-    CorruptSnapshotError,
-    SnapshotId,
-    SnapshotRecordsCheck,
-    SnapshotStore,
-)
+from quorum_node.raft.snapshot_transfer import SnapshotTransfer
+from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.status import NodeStatus
 from quorum_node.raft.types import (
-    MAX_EPOCH,
     NEVER,
     ControlRecordType,
     Errors,
     LeaderNotReadyError,
     NotLeaderError,
-    RaftInvariantError,
     ReplicaKey,
     VoterChangeError,
     VoterChangeKind,
-    epoch_in_bounds,
 )
 from quorum_node.raft.voter_change import VoterChangeHandler
-from quorum_node.raft.voters import VoterSet, VoterSetHistory, voter_sets_in, voters_record
+from quorum_node.raft.voter_history import VoterHistory
+from quorum_node.raft.voters import VoterSet, voters_record
+from quorum_node.raft.watermarks import Watermarks
 
 logger = logging.getLogger(__name__)
 
@@ -136,45 +131,6 @@ __all__ = [
     "ReplicaDescription",
     "VoterChangeDone",
 ]
-
-_ResponseT = TypeVar("_ResponseT", VoteResponse, BeginQuorumEpochResponse, EndQuorumEpochResponse,
-                     FetchResponse, FetchSnapshotResponse)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboundRequest:
-    destination: int
-    correlation_id: int
-    message: RaftRequest
-
-
-@dataclass(frozen=True, slots=True)
-class OutboundResponse:
-    destination: int
-    correlation_id: int
-    message: RaftResponse
-
-
-# A warning that a peer can provoke on every request or fetch is logged at most this often
-# (per kind of warning).
-WARNING_INTERVAL_MS = 10_000
-# How soon a leader whose log was full tries its pending records again.
-FULL_LOG_RETRY_MS = 100
-
-
-@dataclass(slots=True)
-class Effects:
-    persist: ElectionState | None = None
-    messages: list[OutboundRequest | OutboundResponse] = field(default_factory=list)
-    flush: bool = False
-    # The log was replaced by this snapshot (downloaded from the leader): the state machine must
-    # load it and go on from its end offset.
-    snapshot_loaded: SnapshotId | None = None
-    # Outcomes for the callers of add_voter/remove_voter and begin_read.
-    voter_changes: list[VoterChangeDone] = field(default_factory=list)
-    reads: list[ReadOutcome] = field(default_factory=list)
-    # Every change of role in the step(s), in order (durable once ``persist`` is).
-    role_changes: list[RoleChanged] = field(default_factory=list)
 
 
 class RaftCore:
@@ -215,34 +171,52 @@ class RaftCore:
         self.cluster_id = cluster_id
         self.log = log
         self.snapshots = snapshots
-        self._history = VoterSetHistory(tuple(voters))
-        self._static_ids = frozenset(key.id for key in self._history.static_voters)
+        self._voters = VoterHistory(local_key=self.local_key, static_voters=voters, log=log,
+                                    snapshots=snapshots)
+        self._static_ids = self._voters.static_ids
         self._fetcher_ids = self._static_ids | frozenset(observer_ids)
-        self._warned_at: dict[str, int] = {}
-        self._check_snapshot_records = check_snapshot_records
-        self._refused_snapshots = 0
-        self._load_voter_history()
-        self._set_voters(self._history.latest())
+        self._warnings = WarningLimiter()
         self._voter_changes = VoterChangeHandler(local_key=self.local_key,
                                                  static_ids=self._static_ids,
                                                  fetch_timeout_ms=config.fetch_timeout_ms)
-        self._next_read_id = 0
         self.config = config
         self._random = random
         self._requests = RequestManager(config.request_timeout_ms, config.retry_backoff_ms)
         self._heartbeat_ms = config.begin_quorum_interval_ms
-        self._effects = Effects()
-        self._next_correlation_id = 0
-        self._flushed_offset = log.end_offset  # what start-up recovery found is on disk
-        self._high_watermark: int | None = None
+        self._outbox = Outbox(node_id=node_id, requests=self._requests, warnings=self._warnings)
+        self._watermarks = Watermarks(node_id=node_id, flushed_offset=log.end_offset)
         self._shutting_down = False
         self._now_ms = now_ms
 
         self._quorum = QuorumState(
-            local_key=self.local_key, config=config, random=random, voters=lambda: self.voters,
+            local_key=self.local_key, config=config, random=random,
+            voters=lambda: self._voters.voters,
             on_leave=self._leave_state,
             stored=election_state if election_state is not None else ElectionState.initial(),
             log_epoch=log.last_fetched_epoch(), log_end_offset=log.end_offset, now_ms=now_ms)
+        self._replication = LeaderReplication(
+            local_key=self.local_key, cluster_id=cluster_id, config=config, log=log,
+            snapshots=snapshots, quorum=self._quorum, voters=self._voters,
+            voter_changes=self._voter_changes, fetcher_ids=self._fetcher_ids,
+            watermarks=self._watermarks, outbox=self._outbox, warnings=self._warnings,
+            voters_changed=self._voters_changed)
+        self._reads = LinearizableReads(local_key=self.local_key,
+                                        replication=self._replication, outbox=self._outbox)
+        self._transfer = SnapshotTransfer(
+            local_key=self.local_key, config=config, log=log, snapshots=snapshots,
+            quorum=self._quorum, voters=self._voters, replication=self._replication,
+            watermarks=self._watermarks, requests=self._requests, outbox=self._outbox,
+            warnings=self._warnings, check_snapshot_records=check_snapshot_records,
+            voters_changed=self._voters_changed)
+        self._follower = FollowerFetcher(
+            local_key=self.local_key, cluster_id=cluster_id, config=config, log=log,
+            snapshots=snapshots, quorum=self._quorum, voters=self._voters,
+            transfer=self._transfer, watermarks=self._watermarks, requests=self._requests,
+            outbox=self._outbox, voters_changed=self._voters_changed)
+        self._rpcs = QuorumRpcs(local_key=self.local_key, cluster_id=cluster_id, config=config,
+                                log=log, quorum=self._quorum, voters=self._voters,
+                                requests=self._requests, outbox=self._outbox,
+                                warnings=self._warnings)
         self._drive(now_ms)
 
     # --- inspection --------------------------------------------------------------------------
@@ -267,22 +241,12 @@ class RaftCore:
     @property
     def high_watermark(self) -> int | None:
         """The local high watermark: every offset below it is committed. Never decreases."""
-        return self._high_watermark
+        return self._watermarks.high_watermark
 
     @property
     def refused_snapshots(self) -> int:
         """Snapshots downloaded from a leader and refused (not kept, the log kept) since start."""
-        return self._refused_snapshots
-
-    def _committed_end(self) -> int | None:
-        """What this replica knows is committed, the floor below which no leader's word may
-        truncate its log: its high watermark, or, before it has learned one (after a restart:
-        the high watermark is not persisted, as in Kafka), its latest snapshot's end, since a
-        snapshot only ever holds committed records."""
-        latest = self.snapshots.latest()
-        if latest is None:
-            return self._high_watermark
-        return max(self._high_watermark or 0, latest.end_offset)
+        return self._transfer.refused_snapshots
 
     @property
     def election_state(self) -> ElectionState:
@@ -290,39 +254,22 @@ class RaftCore:
 
     @property
     def is_voter(self) -> bool:
-        return self._is_voter
+        return self._voters.is_voter
 
-    def _set_voters(self, voters: VoterSet) -> None:
-        """Adopt a voter set and the facts derived from it, which the hot paths read."""
-        if not voters:
-            raise ValueError("the voter set is empty")
-        unknown = sorted(key.id for key in voters if key.id not in self._static_ids)
-        if unknown:
-            # KIP-856: voter ids come from the configuration; a log naming others belongs to a
-            # differently configured quorum.
-            raise RaftInvariantError(
-                f"node {self.node_id}: the log names voter ids {unknown} that are not in "
-                f"controller.quorum.voters {sorted(self._static_ids)}"
-            )
-        self.voters = voters
-        self._voter_ids = frozenset(key.id for key in voters)
-        self._remote_voters = tuple(k for k in voters if not k.matches(self.local_key))
-        # The voters messages go to. A voter under another directory of this node's own id is
-        # this node's lost disk (KIP-856, before RemoveVoter): it counts in majorities, but
-        # nothing can reach it, and a request "to" it would come back to this very node.
-        self._peer_voters = tuple(k for k in self._remote_voters if k.id != self.node_id)
-        self._is_voter = len(self._remote_voters) < len(voters)
-        self._is_only_voter = self._is_voter and len(voters) == 1
+    @property
+    def voters(self) -> VoterSet:
+        """The voter set in force (the log's latest VotersRecord, else the configured voters)."""
+        return self._voters.voters
 
     @property
     def flushed_offset(self) -> int:
-        return self._flushed_offset
+        return self._watermarks.flushed_offset
 
     @property
     def bootstrapped(self) -> bool:
         """Whether the voter set comes from the log (or a snapshot) rather than the static
         configuration: the first leader has written it, with every voter's directory id."""
-        return self._history.latest_offset() is not None
+        return self._voters.bootstrapped
 
     @property
     def accepts_writes(self) -> bool:
@@ -333,7 +280,7 @@ class RaftCore:
 
     def voter_set_at(self, offset: int) -> VoterSet:
         """The voter set in force at ``offset`` (what a snapshot ending after it carries)."""
-        return self._history.at(offset)
+        return self._voters.at(offset)
 
     @property
     def pending_voter_change(self) -> tuple[VoterChangeKind, ReplicaKey] | None:
@@ -348,62 +295,15 @@ class RaftCore:
             as_of_ms=now_ms, node_id=self.node_id, directory_id=self.local_key.directory_id,
             cluster_id=self.cluster_id, state=self.state, epoch=state.epoch,
             leader_id=self.leader_id, voted_for=self._quorum.election_state.voted_key,
-            is_voter=self._is_voter,
-            high_watermark=self._high_watermark, leader_has_committed=self.leader_has_committed,
+            is_voter=self._voters.is_voter,
+            high_watermark=self._watermarks.high_watermark,
+            leader_has_committed=self.leader_has_committed,
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
-            log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._flushed_offset,
-            voters=self.voters, pending_voter_change=self.pending_voter_change,
-            snapshot_id=self.snapshots.latest(), refused_snapshots=self._refused_snapshots,
+            log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._watermarks.flushed_offset,
+            voters=self._voters.voters, pending_voter_change=self.pending_voter_change,
+            snapshot_id=self.snapshots.latest(), refused_snapshots=self._transfer.refused_snapshots,
             quorum=state.describe(now_ms, self.local_key, log.end_offset)
             if isinstance(state, LeaderState) else None)
-
-    # --- the voter set, read from the log ----------------------------------------------------
-
-    def _load_voter_history(self) -> None:
-        """Start-up: the set in the latest snapshot, then every VotersRecord of the log."""
-        latest = self.snapshots.latest()
-        if latest is not None:
-            self._history.reset(latest.end_offset - 1, self.snapshots.voters(latest))
-        start = max(self.log.start_offset, latest.end_offset if latest is not None else 0)
-        offset = start
-        while offset < self.log.end_offset:
-            data = self.log.read(offset, 1 << 20)
-            if not data:
-                break
-            position = 0
-            while position < len(data):
-                # Only a control batch can hold a VotersRecord, so the others (nearly all) are
-                # passed over by their headers, undecoded; the log checked every CRC when it
-                # wrote or recovered them.
-                header = read_batch_header(data, position, verify_crc=False)
-                if header.is_control:
-                    self._read_voter_records([decode_batch(data, position)[0]], start)
-                position, offset = header.end, header.next_offset
-
-    def _read_voter_records(self, batches: Sequence[RecordBatch], from_offset: int = 0) -> None:
-        for batch in batches:
-            for offset, voters in voter_sets_in(batch):
-                if offset >= from_offset:
-                    self._history.add(offset, voters)
-
-    def _on_log_appended(self, batches: Sequence[RecordBatch]) -> None:
-        """Adopt a voter set as soon as its record is in the log, committed or not (KIP-856)."""
-        if any(batch.is_control for batch in batches):
-            self._read_voter_records(batches)
-            self._adopt_latest_voters()
-
-    def _on_log_truncated(self) -> None:
-        """A truncated VotersRecord is reverted: the previous set is in force again."""
-        self._history.truncate_new(self.log.end_offset)
-        self._adopt_latest_voters()
-
-    def _adopt_latest_voters(self) -> None:
-        latest = self._history.latest()
-        if latest == self.voters:
-            return
-        logger.info("node %d: voters now %s", self.node_id, ", ".join(map(str, latest)))
-        self._set_voters(latest)
-        self._quorum.voters_changed(self._now_ms)
 
     @property
     def epoch_start_offset(self) -> int | None:
@@ -416,7 +316,7 @@ class RaftCore:
         return isinstance(self._state, LeaderState) and self._state.high_watermark is not None
 
     def take_effects(self) -> Effects:
-        effects, self._effects = self._effects, Effects()
+        effects = self._outbox.take()
         effects.persist, effects.role_changes = self._quorum.take_outputs()
         return effects
 
@@ -434,7 +334,7 @@ class RaftCore:
         elif isinstance(state, FollowerState):
             times.append(state.deadline_ms)
         else:
-            if self._remote_voters:  # a lone voter has no quorum to check
+            if self._voters.remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.accumulator.deadline_ms)
             times.extend(p.deadline_ms for p in state.parked)
@@ -444,7 +344,7 @@ class RaftCore:
             times.extend(
                 max(state.voters[key].begin_quorum_due_ms(self._heartbeat_ms),
                     self._requests.ready_at_ms(key.id))
-                for key in self._peer_voters
+                for key in self._voters.peer_voters
                 if not self._requests.has_in_flight(key.id)
             )
         return max(min(times), self._now_ms)
@@ -458,25 +358,27 @@ class RaftCore:
         self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
     ) -> None:
         self._now_ms = max(self._now_ms, now_ms)
+        respond = self._outbox.respond
         match request:
             case FetchRequest():
-                response = self._handle_fetch(now_ms, source, correlation_id, request)
-                if response is not None:  # else parked: answered when data arrives
-                    self._respond(source, correlation_id, response)
+                fetched = self._replication.handle_fetch(now_ms, source, correlation_id, request)
+                if fetched is not None:  # else parked: answered when data arrives
+                    respond(source, correlation_id, fetched)
             case VoteRequest():
-                error, granted = self._handle_vote(now_ms, request)
-                self._respond(source, correlation_id, self._response(
-                    VoteResponse, error, vote_granted=granted,
+                error, granted = self._rpcs.handle_vote(now_ms, request)
+                respond(source, correlation_id, answer(
+                    self._quorum, VoteResponse, error, vote_granted=granted,
                     voter_directory_id=self.local_key.directory_id))
             case BeginQuorumEpochRequest():
-                self._respond(source, correlation_id, self._response(
-                    BeginQuorumEpochResponse, self._handle_begin_quorum_epoch(now_ms, request)))
+                error = self._rpcs.handle_begin_quorum_epoch(now_ms, request)
+                respond(source, correlation_id,
+                        answer(self._quorum, BeginQuorumEpochResponse, error))
             case EndQuorumEpochRequest():
-                self._respond(source, correlation_id, self._response(
-                    EndQuorumEpochResponse, self._handle_end_quorum_epoch(now_ms, request)))
+                error = self._rpcs.handle_end_quorum_epoch(now_ms, request)
+                respond(source, correlation_id, answer(self._quorum, EndQuorumEpochResponse, error))
             case FetchSnapshotRequest():
-                self._respond(source, correlation_id,
-                              self._handle_fetch_snapshot(now_ms, request))
+                chunk = self._transfer.handle_fetch_snapshot(now_ms, request)
+                respond(source, correlation_id, chunk)
             case _:  # a new message type must get its handler: mypy checks this, so does this
                 assert_never(request)
         self._drive(now_ms)
@@ -490,15 +392,17 @@ class RaftCore:
             return  # not the request in flight in this state: stale or duplicated
         match response:
             case FetchResponse():
-                self._handle_fetch_response(now_ms, source, response)
+                if not self._rpcs.handle_common_response(now_ms, source, response):
+                    self._follower.handle_fetch_response(now_ms, source, response)
             case VoteResponse():
-                self._handle_vote_response(now_ms, source, response)
+                self._rpcs.handle_vote_response(now_ms, source, response)
             case BeginQuorumEpochResponse():
-                self._handle_begin_quorum_epoch_response(now_ms, source, response)
+                self._rpcs.handle_begin_quorum_epoch_response(now_ms, source, response)
             case EndQuorumEpochResponse():
-                self._handle_end_quorum_epoch_response(now_ms, source, response)
+                self._rpcs.handle_end_quorum_epoch_response(now_ms, source, response)
             case FetchSnapshotResponse():
-                self._handle_fetch_snapshot_response(now_ms, source, response)
+                if not self._rpcs.handle_common_response(now_ms, source, response):
+                    self._transfer.handle_fetch_snapshot_response(now_ms, source, response)
             case _:
                 assert_never(response)
         self._drive(now_ms)
@@ -516,9 +420,10 @@ class RaftCore:
     def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:
         """The log is durable up to ``flushed_offset`` (the end offset the flush covered)."""
         self._now_ms = max(self._now_ms, now_ms)
-        self._flushed_offset = max(self._flushed_offset, min(flushed_offset, self.log.end_offset))
+        marks = self._watermarks
+        marks.flushed_offset = max(marks.flushed_offset, min(flushed_offset, self.log.end_offset))
         if isinstance(self._state, LeaderState):
-            self._maybe_advance_leader_high_watermark(now_ms)
+            self._replication.advance_high_watermark(now_ms)
         self._drive(now_ms)
 
     def propose(self, now_ms: int, records: Sequence[Record]) -> tuple[int, int]:
@@ -539,7 +444,7 @@ class RaftCore:
                              f"({self.config.max_batch_bytes} bytes)")
         accumulator = state.accumulator
         if accumulator.overflows(size, self.config.max_batch_bytes) \
-                and not self._append_pending(now_ms, state):
+                and not self._replication.append_pending(now_ms, state):
             raise LogFullError("the log is full: records already wait for space")
         base = self.log.end_offset + len(accumulator.records)
         accumulator.add(records, size, now_ms, self.config.append_linger_ms)
@@ -558,19 +463,14 @@ class RaftCore:
         """Start a linearizable read on the leader: a ``ReadOutcome`` effect for the barrier's id
         settles it (confirmed, abandoned with the leadership, or timed out after
         ``timeout_ms``). None while the leader has no high watermark yet (its LeaderChange is
-        not committed): retry shortly. Raises NotLeaderError elsewhere.
-
-        Parked fetches are answered at once so that followers fetch again right away: their next
-        fetches are what confirm that this replica is still the leader."""
+        not committed): retry shortly. Raises NotLeaderError elsewhere."""
         self._now_ms = max(self._now_ms, now_ms)
         state = self._state
         if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
-        if state.high_watermark is None:
+        barrier = self._reads.begin(now_ms, state, timeout_ms)
+        if barrier is None:
             return None
-        self._next_read_id += 1
-        barrier = state.begin_read(self._next_read_id, state.high_watermark, now_ms + timeout_ms)
-        self._complete_parked_fetches(state, lambda parked: True)
         self._drive(now_ms)  # a lone voter confirms it at once
         return barrier
 
@@ -589,7 +489,7 @@ class RaftCore:
         LeaderChange is committed; it succeeds once committed by a majority of the new voter
         set."""
         state = self._voter_changing_leader(now_ms)
-        ticket = self._voter_changes.add(now_ms, state, self.voters, key, timeout_ms)
+        ticket = self._voter_changes.add(now_ms, state, self._voters.voters, key, timeout_ms)
         self._drive(now_ms)
         return ticket
 
@@ -604,7 +504,7 @@ class RaftCore:
         new one) cannot shrink the quorum. ``decommission`` is the explicit opt-in to remove the
         id itself (scaling down), as KIP-853's RemoveRaftVoter allows; the last voter stays."""
         self._voter_changing_leader(now_ms)
-        ticket = self._voter_changes.remove(now_ms, self.voters, key, timeout_ms,
+        ticket = self._voter_changes.remove(now_ms, self._voters.voters, key, timeout_ms,
                                             decommission=decommission)
         self._drive(now_ms)
         return ticket
@@ -623,17 +523,17 @@ class RaftCore:
 
     def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
         """Carry out the handler's step for the change in progress."""
-        step = self._voter_changes.advance(now_ms, state, self.voters,
+        step = self._voter_changes.advance(now_ms, state, self._voters.voters,
                                            bootstrapped=self.bootstrapped,
-                                           latest_voters_offset=self._history.latest_offset())
+                                           latest_voters_offset=self._voters.latest_offset())
         if step.done is not None:
-            self._effects.voter_changes.append(step.done)
+            self._outbox.effects.voter_changes.append(step.done)
         if step.resign:
             logger.info("node %d: removed from the voters; resigning", self.node_id)
             self._quorum.to_resigned(now_ms, TransitionCause.REMOVED)
         elif step.append is not None:
             self._voter_changes.appended(
-                self._append_control(now_ms, state, [voters_record(step.append)]))
+                self._replication.append_control(now_ms, state, [voters_record(step.append)]))
 
     # --- the state machine's clock -----------------------------------------------------------
 
@@ -670,7 +570,7 @@ class RaftCore:
             # Elected while shutting down (a nominee keeps campaigning): hand over at once.
             self._quorum.to_resigned(now_ms, TransitionCause.SHUTDOWN)
             return
-        remote_voters = self._remote_voters
+        remote_voters = self._voters.remote_voters
         if remote_voters and now_ms >= state.check_quorum_deadline_ms:
             logger.warning(
                 "node %d: no fetch from a majority of voters in %d ms; resigning epoch %d",
@@ -679,28 +579,19 @@ class RaftCore:
             self._quorum.to_resigned(now_ms, TransitionCause.CHECK_QUORUM)
             return
         # Group commit: records wait while an fsync runs, and go out together after it.
-        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes,
-                                    disk_idle=self._flushed_offset >= self.log.end_offset):
-            self._append_pending(now_ms, state)
+        disk_idle = self._watermarks.flushed_offset >= self.log.end_offset
+        if state.accumulator.is_due(now_ms, self.config.max_batch_bytes, disk_idle=disk_idle):
+            self._replication.append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
             self._maybe_write_bootstrap_voters(now_ms, state)
         if self._voter_changes.pending is not None:
             self._advance_voter_change(now_ms, state)
             if self._state is not state:
                 return  # it removed this leader, which resigned
-        self._expire_parked_fetches(now_ms, state)
-        self._effects.reads.extend(state.settle_reads(now_ms, self.local_key))
-        for key in self._peer_voters:  # re-read: the steps above may change the voters
-            progress = state.voters[key]
-            if now_ms < progress.begin_quorum_due_ms(self._heartbeat_ms):
-                continue
-            if not self._requests.is_ready(key.id, now_ms):
-                continue
-            progress.next_begin_quorum_ms = now_ms + self.config.begin_quorum_interval_ms
-            self._send(now_ms, key.id, BeginQuorumEpochRequest(
-                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
-                voter_id=key.id, voter_directory_id=key.directory_id,
-            ))
+        self._replication.expire_parked_fetches(now_ms, state)
+        self._reads.settle(now_ms, state)
+        # Re-read: the steps above may change the voters.
+        self._rpcs.send_begin_quorum_epochs(now_ms, state, self._voters.peer_voters)
 
     def _maybe_write_bootstrap_voters(self, now_ms: int, state: LeaderState) -> None:
         """KIP-856 bootstrapping: once the leader knows every configured voter's directory id
@@ -714,27 +605,7 @@ class RaftCore:
             if directory_id is None:
                 return
             keys.append(ReplicaKey(key.id, directory_id))
-        self._append_control(now_ms, state, [voters_record(keys)])
-
-    def _append_control(self, now_ms: int, state: LeaderState,
-                        records: Sequence[Record]) -> int | None:
-        """Append a control batch after whatever client records are pending; its base offset,
-        or None while the log's disk is full (nothing appended: the caller tries again at a
-        later poll, as pending records are)."""
-        # Proposals keep the offsets they were given: the control batch only ever follows them.
-        if state.accumulator.records and not self._append_pending(now_ms, state):
-            return None
-        try:
-            batch = self.log.append_as_leader(records, state.epoch, now_ms, is_control=True)
-        except LogFullError as error:
-            self._warn_limited(now_ms, "log-full", "node %d: a control record waits for "
-                               "space: %s", self.node_id, error)
-            return None
-        self._effects.flush = True
-        self._on_log_appended([batch])
-        end = self.log.end_offset
-        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
-        return batch.base_offset
+        self._replication.append_control(now_ms, state, [voters_record(keys)])
 
     def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:
@@ -744,26 +615,16 @@ class RaftCore:
             # starts over with a pre-vote instead of bumping the epoch again.
             self._quorum.to_prospective(now_ms, TransitionCause.ELECTION_TIMEOUT)
         else:
-            self._request_votes(now_ms, state.election, state.epoch, pre_vote=False)
+            self._rpcs.request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
     def _poll_prospective(self, now_ms: int, state: ProspectiveState) -> None:
-        if state.election.is_granted and not self._epoch_exhausted(now_ms, state.epoch):
+        if state.election.is_granted and not self._rpcs.epoch_exhausted(now_ms, state.epoch):
             self._quorum.to_candidate(now_ms, TransitionCause.PRE_VOTE_GRANTED)
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)
         else:
             state.ask_again_if_due(now_ms, self.config.election_timeout_ms // 4)
-            self._request_votes(now_ms, state.election, state.epoch, pre_vote=True)
-
-    def _epoch_exhausted(self, now_ms: int, epoch: int) -> bool:
-        """Whether ``epoch`` has no successor within MAX_EPOCH: this replica cannot start
-        another epoch (only a peer that jumped the quorum to the bound leads here)."""
-        if epoch_in_bounds(epoch + 1):
-            return False
-        self._warn_limited(now_ms, "epoch-exhausted",
-                           "node %d: epoch %d is the last below %d: no election can follow it",
-                           self.node_id, epoch, MAX_EPOCH)
-        return True
+            self._rpcs.request_votes(now_ms, state.election, state.epoch, pre_vote=True)
 
     def _lose_pre_vote(self, now_ms: int, state: ProspectiveState) -> None:
         if state.leader_id is not None and state.leader_id != self.node_id:
@@ -774,8 +635,8 @@ class RaftCore:
                                                 TransitionCause.PRE_VOTE_LOST)
 
     def _poll_follower(self, now_ms: int, state: FollowerState) -> None:
-        if now_ms >= state.deadline_ms or self._is_only_voter:
-            cause = (TransitionCause.LONE_VOTER if self._is_only_voter
+        if now_ms >= state.deadline_ms or self._voters.is_only_voter:
+            cause = (TransitionCause.LONE_VOTER if self._voters.is_only_voter
                      else TransitionCause.LEADER_RESIGNED if state.leader_resigned
                      else TransitionCause.LEADER_GONE if state.leader_gone
                      else TransitionCause.FETCH_TIMEOUT)
@@ -785,42 +646,39 @@ class RaftCore:
             # An observer cannot campaign: it looks for the leader through the other voters.
             self._quorum.to_unattached_in_epoch(NEVER, cause)
             return
-        self._maybe_send_fetch(now_ms, state.leader_id)
+        self._follower.maybe_send_fetch(now_ms, state.leader_id)
 
     def _poll_unattached(self, now_ms: int, state: UnattachedState) -> None:
-        if self.is_voter and (now_ms >= state.election_deadline_ms or self._is_only_voter):
-            self._quorum.to_prospective(now_ms, TransitionCause.LONE_VOTER if self._is_only_voter
+        lone = self._voters.is_only_voter
+        if self.is_voter and (now_ms >= state.election_deadline_ms or lone):
+            self._quorum.to_prospective(now_ms, TransitionCause.LONE_VOTER if lone
                                         else TransitionCause.ELECTION_TIMEOUT)
             return
         # KAFKA-17030: while waiting, fetch from a voter now and then to discover the leader.
         # By id, not key: a replica whose disk was replaced shares its id with a voter.
-        others = [key.id for key in self.voters if key.id != self.node_id]
+        others = [key.id for key in self._voters.voters if key.id != self.node_id]
         if others and now_ms >= state.next_discovery_ms and not self._requests.any_in_flight():
             target = others[self._random.randrange(len(others))]
-            if self._maybe_send_fetch(now_ms, target):
+            if self._follower.maybe_send_fetch(now_ms, target):
                 state.next_discovery_ms = now_ms + self.config.fetch_max_wait_ms
 
     def _poll_resigned(self, now_ms: int, state: ResignedState) -> None:
-        expired = now_ms >= state.election_deadline_ms or self._is_only_voter
-        if expired and not self._shutting_down and self._epoch_exhausted(now_ms, state.epoch):
+        expired = now_ms >= state.election_deadline_ms or self._voters.is_only_voter
+        if expired and not self._shutting_down and self._rpcs.epoch_exhausted(now_ms, state.epoch):
             state.election_deadline_ms = self._quorum.election_deadline(now_ms)
         elif expired and not self._shutting_down:
             # Leave the epoch we led for good: the next one can be led by anyone, us included.
             self._quorum.to_unattached(now_ms, state.epoch + 1,
-                                       TransitionCause.LONE_VOTER if self._is_only_voter
+                                       TransitionCause.LONE_VOTER if self._voters.is_only_voter
                                        else TransitionCause.ELECTION_TIMEOUT)
             return
-        successors = tuple(ReplicaInfo.of(k) for k in state.preferred_successors)
-        for key in self.voters:
-            if key.id not in state.unacknowledged or not self._requests.is_ready(key.id, now_ms):
-                continue
-            self._send(now_ms, key.id, EndQuorumEpochRequest(
-                cluster_id=self.cluster_id, leader_id=self.node_id, leader_epoch=state.epoch,
-                voter_id=key.id, voter_directory_id=key.directory_id,
-                preferred_successors=successors,
-            ))
+        self._rpcs.send_end_quorum_epochs(now_ms, state)
 
     # --- transitions -------------------------------------------------------------------------
+
+    def _voters_changed(self) -> None:
+        """A room appended, truncated or loaded another voter set (``VoterHistory`` adopted it)."""
+        self._quorum.voters_changed(self._now_ms)
 
     def _leave_state(self, old: ReplicaState) -> None:
         """What leaving ``old`` involves beyond the state (``QuorumState`` calls it once the new
@@ -839,7 +697,7 @@ class RaftCore:
         logger.info("node %d: elected leader of epoch %d", self.node_id, leader.epoch)
         change = LeaderChangeMessage(
             leader_id=self.node_id,
-            voters=tuple(ReplicaInfo.of(k) for k in self.voters),
+            voters=tuple(ReplicaInfo.of(k) for k in self._voters.voters),
             granting_voters=tuple(ReplicaInfo.of(k) for k in candidate.election.granting()),
         )
         payload = change.model_dump_json(by_alias=True).encode()
@@ -855,727 +713,12 @@ class RaftCore:
                            self.node_id, leader.epoch, error)
             self._quorum.to_resigned(now_ms, TransitionCause.LOG_FULL)
             return
-        self._effects.flush = True
+        self._outbox.effects.flush = True
 
     def _leave_leadership(self, leader: LeaderState) -> None:
         abandoned = self._voter_changes.abandon(leader.epoch)
         if abandoned is not None:
-            self._effects.voter_changes.append(abandoned)
+            self._outbox.effects.voter_changes.append(abandoned)
         leader.accumulator.records.clear()
-        self._effects.reads.extend(leader.abandon_reads(self.leader_id, self.epoch))
-        for parked in leader.parked:
-            self._respond(parked.source, parked.correlation_id, self._fetch_response(
-                Errors.NOT_LEADER_OR_FOLLOWER))
-        leader.parked.clear()
-
-    def _maybe_transition(self, now_ms: int, source: int, leader_id: int | None,
-                          epoch: int) -> None:
-        """React to an epoch and leader learned from the peer ``source`` (Kafka's
-        maybeTransition)."""
-        if leader_id is not None and leader_id < 0:
-            leader_id = None
-        if epoch > self.epoch:
-            if leader_id is not None and leader_id != self.node_id:
-                self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.HIGHER_EPOCH,
-                                         source)
-            else:
-                self._quorum.to_unattached(now_ms, epoch, TransitionCause.HIGHER_EPOCH, source)
-            return
-        if epoch < self.epoch or leader_id is None:
-            return
-        known = self.leader_id
-        if known is not None and known != leader_id:
-            # No correct peer names another leader for an epoch whose leader we know: a broken
-            # or forged message. Dropped; if our leader is the one that is gone, the fetch
-            # timeout ends the epoch.
-            self._warn_limited(now_ms, "other-leader",
-                               "node %d: ignored a peer naming %d leader of epoch %d, whose "
-                               "leader is %d", self.node_id, leader_id, epoch, known)
-            return
-        if leader_id == self.node_id:
-            return
-        # Follow a leader newly learned for this epoch. A Prospective that already knew it keeps
-        # campaigning (its fetches failed); an Unattached that kept its id has rediscovered it.
-        if isinstance(self._state, UnattachedState) or (
-            known is None and isinstance(self._state, ProspectiveState | CandidateState)
-        ):
-            self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.LEADER_LEARNED,
-                                     source)
-
-    def _claims_other_leader(self, now_ms: int, leader_id: int, epoch: int) -> bool:
-        """A request naming another leader for an epoch whose leader we know: no correct peer
-        sends it. Refused (INVALID_REQUEST, nothing changed) rather than raised as the invariant
-        failure it would be in a response, so that one bad or forged message cannot stop us."""
-        known = self.leader_id
-        if epoch != self.epoch or known is None or known == leader_id:
-            return False
-        self._warn_limited(now_ms, "other-leader",
-                           "node %d: refused a request naming %d leader of epoch %d, whose "
-                           "leader is %d", self.node_id, leader_id, epoch, known)
-        return True
-
-    # --- sending -----------------------------------------------------------------------------
-
-    def _send(self, now_ms: int, destination: int, message: RaftRequest) -> None:
-        self._next_correlation_id += 1
-        correlation_id = self._next_correlation_id
-        self._requests.on_sent(destination, correlation_id, now_ms)
-        self._effects.messages.append(OutboundRequest(destination, correlation_id, message))
-
-    def _respond(self, destination: int, correlation_id: int, message: RaftResponse) -> None:
-        self._effects.messages.append(OutboundResponse(destination, correlation_id, message))
-
-    def _response(self, kind: type[_ResponseT], error: Errors, **fields: Any) -> _ResponseT:
-        """This replica's answer to a peer's request: ``error``, the epoch and the leader it
-        knows now (every answer carries them: how a peer learns of a newer epoch and finds the
-        leader), and the RPC's own ``fields``."""
-        return kind(error_code=error, leader_id=self.leader_id, leader_epoch=self.epoch,
-                    **fields)
-
-    def _request_votes(
-        self, now_ms: int, election: EpochElection, epoch: int, *, pre_vote: bool
-    ) -> None:
-        for key in election.unrecorded():
-            if not self._requests.is_ready(key.id, now_ms):
-                continue
-            self._send(now_ms, key.id, VoteRequest(
-                cluster_id=self.cluster_id, voter_id=key.id, voter_directory_id=key.directory_id,
-                replica_epoch=epoch, replica_id=self.node_id,
-                replica_directory_id=self.local_key.directory_id,
-                last_offset_epoch=self.log.last_fetched_epoch(), last_offset=self.log.end_offset,
-                pre_vote=pre_vote,
-            ))
-
-    def _maybe_send_fetch(self, now_ms: int, target: int) -> bool:
-        # One fetch at a time, and only once the log is flushed: the fetch offset is the
-        # follower's acknowledgement of durable data.
-        if self._requests.any_in_flight() or not self._requests.is_ready(target, now_ms):
-            return False
-        if self._flushed_offset < self.log.end_offset:
-            return False
-        state = self._state
-        if isinstance(state, FollowerState) and state.download is not None:
-            download = state.download
-            self._send(now_ms, target, FetchSnapshotRequest(
-                cluster_id=self.cluster_id, replica_id=self.node_id,
-                replica_directory_id=self.local_key.directory_id,
-                max_bytes=self.config.fetch_max_bytes, current_leader_epoch=self.epoch,
-                snapshot_id=SnapshotIdField(end_offset=download.snapshot_id.end_offset,
-                                            epoch=download.snapshot_id.epoch),
-                position=download.written,
-            ))
-            return True
-        self._send(now_ms, target, FetchRequest(
-            cluster_id=self.cluster_id, replica_id=self.node_id,
-            replica_directory_id=self.local_key.directory_id,
-            max_wait_ms=self.config.long_poll_ms, current_leader_epoch=self.epoch,
-            fetch_offset=self.log.end_offset, last_fetch_epoch=self.log.last_fetched_epoch(),
-            high_watermark=self._high_watermark, max_bytes=self.config.fetch_max_bytes,
-        ))
-        return True
-
-    # --- Vote --------------------------------------------------------------------------------
-
-    def _cluster_ok(self, cluster_id: str | None) -> bool:
-        return cluster_id is None or cluster_id == self.cluster_id
-
-    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
-        return ReplicaKey(voter_id, voter_directory_id).matches(self.local_key)
-
-    def _handle_vote(self, now_ms: int, request: VoteRequest) -> tuple[Errors, bool]:
-        """The answer to a Vote (pre-vote or standard): its error, and whether it is granted."""
-        if not self._cluster_ok(request.cluster_id):
-            return Errors.INCONSISTENT_CLUSTER_ID, False
-        last_epoch_ok = (
-            request.last_offset_epoch <= request.replica_epoch
-            if request.pre_vote
-            else request.last_offset_epoch < request.replica_epoch
-        )
-        if (request.last_offset < 0 or request.last_offset_epoch < 0 or request.replica_id < 0
-                or not last_epoch_ok or not epoch_in_bounds(request.replica_epoch)):
-            return Errors.INVALID_REQUEST, False
-        if request.replica_epoch < self.epoch:
-            return Errors.FENCED_LEADER_EPOCH, False
-        candidate = ReplicaKey(request.replica_id, request.replica_directory_id)
-        if not self._may_be_voter(candidate, request.last_offset_epoch, request.last_offset):
-            # Checked before the epoch is adopted: a non-member's vote must not move it.
-            self._warn_limited(now_ms, "vote-non-voter",
-                               "node %d: refused a %s from %s, not a voter (epoch %d)",
-                               self.node_id, "pre-vote" if request.pre_vote else "vote",
-                               candidate, request.replica_epoch)
-            return Errors.INCONSISTENT_VOTER_SET, False
-        if request.replica_epoch > self.epoch:
-            self._log_moved_by(request.replica_id, "Vote", request.replica_epoch, None)
-            self._quorum.to_unattached(now_ms, request.replica_epoch,
-                                       TransitionCause.HIGHER_EPOCH, request.replica_id)
-        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return Errors.INVALID_VOTER_KEY, False
-        up_to_date = (request.last_offset_epoch, request.last_offset) >= (
-            self.log.last_fetched_epoch(), self.log.end_offset)
-        granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
-        if granted and request.pre_vote:
-            self._quorum.granted_pre_vote(now_ms)
-        state = self._state
-        if granted and not request.pre_vote \
-                and isinstance(state, UnattachedState | ProspectiveState) \
-                and state.voted_key is None:
-            # The vote is durable before the response leaves (Effects.persist goes first).
-            self._quorum.record_vote(now_ms, candidate)
-        return Errors.NONE, granted
-
-    def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
-        """Whether a candidate may be a voter: a member of our voter set, or a configured id
-        whose log is strictly newer than ours and may hold a VotersRecord we have not
-        replicated yet (refusing it could leave the quorum with no electable replica: it may
-        be the only one up to date). A log no newer than ours, by log matching, holds no voter
-        set we lack."""
-        if any(voter.matches(key) for voter in self.voters):
-            return True
-        newer = (last_epoch, last_offset) > (self.log.last_fetched_epoch(), self.log.end_offset)
-        return key.id in self._static_ids and newer
-
-    def _is_voter_id(self, node_id: int) -> bool:
-        """A leader named by id (BeginQuorumEpoch, EndQuorumEpoch and responses carry no
-        directory id): an id of the current voter set."""
-        return node_id in self._voter_ids
-
-    def _log_moved_by(self, source: int, rpc: str, epoch: int, leader_id: int | None) -> None:
-        """A peer's message is about to change this node's epoch or leader: say who and how."""
-        if epoch == self.epoch and leader_id == self.leader_id:
-            return
-        logger.info("node %d: %s from %d: epoch %d -> %d, leader %s -> %s", self.node_id, rpc,
-                    source, self.epoch, epoch, self.leader_id, leader_id)
-
-    def _warn_limited(self, now_ms: int, kind: str, message: str, *args: object) -> None:
-        """A warning a peer could provoke on every message: at most one per kind per
-        WARNING_INTERVAL_MS (the core has no clock of its own; the driver's time serves)."""
-        last = self._warned_at.get(kind)
-        if last is not None and now_ms - last < WARNING_INTERVAL_MS:
-            return
-        self._warned_at[kind] = now_ms
-        logger.warning(message, *args)
-
-    def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
-        """Kafka's grant matrix (KIP-595 + KIP-996 as shipped): each state answers for itself."""
-        return self._state.can_grant_vote(candidate, up_to_date, pre_vote)
-
-    def _handle_vote_response(self, now_ms: int, source: int, response: VoteResponse) -> None:
-        state = self._state
-        if (response.error_code == Errors.UNSUPPORTED_VERSION
-                and isinstance(state, ProspectiveState)
-                and not self._epoch_exhausted(now_ms, state.epoch)):
-            # The peer cannot take a pre-vote: fall back to a standard election (KIP-996).
-            self._quorum.to_candidate(now_ms, TransitionCause.PRE_VOTE_UNSUPPORTED)
-            return
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if response.leader_epoch != state.epoch \
-                or not isinstance(state, ProspectiveState | CandidateState):
-            return
-        if response.error_code == Errors.NONE:
-            state.election.record(ReplicaKey(source, response.voter_directory_id),
-                                  response.vote_granted)
-        elif (response.error_code == Errors.INVALID_VOTER_KEY
-              and response.voter_directory_id is not None):
-            # A voter whose node now runs another directory (a replaced disk, between AddVoter
-            # and RemoveVoter): ask that node again as the voter it is.
-            state.election.record_moved(source, response.voter_directory_id)
-
-    # --- BeginQuorumEpoch / EndQuorumEpoch ---------------------------------------------------
-
-    def _leader_request_refusal(
-        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
-    ) -> Errors | None:
-        """Why a request in which a leader speaks of its epoch (it began, or it ends) is refused,
-        if it is; checked before anything changes."""
-        if not self._cluster_ok(request.cluster_id):
-            return Errors.INCONSISTENT_CLUSTER_ID
-        if request.leader_epoch < self.epoch:
-            return Errors.FENCED_LEADER_EPOCH
-        if request.leader_id < 0 or request.leader_id == self.node_id \
-                or not epoch_in_bounds(request.leader_epoch):
-            return Errors.INVALID_REQUEST
-        if not self._is_voter_id(request.leader_id):
-            rpc = type(request).__name__.removesuffix("Request")
-            self._warn_limited(now_ms, f"{rpc}-non-voter",
-                               "node %d: refused %s naming %d, not a voter, leader of epoch %d",
-                               self.node_id, rpc, request.leader_id, request.leader_epoch)
-            return Errors.INCONSISTENT_VOTER_SET
-        if self._claims_other_leader(now_ms, request.leader_id, request.leader_epoch):
-            return Errors.INVALID_REQUEST
-        return None
-
-    def _follow_requesting_leader(
-        self, now_ms: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
-    ) -> Errors:
-        """Adopt the epoch and leader a request that passed ``_leader_request_refusal`` names;
-        INVALID_VOTER_KEY if it was meant for another directory of this node's id."""
-        rpc = type(request).__name__.removesuffix("Request")
-        self._log_moved_by(request.leader_id, rpc, request.leader_epoch, request.leader_id)
-        self._maybe_transition(now_ms, request.leader_id, request.leader_id,
-                               request.leader_epoch)
-        if not self._addressed_to_me(request.voter_id, request.voter_directory_id):
-            return Errors.INVALID_VOTER_KEY
-        return Errors.NONE
-
-    def _handle_begin_quorum_epoch(self, now_ms: int, request: BeginQuorumEpochRequest) -> Errors:
-        refusal = self._leader_request_refusal(now_ms, request)
-        if refusal is not None:
-            return refusal
-        return self._follow_requesting_leader(now_ms, request)
-
-    def _handle_begin_quorum_epoch_response(
-        self, now_ms: int, source: int, response: BeginQuorumEpochResponse
-    ) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, LeaderState):
-            for key, progress in state.voters.items():
-                if key.id == source:
-                    progress.acknowledged = True
-
-    def _handle_end_quorum_epoch(self, now_ms: int, request: EndQuorumEpochRequest) -> Errors:
-        refusal = self._leader_request_refusal(now_ms, request)
-        if refusal is not None:
-            return refusal
-        if request.leader_epoch > self.epoch:
-            # KIP-595: an EndQuorumEpoch for an epoch not known here is rejected. Adopting the
-            # epoch (and at once campaigning past it, Kafka's way) would let one message from
-            # any voter id start an election in a quorum with a healthy leader.
-            return Errors.UNKNOWN_LEADER_EPOCH
-        # Our epoch, whose leader we did not know (Kafka: follow it, then elect a successor).
-        error = self._follow_requesting_leader(now_ms, request)
-        if error is not Errors.NONE:
-            return error
-        state = self._state
-        if isinstance(state, FollowerState) and state.leader_id == request.leader_id \
-                and self.is_voter:
-            logger.info("node %d: EndQuorumEpoch from %d: leader of epoch %d resigned",
-                        self.node_id, request.leader_id, request.leader_epoch)
-            successors = [info.key() for info in request.preferred_successors]
-            backoff = self._end_epoch_backoff_ms(successors)
-            state.fetch_deadline_ms = now_ms + backoff
-            state.leader_resigned = True
-        return Errors.NONE
-
-    def _end_epoch_backoff_ms(self, successors: Sequence[ReplicaKey]) -> int:
-        """Kafka's strict exponential back-off by position in the preferred-successor list: the
-        first successor campaigns at once, the others progressively later, the rest last."""
-        limit = self.config.election_backoff_max_ms
-        position = next(
-            (i for i, key in enumerate(successors) if key.matches(self.local_key)), None
-        )
-        if position is None:
-            return limit
-        if position == 0:
-            return 0
-        return min(limit, (limit >> (len(successors) - 1)) << (position - 1))
-
-    def _handle_end_quorum_epoch_response(
-        self, now_ms: int, source: int, response: EndQuorumEpochResponse
-    ) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if response.error_code == Errors.NONE and isinstance(state, ResignedState):
-            state.unacknowledged.discard(source)
-
-    # --- Fetch, leader side ------------------------------------------------------------------
-
-    def _leader_serving(
-        self, now_ms: int, request: FetchRequest | FetchSnapshotRequest, *, malformed: bool
-    ) -> LeaderState | Errors:
-        """The leader's state, to serve a Fetch or FetchSnapshot with; or why it is refused
-        (``malformed``: the request's own fields are inconsistent). Checked before the leader
-        records anything of the fetcher: a refusal changes nothing, and tells any replica where
-        the leader is."""
-        if not self._cluster_ok(request.cluster_id):
-            return Errors.INCONSISTENT_CLUSTER_ID
-        if malformed or request.replica_id < 0 or request.max_bytes <= 0:
-            return Errors.INVALID_REQUEST
-        if request.current_leader_epoch < self.epoch:
-            return Errors.FENCED_LEADER_EPOCH
-        if request.current_leader_epoch > self.epoch:
-            return Errors.UNKNOWN_LEADER_EPOCH
-        state = self._state
-        if not isinstance(state, LeaderState):
-            return Errors.NOT_LEADER_OR_FOLLOWER
-        if request.replica_id not in self._fetcher_ids:
-            self._warn_limited(now_ms, "unknown-fetcher",
-                               "node %d: refused a fetch from replica %d: not an id of "
-                               "controller.quorum.voters", self.node_id, request.replica_id)
-            return Errors.INCONSISTENT_VOTER_SET
-        return state
-
-    def _fetch_response(self, error: Errors, **fields: Any) -> FetchResponse:
-        return self._response(FetchResponse, error, log_start_offset=self.log.start_offset,
-                              **fields)
-
-    def _handle_fetch(
-        self, now_ms: int, source: int, correlation_id: int, request: FetchRequest
-    ) -> FetchResponse | None:
-        state = self._leader_serving(now_ms, request, malformed=(
-            request.max_wait_ms < 0 or request.fetch_offset < 0 or request.last_fetch_epoch < 0
-            or request.last_fetch_epoch > request.current_leader_epoch))
-        if isinstance(state, Errors):
-            return self._fetch_response(state)
-
-        replica = ReplicaKey(request.replica_id, request.replica_directory_id)
-        snapshot = self._snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
-        if snapshot is not None:
-            self._note_contact(now_ms, state, replica)
-            return self._fetch_response(
-                Errors.NONE, high_watermark=state.high_watermark,
-                snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
-        diverging = self._validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
-        if diverging is not None:
-            return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                        diverging_epoch=diverging)
-
-        self._record_fetch(now_ms, state, replica, request.fetch_offset)
-        self._maybe_advance_leader_high_watermark(now_ms)
-        response = self._valid_fetch_response(state, request)
-        newer_hwm = state.high_watermark is not None and (
-            request.high_watermark is None or state.high_watermark > request.high_watermark)
-        linger = self.config.high_watermark_linger_ms
-        if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0):
-            return response
-        wait = min(request.max_wait_ms, self.config.long_poll_ms)
-        if newer_hwm:
-            wait = min(wait, linger)  # the new high watermark goes out with records, or soon
-        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))
-        return None
-
-    def _snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
-        """KIP-630: the snapshot to send instead of records when the log the follower needs is
-        gone: its offset is below the log start, or its last epoch is older than every epoch
-        the log still holds."""
-        if self.log.start_offset == 0:
-            return None
-        latest = self.snapshots.latest()
-        if latest is None:
-            return None
-        if offset < self.log.start_offset or self.log.end_offset_for_epoch(last_epoch).epoch == 0:
-            return latest
-        return None
-
-    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
-        """None if (offset, last fetched epoch) is consistent with the leader's log; otherwise the
-        epoch and end offset the follower should truncate towards."""
-        if offset == 0 and self.log.start_offset == 0:
-            return None
-        end = self.log.end_offset_for_epoch(last_epoch)
-        if end.epoch != last_epoch or end.offset < offset:
-            return EpochEndOffset(epoch=end.epoch, end_offset=end.offset)
-        return None
-
-    def _valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
-        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return self._fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                    records=self.log.read(request.fetch_offset, max_bytes))
-
-    def _note_contact(self, now_ms: int, state: LeaderState,
-                      replica: ReplicaKey) -> ReplicaProgress:
-        return state.note_contact(now_ms, replica, local_key=self.local_key,
-                                  counts_itself=self._is_voter,
-                                  check_quorum_timeout_ms=self.config.check_quorum_timeout_ms,
-                                  protected=self._voter_changes.adding)
-
-    def _record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
-                      offset: int) -> None:
-        progress = self._note_contact(now_ms, state, replica)
-        state.record_fetch(now_ms, progress, replica, offset, self.log.end_offset)
-
-    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
-        """Raise the leader's high watermark to the offset a majority of voters holds, but only
-        past this epoch's LeaderChange record (Raft: commit an entry of the current term), and
-        never downwards. Returns True if it moved."""
-        state = self._state
-        if not isinstance(state, LeaderState):
-            return False
-        majority_end = state.majority_end(self.local_key, self._flushed_offset)
-        if majority_end <= state.epoch_start_offset:
-            return False
-        if state.high_watermark is not None and majority_end <= state.high_watermark:
-            return False
-        state.high_watermark = majority_end
-        self._advance_local_high_watermark(majority_end)
-        linger = self.config.high_watermark_linger_ms
-        if linger == 0:
-            self._complete_parked_fetches(state, lambda parked: True)
-        else:
-            # Parked fetches learn the new high watermark with the next records, or at the
-            # latest after the linger.
-            for parked in state.parked:
-                parked.deadline_ms = min(parked.deadline_ms, now_ms + linger)
-        return True
-
-    def _append_pending(self, now_ms: int, state: LeaderState) -> bool:
-        """Append the pending records as one batch; False when the log is full, with the records
-        still pending (their proposals keep their offsets) and a retry after a back-off."""
-        accumulator = state.accumulator
-        try:
-            self.log.append_as_leader(accumulator.records, state.epoch, now_ms)
-        except LogFullError as error:
-            self._warn_limited(now_ms, "log-full", "node %d: %d records wait for space: %s",
-                               self.node_id, len(accumulator.records), error)
-            accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
-            return False
-        accumulator.appended()
-        self._effects.flush = True
-        end = self.log.end_offset
-        self._complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
-        return True
-
-    def _expire_parked_fetches(self, now_ms: int, state: LeaderState) -> None:
-        self._complete_parked_fetches(state, lambda parked: parked.deadline_ms <= now_ms)
-
-    def _complete_parked_fetches(
-        self, state: LeaderState, done: Callable[[ParkedFetch], bool]
-    ) -> None:
-        keep: list[ParkedFetch] = []
-        for parked in state.parked:
-            if done(parked):
-                self._respond(parked.source, parked.correlation_id,
-                              self._valid_fetch_response(state, parked.request))
-            else:
-                keep.append(parked)
-        state.parked = keep
-
-    # --- Fetch, follower side ----------------------------------------------------------------
-
-    def _handle_fetch_response(self, now_ms: int, source: int, response: FetchResponse) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if (response.error_code != Errors.NONE or not isinstance(state, FollowerState)
-                or state.leader_id != source or response.leader_epoch != state.epoch):
-            return
-        # Everything is validated before anything changes: a response that is wrong in any part
-        # is dropped whole, logged and backed off from. The fetch timer is not reset, so a
-        # leader that keeps answering nonsense is in the end replaced by an election.
-        committed = self._committed_end()
-        problem = fetch_response_problem(response, committed)
-        batches: list[RecordBatch] = []
-        if problem is None and response.records and response.snapshot_id is None \
-                and response.diverging_epoch is None:
-            batches, problem = validated_batches(response, self.log, self._static_ids)
-        point: int | None = None
-        if problem is None and response.diverging_epoch is not None:
-            point = diverging_point(self.log, response.diverging_epoch)
-            if committed is not None and point < committed:
-                problem = (f"it asks to truncate to {point}, below the committed offset "
-                           f"{committed}: committed data would be lost")
-        if problem is not None:
-            self._drop_response(now_ms, source, problem)
-            return
-        if response.snapshot_id is not None:
-            self._begin_download(state, SnapshotId(response.snapshot_id.end_offset,
-                                                   response.snapshot_id.epoch))
-        elif point is not None:
-            self._truncate_to(point)
-        elif batches:
-            # A full log keeps hearing from its leader: no election while it waits for space.
-            self._append_as_follower(now_ms, source, batches)
-        # Not when answered with a snapshot: the local log was not validated against the
-        # leader's and may hold a diverging suffix; the snapshot's load sets the watermark.
-        if response.high_watermark is not None and response.snapshot_id is None:
-            high_watermark = min(response.high_watermark, self.log.end_offset)
-            if self._high_watermark is None or high_watermark >= self._high_watermark:
-                self._advance_local_high_watermark(high_watermark)
-        state.heard_from_leader(now_ms)
-
-    def _append_as_follower(self, now_ms: int, source: int,
-                            batches: Sequence[RecordBatch]) -> None:
-        """On a full log the rest of the records are dropped (what did fit stays appended, to be
-        flushed as any append) and fetched again after a back-off."""
-        try:
-            self.log.append_as_follower(batches)
-        except LogFullError as error:
-            appended = [batch for batch in batches if batch.next_offset <= self.log.end_offset]
-            if appended:
-                self._on_log_appended(appended)
-                self._effects.flush = True
-            self._drop_response(now_ms, source, str(error))
-            return
-        self._on_log_appended(batches)
-        self._effects.flush = True
-
-    def _begin_download(self, state: FollowerState, snapshot_id: SnapshotId) -> None:
-        if state.download is not None:
-            if state.download.snapshot_id == snapshot_id:
-                return
-            state.abort_download()
-        logger.info("node %d: the leader's log starts past ours; fetching snapshot %s",
-                    self.node_id, snapshot_id)
-        state.download = self.snapshots.begin_download(snapshot_id)
-
-    # --- FetchSnapshot (KIP-630) -------------------------------------------------------------
-
-    def _handle_fetch_snapshot(
-        self, now_ms: int, request: FetchSnapshotRequest
-    ) -> FetchSnapshotResponse:
-        state = self._leader_serving(now_ms, request, malformed=request.position < 0)
-        if isinstance(state, Errors):
-            return self._response(FetchSnapshotResponse, state)
-        snapshot_id = SnapshotId(request.snapshot_id.end_offset, request.snapshot_id.epoch)
-        size = self.snapshots.size(snapshot_id)
-        if size is None:
-            return self._response(FetchSnapshotResponse, Errors.SNAPSHOT_NOT_FOUND)
-        if request.position >= size:
-            return self._response(FetchSnapshotResponse, Errors.POSITION_OUT_OF_RANGE)
-        self._note_contact(now_ms, state, ReplicaKey(request.replica_id,
-                                                     request.replica_directory_id))
-        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
-        return self._response(
-            FetchSnapshotResponse, Errors.NONE, snapshot_id=request.snapshot_id, size=size,
-            position=request.position,
-            records=self.snapshots.read(snapshot_id, request.position, max_bytes))
-
-    def _handle_fetch_snapshot_response(
-        self, now_ms: int, source: int, response: FetchSnapshotResponse
-    ) -> None:
-        if self._handle_common_response(now_ms, source, response.error_code, response.leader_id,
-                                        response.leader_epoch):
-            return
-        state = self._state
-        if (not isinstance(state, FollowerState) or state.leader_id != source
-                or response.leader_epoch != state.epoch or state.download is None):
-            return
-        download = state.download
-        if response.error_code in (Errors.SNAPSHOT_NOT_FOUND, Errors.POSITION_OUT_OF_RANGE):
-            # The leader moved on to a newer snapshot: fetch again, which names it.
-            state.abort_download()
-            return
-        if response.error_code != Errors.NONE:
-            return
-        expected = download.snapshot_id
-        if (response.snapshot_id is None
-                or SnapshotId(response.snapshot_id.end_offset, response.snapshot_id.epoch)
-                != expected or response.position != download.written or not response.records):
-            logger.warning("node %d: unexpected chunk of snapshot %s; starting over",
-                           self.node_id, expected)
-            state.abort_download()
-            return
-        download.append(response.records)
-        if download.written < response.size:
-            state.heard_from_leader(now_ms)  # progress; the last chunk counts once checked
-            return
-        state.download = None
-        try:
-            download.freeze(self._check_snapshot)
-        except CorruptSnapshotError as error:
-            # Nothing changed: the log, the voters and the high watermark are as they were.
-            # Backed off from, and the fetch timer not reset: a leader that only sends
-            # snapshots that cannot be used is in the end replaced by an election.
-            self._refused_snapshots += 1
-            self._warn_limited(now_ms, f"refused-snapshot-{source}",
-                               "node %d: refused snapshot %s from leader %d, the log is kept: "
-                               "%s", self.node_id, expected, source, error)
-            self._requests.back_off(source, now_ms)
-            return
-        state.heard_from_leader(now_ms)
-        self._load_snapshot(expected)
-
-    def _check_snapshot(self, data: Buffer) -> None:
-        """What a leader's snapshot must hold, beyond its framing, to be kept: a voter set (if
-        it carries one) of configured ids only, as a fetched VotersRecord must name, and
-        records the state machine can load. Once kept it replaces the log, and its voter set is
-        in force at once and at every start."""
-        voters = read_snapshot_header(data).voters
-        if voters is not None:
-            problem = voter_set_problem(voters, self._static_ids)
-            if problem is not None:
-                raise CorruptSnapshotError(f"its voter set {problem}")
-        if self._check_snapshot_records is not None:
-            self._check_snapshot_records(iter_snapshot_records(data))
-
-    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
-        """Replace the log by a downloaded snapshot: the log restarts at its end offset, the
-        voter set is the one it carries, and everything below it is committed."""
-        logger.info("node %d: loaded snapshot %s", self.node_id, snapshot_id)
-        self.log.truncate_to_snapshot(snapshot_id)
-        self._flushed_offset = self.log.end_offset
-        self._history.reset(snapshot_id.end_offset - 1, self.snapshots.voters(snapshot_id))
-        self._adopt_latest_voters()
-        if self._high_watermark is None or self._high_watermark < snapshot_id.end_offset:
-            self._advance_local_high_watermark(snapshot_id.end_offset)
-        self.snapshots.delete_before(snapshot_id)
-        self._effects.snapshot_loaded = snapshot_id
-
-    def _truncate_to(self, point: int) -> None:
-        if self._high_watermark is not None and point < self._high_watermark:
-            raise RaftInvariantError(
-                f"node {self.node_id}: truncating to {point}, below the high watermark "
-                f"{self._high_watermark}: committed data would be lost"
-            )
-        self.log.truncate_to(point)
-        self._flushed_offset = min(self._flushed_offset, self.log.end_offset)
-        self._on_log_truncated()
-
-    def _advance_local_high_watermark(self, offset: int) -> None:
-        # Truncation never goes below the high watermark and a leader's HWM starts above every
-        # committed offset, so a smaller value means a broken peer or a bug: stop, loudly.
-        if self._high_watermark is not None and offset < self._high_watermark:
-            raise RaftInvariantError(
-                f"node {self.node_id}: high watermark would go back from "
-                f"{self._high_watermark} to {offset}"
-            )
-        self._high_watermark = offset
-
-    # --- responses in general ----------------------------------------------------------------
-
-    def _drop_response(self, now_ms: int, source: int, why: str) -> None:
-        """A response that cannot be used: logged (rate-limited, it may repeat every fetch)
-        and backed off from, as from an error. A follower that gets nothing usable from its
-        leader reaches its fetch timeout and elects another."""
-        self._warn_limited(now_ms, f"dropped-{source}",
-                           "node %d: dropped a response from node %d: %s", self.node_id, source,
-                           why)
-        self._requests.back_off(source, now_ms)
-
-    def _handle_common_response(
-        self, now_ms: int, source: int, error: Errors, leader_id: int | None, epoch: int
-    ) -> bool:
-        """Epoch and leader discovery shared by every response. True if the response is fully
-        handled (dropped as stale, or turned into a transition)."""
-        if epoch < self.epoch or error == Errors.UNKNOWN_LEADER_EPOCH:
-            return True
-        if not epoch_in_bounds(epoch):
-            self._drop_response(now_ms, source, f"epoch {epoch} is not below {MAX_EPOCH}")
-            return True
-        if leader_id is not None and leader_id >= 0 and not self._is_voter_id(leader_id):
-            # A leader we could never follow (a stale voter set, or a broken peer): as if the
-            # response named none. The epoch still counts: it fences ours.
-            self._warn_limited(now_ms, "leader-non-voter",
-                               "node %d: node %d names %d, not a voter, leader of epoch %d",
-                               self.node_id, source, leader_id, epoch)
-            leader_id = None
-        if epoch > self.epoch or error in (Errors.FENCED_LEADER_EPOCH,
-                                           Errors.NOT_LEADER_OR_FOLLOWER):
-            if epoch > self.epoch:
-                self._log_moved_by(source, "a response", epoch, leader_id)
-            self._maybe_transition(now_ms, source, leader_id, epoch)
-            return True
-        if error == Errors.INVALID_REQUEST:
-            # Kafka treats this as our bug and stops; but the peer may be the broken one, and
-            # stopping would let one bad peer stop every node that talks to it. Back off.
-            self._drop_response(now_ms, source, "it found our request invalid")
-            return True
-        if leader_id is not None and self.leader_id is None:
-            self._maybe_transition(now_ms, source, leader_id, epoch)
-            return error != Errors.NONE
-        if (isinstance(self._state, UnattachedState) and leader_id is not None
-                and leader_id != self.node_id):
-            # An unattached replica that kept the last leader's id rediscovered it.
-            self._quorum.to_follower(now_ms, epoch, leader_id, TransitionCause.LEADER_LEARNED,
-                                     source)
-            return error != Errors.NONE
-        return False
-
+        self._reads.abandon(leader, self.leader_id, self.epoch)
+        self._replication.release_parked(leader)

@@ -6,10 +6,14 @@ These reach into the core's private methods on purpose: the point is the very ru
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from quorum_node.raft.core import RaftCore
 from quorum_node.raft.messages import EpochEndOffset
+from quorum_node.raft.quorum_rpcs import QuorumRpcs
+from quorum_node.raft.replication import LeaderReplication
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.sim.invariants import (
     CONSISTENT_COMMITTED_DATA,
@@ -20,20 +24,40 @@ from quorum_node.sim.runner import first_violation
 from quorum_node.sim.simulation import CORE_ERROR, LIVENESS
 
 
+class _NoDivergenceCheck(LeaderReplication):
+    def validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
+        return None
+
+
 class NeverReportsDivergence(RaftCore):
     """The leader skips the (fetch offset, last fetched epoch) check: a follower keeps its
     divergent suffix and appends the leader's records after it."""
 
-    def _validate_fetch_position(self, offset: int, last_epoch: int) -> EpochEndOffset | None:
-        return None
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _NoDivergenceCheck
+
+
+class _GrantsRegardlessOfLogs(QuorumRpcs):
+    def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
+        return super()._can_grant_vote(candidate, True, pre_vote)
 
 
 class IgnoresLogComparison(RaftCore):
     """Grants votes whether or not the candidate's log is at least as up to date as its own, so
     a replica missing committed records can be elected."""
 
-    def _can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
-        return super()._can_grant_vote(candidate, True, pre_vote)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rpcs.__class__ = _GrantsRegardlessOfLogs
+
+
+class _TrustsAnyone(QuorumRpcs):
+    def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
+        return True
+
+    def _is_voter_id(self, node_id: int) -> bool:
+        return True
 
 
 class TrustsNonMembers(RaftCore):
@@ -41,11 +65,9 @@ class TrustsNonMembers(RaftCore):
     forged Vote move a quorum to an epoch no election could follow): forged messages from
     outside the cluster then move epochs and leaders."""
 
-    def _may_be_voter(self, key: ReplicaKey, last_epoch: int, last_offset: int) -> bool:
-        return True
-
-    def _is_voter_id(self, node_id: int) -> bool:
-        return True
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rpcs.__class__ = _TrustsAnyone
 
 
 def _caught(factory: CoreFactory, checks: set[str], scenario: str, seeds: range) -> str:

@@ -14,7 +14,10 @@ import pytest
 
 from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
+from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.records import Record
+from quorum_node.raft.replication import LeaderReplication
+from quorum_node.raft.snapshot_transfer import SnapshotTransfer
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.types import Errors
 from quorum_node.raft.voter_change import VoterChange, VoterChangeHandler
@@ -30,18 +33,24 @@ from quorum_node.sim.runner import first_violation
 _WAITING_FOR_PREVIOUS = "waiting for the previous voter change to commit"
 
 
-class ReplacesInOneStep(RaftCore):
-    """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
-    once, whose majorities need not overlap."""
-
-    def _append_control(self, now_ms: int, state: LeaderState,
-                        records: Sequence[Record]) -> int | None:
+class _AppendsAReplacement(LeaderReplication):
+    def append_control(self, now_ms: int, state: LeaderState,
+                       records: Sequence[Record]) -> int | None:
         change = self._voter_changes.pending
         if change is not None and change.kind == "add" and change.record_offset is None:
             voters = parse_voters_record(records[0].value)
             replaced = [k for k in voters if k.id != change.key.id or k == change.key]
             records = [voters_record(replaced)]
-        return super()._append_control(now_ms, state, records)
+        return super().append_control(now_ms, state, records)
+
+
+class ReplacesInOneStep(RaftCore):
+    """Adds a node's new directory and drops its old one in the same VotersRecord: two changes at
+    once, whose majorities need not overlap."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _AppendsAReplacement
 
 
 class _Impatient(VoterChangeHandler):
@@ -58,31 +67,41 @@ class DoesNotWaitForVoterChanges(RaftCore):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._voter_changes = _Impatient(local_key=self.local_key, static_ids=self._static_ids,
-                                         fetch_timeout_ms=self.config.fetch_timeout_ms)
+        self._voter_changes.__class__ = _Impatient  # the same handler, wherever it is held
 
     def _advance_voter_change(self, now_ms: int, state: LeaderState) -> None:
         super()._advance_voter_change(now_ms, state)
         change = self._voter_changes.pending
         if change is not None and change.record_offset is not None:
-            self._effects.voter_changes.append(
+            self._outbox.effects.voter_changes.append(
                 self._voter_changes.finish(Errors.NONE, f"{change.kind} {change.key}: appended"))
+
+
+class _CountsWithoutTheAddedVoter(LeaderReplication):
+    def advance_high_watermark(self, now_ms: int) -> bool:
+        change, state = self._voter_changes.pending, self._quorum.state
+        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
+                or change.key not in state.voters:
+            return super().advance_high_watermark(now_ms)
+        progress = state.voters.pop(change.key)
+        try:
+            return super().advance_high_watermark(now_ms)
+        finally:
+            state.voters[change.key] = progress
 
 
 class IgnoresTheVoterBeingAdded(RaftCore):
     """Computes the high watermark without the voter an AddVoter adds until the change is done:
     the change commits on a majority of the old set only."""
 
-    def _maybe_advance_leader_high_watermark(self, now_ms: int) -> bool:
-        change, state = self._voter_changes.pending, self._state
-        if change is None or change.kind != "add" or not isinstance(state, LeaderState) \
-                or change.key not in state.voters:
-            return super()._maybe_advance_leader_high_watermark(now_ms)
-        progress = state.voters.pop(change.key)
-        try:
-            return super()._maybe_advance_leader_high_watermark(now_ms)
-        finally:
-            state.voters[change.key] = progress
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._replication.__class__ = _CountsWithoutTheAddedVoter
+
+
+class _AddressedByIdAlone(QuorumRpcs):
+    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
+        return voter_id == self._local_key.id
 
 
 class AnswersForAnyDirectory(RaftCore):
@@ -90,8 +109,9 @@ class AnswersForAnyDirectory(RaftCore):
     and answers as that directory: a replaced disk votes as the voter it lost, with an empty
     log."""
 
-    def _addressed_to_me(self, voter_id: int, voter_directory_id: uuid.UUID | None) -> bool:
-        return voter_id == self.node_id
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rpcs.__class__ = _AddressedByIdAlone
 
     def handle_request(
         self, now_ms: int, source: int, correlation_id: int, request: RaftRequest
@@ -99,7 +119,7 @@ class AnswersForAnyDirectory(RaftCore):
         super().handle_request(now_ms, source, correlation_id, request)
         if not isinstance(request, VoteRequest):
             return
-        messages = self._effects.messages
+        messages = self._outbox.effects.messages
         for i, message in enumerate(messages):
             if (isinstance(message, OutboundResponse) and message.correlation_id == correlation_id
                     and isinstance(message.message, VoteResponse)):
@@ -108,13 +128,19 @@ class AnswersForAnyDirectory(RaftCore):
                 messages[i] = OutboundResponse(message.destination, correlation_id, answer)
 
 
+class _DeletesWhatItLoaded(SnapshotTransfer):
+    def load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        super().load_snapshot(snapshot_id)
+        self._snapshots.delete_before(SnapshotId(snapshot_id.end_offset + 1, 0))
+
+
 class DeletesTheSnapshotItLoaded(RaftCore):
     """Having loaded a snapshot from the leader, deletes every snapshot up to and including it (an
     off-by-one in the clean-up): its log now starts past data it no longer has anywhere."""
 
-    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
-        super()._load_snapshot(snapshot_id)
-        self.snapshots.delete_before(SnapshotId(snapshot_id.end_offset + 1, 0))
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._transfer.__class__ = _DeletesWhatItLoaded
 
 
 @pytest.mark.parametrize(
