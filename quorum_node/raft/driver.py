@@ -1,13 +1,13 @@
 """The one driver of a RaftCore: it calls the core and carries out the effects of each step, in
 the order the core's contract requires, through a ``DriverHost``.
 
-The node runtime (``quorum_node.node.runtime``) hosts it over real files, sockets and an asyncio
-loop; the simulator (``quorum_node.sim.node``) over a simulated disk, network and clock. Both
-run this class, so the simulator's fault schedules test the driving that production runs: when
-the election state is written (durably, before any message of its step leaves, and before the
-role changes it implies are told), how requests and answers leave, when a flush is asked for,
-how the core's timer is kept, what a failing core does to its node, and how a snapshot
-downloaded from the leader reaches the state machine.
+The node's driver host (``quorum_node.node.driver_host``) hosts it over real files, sockets and
+an asyncio loop; the simulator (``quorum_node.sim.node``) over a simulated disk, network and
+clock. Both run this class, so the simulator's fault schedules test the driving that
+production runs: when the election state is written (durably, before any message of its step
+leaves, and before the role changes it implies are told), how requests and answers leave, when a
+flush is asked for, how the core's timer is kept, what a failing core does to its node, and how
+a snapshot downloaded from the leader reaches the state machine.
 
 The driver does no I/O of its own and reads no clock but the host's.
 """

@@ -1,7 +1,7 @@
 """When a state machine snapshots (KIP-630: the state machine, not the Raft core, decides): the
-one policy of the node's key-value store (``quorum_node.node.snapshotting``) and of the
-simulator's state machine (``quorum_node.sim``), so that the simulated seeds take snapshots, and
-compact the log, when the node would.
+one policy of the key-value state machine (``quorum_node.kv.machine``), which the node and the
+simulator both run, so that the simulated seeds take snapshots, and compact the log, when the
+node would.
 
 Pure: no clock, no files. The state machine tells the policy what it applied, what it wrote and
 what it loaded, and asks it whether a snapshot is due.

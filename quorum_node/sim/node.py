@@ -1,7 +1,7 @@
 """One simulated replica: a RaftCore, its disk (a MemoryLog, a snapshot store and the persisted
 election state), the state machine it applies committed records to, and the driver duties the core
 leaves to its host. The core is driven by ``quorum_node.raft.driver.CoreDriver``, the driver the
-node runtime runs; this node is its host over the simulated disk, network and clock. The state
+node's driver host runs; this node is its host over the simulated disk, network and clock. The state
 machine is the node's too (``quorum_node.kv.machine.KvMachine`` over a ``KvStore``): it applies
 the log's bytes, decides when to snapshot, writes, loads and compacts as the node does, with the
 simulated disk for the node's files.
