@@ -1,7 +1,8 @@
 """The follower's own state, as Kafka's ``FollowerState`` keeps it (the fetch timer, whether the
 leader has been heard from in this epoch, a snapshot download in progress), and the checks a
-follower makes of its leader's Fetch answers before it changes anything. ``RaftCore`` sends the
-fetches and applies what passes; nothing here reads a clock or does I/O.
+follower makes of its leader's Fetch answers before it changes anything. ``FollowerFetcher``
+(``follower_fetch.py``) sends the fetches and applies what passes; nothing here reads a clock or
+does I/O.
 
 **A leader that is gone.** Kafka's follower starts an election only once it has not heard from
 its leader for ``controller.quorum.fetch.timeout.ms``. Silence is all a partition or a paused
