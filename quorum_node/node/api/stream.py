@@ -474,4 +474,4 @@ def txn_document_of_fields(fields: tuple[Any, ...]) -> dict[str, Any]:
 
 def _txn_op_document(op: tuple[str, str, str | None]) -> dict[str, Any]:
     kind, key, value = op
-    return {"op": kind, "key": key} | ({} if value is None else {"value": value})
+    return {"op": kind, "key": key} if value is None else {"op": kind, "key": key, "value": value}
