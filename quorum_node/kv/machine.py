@@ -65,8 +65,7 @@ def state_digest(content: SnapshotEntries) -> bytes:
 def loaded_entries(loaded: LoadedSnapshot) -> SnapshotEntries:
     """What a loaded snapshot holds, as ``KvStore.snapshot_entries`` would give it once
     installed."""
-    meta = loaded.meta
-    return SnapshotEntries([(key, value, *meta[key]) for key, value in loaded.data.items()],
+    return SnapshotEntries([(key, *entry) for key, entry in loaded.entries.items()],
                            loaded.versions_from)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from quorum_node.raft.records import Record
 
@@ -55,25 +55,30 @@ class KvOpError(ValueError):
         self.too_large = too_large
 
 
-@dataclass(frozen=True, slots=True)
+# The operations are made by the million (a replay decodes every operation of every txn), so
+# they are plain slotted classes: a frozen dataclass's __init__ sets each field through
+# object.__setattr__, several times the cost. Nothing changes one once made.
+
+
+@dataclass(slots=True)
 class Put:
     key: str
     value: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delete:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cas:
     key: str
     expected: str | None  # None: the key must be absent
     value: str | None  # None: delete the key
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Get:
     """A txn's read of a key, answered with its value, version and modification offset as they
     are at that point of the txn (after the branch's operations before it)."""
@@ -127,11 +132,10 @@ class Outcome:
     existed: bool
 
 
-@dataclass(frozen=True, slots=True)
-class TxnResponse:
+class TxnResponse(NamedTuple):
     """What one operation of a txn's branch did: for a get, the key's value (None: absent),
     version and modification offset; for a delete, ``found`` is whether the key existed; for a
-    put, whether it existed before."""
+    put, whether it existed before. A tuple: every put of every txn a replay applies makes one."""
 
     op: str  # "put", "delete" or "get"
     key: str
@@ -258,8 +262,9 @@ def _nesting_exceeds(payload: bytes, limit: int) -> bool:
     judged either way, and is refused all the same when it is parsed."""
     if payload.count(b"[") + payload.count(b"{") <= limit:
         return False
-    unescaped = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(unescaped.split(b'"')[::2])
+    if b"\\" in payload:  # copying the payload twice is the walk's largest cost: only then
+        payload = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(payload.split(b'"')[::2])
     depth = 0
     for byte in outside.translate(None, _NOT_BRACKETS):
         if byte in (0x5B, 0x7B):  # [ {
@@ -291,6 +296,8 @@ def _optional_string(document: dict[str, Any], name: str) -> str | None:
 
 _TXN_FIELDS = frozenset({"compare", "success", "failure"})
 _TXN_OP_FIELDS = {"put": {"op", "key", "value"}, "delete": {"op", "key"}, "get": {"op", "key"}}
+_PUT_FIELDS = _TXN_OP_FIELDS["put"]
+_KEY_FIELDS = _TXN_OP_FIELDS["delete"]
 
 
 def check_txn(txn: Txn) -> None:
@@ -393,8 +400,7 @@ def txn_from_document(document: Any) -> Txn:
                             f"{MAX_TXN_OPS}", too_large=True)
         lists[name] = items
     txn = Txn(tuple(_compare(index, item) for index, item in enumerate(lists["compare"])),
-              tuple(_txn_op("success", i, item) for i, item in enumerate(lists["success"])),
-              tuple(_txn_op("failure", i, item) for i, item in enumerate(lists["failure"])))
+              _txn_ops("success", lists["success"]), _txn_ops("failure", lists["failure"]))
     check_txn(txn)
     return txn
 
@@ -424,25 +430,41 @@ def _compare(index: int, item: Any) -> Compare:
     return Compare(key, target, result, operand)
 
 
-def _txn_op(branch: str, index: int, item: Any) -> TxnOp:
-    # The item's place (``branch[index]``) is spelt out only in an error: a replay decodes
-    # every operation of every txn.
+def _txn_ops(branch: str, items: list[Any]) -> tuple[TxnOp, ...]:
+    """A branch's operations, each of the shape ``txn_document`` gives. One loop, no call an
+    operation: a replay decodes every operation of every txn."""
+    ops: list[TxnOp] = []
+    append = ops.append
+    for item in items:
+        if isinstance(item, dict):
+            kind = item.get("op")
+            if kind == "put" and item.keys() == _PUT_FIELDS:
+                key, value = item["key"], item["value"]
+                if isinstance(key, str) and isinstance(value, str):
+                    append(Put(key, value))
+                    continue
+            # A tuple, not a set: a foreign record's "op" may be a list, which is unhashable.
+            elif kind in ("delete", "get") and item.keys() == _KEY_FIELDS:
+                key = item["key"]
+                if isinstance(key, str):
+                    append(Delete(key) if kind == "delete" else Get(key))
+                    continue
+        raise _txn_op_error(branch, len(ops), item)
+    return tuple(ops)
+
+
+def _txn_op_error(branch: str, index: int, item: Any) -> KvOpError:
+    """What is wrong with the operation ``branch[index]``, spelt out once one is wrong."""
+    where = f"{branch}[{index}]"
     kind = item.get("op") if isinstance(item, dict) else None
     fields = _TXN_OP_FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
-        raise KvOpError(f'{branch}[{index}]: expected {{"op": "put" | "delete" | "get", '
-                        f'"key": ...}}')
+        return KvOpError(f'{where}: expected {{"op": "put" | "delete" | "get", "key": ...}}')
     if item.keys() != fields:
-        raise KvOpError(f"{branch}[{index}]: a {kind} has the fields "
-                        f"{', '.join(sorted(fields))}")
-    key = item["key"]
-    if not isinstance(key, str):
-        raise KvOpError(f"{branch}[{index}]: 'key' must be a string")
-    if kind == "put":
-        if not isinstance(item["value"], str):
-            raise KvOpError(f"{branch}[{index}]: 'value' must be a string")
-        return Put(key, item["value"])
-    return Delete(key) if kind == "delete" else Get(key)
+        return KvOpError(f"{where}: a {kind} has the fields {', '.join(sorted(fields))}")
+    if not isinstance(item["key"], str):
+        return KvOpError(f"{where}: 'key' must be a string")
+    return KvOpError(f"{where}: 'value' must be a string")
 
 
 def compare_holds(compare: Compare, value: str | None, version: int, mod_offset: int) -> bool:

@@ -28,6 +28,8 @@ from quorum_node.raft.records import Record
 
 # A snapshot's entry: key, value, modification offset, version.
 SnapshotEntry = tuple[str, str, int, int]
+# What the store keeps of a key: its value, modification offset and version.
+Entry = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +38,7 @@ class LoadedSnapshot:
     (``KvStore.install_snapshot``): building it touches no store, so it can be done in a thread
     while the store goes on serving."""
 
-    data: dict[str, str]
-    meta: dict[str, tuple[int, int]]
+    entries: dict[str, Entry]
     keys: SortedList[str]
     versions_from: int | None
     next_offset: int
@@ -46,14 +47,13 @@ class LoadedSnapshot:
     def build(cls, records: Iterable[Record], next_offset: int) -> LoadedSnapshot:
         """Decode and check a snapshot's data records (``snapshot_data``), as of ``next_offset``
         (its end offset). Raises KvOpError for a snapshot the store cannot load."""
-        data: dict[str, str] = {}
-        meta: dict[str, tuple[int, int]] = {}
+        entries: dict[str, Entry] = {}
         versions_from, chunks = snapshot_data(records, next_offset)
         for keys, values, mod_offsets, versions in chunks:
-            data.update(zip(keys, values, strict=True))
-            meta.update(zip(keys, zip(mod_offsets, versions, strict=True), strict=True))
+            entries.update(zip(keys, zip(values, mod_offsets, versions, strict=True),
+                               strict=True))
         # The snapshot's records come in key order: sorting them again is a linear pass.
-        return cls(data, meta, SortedList(data), versions_from, next_offset)
+        return cls(entries, SortedList(entries), versions_from, next_offset)
 
 
 class SnapshotEntries(NamedTuple):

@@ -63,7 +63,7 @@ from quorum_node.kv.ops import (
     decode_op,
     text_bytes,
 )
-from quorum_node.kv.snapshot_data import LoadedSnapshot, SnapshotEntries
+from quorum_node.kv.snapshot_data import Entry, LoadedSnapshot, SnapshotEntries
 from quorum_node.raft.records import Record, RecordBatch, decode_batch, read_batch_header
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ _OUTCOMES = {(applied, existed): Outcome(applied, existed)
 def change_bytes(key: str, value: str | None) -> int:
     """What a change (or an entry of a listing) counts for against the history's bound and an
     answer's: its key's and value's UTF-8 bytes, plus CHANGE_OVERHEAD_BYTES."""
+    if value is not None and key.isascii() and value.isascii():  # the usual case, unencoded
+        return len(key) + len(value) + CHANGE_OVERHEAD_BYTES
     return text_bytes(key) + (0 if value is None else text_bytes(value)) + CHANGE_OVERHEAD_BYTES
 
 
@@ -210,10 +212,9 @@ class KvStore:
         if outcome_limit < 1 or event_limit < 1 or event_bytes_limit < 1:
             raise ValueError("outcome_limit, event_limit and event_bytes_limit must be at "
                              "least 1")
-        self._data: dict[str, str] = {}
-        # Each key's (modification offset, version), beside the map rather than in it, so that
-        # a read of a value costs what it did.
-        self._meta: dict[str, tuple[int, int]] = {}
+        # Each key's value, modification offset and version, in one tuple: one dict entry a
+        # key, which is what building the map from a snapshot of a million keys costs most.
+        self._entries: dict[str, Entry] = {}
         self._keys: SortedList[str] = SortedList()
         self._outcomes: OrderedDict[int, Outcome | TxnOutcome] = OrderedDict()
         self._outcome_limit = outcome_limit
@@ -247,26 +248,28 @@ class KvStore:
         return len(self._events) - self._events_head
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._entries)
 
     def get(self, key: str) -> str | None:
-        return self._data.get(key)
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
 
     def meta(self, key: str) -> tuple[int, int]:
         """``key``'s modification offset and version (ABSENT_MOD_OFFSET and ABSENT_VERSION if
         it is absent)."""
-        return self._meta.get(key, (ABSENT_MOD_OFFSET, ABSENT_VERSION))
+        entry = self._entries.get(key)
+        return (ABSENT_MOD_OFFSET, ABSENT_VERSION) if entry is None else (entry[1], entry[2])
 
     def items(self) -> list[tuple[str, str]]:
-        data = self._data
-        return [(key, data[key]) for key in self._keys]
+        entries = self._entries
+        return [(key, entries[key][0]) for key in self._keys]
 
     def scan(self, prefix: str, start_after: str | None, limit: int,
              max_bytes: int) -> tuple[list[tuple[str, str]], bool]:
         """Up to ``limit`` entries whose key starts with ``prefix`` and sorts after
         ``start_after``, in key order, no more than ``max_bytes`` of them (``change_bytes``)
         unless the first alone is larger; and whether more keys follow."""
-        keys, data = self._keys, self._data
+        keys, stored = self._keys, self._entries
         if start_after is not None and start_after >= prefix:
             first = keys.bisect_right(start_after)
         else:
@@ -276,7 +279,7 @@ class KvStore:
         for key in keys.islice(first, None):
             if not key.startswith(prefix):
                 return entries, False
-            value = data[key]
+            value = stored[key][0]
             entry_size = change_bytes(key, value)
             if len(entries) == limit or (entries and size + entry_size > max_bytes):
                 return entries, True
@@ -324,8 +327,7 @@ class KvStore:
         versions are counted from, for a snapshot written in the background: a shallow copy
         (the strings are shared), quick enough for the event loop, where sorting and encoding a
         large map is not (``snapshot_records`` does that, in a thread)."""
-        meta = self._meta
-        return SnapshotEntries([(key, value, *meta[key]) for key, value in self._data.items()],
+        return SnapshotEntries([(key, *entry) for key, entry in self._entries.items()],
                                self.versions_from)
 
     def load_snapshot(self, records: Iterable[Record], next_offset: int) -> None:
@@ -338,8 +340,7 @@ class KvStore:
         """Replace the map by a snapshot built (``LoadedSnapshot.build``) beside the store: a
         swap, whatever the snapshot's size."""
         next_offset = loaded.next_offset
-        self._data = loaded.data
-        self._meta = loaded.meta
+        self._entries = loaded.entries
         self.versions_from = loaded.versions_from
         self._keys = loaded.keys
         self._outcomes.clear()
@@ -426,12 +427,21 @@ class KvStore:
         return True
 
     def _record_event(self, offset: int, key: str, value: str | None) -> None:
-        size = change_bytes(key, value)
+        self._record_events(offset, ((key, value),))
+
+    def _record_events(self, offset: int, changes: Iterable[tuple[str, str | None]]) -> None:
+        """Keep the changes the operation at ``offset`` made (in its order), hand them to the
+        watches they concern, then drop the oldest beyond the history's bounds."""
         events = self._events
-        events.append((offset, key, value, size))
-        self.events_bytes += size
-        if self.watchers:
-            self.watchers.deliver(offset, key, value, size)
+        deliver = self.watchers.deliver if self.watchers else None
+        added = 0
+        for key, value in changes:
+            size = change_bytes(key, value)
+            events.append((offset, key, value, size))
+            added += size
+            if deliver is not None:
+                deliver(offset, key, value, size)
+        self.events_bytes += added
         head = self._events_head
         while (len(events) - head > self._event_limit
                or self.events_bytes > self._event_bytes_limit):
@@ -448,19 +458,19 @@ class KvStore:
     def apply(self, op: Put | Delete | Cas, offset: int) -> Outcome:
         """Apply one operation, the one at ``offset``, to the map (without moving
         ``next_offset``)."""
-        current = self._data.get(op.key)
-        existed = current is not None
+        entry = self._entries.get(op.key)
+        existed = entry is not None
         if isinstance(op, Put):
-            self._set(op.key, op.value, existed, offset)
+            self._set(op.key, op.value, entry, offset)
             return _OUTCOMES[True, existed]
         if isinstance(op, Delete):
             if existed:
                 self._remove(op.key)
             return _OUTCOMES[existed, existed]
-        if current != op.expected:
+        if (None if entry is None else entry[0]) != op.expected:
             return _OUTCOMES[False, existed]
         if op.value is not None:
-            self._set(op.key, op.value, existed, offset)
+            self._set(op.key, op.value, entry, offset)
         elif existed:
             self._remove(op.key)
         return _OUTCOMES[True, existed]
@@ -471,49 +481,55 @@ class KvStore:
         ``offset``. Depends on the map and the txn alone: every replica does the same."""
         if self.versions_from is None:
             self._start_versions(offset)
-        succeeded = all(compare_holds(c, self._data.get(c.key), *self._version_and_mod(c.key))
+        entries = self._entries
+        succeeded = all(compare_holds(c, self.get(c.key), *self._version_and_mod(c.key))
                         for c in txn.compares)
-        responses = []
+        responses: list[TxnResponse] = []
+        changes: list[tuple[str, str | None]] = []
         for op in txn.success if succeeded else txn.failure:
-            current = self._data.get(op.key)
-            existed = current is not None
-            if isinstance(op, Get):
-                version, mod_offset = self._version_and_mod(op.key)
-                responses.append(TxnResponse("get", op.key, existed, current, version,
-                                             mod_offset))
-                continue
+            key = op.key
+            entry = entries.get(key)
+            existed = entry is not None
             if isinstance(op, Put):
-                self._set(op.key, op.value, existed, offset)
-                self._record_event(offset, op.key, op.value)
-            elif existed:
-                self._remove(op.key)
-                self._record_event(offset, op.key, None)
-            responses.append(TxnResponse("put" if isinstance(op, Put) else "delete", op.key,
-                                         existed))
+                self._set(key, op.value, entry, offset)
+                changes.append((key, op.value))
+                responses.append(TxnResponse("put", key, existed))
+            elif isinstance(op, Get):
+                if entry is None:
+                    responses.append(TxnResponse("get", key, False))
+                else:
+                    value, mod_offset, version = entry
+                    responses.append(TxnResponse("get", key, True, value, version, mod_offset))
+            else:
+                if existed:
+                    self._remove(key)
+                    changes.append((key, None))
+                responses.append(TxnResponse("delete", key, existed))
+        if changes:
+            self._record_events(offset, changes)
         return TxnOutcome(succeeded, tuple(responses))
 
     def _start_versions(self, offset: int) -> None:
         """Count versions from the quorum's first txn, at ``offset``: every key counts as
         written once, just before it (see the module's docstring)."""
         before = max(offset - 1, 0)
-        self._meta = dict.fromkeys(self._meta, (before, 1))
+        self._entries = {key: (entry[0], before, 1) for key, entry in self._entries.items()}
         self.versions_from = offset
 
     def _version_and_mod(self, key: str) -> tuple[int, int]:
         mod_offset, version = self.meta(key)
         return version, mod_offset
 
-    def _set(self, key: str, value: str, existed: bool, offset: int) -> None:
-        if not existed:
+    def _set(self, key: str, value: str, previous: Entry | None, offset: int) -> None:
+        """Write ``key`` at ``offset``; ``previous`` is its entry before (None: absent)."""
+        if previous is None:
             self._keys.add(key)
-            self._meta[key] = (offset, 1)
+            self._entries[key] = (value, offset, 1)
         else:
-            self._meta[key] = (offset, self._meta[key][1] + 1)
-        self._data[key] = value
+            self._entries[key] = (value, offset, previous[2] + 1)
 
     def _remove(self, key: str) -> None:
-        del self._data[key]
-        del self._meta[key]
+        del self._entries[key]
         self._keys.remove(key)
 
     def _record(self, offset: int, outcome: Outcome | TxnOutcome) -> None:

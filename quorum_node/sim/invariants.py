@@ -388,7 +388,7 @@ class InvariantChecker:
         if state_digest(loaded_entries(loaded)) != self._digests[end]:
             self._fail(
                 CONSISTENT_COMMITTED_DATA,
-                f"{where} holds a store ({len(loaded.data)} keys) that is not the committed "
+                f"{where} holds a store ({len(loaded.entries)} keys) that is not the committed "
                 "data's",
             )
         if sorted(carried or ()) != sorted(committed_voters):
