@@ -185,14 +185,19 @@ class _Reader:
         self.data = data
         self.position = position
 
-    def take(self, size: int, what: str) -> bytes:
-        start = self.position
-        end = start + size
-        if end > len(self.data):
-            raise WireError(f"truncated {what}: {size} bytes needed at byte {start}, "
-                            f"{len(self.data) - start} left")
+    def sized(self, what: str) -> bytes:
+        """A u32 length, then that many bytes (a string's or a bytes field's): one call, as
+        a txn's keys and values are most of what a request holds."""
+        data, length_at = self.data, self.position
+        start = length_at + _U32.size
+        if start > len(data):
+            raise WireError(f"truncated {what} length at byte {length_at}")
+        end = start + _U32.unpack_from(data, length_at)[0]
+        if end > len(data):
+            raise WireError(f"truncated {what}: {end - start} bytes needed at byte {start}, "
+                            f"{len(data) - start} left")
         self.position = end
-        return self.data[start:end]
+        return data[start:end]
 
     def fixed(self, layout: struct.Struct, what: str) -> Any:
         start = self.position
@@ -208,21 +213,13 @@ class _Reader:
         return bool(value)
 
     def read(self, kind: Kind) -> Any:
-        if kind == "str":  # the most frequent field by far (a txn's keys and values): inline
-            data, start = self.data, self.position + 4
-            if start > len(data):
-                raise WireError(f"truncated string length at byte {self.position}")
-            end = start + _U32.unpack_from(data, self.position)[0]
-            if end > len(data):
-                raise WireError(f"truncated string: {end - start} bytes needed at byte "
-                                f"{start}, {len(data) - start} left")
-            self.position = end
+        if kind == "str":
             try:
-                return data[start:end].decode("utf-8")
+                return self.sized("string").decode("utf-8")
             except UnicodeDecodeError as error:
                 raise WireError(f"a string is not UTF-8: {error}") from None
         if kind == "bytes":
-            return self.take(self.fixed(_U32, "bytes length"), "bytes")
+            return self.sized("bytes")
         if kind == "u64":
             return self.fixed(_U64, "u64")
         if kind == "i64":

@@ -83,8 +83,6 @@ _OUTCOMES = {(applied, existed): Outcome(applied, existed)
 def change_bytes(key: str, value: str | None) -> int:
     """What a change (or an entry of a listing) counts for against the history's bound and an
     answer's: its key's and value's UTF-8 bytes, plus CHANGE_OVERHEAD_BYTES."""
-    if value is not None and key.isascii() and value.isascii():  # the usual case, unencoded
-        return len(key) + len(value) + CHANGE_OVERHEAD_BYTES
     return text_bytes(key) + (0 if value is None else text_bytes(value)) + CHANGE_OVERHEAD_BYTES
 
 
