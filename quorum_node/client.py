@@ -39,7 +39,11 @@ key-value and record calls over one WebSocket stream per node (``GET /v1/stream`
 where a call costs a fraction of an HTTP request; ``protocol="http"`` uses the HTTP API
 (``http.client`` with keep-alive connections). Voter changes (the admin API) are
 always HTTP. ``put_many`` pipelines puts over the stream (many in flight, answered as they
-complete). A client is not thread-safe: use one per thread.
+complete).
+
+Threads may share one client, as they share a gRPC channel: their calls go over the same stream
+to a node, each answered as it comes, and HTTP calls take a keep-alive connection each from a
+pool. ``last_answer`` is then the last answer of any thread's call.
 
 QuorumClient checks a call's arguments and hands it to its transport (``ClientTransport``: the
 HTTP API's or the stream's), which sends it, follows redirects and reads the answer; every try
@@ -50,12 +54,14 @@ the server to try first and the last answer.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import random
 import select
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -530,19 +536,22 @@ class QuorumClient:
 
 class _HttpTransport:
     """The HTTP API (``quorum_node.node.api.client``, and the admin API's voter changes):
-    ``http.client`` keep-alive connections, one per server, and the 307/308 redirects to the
-    leader."""
+    ``http.client`` keep-alive connections, pooled per server (one for each thread calling at
+    once), and the 307/308 redirects to the leader."""
 
     def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
         self._policy = policy
         self._credentials = credentials
+        self._lock = threading.Lock()  # guards the pool and the TLS context
         self._ssl_context: ssl.SSLContext | None = None
-        self._connections: dict[str, http.client.HTTPConnection] = {}
+        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
 
     def close(self) -> None:
-        for connection in self._connections.values():
+        with self._lock:
+            idle = [connection for pool in self._idle.values() for connection in pool]
+            self._idle.clear()
+        for connection in idle:
             connection.close()
-        self._connections.clear()
 
     def put(self, key: str, value: str) -> WriteResult:
         body = self.call("PUT", _kv_path(key), body=value.encode("utf-8"),
@@ -694,11 +703,12 @@ class _HttpTransport:
             data = response.read()
         except (OSError, http.client.HTTPException) as error:
             connection.close()
-            self._connections.pop(server, None)
             raise _Interrupted(f"{server}: {_describe(error)}") from None
         if response.will_close:
             connection.close()
-            self._connections.pop(server, None)
+        else:
+            with self._lock:
+                self._idle.setdefault(server, []).append(connection)
         try:
             document = json.loads(data) if data else None
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -711,21 +721,23 @@ class _HttpTransport:
         return _Answer(response.status, document, response.getheader("Location"))
 
     def _connection(self, server: str, timeout_s: float) -> http.client.HTTPConnection:
-        """A connected keep-alive connection; a fresh one if the server closed the old one
-        (checked before sending, so that a closed idle connection never leaves a write's
-        outcome unknown)."""
-        connection = self._connections.get(server)
-        if connection is not None and (connection.sock is None or _is_dropped(connection.sock)):
+        """A connected keep-alive connection from the pool, taken until its answer is read; a
+        fresh one if the server closed the idle ones (checked before sending, so that a closed
+        idle connection never leaves a write's outcome unknown)."""
+        while True:
+            with self._lock:
+                pool = self._idle.get(server)
+                connection = pool.pop() if pool else None
+            if connection is None or (connection.sock is not None
+                                      and not _is_dropped(connection.sock)):
+                break
             connection.close()
-            connection = None
         if connection is None:
             parts = urllib.parse.urlsplit(server)
             if parts.scheme == "https":
-                if self._ssl_context is None:
-                    self._ssl_context = self._credentials.ssl_context()
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, timeout=timeout_s,
-                    context=self._ssl_context)
+                    context=self._tls_context())
             else:
                 connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
                                                         timeout=timeout_s)
@@ -742,26 +754,38 @@ class _HttpTransport:
                 raise _NotSent(f"{server}: {_describe(error)}",
                                unreachable=not isinstance(error, TimeoutError)) from None
             connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._connections[server] = connection
         connection.timeout = timeout_s
         connection.sock.settimeout(timeout_s)
         return connection
 
+    def _tls_context(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._ssl_context is None:
+                self._ssl_context = self._credentials.ssl_context()
+            return self._ssl_context
+
 
 class _StreamTransport:
-    """The binary protocol (``quorum_node.wire``): one ClientStream per server, NOT_LEADER
-    answers followed to the leader they name, and put_many's puts pipelined on one stream."""
+    """The binary protocol (``quorum_node.wire``): one ClientStream per server, shared by the
+    threads calling, NOT_LEADER answers followed to the leader they name, and put_many's puts
+    pipelined on one stream."""
 
     def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
         self._policy = policy
         self._credentials = credentials
+        self._lock = threading.Lock()  # guards the maps and the TLS context
         self._ssl_context: ssl.SSLContext | None = None
         self._streams: dict[str, ClientStream] = {}
+        # Held while a stream to the server is opened: the threads that find none wait for it
+        # rather than each opening one (after a failover, every thread is sent to the leader).
+        self._opening: dict[str, threading.Lock] = {}
 
     def close(self) -> None:
-        for stream in self._streams.values():
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
             stream.close()
-        self._streams.clear()
 
     def put(self, key: str, value: str) -> WriteResult:
         offset, epoch, applied = self._call(wire.Op.PUT, (key, value), key=key)
@@ -836,17 +860,20 @@ class _StreamTransport:
         budget_ms = _server_budget_ms(timeout_s)
         try:
             stream = self._stream(self._policy.preferred, timeout_s)
-        except (_NotSent, QuorumClientError):
+        except (_NotSent, _OutOfTime, QuorumClientError):
             return answers
         sent: list[tuple[int, int]] = []
-        try:
+        with contextlib.suppress(StreamBroken):
             for index, fields in enumerate(requests):
                 sent.append((index, stream.send(op, budget_ms, fields)))
-            for index, correlation in sent:
+        for index, correlation in sent:  # each one waited for: none is left in flight
+            try:
                 answer = stream.wait(correlation, max(0.0, deadline - time.monotonic()))
-                if not isinstance(answer, wire.ErrorAnswer):
-                    answers[index] = answer
-        except StreamBroken:
+            except StreamBroken:
+                continue
+            if not isinstance(answer, wire.ErrorAnswer):
+                answers[index] = answer
+        if stream.ended:
             self._drop_stream(stream)
         return answers
 
@@ -883,7 +910,8 @@ class _StreamTransport:
                 answer = stream.wait(stream.send(op, timeout_ms, fields),
                                      _answer_window_s(remaining))
             except StreamBroken as broken:
-                self._drop_stream(stream)
+                if stream.ended:  # not a request given up: the stream serves the others
+                    self._drop_stream(stream)
                 raise _Interrupted(str(broken)) from None
             if not isinstance(answer, wire.ErrorAnswer):
                 return _WireAnswer(op, key, answer), server
@@ -896,17 +924,37 @@ class _StreamTransport:
 
     def _stream(self, server: str, timeout_s: float) -> ClientStream:
         """An open stream to ``server``; a new one if the node closed the last one."""
-        stream = self._streams.get(server)
+        with self._lock:
+            stream = self._streams.get(server)
+            opening = self._opening.setdefault(server, threading.Lock())
         if stream is not None and stream.usable:
             return stream
-        if stream is not None:
-            self._drop_stream(stream)
-        parts = urllib.parse.urlsplit(server)
-        if parts.scheme == "https" and self._ssl_context is None:
-            self._ssl_context = self._credentials.ssl_context()
+        if not opening.acquire(timeout=timeout_s):
+            raise _OutOfTime
         try:
-            stream = ClientStream.open(server, headers=self._credentials.headers(),
-                                       ssl_context=self._ssl_context, timeout_s=timeout_s)
+            with self._lock:
+                stream = self._streams.get(server)
+            if stream is not None and stream.usable:
+                return stream  # another thread opened it meanwhile
+            if stream is not None:
+                self._drop_stream(stream)
+            stream = self._open(server, timeout_s)
+            with self._lock:
+                self._streams[server] = stream
+            return stream
+        finally:
+            opening.release()
+
+    def _open(self, server: str, timeout_s: float) -> ClientStream:
+        ssl_context = None
+        if urllib.parse.urlsplit(server).scheme == "https":
+            with self._lock:
+                if self._ssl_context is None:
+                    self._ssl_context = self._credentials.ssl_context()
+                ssl_context = self._ssl_context
+        try:
+            return ClientStream.open(server, headers=self._credentials.headers(),
+                                     ssl_context=ssl_context, timeout_s=timeout_s)
         except ssl.SSLCertVerificationError as error:
             raise QuorumClientError(f"{server}: TLS handshake failed: {error}",
                                     code="TLS_ERROR") from None
@@ -914,13 +962,12 @@ class _StreamTransport:
             if problem.status is None:
                 raise _NotSent(str(problem), unreachable=problem.unreachable) from None
             raise _stream_refused(server, problem) from None
-        self._streams[server] = stream
-        return stream
 
     def _drop_stream(self, stream: ClientStream) -> None:
         stream.close()
-        if self._streams.get(stream.server) is stream:
-            del self._streams[stream.server]
+        with self._lock:
+            if self._streams.get(stream.server) is stream:
+                del self._streams[stream.server]
 
 
 

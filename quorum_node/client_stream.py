@@ -4,17 +4,20 @@ Requests are sent as they are made and answered in any order: ``send`` returns t
 correlation id at once, ``wait`` blocks until that answer has come (keeping, for their own
 ``wait``, the answers to other requests read on the way). The WebSocket protocol is the
 ``websockets`` library's, its Sans-I/O ``ClientProtocol`` (framing, masking, pings, the closing
-handshake, the message size bound) driven on a plain socket in the caller's thread: no reader
-thread per stream, and an answer is read by the thread waiting for it. Not thread-safe: one
-stream per thread.
+handshake, the message size bound) driven on a plain socket by the callers' threads: no reader
+thread per stream. Threads may share a stream, as calls share a gRPC channel: one waiting thread
+at a time reads for all of them, hands each answer to its waiter, and passes the reading on when
+its own answer has come.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import select
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -50,20 +53,45 @@ class StreamBroken(Exception):
     the node sent something that is not this protocol): its outcome is unknown."""
 
 
+class _Waiter:
+    """A request in flight: its op, its answer once read, and the event its thread waits on
+    (set when the answer came, the stream ended, or the reading is passed to it)."""
+
+    __slots__ = ("answer", "blocked", "op", "woken")
+
+    def __init__(self, op: wire.Op) -> None:
+        self.op = op
+        self.answer: bytes | None = None
+        self.woken = threading.Event()
+        self.blocked = False  # its thread waits on ``woken`` with nobody reading for it
+
+
 class ClientStream:
     def __init__(self, sock: socket.socket, protocol: ClientProtocol, server: str) -> None:
         self.server = server
         self._socket = sock
         self._protocol = protocol
-        self._next_correlation = 0
-        self._pending: dict[int, wire.Op] = {}
-        self._ready: dict[int, bytes] = {}
+        # Lock order: _writing, then _state. _state guards the protocol and what is in flight;
+        # _writing keeps frames whole and in the protocol's order on the socket.
+        self._state = threading.Lock()
+        self._writing = threading.Lock()
+        # One TLS connection must not be read and written at once.
+        self._socket_reads: contextlib.AbstractContextManager[Any] = (
+            self._writing if isinstance(sock, ssl.SSLSocket) else contextlib.nullcontext())
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+        self._correlations = itertools.count()
+        self._pending: dict[int, _Waiter] = {}
         self._fragments: list[bytes] = []  # a message's frames so far (the node sends whole)
+        self._reading = False  # a thread is reading for the others
+        self._ended: str | None = None  # why no more answers will come
+        self._closed = False
 
     @classmethod
     def open(cls, server: str, *, headers: Mapping[str, str],
              ssl_context: ssl.SSLContext | None, timeout_s: float) -> ClientStream:
-        """A stream to ``server`` (``http://host:port`` or ``https://...``)."""
+        """A stream to ``server`` (``http://host:port`` or ``https://...``). ``timeout_s`` also
+        bounds each write later on."""
         parts = urllib.parse.urlsplit(server)
         secure = parts.scheme == "https"
         host, port = parts.hostname or "", parts.port or (443 if secure else 80)
@@ -103,26 +131,42 @@ class ClientStream:
 
     def _handshake(self, deadline: float) -> None:
         while True:
-            for event in self._read(deadline):
+            events = self._receive(deadline)
+            if events is None:
+                raise StreamBroken(f"{self.server}: no answer in time")
+            for event in events:
                 if isinstance(event, Response):
                     if self._protocol.handshake_exc is not None:
                         raise self._protocol.handshake_exc
                     return
+            if self._ended is not None:
+                raise StreamBroken(self._ended)
 
     @property
     def usable(self) -> bool:
         """Open as far as can be told without waiting: the node has not closed it (checked
         before a send, so that a stream the node closed while idle never leaves a write's
         outcome unknown)."""
-        if self._protocol.state is not State.OPEN:
-            return False
+        with self._state:
+            if self._ended is not None:
+                return False
+            if self._reading:  # the reader will see a close as soon as it comes
+                return True
+            self._reading = True
         try:
-            while self._readable():
-                # Whatever came unasked: a close, a ping, or a late answer (kept if awaited).
-                self._read(time.monotonic())
-        except StreamBroken:
-            return False
-        return self._protocol.state is State.OPEN
+            # Whatever came unasked: a close, a ping, or a late answer (kept if awaited).
+            while self._ended is None and self._receive(0.0) is not None:
+                pass
+        finally:
+            with self._state:
+                self._reading = False
+                self._wake_a_reader()
+        return self._ended is None
+
+    @property
+    def ended(self) -> bool:
+        """No more answers will come on this stream (closed, cut, or broken by the node)."""
+        return self._ended is not None
 
     @property
     def in_flight(self) -> int:
@@ -131,45 +175,126 @@ class ClientStream:
     def send(self, op: wire.Op, timeout_ms: int, fields: Sequence[Any]) -> int:
         """Send a request; its correlation id. Raises StreamBroken if the stream failed while
         sending (the request may have gone out)."""
-        correlation = self._next_correlation
-        self._next_correlation = (correlation + 1) & 0xFFFF_FFFF
+        correlation = next(self._correlations) & 0xFFFF_FFFF
         message = wire.encode_request(correlation, op, timeout_ms, fields)
-        if self._protocol.state is not State.OPEN:
-            raise StreamBroken(f"{self.server}: the stream was closed{self._close_reason()}")
-        self._protocol.send_binary(message)
-        try:
-            self._flush()
-        except OSError as error:
-            self.close()
-            raise StreamBroken(f"{self.server}: {_describe(error)}") from None
-        self._pending[correlation] = op
+        with self._writing:
+            with self._state:
+                if self._ended is None and self._protocol.state is not State.OPEN:
+                    self._end(f"{self.server}: the stream was closed{self._close_reason()}")
+                if self._ended is not None:
+                    raise StreamBroken(self._ended)
+                self._protocol.send_binary(message)
+                self._pending[correlation] = _Waiter(op)
+                chunks = self._protocol.data_to_send()
+            try:
+                self._write(chunks)
+            except OSError as error:
+                problem = f"{self.server}: {_describe(error)}"
+                with self._state:
+                    self._end(problem)
+                raise StreamBroken(problem) from None
         return correlation
 
     def wait(self, correlation: int, timeout_s: float) -> tuple[Any, ...] | wire.ErrorAnswer:
-        """The answer to request ``correlation``: its fields, or the node's error."""
-        op = self._pending.get(correlation)
-        if op is None:
-            raise StreamBroken(f"{self.server}: the stream was closed before the answer came")
+        """The answer to request ``correlation``: its fields, or the node's error. Raises
+        StreamBroken when the stream ended first (``ended``), or when no answer came in time:
+        then the request is given up, and the stream goes on for the others."""
         deadline = time.monotonic() + timeout_s
+        waiter = self._pending.get(correlation)
+        if waiter is None:
+            raise StreamBroken(f"{self.server}: the stream was closed before the answer came")
         try:
-            while correlation not in self._ready:
-                self._read(deadline)
-        except StreamBroken:
-            if correlation not in self._ready:  # it may have come with the stream's end
-                self._pending.pop(correlation, None)  # a late answer is dropped
-                raise
-        del self._pending[correlation]
-        data = self._ready.pop(correlation)
+            data = self._answer(waiter, deadline)
+        finally:
+            with self._state:  # a late answer is dropped
+                self._pending.pop(correlation, None)
         try:
             if data[wire.RESPONSE_HEAD.size - 1] == wire.STATUS_ERROR:
                 return wire.decode_error(data)
-            return wire.decode_response_fields(op, data)
+            return wire.decode_response_fields(waiter.op, data)
         except wire.WireError as error:
             self.close()
             raise StreamBroken(f"{self.server} sent a malformed answer: {error}") from None
 
+    def _answer(self, waiter: _Waiter, deadline: float) -> bytes:
+        """Wait for ``waiter``'s answer: read for every waiter while no other thread does,
+        otherwise until the reader hands the answer (or the reading) over."""
+        while True:
+            with self._state:
+                if waiter.answer is not None:
+                    return waiter.answer
+                if self._ended is not None:
+                    raise StreamBroken(self._ended)
+                reads = not self._reading
+                self._reading = True
+                waiter.blocked = not reads
+                waiter.woken.clear()
+            if reads:
+                try:
+                    # Past the deadline, only what has already come is read.
+                    while waiter.answer is None and self._ended is None \
+                            and self._receive(deadline) is not None \
+                            and time.monotonic() < deadline:
+                        pass
+                finally:
+                    with self._state:
+                        self._reading = False
+                        self._wake_a_reader()
+                if waiter.answer is None and self._ended is None:
+                    raise StreamBroken(f"{self.server}: no answer in time")
+            elif not waiter.woken.wait(max(0.0, deadline - time.monotonic())):
+                with self._state:
+                    waiter.blocked = False
+                    if waiter.answer is None and self._ended is None:
+                        if not self._reading:  # the reading was passed to it as it gave up
+                            self._wake_a_reader()
+                        raise StreamBroken(f"{self.server}: no answer in time")
+
+    def _wake_a_reader(self) -> None:
+        """(Holding _state, nobody reading.) Wake one thread still waiting for its answer, to
+        read for the others."""
+        for waiter in self._pending.values():
+            if waiter.blocked and waiter.answer is None:
+                waiter.blocked = False
+                waiter.woken.set()
+                return
+
+    def _receive(self, deadline: float) -> list[Any] | None:
+        """As the one reader: read once, waiting until ``deadline`` for something (None if
+        nothing came), hand the answers to their waiters, and return the protocol's events.
+        A stream that ended says why in ``_ended`` (the answers that came with the end are
+        handed over first)."""
+        if not self._readable(max(0.0, deadline - time.monotonic())):
+            return None
+        try:
+            with self._socket_reads:
+                data = self._socket.recv(_READ_BYTES)
+        except TimeoutError:  # part of a TLS record came: the rest is read on the next turn
+            return []
+        except OSError as error:
+            with self._state:
+                self._end(f"{self.server}: {_describe(error)}")
+            return []
+        with self._state:
+            if self._closed:
+                return []
+            if data:
+                self._protocol.receive_data(data)
+            else:
+                self._protocol.receive_eof()
+            events = self._protocol.events_received()
+            self._take(events)
+            state = self._protocol.state
+            if state is State.CONNECTING and not data:
+                self._end(f"{self.server}: the connection closed during the handshake")
+            elif state is not State.OPEN and state is not State.CONNECTING:
+                self._end(f"{self.server}: the stream was closed{self._close_reason()}")
+        with contextlib.suppress(OSError):
+            self._flush()  # pongs, the closing handshake's answer
+        return events
+
     def _take(self, events: list[Any]) -> None:
-        """Keep the answers among ``events`` that a request waits for."""
+        """Hand the answers among ``events`` to the requests that wait for them."""
         for event in events:
             if not isinstance(event, Frame) or event.opcode not in (Opcode.BINARY, Opcode.CONT):
                 continue  # pings and closes: the protocol answers them itself
@@ -181,72 +306,64 @@ class ClientStream:
             try:
                 answered, _ = wire.decode_response_head(data)
             except wire.WireError as error:
-                self.close()
-                raise StreamBroken(f"{self.server} sent a malformed answer: {error}") from None
-            if answered in self._pending:
-                self._ready[answered] = data
+                self._end(f"{self.server} sent a malformed answer: {error}")
+                return
+            waiter = self._pending.get(answered)
+            if waiter is not None:
+                waiter.answer = data
+                waiter.woken.set()
 
-    def _read(self, deadline: float) -> list[Any]:
-        """Read once (waiting until ``deadline`` for something), keep the answers awaited, and
-        return the protocol's events. Raises StreamBroken when the time is up or the stream
-        ended (after keeping what came with its end)."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 and not self._readable():
-            raise StreamBroken(f"{self.server}: no answer in time")
-        try:
-            self._socket.settimeout(max(remaining, 0.001))
-            data = self._socket.recv(_READ_BYTES)
-        except TimeoutError:
-            raise StreamBroken(f"{self.server}: no answer in time") from None
-        except OSError as error:
-            self.close()
-            raise StreamBroken(f"{self.server}: {_describe(error)}") from None
-        if data:
-            self._protocol.receive_data(data)
-        else:
-            self._protocol.receive_eof()
-        events = self._protocol.events_received()
-        with contextlib.suppress(OSError):
-            self._flush()  # pongs, the closing handshake's answer
-        self._take(events)
-        state = self._protocol.state
-        if state is State.CONNECTING and not data:
-            raise StreamBroken(f"{self.server}: the connection closed during the handshake")
-        if state is not State.OPEN and state is not State.CONNECTING:
-            reason = self._close_reason()
-            self._socket.close()  # the answers that came with the end stay for their waits
-            raise StreamBroken(f"{self.server}: the stream was closed{reason}")
-        return events
+    def _end(self, reason: str) -> None:
+        """(Holding _state.) No more answers will come: every waiter is told."""
+        if self._ended is None:
+            self._ended = reason
+        for waiter in self._pending.values():
+            waiter.woken.set()
 
-    def _readable(self) -> bool:
-        if isinstance(self._socket, ssl.SSLSocket) and self._socket.pending():
-            return True
+    def _readable(self, timeout_s: float) -> bool:
+        with self._socket_reads:
+            if isinstance(self._socket, ssl.SSLSocket) and self._socket.pending():
+                return True
         try:
-            readable, _, _ = select.select([self._socket], [], [], 0)
+            return bool(self._poll.poll(timeout_s * 1000))
         except (OSError, ValueError):
             return True  # a closed socket: the read says so
-        return bool(readable)
 
     def _flush(self) -> None:
-        for data in self._protocol.data_to_send():
+        with self._writing:
+            with self._state:
+                chunks = self._protocol.data_to_send()
+            self._write(chunks)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        """(Holding _writing.) Put the protocol's output on the socket."""
+        for data in chunks:
             if data:
                 self._socket.sendall(data)
             else:  # the protocol is done with the connection: half-close it
-                self._socket.close()
-                return
+                self._socket.shutdown(socket.SHUT_WR)
 
     def _close_reason(self) -> str:
         received = self._protocol.close_rcvd
         return f" ({received.reason})" if received is not None and received.reason else ""
 
     def close(self) -> None:
-        if self._protocol.state is State.OPEN:
-            self._protocol.send_close()
+        """Close the stream; the requests still waiting end with StreamBroken."""
+        with self._writing:
+            with self._state:
+                if self._closed:
+                    return
+                self._closed = True
+                self._end(f"{self.server}: the stream was closed")
+                chunks: list[bytes] = []
+                if self._protocol.state is State.OPEN:
+                    self._protocol.send_close()
+                    chunks = self._protocol.data_to_send()
             with contextlib.suppress(OSError):
-                self._flush()
-        self._socket.close()
-        self._pending.clear()
-        self._ready.clear()
+                self._write(chunks)
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)  # a reader waiting on it wakes up
+            self._socket.close()
 
 
 def _describe(error: BaseException) -> str:

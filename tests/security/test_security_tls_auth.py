@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from cryptography import x509
 from secured_cluster import InProcessCluster, Pki, secured_configs
+from test_client_shared import shared_client_workout
 
 from quorum_node.cli.admin import main as admin_main
 from quorum_node.cli.client import main as client_main
@@ -99,6 +100,15 @@ def test_clients_with_a_token_do_everything(cluster: InProcessCluster, pki: Pki,
     with QuorumClient(cluster.bootstrap, credentials=pki.credentials(token="admin"),
                       protocol=protocol) as admin:
         admin.put("admin-may-write", "yes")  # admin implies write
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_threads_share_a_client_over_tls(cluster: InProcessCluster, pki: Pki,
+                                         protocol: str) -> None:
+    """Over TLS too, every thread gets its own answers."""
+    with QuorumClient(cluster.bootstrap, credentials=pki.credentials(certificate="app-writer"),
+                      protocol=protocol) as client:
+        shared_client_workout(client, f"tls-shared-{protocol}", threads=8, rounds=4)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
