@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+from websockets.frames import Frame, Opcode
 
 from quorum_node import wire
 from quorum_node.kv.ops import KvOpError, txn_from_document
@@ -51,7 +52,6 @@ from quorum_node.node.kv_service import (
     refused_op,
 )
 from quorum_node.node.limits import READ_TIMEOUT_KEY
-from quorum_node.node.transport import start_now
 from quorum_node.raft.types import NotLeaderError
 from quorum_node.security.authorization import IDENTITY_KEY, audit_log
 from quorum_node.security.roles import Role
@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT: Final = 256
 # A WebSocket close reason fits in a control frame (125 bytes, 2 of them the code).
 _MAX_REASON_BYTES: Final = 123
+# Answers held for one write at the end of a turn of the loop, at most (then written at once).
+_MAX_HELD_ANSWER_BYTES: Final = 64 * 1024
 _WRITES: Final = frozenset({Op.PUT, Op.DELETE, Op.CAS, Op.APPEND, Op.TXN})
 _READS: Final = frozenset(Op) - _WRITES
 _OPS: Final = {op.value: op for op in Op}
@@ -93,7 +95,7 @@ class StreamServer:
         config = service.node.config
         self.max_unsent_bytes = config.http_stream_max_unsent_bytes
         self.write_timeout_s = config.http_stream_write_timeout_ms / 1000
-        self._sockets: set[web.WebSocketResponse] = set()
+        self._streams: set[_Stream] = set()
         self._serve: dict[Op, Serve] = {
             Op.PUT: self._put, Op.GET: self._get, Op.DELETE: self._delete, Op.CAS: self._cas,
             Op.APPEND: self._append, Op.READ: self._read, Op.LIST: self._list,
@@ -121,7 +123,7 @@ class StreamServer:
                          max_in_flight=self.max_in_flight,
                          max_unsent_bytes=self.max_unsent_bytes,
                          write_timeout_s=self.write_timeout_s)
-        self._sockets.add(socket)
+        self._streams.add(stream)
         if idle_s:
             stream.watch_idle(idle_s)
         try:
@@ -139,16 +141,16 @@ class StreamServer:
                 if message.type is aiohttp.WSMsgType.BINARY:
                     refusal = self._start(stream, message.data)
                     if refusal is not None:
-                        await _close(socket, aiohttp.WSCloseCode.PROTOCOL_ERROR, refusal)
+                        await stream.close(aiohttp.WSCloseCode.PROTOCOL_ERROR, refusal)
                         break
                     continue
                 stream.finished()
                 if message.type is aiohttp.WSMsgType.TEXT:
-                    await _close(socket, aiohttp.WSCloseCode.UNSUPPORTED_DATA,
+                    await stream.close(aiohttp.WSCloseCode.UNSUPPORTED_DATA,
                                  "binary messages only (quorum_node.wire)")
                 break  # closed, closing, or an error aiohttp closed the stream for
         finally:
-            self._sockets.discard(socket)
+            self._streams.discard(stream)
             stream.cancel_reads()
             await stream.end_idle_watch()
         return socket
@@ -241,8 +243,8 @@ class StreamServer:
 
     async def close(self) -> None:
         """Close every stream (at shutdown: they would hold the server open)."""
-        for socket in list(self._sockets):
-            await _close(socket, aiohttp.WSCloseCode.GOING_AWAY, "the node is shutting down")
+        for stream in list(self._streams):
+            await stream.close(aiohttp.WSCloseCode.GOING_AWAY, "the node is shutting down")
 
     # --- the operations: the wire's fields to the service's arguments and back -----------------
 
@@ -355,6 +357,8 @@ class _Stream:
         self._protocol = request.protocol
         self._write_timeout_s = write_timeout_s
         self._max_unsent_bytes = max_unsent_bytes
+        self._unsent: list[bytes] = []  # answers to write at the end of this turn of the loop
+        self._unsent_bytes = 0
         transport = request.transport
         if transport is not None:
             # Writing pauses past the bound, and resumes once a quarter of it is left unread.
@@ -377,8 +381,8 @@ class _Stream:
                 self._idle_timer = loop.call_at(now + idle_s, check)
                 return
             self._idle_timer = None
-            self._idle_close = loop.create_task(_close(
-                self.socket, aiohttp.WSCloseCode.GOING_AWAY, f"idle for {idle_s:g} s"))
+            self._idle_close = loop.create_task(self.close(
+                aiohttp.WSCloseCode.GOING_AWAY, f"idle for {idle_s:g} s"))
 
         self._idle_timer = loop.call_at(loop.time() + idle_s, check)
 
@@ -444,18 +448,37 @@ class _Stream:
         transport.abort()
 
     def send_now(self, reply: bytes) -> None:
-        if not self.socket.closed:
-            start_now(self.socket.send_bytes(reply), _ignore)
+        """Write an answer at the end of this turn of the loop, with the others written in it:
+        the answers to one commit go out in one write, not a system call each. Past a few
+        answers' worth of bytes they are written at once, so that the transport's buffer (and
+        has_room) keeps counting what the client has not read."""
+        if self.socket.closed:
+            return
+        if not self._unsent:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._unsent.append(reply)
+        self._unsent_bytes += len(reply)
+        if self._unsent_bytes >= _MAX_HELD_ANSWER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the answers not yet written (before a close frame, which must come last)."""
+        replies, self._unsent, self._unsent_bytes = self._unsent, [], 0
+        transport = self.request.transport
+        if not replies or self.socket.closed or transport is None or transport.is_closing():
+            return
+        transport.write(b"".join([Frame(Opcode.BINARY, reply).serialize(mask=False)
+                                  for reply in replies]))
+
+    async def close(self, code: int, reason: str) -> None:
+        self.flush()
+        await _close(self.socket, code, reason)
 
 
 async def _close(socket: web.WebSocketResponse, code: int, reason: str) -> None:
     encoded = reason.encode("utf-8")[:_MAX_REASON_BYTES]
     with contextlib.suppress(ConnectionError, RuntimeError):
         await socket.close(code=code, message=encoded.decode("utf-8", "ignore").encode())
-
-
-def _ignore(_: BaseException) -> None:
-    pass
 
 
 def txn_document_of_fields(fields: tuple[Any, ...]) -> dict[str, Any]:
