@@ -1,8 +1,9 @@
 """The clients and the load harness the benchmarks share: one client interface over the quorum
 (through the product client, ``quorum_node.client.QuorumClient``), etcd over native gRPC and etcd
 over its HTTP/JSON gateway, and a harness that drives any of them from several client
-processes, each running a number of threads with one client each, so that what is measured is
-the system and not one Python process's GIL.
+processes, each running a number of threads, so that what is measured is the system and not one
+Python process's GIL. A process's threads share one client (a QuorumClient, a gRPC channel),
+as applications do.
 
 etcd over gRPC needs the ``bench`` extra (``pip install -e '.[bench]'``: grpcio and the etcd v3
 stubs that the maintained ``aetcd`` client ships, generated from etcd's protos).
@@ -75,13 +76,24 @@ class Target:
         raise ValueError(f"unknown system {self.kind!r}")
 
 
+_quorum_clients: dict[tuple[tuple[int, ...], float], tuple[QuorumClient, int]] = {}
+_quorum_clients_lock = threading.Lock()
+
+
 class QuorumDriver:
-    """The product client, so that the bench follows its default protocol."""
+    """The product client, so that the bench follows its default protocol. The threads of a
+    process share one client (one stream per node carrying concurrent calls), as the etcd
+    drivers' threads share a gRPC channel."""
 
     def __init__(self, target: Target, timeout_s: float) -> None:
         # The chosen member first: the client starts there and follows redirects to the leader.
-        order = [target.port, *(p for p in target.ports if p != target.port)]
-        self.client = QuorumClient([f"127.0.0.1:{p}" for p in order], timeout_s=timeout_s)
+        order = (target.port, *(p for p in target.ports if p != target.port))
+        self._key = (order, timeout_s)
+        with _quorum_clients_lock:
+            client, users = _quorum_clients.get(self._key) or (
+                QuorumClient([f"127.0.0.1:{p}" for p in order], timeout_s=timeout_s), 0)
+            _quorum_clients[self._key] = (client, users + 1)
+        self.client = client
 
     def put(self, key: str, value: str) -> None:
         self.client.put(key, value)
@@ -101,7 +113,13 @@ class QuorumDriver:
         return count
 
     def close(self) -> None:
-        self.client.close()
+        with _quorum_clients_lock:
+            client, users = _quorum_clients[self._key]
+            if users > 1:
+                _quorum_clients[self._key] = (client, users - 1)
+                return
+            del _quorum_clients[self._key]
+        client.close()
 
 
 _channels: dict[int, Any] = {}
