@@ -449,17 +449,19 @@ class _Stream:
 
     def send_now(self, reply: bytes) -> None:
         """Write an answer at the end of this turn of the loop, with the others written in it:
-        the answers to one commit go out in one write, not a system call each. Past a few
-        answers' worth of bytes they are written at once, so that the transport's buffer (and
-        has_room) keeps counting what the client has not read."""
+        the answers to one commit go out in one write, not a system call each. It is written
+        at once when no other request is in flight (nothing to wait for), or past a few
+        answers' worth of bytes, so that the transport's buffer (and has_room) keeps counting
+        what the client has not read."""
         if self.socket.closed:
             return
-        if not self._unsent:
-            asyncio.get_running_loop().call_soon(self.flush)
         self._unsent.append(reply)
         self._unsent_bytes += len(reply)
-        if self._unsent_bytes >= _MAX_HELD_ANSWER_BYTES:
+        # In flight: this request, and the slot of the reader waiting for the next one.
+        if self.in_flight <= 2 or self._unsent_bytes >= _MAX_HELD_ANSWER_BYTES:
             self.flush()
+        elif len(self._unsent) == 1:
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         """Write the answers not yet written (before a close frame, which must come last)."""
