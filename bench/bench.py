@@ -14,7 +14,7 @@ timeout: 500 ms each), with the times of the quorum's election steps from its lo
 RSS after the loads. Before the systems start, the physical floor of a pull-based commit here
 (``floor.py``: two loopback WebSocket round trips and the fsync of a small append on the data
 directories' filesystem) is measured and printed beside them. Concurrent clients run in
-several client processes (threads with one client each), so that one Python process's GIL is
+several client processes (threads sharing one client a process), so that one Python process's GIL is
 not what is measured. The systems run at the same time and take turns at each workload, so that
 a shared machine's changing load falls on all of them alike. The quorum is driven through the
 product client (``quorum_node.client.QuorumClient``). etcd runs when an ``etcd`` binary is on
