@@ -158,9 +158,7 @@ class ClientStream:
             while self._ended is None and self._receive(0.0) is not None:
                 pass
         finally:
-            with self._state:
-                self._reading = False
-                self._wake_a_reader()
+            self._stop_reading()
         return self._ended is None
 
     @property
@@ -237,9 +235,7 @@ class ClientStream:
                             and time.monotonic() < deadline:
                         pass
                 finally:
-                    with self._state:
-                        self._reading = False
-                        self._wake_a_reader()
+                    self._stop_reading()
                 if waiter.answer is None and self._ended is None:
                     raise StreamBroken(f"{self.server}: no answer in time")
             elif not waiter.woken.wait(max(0.0, deadline - time.monotonic())):
@@ -249,6 +245,16 @@ class ClientStream:
                         if not self._reading:  # the reading was passed to it as it gave up
                             self._wake_a_reader()
                         raise StreamBroken(f"{self.server}: no answer in time")
+
+    def _stop_reading(self) -> None:
+        """The reader stops reading: another waiting thread reads on (or, once the stream is
+        closed, the socket that close() left to the reader is closed)."""
+        with self._state:
+            self._reading = False
+            if self._closed:
+                self._socket.close()
+            else:
+                self._wake_a_reader()
 
     def _wake_a_reader(self) -> None:
         """(Holding _state, nobody reading.) Wake one thread still waiting for its answer, to
@@ -355,6 +361,9 @@ class ClientStream:
                     return
                 self._closed = True
                 self._end(f"{self.server}: the stream was closed")
+                # A thread reading closes the socket as it stops (in a poll of it, the number
+                # must not be reused meanwhile); the shutdown below wakes it.
+                read_on = self._reading
                 chunks: list[bytes] = []
                 if self._protocol.state is State.OPEN:
                     self._protocol.send_close()
@@ -362,8 +371,9 @@ class ClientStream:
             with contextlib.suppress(OSError):
                 self._write(chunks)
             with contextlib.suppress(OSError):
-                self._socket.shutdown(socket.SHUT_RDWR)  # a reader waiting on it wakes up
-            self._socket.close()
+                self._socket.shutdown(socket.SHUT_RDWR)
+            if not read_on:
+                self._socket.close()
 
 
 def _describe(error: BaseException) -> str:

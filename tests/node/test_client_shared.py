@@ -6,12 +6,15 @@ TLS (tests/security/test_security_tls_auth.py)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from test_client_api import Cluster
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
 from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
@@ -40,7 +43,7 @@ def in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
         try:
             start.wait(10)
             work(index)
-        except BaseException as failure:  # noqa: BLE001 - reported by the test
+        except BaseException as failure:  # reported by the test
             failures.append(failure)
 
     pool = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
@@ -167,7 +170,7 @@ class _SilentNode:
                 connection.recv(timeout=0.05)
             except TimeoutError:
                 continue
-            except Exception:  # noqa: BLE001 - the client went away
+            except Exception:  # the client went away
                 return
             self.received.release()
         connection.close()
@@ -211,3 +214,54 @@ def test_a_stream_that_ends_wakes_every_waiting_thread(silent: _SilentNode) -> N
     assert len(ended_after) == 8 and max(ended_after) < 2.0
     assert stream.ended and not stream.usable
     stream.close()
+
+
+class _DeafNode:
+    """A "node" that accepts one stream and then reads nothing more: not even a close."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        connection, _ = self.listener.accept()
+        self.connections.append(connection)
+        protocol = ServerProtocol(subprotocols=[Subprotocol(wire.SUBPROTOCOL)])
+        while not (requests := [e for e in protocol.events_received() if isinstance(e, Request)]):
+            protocol.receive_data(connection.recv(65536))
+        protocol.send_response(protocol.accept(requests[0]))
+        for data in protocol.data_to_send():
+            connection.sendall(data)
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+        self.listener.close()
+
+
+def test_closing_a_stream_wakes_the_thread_reading_it() -> None:
+    deaf = _DeafNode()
+    stream = ClientStream.open(f"http://127.0.0.1:{deaf.port}", headers={},
+                               ssl_context=None, timeout_s=5)
+    woke: list[BaseException] = []
+
+    def wait_for_an_answer() -> None:
+        correlation = stream.send(Op.GET, 0, ("k", True))
+        try:
+            stream.wait(correlation, 30)
+        except StreamBroken as broken:
+            woke.append(broken)
+
+    try:
+        reader = threading.Thread(target=wait_for_an_answer, daemon=True)
+        reader.start()
+        time.sleep(0.3)  # the thread is reading, in a poll of the socket
+        closed_at = time.monotonic()
+        stream.close()  # the node never answers the close: only the client can end the poll
+        reader.join(5)
+        assert woke and "closed" in str(woke[0])
+        assert time.monotonic() - closed_at < 2.0
+    finally:
+        deaf.close()
