@@ -542,8 +542,8 @@ class _HttpTransport:
     def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
         self._policy = policy
         self._credentials = credentials
-        self._lock = threading.Lock()  # guards the pool and the TLS context
-        self._ssl_context: ssl.SSLContext | None = None
+        self._tls = _TlsContext(credentials)
+        self._lock = threading.Lock()  # guards the pool
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
 
     def close(self) -> None:
@@ -737,7 +737,7 @@ class _HttpTransport:
             if parts.scheme == "https":
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, timeout=timeout_s,
-                    context=self._tls_context())
+                    context=self._tls.get())
             else:
                 connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
                                                         timeout=timeout_s)
@@ -758,11 +758,21 @@ class _HttpTransport:
         connection.sock.settimeout(timeout_s)
         return connection
 
-    def _tls_context(self) -> ssl.SSLContext:
+
+class _TlsContext:
+    """The credentials' TLS context, made at its first use by any thread (it reads the CA and
+    certificate files), then shared by every connection."""
+
+    def __init__(self, credentials: ClientCredentials) -> None:
+        self._credentials = credentials
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+
+    def get(self) -> ssl.SSLContext:
         with self._lock:
-            if self._ssl_context is None:
-                self._ssl_context = self._credentials.ssl_context()
-            return self._ssl_context
+            if self._context is None:
+                self._context = self._credentials.ssl_context()
+            return self._context
 
 
 class _StreamTransport:
@@ -773,8 +783,8 @@ class _StreamTransport:
     def __init__(self, policy: _Policy, credentials: ClientCredentials) -> None:
         self._policy = policy
         self._credentials = credentials
-        self._lock = threading.Lock()  # guards the maps and the TLS context
-        self._ssl_context: ssl.SSLContext | None = None
+        self._tls = _TlsContext(credentials)
+        self._lock = threading.Lock()  # guards the maps
         self._streams: dict[str, ClientStream] = {}
         # Held while a stream to the server is opened: the threads that find none wait for it
         # rather than each opening one (after a failover, every thread is sent to the leader).
@@ -946,12 +956,8 @@ class _StreamTransport:
             opening.release()
 
     def _open(self, server: str, timeout_s: float) -> ClientStream:
-        ssl_context = None
-        if urllib.parse.urlsplit(server).scheme == "https":
-            with self._lock:
-                if self._ssl_context is None:
-                    self._ssl_context = self._credentials.ssl_context()
-                ssl_context = self._ssl_context
+        secure = urllib.parse.urlsplit(server).scheme == "https"
+        ssl_context = self._tls.get() if secure else None
         try:
             return ClientStream.open(server, headers=self._credentials.headers(),
                                      ssl_context=ssl_context, timeout_s=timeout_s)
