@@ -147,7 +147,7 @@ class StreamServer:
                 stream.finished()
                 if message.type is aiohttp.WSMsgType.TEXT:
                     await stream.close(aiohttp.WSCloseCode.UNSUPPORTED_DATA,
-                                 "binary messages only (quorum_node.wire)")
+                                       "binary messages only (quorum_node.wire)")
                 break  # closed, closing, or an error aiohttp closed the stream for
         finally:
             self._streams.discard(stream)
