@@ -172,8 +172,8 @@ class Reconciler:
         "default", {"app.kubernetes.io/name": MANAGER}))
     keeper: Keeper | None = None
     # Whether this operator may change anything now (it holds the Lease): asked immediately
-    # before every voter change and deletion, so that a replica that lost the lease while a
-    # pass was under way (a slow call, a paused process) sends nothing.
+    # before every voter change and deletion, and after each action, so that a replica that
+    # lost the lease while a pass was under way (a slow call, a paused process) sends nothing.
     may_act: Callable[[], bool] = lambda: True
     # This operator's identity (its pod's name): who reports its Events.
     identity: str = MANAGER
@@ -327,7 +327,9 @@ class Reconciler:
                 run.ended = True  # the lease was lost during the pass: nothing more
                 return
             outcome = await self._act(run, action)
-            if outcome.code == NOT_LEADER:
+            if outcome.code == NOT_LEADER or not self.may_act():
+                # The lease may have run out during the call (a slow call, a paused process):
+                # then the successor settles what status.pendingChange recorded, and says so.
                 run.ended = True
                 return
             if action.is_voter_change:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
@@ -22,7 +21,7 @@ from kafka_quorum_operator.nodes import NodeClient
 from kafka_quorum_operator.observe import CreateRefused
 from kafka_quorum_operator.reconcile import CR_API
 from kq_cluster import NAME, Cluster, Writer, create_ready
-from kq_harness import NAMESPACE, K8s, condition, cr_path, declare_resources, quorum_object
+from kq_harness import NAMESPACE, condition, cr_path, quorum_object
 
 pytestmark = pytest.mark.timeout(240)
 QUOTAS = f"/api/v1/namespaces/{NAMESPACE}/resourcequotas"
@@ -139,19 +138,6 @@ def test_create_backoff_doubles_to_its_cap() -> None:
     assert not rc.refused_create(KubeError(409, "exists", "AlreadyExists"))
     assert not rc.refused_create(KubeError(500, "etcd", "InternalError"))
     assert not rc.refused_create(KubeError(0, "connection refused"))
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[Kube]:
-    """A client of the emulated API server alone (no kubelet, no operator)."""
-    async with K8s() as emulator:
-        declare_resources(emulator)
-        async with kmock.Server(emulator) as server:
-            client = Kube.connect(str(server.url).rstrip("/"))
-            try:
-                yield client
-            finally:
-                client.close()
 
 
 async def test_a_repeated_event_is_counted_on_one_event(kube: Kube) -> None:
