@@ -269,7 +269,7 @@ class ClientStream:
         """As the one reader: read once, waiting until ``deadline`` for something (None if
         nothing came), hand the answers to their waiters, and return the protocol's events.
         A stream that ended says why in ``_ended`` (the answers that came with the end are
-        handed over first)."""
+        handed over first), and is closed."""
         if not self._readable(max(0.0, deadline - time.monotonic())):
             return None
         try:
@@ -280,6 +280,7 @@ class ClientStream:
         except OSError as error:
             with self._state:
                 self._end(f"{self.server}: {_describe(error)}")
+            self.close()
             return []
         with self._state:
             if self._closed:
@@ -297,6 +298,8 @@ class ClientStream:
                 self._end(f"{self.server}: the stream was closed{self._close_reason()}")
         with contextlib.suppress(OSError):
             self._flush()  # pongs, the closing handshake's answer
+        if self._ended is not None:
+            self.close()  # its socket too, as this reader stops reading
         return events
 
     def _take(self, events: list[Any]) -> None:
