@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from quorum_node.addresses import address_url
 from quorum_node.node.errors import ErrorCode
+from quorum_node.node.idle_watch import IdleWatch
 from quorum_node.node.limits import BodyRefused, read_body
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.messages import (
@@ -545,14 +546,21 @@ class PeerServer:
             return web.Response(status=refusal.status, text=f"{refusal.message}\n")
         idle_s = self._idle_timeout_s
         socket = web.WebSocketResponse(
-            max_msg_size=MAX_REQUEST_BYTES + 1, compress=False, receive_timeout=idle_s,
+            max_msg_size=MAX_REQUEST_BYTES + 1, compress=False,
             heartbeat=idle_s / 2 if idle_s is not None else None)
         await socket.prepare(http_request)
         stream = _ServedStream(socket, http_request, max_unsent_bytes=self._max_unsent_bytes,
                                write_timeout_s=idle_s)
         self._sockets.add(socket)
+        # Not receive()'s own timeout, one per message: a stream that sends nothing while none
+        # of its requests is parked is closed by the idle watch (then CLOSING is received).
+        idle = IdleWatch(idle_s, busy=lambda: stream.parked > 0, close=lambda: socket.close(
+            code=aiohttp.WSCloseCode.GOING_AWAY, message=f"idle for {idle_s:g} s".encode()))
         try:
-            async for message in socket:
+            while True:
+                idle.receiving()
+                message = await socket.receive()
+                idle.received()
                 if message.type is not aiohttp.WSMsgType.BINARY:
                     break
                 # Answered here and now, or (a parked Fetch) written by the reply callback the
@@ -563,6 +571,7 @@ class PeerServer:
                 await stream.fewer_parked_than(MAX_PARKED_PER_STREAM)
         finally:
             self._sockets.discard(socket)
+            await idle.stop()
         return socket
 
     def _answer(self, stream: _ServedStream, data: bytes, http_request: web.Request,

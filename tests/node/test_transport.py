@@ -43,8 +43,8 @@ def fetch(offset: int, max_wait_ms: int = 0) -> FetchRequest:
 class Peer:
     """A node's RPC server on a loopback port, answering from a scripted handler."""
 
-    def __init__(self) -> None:
-        self.server = PeerServer(self.handle)
+    def __init__(self, idle_timeout_s: float | None = None) -> None:
+        self.server = PeerServer(self.handle, idle_timeout_s=idle_timeout_s)
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.delays: dict[int, float] = {}  # fetch offset -> seconds before answering
@@ -100,6 +100,31 @@ def test_frames_round_trip_with_raw_records() -> None:
         decode_frame(VoteResponse, encode_frame(response))  # records where none belong
     with pytest.raises(FrameError):
         decode_frame(FetchResponse, b"\x00\x00")
+
+
+async def test_an_idle_stream_is_closed_but_not_one_waiting_for_a_parked_request() -> None:
+    peer = Peer(idle_timeout_s=0.3)
+    await peer.start()
+    loop = asyncio.get_running_loop()
+    try:
+        async with aiohttp.ClientSession() as session, \
+                session.ws_connect(f"http://127.0.0.1:{peer.port}{STREAM_PATH}") as silent:
+            started = loop.time()
+            closing = await silent.receive(timeout=5)  # it sends nothing, answers pings
+            assert closing.type is aiohttp.WSMsgType.CLOSE
+            assert closing.data == aiohttp.WSCloseCode.GOING_AWAY
+            assert closing.extra == "idle for 0.3 s"
+            assert 0.25 <= loop.time() - started < 2
+        # A peer whose request is parked for longer than that waits for the node, not idle.
+        peer.delays[3] = 0.8
+        client = PeerClient({1: ("127.0.0.1", peer.port)}, timeout_ms=3000)
+        try:
+            answer = await client.send(1, fetch(3))
+            assert isinstance(answer, FetchResponse) and answer.high_watermark == 3
+        finally:
+            await client.close()
+    finally:
+        await peer.stop()
 
 
 async def test_requests_on_one_stream_are_answered_concurrently(peer: Peer) -> None:

@@ -41,6 +41,7 @@ from quorum_node import wire
 from quorum_node.kv.ops import KvOpError, txn_from_document
 from quorum_node.node.api.http import bad_request, not_leader
 from quorum_node.node.errors import ErrorCode, ServiceError
+from quorum_node.node.idle_watch import IdleWatch
 from quorum_node.node.kv_service import (
     DEFAULT_TIMEOUT_MS,
     MAX_LIST_LIMIT,
@@ -124,8 +125,9 @@ class StreamServer:
                          max_unsent_bytes=self.max_unsent_bytes,
                          write_timeout_s=self.write_timeout_s)
         self._streams.add(stream)
-        if idle_s:
-            stream.watch_idle(idle_s)
+        # Idle: waiting for a request with none in flight but the read's own slot.
+        idle = IdleWatch(idle_s, busy=lambda: stream.in_flight > 1, close=lambda: stream.close(
+            aiohttp.WSCloseCode.GOING_AWAY, f"idle for {idle_s:g} s"))
         try:
             while not socket.closed:
                 await stream.slots.acquire()  # the next read waits for a free slot
@@ -133,11 +135,11 @@ class StreamServer:
                 if not (stream.has_room() or await stream.room()):  # and for the client
                     stream.finished()  # to read its answers; it read none in time
                     break
-                # No timeout of receive()'s own: a timeout per message costs more than the
-                # message; the stream's idle timer closes it instead (then CLOSING is received).
-                stream.receiving_since = asyncio.get_running_loop().time()
+                # No timeout of receive()'s own: the idle watch closes an idle stream (then
+                # CLOSING is received).
+                idle.receiving()
                 message = await socket.receive()
-                stream.receiving_since = None
+                idle.received()
                 if message.type is aiohttp.WSMsgType.BINARY:
                     refusal = self._start(stream, message.data)
                     if refusal is not None:
@@ -152,7 +154,7 @@ class StreamServer:
         finally:
             self._streams.discard(stream)
             stream.cancel_reads()
-            await stream.end_idle_watch()
+            await idle.stop()
         return socket
 
     def _start(self, stream: _Stream, data: bytes) -> str | None:
@@ -350,10 +352,6 @@ class _Stream:
         self.refused: set[Op] = set()  # the writes refused so far (audited once each)
         self._tasks: set[asyncio.Task[None]] = set()  # held until done (the loop holds weakly)
         self._reads: set[asyncio.Task[None]] = set()
-        # When the stream's reader began waiting for the next request (None while it is not).
-        self.receiving_since: float | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._idle_close: asyncio.Task[None] | None = None
         self._protocol = request.protocol
         self._write_timeout_s = write_timeout_s
         self._max_unsent_bytes = max_unsent_bytes
@@ -363,36 +361,6 @@ class _Stream:
         if transport is not None:
             # Writing pauses past the bound, and resumes once a quarter of it is left unread.
             transport.set_write_buffer_limits(high=max_unsent_bytes)
-
-    def watch_idle(self, idle_s: float) -> None:
-        """Close the stream (1001) once its reader has waited ``idle_s`` for a request with
-        nothing else in flight: one timer per stream, looked at once per ``idle_s`` at most,
-        rather than a timeout per request."""
-        loop = asyncio.get_running_loop()
-
-        def check() -> None:
-            since = self.receiving_since
-            now = loop.time()
-            if since is None or now - since < idle_s:  # busy, or waiting for less long
-                self._idle_timer = loop.call_at((since or now) + idle_s, check)
-                return
-            if self.in_flight > 1:  # a long poll or a slow write besides the reader: not idle
-                self.receiving_since = now
-                self._idle_timer = loop.call_at(now + idle_s, check)
-                return
-            self._idle_timer = None
-            self._idle_close = loop.create_task(self.close(
-                aiohttp.WSCloseCode.GOING_AWAY, f"idle for {idle_s:g} s"))
-
-        self._idle_timer = loop.call_at(loop.time() + idle_s, check)
-
-    async def end_idle_watch(self) -> None:
-        """Stop the idle timer; finish closing the stream if it was idle."""
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-        if self._idle_close is not None:
-            await self._idle_close
 
     def track(self, task: asyncio.Task[None], *, read: bool) -> None:
         self._tasks.add(task)
