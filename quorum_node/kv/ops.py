@@ -191,6 +191,11 @@ def check_op(op: KvOp) -> None:
                 check_value(text)
 
 
+# One encoder for every record: json.dumps with options other than its defaults makes a new
+# encoder at each call, a large share of encoding a small op.
+_RECORD_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def encode_op(op: KvOp) -> Record:
     """The record that carries ``op``; it is checked first, so the log only gets valid ops."""
     check_op(op)
@@ -203,7 +208,7 @@ def encode_op(op: KvOp) -> Record:
         document = {"op": "cas", "key": op.key, "expected": op.expected, "value": op.value}
     else:
         document = {"op": "txn", **txn_document(op)}
-    payload = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = _RECORD_JSON.encode(document).encode("utf-8")
     if isinstance(op, Txn) and len(payload) > MAX_TXN_RECORD_BYTES:
         raise KvOpError(f"the txn's record of {len(payload)} bytes (JSON escapes included) "
                         f"exceeds the limit of {MAX_TXN_RECORD_BYTES} bytes", too_large=True)
