@@ -543,8 +543,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               shared=True),
     ConfigKey("http.read.timeout.ms", ("http_read_timeout_ms",),
               "Longest a client may take for its TLS handshake, to send a request's head or "
-              "body, or stay idle between requests, and a peer stream may stay silent; slower "
-              "ones are disconnected.", shared=True),
+              "body, or stay idle between requests, and a peer stream may stay silent with "
+              "none of its requests parked; slower ones are disconnected.", shared=True),
     ConfigKey("http.max.long.polls", ("http_max_long_polls",),
               "Most record reads waiting for new records (wait_ms) at once; more get 429.",
               shared=True),
