@@ -254,24 +254,47 @@ def decode_op(record: Record) -> KvOp | None:
     return op
 
 
-_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+# What the nesting bound looks at: brackets, and the quotes that tell which are in strings.
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'[]{}"')
 
 
 def _nesting_exceeds(payload: bytes, limit: int) -> bool:
     """Whether the JSON text nests arrays and objects deeper than ``limit`` (brackets inside
-    strings do not count). Linear, and free for a payload with few brackets at all.
+    strings do not count). Linear, in a few passes of C over the payload: a replay judges every
+    txn, and a txn of many operations has many brackets.
 
     Escapes go first (an escaped backslash, then an escaped quote), so that every quote left
-    delimits a string; the brackets outside strings are then walked alone, not the bytes of
-    every key and value (a txn's). Exact for any JSON text: a payload that is not JSON may be
+    delimits a string; then only quotes and brackets are kept. Two quotes side by side are a
+    string without brackets, or the gap between two strings: dropping them leaves what is
+    outside strings as it was, and usually every quote. Each pass then drops the innermost
+    pairs (those side by side before it), one level of nesting a pass; brackets left that never
+    close are walked one by one. Exact for any JSON text: a payload that is not JSON may be
     judged either way, and is refused all the same when it is parsed."""
-    if payload.count(b"[") + payload.count(b"{") <= limit:
-        return False
-    if b"\\" in payload:  # copying the payload twice is the walk's largest cost: only then
+    if b"\\" in payload:
         payload = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(payload.split(b'"')[::2])
+    structure = payload.translate(None, _NOT_STRUCTURE)
+    if structure.count(b"[") + structure.count(b"{") <= limit:
+        return False
+    structure = structure.replace(b'""', b"")
+    if b'"' in structure:
+        structure = b"".join(structure.split(b'"')[::2])
+    passes = 0
+    while structure:
+        if passes == limit:
+            return True
+        # The placeholder keeps a pass from joining a pair it made: [{}] loses one level.
+        inner = structure.replace(b"{}", b"\x00").replace(b"[]", b"\x00").replace(b"\x00", b"")
+        if len(inner) == len(structure):  # no pair left: brackets never closed, not JSON
+            return _opens_exceed(inner, limit - passes)
+        structure = inner
+        passes += 1
+    return False
+
+
+def _opens_exceed(brackets: bytes, limit: int) -> bool:
+    """Whether brackets alone, walked one by one, open more than ``limit`` at once."""
     depth = 0
-    for byte in outside.translate(None, _NOT_BRACKETS):
+    for byte in brackets:
         if byte in (0x5B, 0x7B):  # [ {
             depth += 1
             if depth > limit:
@@ -316,29 +339,43 @@ def check_txn(txn: Txn) -> None:
     for index, compare in enumerate(txn.compares):
         size += _checked_compare(index, compare)
     for name, branch in (("success", txn.success), ("failure", txn.failure)):
-        written: set[str] = set()
-        for index, op in enumerate(branch):
-            key = op.key
-            # An ASCII key within its bound is its size in bytes: the usual case, checked and
-            # measured without encoding it (or naming its place).
-            if key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
-                size += len(key)
-            else:
-                size += _checked_size(f"{name}[{index}]", check_key, key)
-            if isinstance(op, Put):
-                value = op.value
-                if value.isascii() and len(value) <= MAX_VALUE_BYTES:
-                    size += len(value)
-                else:
-                    size += _checked_size(f"{name}[{index}]", check_value, value)
-            if not isinstance(op, Get):
-                if key in written:
-                    raise KvOpError(f"{name}[{index}]: key {key!r} is put or deleted more than "
-                                    f"once in '{name}'")
-                written.add(key)
+        size += _branch_bytes(name, branch)
     if size > MAX_TXN_BYTES:
         raise KvOpError(f"{size} bytes of keys and values exceed the limit of {MAX_TXN_BYTES} "
                         f"bytes per txn", too_large=True)
+
+
+def _branch_bytes(name: str, branch: tuple[TxnOp, ...]) -> int:
+    """The UTF-8 bytes of a branch's keys and values, checked (see ``Txn``). A branch of ASCII
+    keys and values within their bounds, no key written twice, is checked a list at a time: a
+    replay checks every txn again. Any other goes op by op, which names what is wrong."""
+    keys = [op.key for op in branch]
+    values = [op.value for op in branch if type(op) is Put]
+    written = [op.key for op in branch if type(op) is not Get]
+    all_keys, all_values = "".join(keys), "".join(values)
+    if (all_keys.isascii() and all_values.isascii()
+            and (not keys or (min(map(len, keys)) > 0 and max(map(len, keys)) <= MAX_KEY_BYTES))
+            and (not values or max(map(len, values)) <= MAX_VALUE_BYTES)
+            and len(set(written)) == len(written)):
+        return len(all_keys) + len(all_values)
+    return _branch_bytes_each(name, branch)
+
+
+def _branch_bytes_each(name: str, branch: tuple[TxnOp, ...]) -> int:
+    """``_branch_bytes`` op by op: the first op out of bounds is named."""
+    size = 0
+    written: set[str] = set()
+    for index, op in enumerate(branch):
+        where, key = f"{name}[{index}]", op.key
+        size += _checked_size(where, check_key, key)
+        if isinstance(op, Put):
+            size += _checked_size(where, check_value, op.value)
+        if not isinstance(op, Get):
+            if key in written:
+                raise KvOpError(f"{where}: key {key!r} is put or deleted more than once in "
+                                f"'{name}'")
+            written.add(key)
+    return size
 
 
 def _checked_compare(index: int, compare: Compare) -> int:

@@ -39,8 +39,9 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
 from typing import Protocol
 
@@ -121,6 +122,11 @@ class ChangeWatcher(Protocol):
 _DROPPED = (-1, "", None, 0)
 _COMPACT_AT = 1024
 _change_offset = itemgetter(0)
+_change_size = itemgetter(3)
+# A txn's response made from its whole tuple, in C: NamedTuple's own constructor is a Python
+# function (for its defaults), and a replay makes one for every put of every txn.
+_response: Callable[[tuple[str, str, bool, None, int, int]], TxnResponse] = partial(
+    tuple.__new__, TxnResponse)
 
 
 class WatchIndex:
@@ -434,15 +440,24 @@ class KvStore:
         deliver = self.watchers.deliver if self.watchers else None
         added = 0
         for key, value in changes:
-            size = change_bytes(key, value)
+            # change_bytes, inline (a replay keeps every change): ASCII is a byte a character.
+            size = (len(key) if key.isascii() else text_bytes(key)) + CHANGE_OVERHEAD_BYTES
+            if value is not None:
+                size += len(value) if value.isascii() else text_bytes(value)
             events.append((offset, key, value, size))
             added += size
             if deliver is not None:
                 deliver(offset, key, value, size)
         self.events_bytes += added
         head = self._events_head
-        while (len(events) - head > self._event_limit
-               or self.events_bytes > self._event_bytes_limit):
+        excess = len(events) - head - self._event_limit
+        if excess > 0:  # beyond the count: dropped at once, not one by one
+            dropped = events[head:head + excess]
+            events[head:head + excess] = [_DROPPED] * excess
+            head += excess
+            self.events_bytes -= sum(map(_change_size, dropped))
+            self.events_start = dropped[-1][0] + 1
+        while self.events_bytes > self._event_bytes_limit:
             dropped_offset, _, _, dropped_size = events[head]
             events[head] = _DROPPED
             head += 1
@@ -476,7 +491,10 @@ class KvStore:
     def apply_txn(self, txn: Txn, offset: int) -> TxnOutcome:
         """Apply the txn at ``offset``: its compares against the map as it is, then the branch
         they choose, in order (a get sees the branch's writes before it), each write at
-        ``offset``. Depends on the map and the txn alone: every replica does the same."""
+        ``offset``. Depends on the map and the txn alone: every replica does the same.
+
+        One loop with nothing called a put but the map's and the key order's own methods: a
+        replay applies every put of every txn since the snapshot."""
         if self.versions_from is None:
             self._start_versions(offset)
         entries = self._entries
@@ -484,25 +502,33 @@ class KvStore:
                         for c in txn.compares)
         responses: list[TxnResponse] = []
         changes: list[tuple[str, str | None]] = []
+        respond, change, add_key = responses.append, changes.append, self._keys.add
         for op in txn.success if succeeded else txn.failure:
             key = op.key
             entry = entries.get(key)
-            existed = entry is not None
-            if isinstance(op, Put):
-                self._set(key, op.value, entry, offset)
-                changes.append((key, op.value))
-                responses.append(TxnResponse("put", key, existed))
-            elif isinstance(op, Get):
+            if type(op) is Put:
+                value = op.value
                 if entry is None:
-                    responses.append(TxnResponse("get", key, False))
+                    add_key(key)
+                    entries[key] = (value, offset, 1)
+                    respond(_response(("put", key, False, None, ABSENT_VERSION,
+                                       ABSENT_MOD_OFFSET)))
+                else:
+                    entries[key] = (value, offset, entry[2] + 1)
+                    respond(_response(("put", key, True, None, ABSENT_VERSION,
+                                       ABSENT_MOD_OFFSET)))
+                change((key, value))
+            elif type(op) is Get:
+                if entry is None:
+                    respond(TxnResponse("get", key, False))
                 else:
                     value, mod_offset, version = entry
-                    responses.append(TxnResponse("get", key, True, value, version, mod_offset))
+                    respond(TxnResponse("get", key, True, value, version, mod_offset))
             else:
-                if existed:
+                if entry is not None:
                     self._remove(key)
-                    changes.append((key, None))
-                responses.append(TxnResponse("delete", key, existed))
+                    change((key, None))
+                respond(TxnResponse("delete", key, entry is not None))
         if changes:
             self._record_events(offset, changes)
         return TxnOutcome(succeeded, tuple(responses))

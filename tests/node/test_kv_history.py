@@ -190,3 +190,44 @@ def test_a_full_watch_is_forgotten_and_a_snapshot_ends_every_watch_as_lost() -> 
     store.watchers.discard(waiting)
     store.watchers.discard(waiting)  # forgetting twice is harmless
     assert not store.watchers
+
+
+history_key = st.sampled_from(["a", "b", "\u00e9", "long/" + "k" * 40])
+history_value = st.sampled_from(["", "1", "\u00e9\U0001f642", "v" * 200])
+history_op = st.one_of(
+    st.builds(Put, history_key, history_value), st.builds(Delete, history_key),
+    st.builds(lambda puts, deletes: Txn((), (*puts, *deletes), ()),
+              st.lists(st.builds(Put, st.sampled_from(["t1", "t2", "t\u00e9"]), history_value),
+                       max_size=3, unique_by=lambda op: op.key),
+              st.lists(st.builds(Delete, st.sampled_from(["a", "b"])), max_size=2,
+                       unique_by=lambda op: op.key)))
+
+
+@given(st.lists(history_op, max_size=25), st.integers(1, 6), st.integers(1, 6))
+def test_the_history_keeps_the_newest_changes_within_both_bounds(
+        operations: list[KvOp], event_limit: int, overheads: int) -> None:
+    """Against a model that keeps every change and drops the oldest while either bound is
+    exceeded: the same changes kept, their bytes, and where the history starts."""
+    bytes_limit = overheads * CHANGE_OVERHEAD_BYTES + 300
+    store = KvStore(event_limit=event_limit, event_bytes_limit=bytes_limit)
+    model: list[tuple[int, str, str | None]] = []
+    start = 0
+    for offset, op in enumerate(operations):
+        before = dict(store.items())
+        store.apply_batch(ops(offset, op))
+        after = dict(store.items())
+        model += [(offset, key, after.get(key)) for key in _written(op)
+                  if key in before or key in after]
+        while len(model) > event_limit or sum(
+                change_bytes(key, value) for _, key, value in model) > bytes_limit:
+            start = model.pop(0)[0] + 1
+    found: list[KvEvent] = []
+    store.changes(0, "", False, into=found, size=0, max_events=1000, max_bytes=1 << 40,
+                  max_scanned=1 << 40)
+    assert [(e.offset, e.key, e.value) for e in found] == model
+    assert store.events_bytes == sum(change_bytes(key, value) for _, key, value in model)
+    assert store.events_start == start
+
+
+def _written(op: KvOp) -> list[str]:
+    return [each.key for each in op.success] if isinstance(op, Txn) else [op.key]

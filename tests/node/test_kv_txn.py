@@ -5,12 +5,16 @@ every replica applying the same record alike."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quorum_node.kv.machine import check_snapshot_records
 from quorum_node.kv.ops import (
     KV_RECORD_KEY,
+    MAX_KEY_BYTES,
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
     MAX_VALUE_BYTES,
@@ -21,8 +25,11 @@ from quorum_node.kv.ops import (
     KvOpError,
     Put,
     Txn,
+    TxnOp,
     TxnOutcome,
     TxnResponse,
+    _branch_bytes,
+    _branch_bytes_each,
     decode_op,
     encode_op,
     txn_from_document,
@@ -319,3 +326,21 @@ def test_a_snapshots_versions_are_checked_before_it_is_kept_or_restored() -> Non
                     key=KV_RECORD_KEY)
     with pytest.raises(KvOpError, match="mod_offset 30"):
         KvStore().load_snapshot([beyond], next_offset=10)
+
+
+# Keys and values that are ASCII or not, empty or over their bounds, repeated or not: what the
+# bound on a branch's bytes judges a list at a time, or op by op for what it cannot.
+branch_text = st.sampled_from(["", "k", "k", "q", "\u00e9", "\ud800", "x" * (MAX_KEY_BYTES + 1)])
+branch_op = st.one_of(st.builds(Put, branch_text, branch_text | st.just("v" * MAX_VALUE_BYTES)),
+                      st.builds(Delete, branch_text), st.builds(Get, branch_text))
+
+
+@given(st.lists(branch_op, max_size=6))
+def test_a_branch_is_judged_alike_a_list_at_a_time_and_op_by_op(branch: list[TxnOp]) -> None:
+    def judged(check: Callable[[str, tuple[TxnOp, ...]], int]) -> int | str:
+        try:
+            return check("success", tuple(branch))
+        except KvOpError as error:
+            return str(error)
+
+    assert judged(_branch_bytes) == judged(_branch_bytes_each)
