@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 # How a client may talk to the nodes: this protocol, or the HTTP API.
@@ -110,152 +110,222 @@ RESPONSE_FIELDS: Final[dict[Op, Schema]] = {
 ERROR_FIELDS: Final[Schema] = ("str", "str", "bool", "opt_i64", "opt_str")
 
 
-# --- encoding ----------------------------------------------------------------------------------
+# --- compiled codecs ---------------------------------------------------------------------------
+#
+# Each schema is compiled once, when first used, into an encoder and a decoder of straight-line
+# Python (as namedtuple and dataclasses compile theirs). Read through the schema field by field,
+# every field cost a call and a chain of comparisons, several times the framing itself: most of
+# what a txn of many operations cost to send and to answer. ``codec_source`` shows what a
+# schema compiles to. Decoders check every length and flag before using it, and raise WireError
+# only.
 
-def _encode(kind: Kind, value: Any, out: list[bytes]) -> None:
-    if kind == "str":
-        data = value.encode("utf-8")
-        out.append(_U32.pack(len(data)))
-        out.append(data)
-    elif kind == "bytes":
-        out.append(_U32.pack(len(value)))
-        out.append(bytes(value))
-    elif kind == "u64":
-        out.append(_U64.pack(value))
-    elif kind == "i64":
-        out.append(_I64.pack(value))
-    elif kind == "u32":
-        out.append(_U32.pack(value))
+# A fixed-width kind: its struct, by the name the generated code knows it by.
+_FIXED_WIDTH: Final = {"u32": _U32, "u64": _U64, "i64": _I64}
+_CODEC_NAMESPACE: Final = {
+    "WireError": WireError,
+    **{f"_unpack_{kind}": layout.unpack_from for kind, layout in _FIXED_WIDTH.items()},
+    **{f"_pack_{kind}": layout.pack for kind, layout in _FIXED_WIDTH.items()},
+}
+
+
+class _Source:
+    """Python source being generated, a line at a time, with names unique within it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._count = 0
+
+    def name(self, stem: str) -> str:
+        self._count += 1
+        return f"{stem}{self._count}"
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+
+def _emit_decode(kind: Kind, target: str, src: _Source, depth: int) -> None:
+    """Lines that read a ``kind`` from ``data`` at ``pos`` (``size`` is its length) into the
+    variable ``target``, moving ``pos`` past it."""
+    emit = src.emit
+    if kind in ("str", "bytes"):
+        what = "string" if kind == "str" else "bytes"
+        emit(depth, "start = pos + 4")
+        emit(depth, f'if start > size: raise WireError(f"truncated {what} length at byte {{pos}}")')
+        emit(depth, "pos = start + _unpack_u32(data, pos)[0]")
+        emit(depth, f"if pos > size: raise WireError(f\"truncated {what}: {{pos - start}} bytes "
+                    f"needed at byte {{start}}, {{size - start}} left\")")
+        emit(depth, f"{target} = data[start:pos]" + ('.decode("utf-8")' if kind == "str" else ""))
+    elif kind in _FIXED_WIDTH:
+        width = _FIXED_WIDTH[kind].size
+        emit(depth, f"if pos + {width} > size: "
+                    f'raise WireError(f"truncated {kind} at byte {{pos}}")')
+        emit(depth, f"{target} = _unpack_{kind}(data, pos)[0]")
+        emit(depth, f"pos += {width}")
     elif kind == "bool":
-        out.append(b"\x01" if value else b"\x00")
+        _emit_flag("bool", target, src, depth)
+        emit(depth, f"{target} = {target} == 1")
     elif isinstance(kind, str) and kind.startswith("opt_"):
-        if value is None:
-            out.append(b"\x00")
-        else:
-            out.append(b"\x01")
-            _encode(kind[4:], value, out)
+        present = src.name("present")
+        _emit_flag("presence", present, src, depth)
+        emit(depth, f"if {present}:")
+        _emit_decode(kind[4:], target, src, depth + 1)
+        emit(depth, "else:")
+        emit(depth + 1, f"{target} = None")
     elif isinstance(kind, tuple) and kind[0] == "list":
-        item = kind[1]
-        out.append(_U32.pack(len(value)))
+        count, item = src.name("count"), kind[1]
+        emit(depth, 'if pos + 4 > size: raise WireError(f"truncated list count at byte {pos}")')
+        emit(depth, f"{count} = _unpack_u32(data, pos)[0]")
+        emit(depth, "pos += 4")
+        # Every item takes at least one byte: a count beyond what is left is a lie, refused
+        # before anything is allocated for it.
+        emit(depth, f"if {count} > size - pos: "
+                    f'raise WireError(f"a list of {{{count}}} items in {{size - pos}} bytes")')
+        emit(depth, f"{target} = []")
+        emit(depth, f"for _ in range({count}):")
         if isinstance(item, tuple):
-            for entry in value:
-                _encode_fields(item, entry, out)
+            names = [src.name("item") for _ in item]
+            for item_kind, name in zip(item, names, strict=True):
+                _emit_decode(item_kind, name, src, depth + 1)
+            emit(depth + 1, f"{target}.append({_tuple(names)})")
         else:
-            for entry in value:
-                _encode(item, entry, out)
+            name = src.name("item")
+            _emit_decode(item, name, src, depth + 1)
+            emit(depth + 1, f"{target}.append({name})")
     else:
         raise ValueError(f"unknown field kind {kind!r}")
 
 
-def _encode_fields(schema: Schema, values: Sequence[Any], out: list[bytes]) -> None:
-    if len(values) != len(schema):
-        raise ValueError(f"{len(values)} values for {len(schema)} fields")
-    for kind, value in zip(schema, values, strict=True):
-        _encode(kind, value, out)
+def _emit_flag(what: str, target: str, src: _Source, depth: int) -> None:
+    """Lines that read a flag byte, 0 or 1, into ``target``."""
+    src.emit(depth, f'if pos >= size: raise WireError(f"truncated {what} at byte {{pos}}")')
+    src.emit(depth, f"{target} = data[pos]")
+    src.emit(depth, "pos += 1")
+    src.emit(depth, f"if {target} > 1: "
+                    f'raise WireError(f"{what}: a flag byte must be 0 or 1, got {{{target}}}")')
+
+
+def _emit_encode(kind: Kind, value: str, src: _Source, depth: int) -> None:
+    """Lines that append the encoding of the variable ``value``, a ``kind``, to ``out``."""
+    emit = src.emit
+    if kind == "str":
+        encoded = src.name("encoded")
+        emit(depth, f'{encoded} = {value}.encode("utf-8")')
+        emit(depth, f"append(_pack_u32(len({encoded})))")
+        emit(depth, f"append({encoded})")
+    elif kind == "bytes":
+        emit(depth, f"append(_pack_u32(len({value})))")
+        emit(depth, f"append(bytes({value}))")
+    elif kind in _FIXED_WIDTH:
+        emit(depth, f"append(_pack_{kind}({value}))")
+    elif kind == "bool":
+        emit(depth, f'append(b"\\x01" if {value} else b"\\x00")')
+    elif isinstance(kind, str) and kind.startswith("opt_"):
+        emit(depth, f"if {value} is None:")
+        emit(depth + 1, 'append(b"\\x00")')
+        emit(depth, "else:")
+        emit(depth + 1, 'append(b"\\x01")')
+        _emit_encode(kind[4:], value, src, depth + 1)
+    elif isinstance(kind, tuple) and kind[0] == "list":
+        entry, item = src.name("entry"), kind[1]
+        emit(depth, f"append(_pack_u32(len({value})))")
+        emit(depth, f"for {entry} in {value}:")
+        if isinstance(item, tuple):
+            _emit_unpack(item, entry, src, depth + 1)
+        else:
+            _emit_encode(item, entry, src, depth + 1)
+    else:
+        raise ValueError(f"unknown field kind {kind!r}")
+
+
+def _emit_unpack(schema: Schema, values: str, src: _Source, depth: int) -> None:
+    """Lines that encode the sequence ``values``, one value a field of ``schema``."""
+    names = [src.name("value") for _ in schema]
+    src.emit(depth, f"if len({values}) != {len(schema)}: "
+                    f'raise ValueError(f"{{len({values})}} values for {len(schema)} fields")')
+    if names:
+        src.emit(depth, f"{', '.join(names)}, = {values}")
+    for kind, name in zip(schema, names, strict=True):
+        _emit_encode(kind, name, src, depth)
+
+
+def _tuple(names: Sequence[str]) -> str:
+    return f"({', '.join(names)},)" if names else "()"
+
+
+def codec_source(schema: Schema) -> str:
+    """The Python a schema compiles to: ``encode(values, out)``, which appends the encoding of
+    ``values`` (one a field) to the list ``out``, and ``decode(data, pos)``, which reads the
+    fields from ``pos`` to the end of ``data``."""
+    src = _Source()
+    src.emit(0, "def encode(values, out):")
+    src.emit(1, "append = out.append")
+    _emit_unpack(schema, "values", src, 1)
+    src.emit(0, "")
+    src.emit(0, "def decode(data, pos):")
+    src.emit(1, "size = len(data)")
+    src.emit(1, "try:")
+    names = [src.name("field") for _ in schema]
+    for kind, name in zip(schema, names, strict=True):
+        _emit_decode(kind, name, src, 2)
+    src.emit(1, "except UnicodeDecodeError as error:")
+    src.emit(2, 'raise WireError(f"a string is not UTF-8: {error}") from None')
+    src.emit(1, 'if pos != size: raise WireError(f"{size - pos} bytes after the last field")')
+    src.emit(1, f"return {_tuple(names)}")
+    return "\n".join(src.lines) + "\n"
+
+
+class _Codec:
+    """A schema's compiled encoder and decoder (``codec_source``)."""
+
+    __slots__ = ("decode", "encode")
+
+    def __init__(self, schema: Schema, name: str) -> None:
+        namespace: dict[str, Any] = dict(_CODEC_NAMESPACE)
+        exec(compile(codec_source(schema), f"<wire codec {name}>", "exec"), namespace)
+        self.encode: Callable[[Sequence[Any], list[bytes]], None] = namespace["encode"]
+        self.decode: Callable[[bytes, int], tuple[Any, ...]] = namespace["decode"]
+
+
+class _Codecs(dict[Op, _Codec]):
+    """Each op's codec, compiled when the op is first framed: compiling every one at import
+    would cost each process that imports this module several milliseconds, a client's CLI
+    included. (Two threads may both compile one: either result serves.)"""
+
+    def __init__(self, schemas: dict[Op, Schema], direction: str) -> None:
+        super().__init__()
+        self._schemas = schemas
+        self._direction = direction
+
+    def __missing__(self, op: Op) -> _Codec:
+        codec = self[op] = _Codec(self._schemas[op], f"{op.name} {self._direction}")
+        return codec
+
+
+_REQUEST_CODECS: Final = _Codecs(REQUEST_FIELDS, "request")
+_RESPONSE_CODECS: Final = _Codecs(RESPONSE_FIELDS, "response")
+_ERROR_CODEC: Final = _Codec(ERROR_FIELDS, "error")
 
 
 def encode_request(correlation: int, op: Op, timeout_ms: int, fields: Sequence[Any]) -> bytes:
     out = [REQUEST_HEAD.pack(correlation, op, timeout_ms)]
-    _encode_fields(REQUEST_FIELDS[op], fields, out)
+    _REQUEST_CODECS[op].encode(fields, out)
     return b"".join(out)
 
 
 def encode_response(correlation: int, op: Op, fields: Sequence[Any]) -> bytes:
     out = [RESPONSE_HEAD.pack(correlation, STATUS_OK)]
-    _encode_fields(RESPONSE_FIELDS[op], fields, out)
+    _RESPONSE_CODECS[op].encode(fields, out)
     return b"".join(out)
 
 
 def encode_error(correlation: int, error: ErrorAnswer) -> bytes:
     out = [RESPONSE_HEAD.pack(correlation, STATUS_ERROR)]
     leader = error.leader
-    _encode_fields(ERROR_FIELDS, (
+    _ERROR_CODEC.encode((
         error.code, error.message, leader is not None,
         leader[0] if leader is not None else None, leader[1] if leader is not None else None),
         out)
     return b"".join(out)
-
-
-# --- decoding ----------------------------------------------------------------------------------
-
-class _Reader:
-    __slots__ = ("data", "position")
-
-    def __init__(self, data: bytes, position: int) -> None:
-        self.data = data
-        self.position = position
-
-    def sized(self, what: str) -> bytes:
-        """A u32 length, then that many bytes (a string's or a bytes field's): one call, as
-        a txn's keys and values are most of what a request holds."""
-        data, length_at = self.data, self.position
-        start = length_at + _U32.size
-        if start > len(data):
-            raise WireError(f"truncated {what} length at byte {length_at}")
-        end = start + _U32.unpack_from(data, length_at)[0]
-        if end > len(data):
-            raise WireError(f"truncated {what}: {end - start} bytes needed at byte {start}, "
-                            f"{len(data) - start} left")
-        self.position = end
-        return data[start:end]
-
-    def fixed(self, layout: struct.Struct, what: str) -> Any:
-        start = self.position
-        if start + layout.size > len(self.data):
-            raise WireError(f"truncated {what} at byte {start}")
-        self.position = start + layout.size
-        return layout.unpack_from(self.data, start)[0]
-
-    def flag(self, what: str) -> bool:
-        value = self.fixed(_U8, what)
-        if value > 1:
-            raise WireError(f"{what}: a flag byte must be 0 or 1, got {value}")
-        return bool(value)
-
-    def read(self, kind: Kind) -> Any:
-        if kind == "str":
-            try:
-                return self.sized("string").decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise WireError(f"a string is not UTF-8: {error}") from None
-        if kind == "bytes":
-            return self.sized("bytes")
-        if kind == "u64":
-            return self.fixed(_U64, "u64")
-        if kind == "i64":
-            return self.fixed(_I64, "i64")
-        if kind == "u32":
-            return self.fixed(_U32, "u32")
-        if kind == "bool":
-            return self.flag("bool")
-        if isinstance(kind, str) and kind.startswith("opt_"):
-            return self.read(kind[4:]) if self.flag("presence") else None
-        if isinstance(kind, tuple) and kind[0] == "list":
-            count = self.fixed(_U32, "list count")
-            item = kind[1]
-            # Every item takes at least one byte: a count beyond what is left is a lie, refused
-            # before anything is allocated for it.
-            if count > len(self.data) - self.position:
-                raise WireError(f"a list of {count} items in {len(self.data) - self.position} "
-                                f"bytes")
-            if isinstance(item, tuple):
-                return [self.fields(item) for _ in range(count)]
-            return [self.read(item) for _ in range(count)]
-        raise ValueError(f"unknown field kind {kind!r}")
-
-    def fields(self, schema: Schema) -> tuple[Any, ...]:
-        return tuple(self.read(kind) for kind in schema)
-
-    def end(self) -> None:
-        if self.position != len(self.data):
-            raise WireError(f"{len(self.data) - self.position} bytes after the last field")
-
-
-def decode_fields(schema: Schema, data: bytes, position: int) -> tuple[Any, ...]:
-    reader = _Reader(data, position)
-    values = reader.fields(schema)
-    reader.end()
-    return values
 
 
 def decode_request_head(data: bytes) -> tuple[int, int, int]:
@@ -268,7 +338,7 @@ def decode_request_head(data: bytes) -> tuple[int, int, int]:
 
 
 def decode_request_fields(op: Op, data: bytes) -> tuple[Any, ...]:
-    return decode_fields(REQUEST_FIELDS[op], data, REQUEST_HEAD.size)
+    return _REQUEST_CODECS[op].decode(data, REQUEST_HEAD.size)
 
 
 def decode_response_head(data: bytes) -> tuple[int, int]:
@@ -283,7 +353,7 @@ def decode_response_head(data: bytes) -> tuple[int, int]:
 
 
 def decode_response_fields(op: Op, data: bytes) -> tuple[Any, ...]:
-    return decode_fields(RESPONSE_FIELDS[op], data, RESPONSE_HEAD.size)
+    return _RESPONSE_CODECS[op].decode(data, RESPONSE_HEAD.size)
 
 
 class ErrorAnswer:
@@ -309,6 +379,6 @@ class ErrorAnswer:
 
 
 def decode_error(data: bytes) -> ErrorAnswer:
-    code, message, has_leader, leader_id, leader_url = decode_fields(
-        ERROR_FIELDS, data, RESPONSE_HEAD.size)
+    code, message, has_leader, leader_id, leader_url = _ERROR_CODEC.decode(
+        data, RESPONSE_HEAD.size)
     return ErrorAnswer(code, message, leader=(leader_id, leader_url) if has_leader else None)
