@@ -49,7 +49,6 @@ RESPONSE_HEAD: Final = struct.Struct(">IB")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
-_U8 = struct.Struct(">B")
 
 
 class Op(enum.IntEnum):

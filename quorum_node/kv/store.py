@@ -440,10 +440,7 @@ class KvStore:
         deliver = self.watchers.deliver if self.watchers else None
         added = 0
         for key, value in changes:
-            # change_bytes, inline (a replay keeps every change): ASCII is a byte a character.
-            size = (len(key) if key.isascii() else text_bytes(key)) + CHANGE_OVERHEAD_BYTES
-            if value is not None:
-                size += len(value) if value.isascii() else text_bytes(value)
+            size = change_bytes(key, value)
             events.append((offset, key, value, size))
             added += size
             if deliver is not None:
