@@ -357,7 +357,9 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
                 print(f"{kind}: {name}", file=sys.stderr, flush=True)
                 results[kind][name] = run(system, system.target(kind, port))
 
-        each("sequential", lambda _, target: sequential_latency(target, sequential))
+        each("sequential", lambda system, target: sequential_latency(
+            target, sequential, server_pids=list(system.pids.values()),
+            leader_pid=system.pids.get(target.port)))
         # Right after the sequential puts, so that the machine's load then weighs on it too.
         print("the floor of a commit", file=sys.stderr, flush=True)
         with running_directory() as directory:
@@ -448,6 +450,9 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
     rows: list[tuple[str, float | None]] = [
         ("sequential put p50 (ms)", sequential.get("p50_ms")),
         ("sequential put p99 (ms)", sequential.get("p99_ms")),
+        ("  server CPU per put (us)", sequential.get("server_cpu_us_per_call")),
+        ("    of which the leader's (us)", sequential.get("leader_cpu_us_per_call")),
+        ("  client CPU per put (us)", sequential.get("client_cpu_us_per_call")),
     ]
     for clients in CONCURRENCY:
         load = result.get(f"puts_{clients}", {})

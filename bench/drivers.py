@@ -434,20 +434,34 @@ def load_keys(target: Target, keys: int, clients: int, processes: int,
     return time.monotonic() - started
 
 
-def sequential_latency(target: Target, count: int) -> dict[str, Any]:
-    """One client, one put at a time: each put's commit latency."""
+def sequential_latency(target: Target, count: int, *, server_pids: Sequence[int] = (),
+                       leader_pid: int | None = None) -> dict[str, Any]:
+    """One client, one put at a time: each put's commit latency, and the CPU each put cost the
+    servers (``server_pids``), the leader among them, and the client. A lone put runs on cold
+    caches at every hop, so what it costs is mostly what it waits for."""
     client = target.connect()
     samples = []
     try:
+        servers_before = [process_cpu_s(pid) for pid in server_pids]
+        client_before = time.thread_time()
         for i in range(count):
             started = time.perf_counter()
             client.put(f"seq-{i}", VALUE)
             samples.append((time.perf_counter() - started) * 1000)
+        client_cpu = time.thread_time() - client_before
+        servers_cpu = {pid: process_cpu_s(pid) - before
+                       for pid, before in zip(server_pids, servers_before, strict=True)}
     finally:
         client.close()
     samples.sort()
+    calls = max(1, len(samples))
     return {"p50_ms": statistics.median(samples), "p99_ms": percentile(samples, 0.99),
-            "count": len(samples)}
+            "count": len(samples),
+            "client_cpu_us_per_call": client_cpu / calls * 1e6,
+            "server_cpu_us_per_call": (sum(servers_cpu.values()) / calls * 1e6
+                                       if server_pids else None),
+            "leader_cpu_us_per_call": (servers_cpu[leader_pid] / calls * 1e6
+                                       if leader_pid in servers_cpu else None)}
 
 
 def percentile(ordered: Sequence[float], fraction: float) -> float | None:
