@@ -51,11 +51,12 @@ from drivers import (
     QUORUM,
     VALUE,
     Load,
+    SequentialTarget,
     Target,
     grpc_available,
     pick_base_port,
     rss_mb,
-    sequential_latency,
+    sequential_latencies,
     timed_load,
 )
 from floor import measure_floor
@@ -357,9 +358,12 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
                 print(f"{kind}: {name}", file=sys.stderr, flush=True)
                 results[kind][name] = run(system, system.target(kind, port))
 
-        each("sequential", lambda system, target: sequential_latency(
-            target, sequential, server_pids=list(system.pids.values()),
-            leader_pid=system.pids.get(target.port)))
+        print("sequential puts, the systems taking turns", file=sys.stderr, flush=True)
+        for kind, result in sequential_latencies({
+                kind: SequentialTarget(system.target(kind, port), list(system.pids.values()),
+                                       system.pids.get(port))
+                for kind, (system, port) in systems.items()}, sequential).items():
+            results[kind]["sequential"] = result
         # Right after the sequential puts, so that the machine's load then weighs on it too.
         print("the floor of a commit", file=sys.stderr, flush=True)
         with running_directory() as directory:

@@ -23,8 +23,8 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from quorum_node.client import QuorumClient
@@ -434,34 +434,71 @@ def load_keys(target: Target, keys: int, clients: int, processes: int,
     return time.monotonic() - started
 
 
-def sequential_latency(target: Target, count: int, *, server_pids: Sequence[int] = (),
-                       leader_pid: int | None = None) -> dict[str, Any]:
-    """One client, one put at a time: each put's commit latency, and the CPU each put cost the
-    servers (``server_pids``), the leader among them, and the client. A lone put runs on cold
-    caches at every hop, so what it costs is mostly what it waits for."""
-    client = target.connect()
-    samples = []
+@dataclass
+class SequentialTarget:
+    """A system for ``sequential_latencies``: where to put, and the processes whose CPU counts."""
+
+    target: Target
+    server_pids: Sequence[int] = ()
+    leader_pid: int | None = None
+
+
+@dataclass
+class _SequentialRun:
+    client: Client
+    samples: list[float] = field(default_factory=list)
+    client_cpu_s: float = 0.0
+    servers_cpu_s: dict[int, float] = field(default_factory=dict)
+
+
+# Puts each client makes before its first measured one (a new connection's first calls are slow).
+_SEQUENTIAL_WARM_UP = 20
+
+
+def sequential_latencies(systems: Mapping[str, SequentialTarget], count: int,
+                         rounds: int = 5) -> dict[str, dict[str, Any]]:
+    """One client a system, one put at a time, ``count`` puts: each put's commit latency, and
+    the CPU each put cost the servers, the leader among them, and the client. The systems take
+    turns, ``rounds`` times, so that what else the machine runs meanwhile weighs on each alike.
+    A lone put runs on cold caches at every hop, so what it costs is mostly what it waits for."""
+    runs = {kind: _SequentialRun(system.target.connect()) for kind, system in systems.items()}
     try:
-        servers_before = [process_cpu_s(pid) for pid in server_pids]
-        client_before = time.thread_time()
-        for i in range(count):
-            started = time.perf_counter()
-            client.put(f"seq-{i}", VALUE)
-            samples.append((time.perf_counter() - started) * 1000)
-        client_cpu = time.thread_time() - client_before
-        servers_cpu = {pid: process_cpu_s(pid) - before
-                       for pid, before in zip(server_pids, servers_before, strict=True)}
+        for run in runs.values():
+            for i in range(_SEQUENTIAL_WARM_UP):
+                run.client.put(f"seq-warm-{i}", VALUE)
+        for turn in range(rounds):
+            for kind, run in runs.items():
+                _sequential_turn(run, systems[kind], range(turn * count // rounds,
+                                                           (turn + 1) * count // rounds))
     finally:
-        client.close()
-    samples.sort()
+        for run in runs.values():
+            run.client.close()
+    return {kind: _sequential_result(run, systems[kind]) for kind, run in runs.items()}
+
+
+def _sequential_turn(run: _SequentialRun, system: SequentialTarget, keys: range) -> None:
+    servers_before = {pid: process_cpu_s(pid) for pid in system.server_pids}
+    client_before = time.thread_time()
+    for i in keys:
+        started = time.perf_counter()
+        run.client.put(f"seq-{i}", VALUE)
+        run.samples.append((time.perf_counter() - started) * 1000)
+    run.client_cpu_s += time.thread_time() - client_before
+    for pid, before in servers_before.items():
+        run.servers_cpu_s[pid] = run.servers_cpu_s.get(pid, 0.0) + process_cpu_s(pid) - before
+
+
+def _sequential_result(run: _SequentialRun, system: SequentialTarget) -> dict[str, Any]:
+    samples = sorted(run.samples)
     calls = max(1, len(samples))
-    return {"p50_ms": statistics.median(samples), "p99_ms": percentile(samples, 0.99),
-            "count": len(samples),
-            "client_cpu_us_per_call": client_cpu / calls * 1e6,
-            "server_cpu_us_per_call": (sum(servers_cpu.values()) / calls * 1e6
-                                       if server_pids else None),
-            "leader_cpu_us_per_call": (servers_cpu[leader_pid] / calls * 1e6
-                                       if leader_pid in servers_cpu else None)}
+    leader_s = run.servers_cpu_s.get(system.leader_pid) if system.leader_pid else None
+    return {"p50_ms": statistics.median(samples) if samples else None,
+            "p99_ms": percentile(samples, 0.99), "count": len(samples),
+            "client_cpu_us_per_call": run.client_cpu_s / calls * 1e6,
+            "server_cpu_us_per_call": (sum(run.servers_cpu_s.values()) / calls * 1e6
+                                       if system.server_pids else None),
+            "leader_cpu_us_per_call": leader_s / calls * 1e6 if leader_s is not None else None}
+
 
 
 def percentile(ordered: Sequence[float], fraction: float) -> float | None:
