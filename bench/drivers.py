@@ -491,14 +491,14 @@ def _sequential_turn(run: _SequentialRun, system: SequentialTarget, keys: range)
 def _sequential_result(run: _SequentialRun, system: SequentialTarget) -> dict[str, Any]:
     samples = sorted(run.samples)
     calls = max(1, len(samples))
-    leader_s = run.servers_cpu_s.get(system.leader_pid) if system.leader_pid else None
+    leader_s = (run.servers_cpu_s.get(system.leader_pid)
+                if system.leader_pid is not None else None)
     return {"p50_ms": statistics.median(samples) if samples else None,
             "p99_ms": percentile(samples, 0.99), "count": len(samples),
             "client_cpu_us_per_call": run.client_cpu_s / calls * 1e6,
             "server_cpu_us_per_call": (sum(run.servers_cpu_s.values()) / calls * 1e6
                                        if system.server_pids else None),
             "leader_cpu_us_per_call": leader_s / calls * 1e6 if leader_s is not None else None}
-
 
 
 def percentile(ordered: Sequence[float], fraction: float) -> float | None:
