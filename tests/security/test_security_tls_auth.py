@@ -82,6 +82,18 @@ def state_of(cluster: InProcessCluster) -> tuple[Any, ...]:
     return tuple((n.log_dir.log.end_offset, n.core.voters) for n in cluster.nodes.values())
 
 
+def settled_state(cluster: InProcessCluster) -> tuple[Any, ...]:
+    """``state_of`` once every node holds the same log end: the cluster is shared by the tests,
+    and a follower may still be fetching an earlier test's writes."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = state_of(cluster)
+        if len({end for end, _ in state}) == 1:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"the nodes' logs did not settle: {state_of(cluster)}")
+
+
 # --- clients ---------------------------------------------------------------------------------
 
 
@@ -122,7 +134,7 @@ def test_clients_with_a_certificate_get_its_roles(cluster: InProcessCluster, pki
     with QuorumClient(cluster.bootstrap, credentials=pki.credentials(certificate="app-reader"),
                       protocol=protocol) as reader:
         assert reader.get("by-certificate") == "ok"
-        before = state_of(cluster)
+        before = settled_state(cluster)
         for write in (lambda: reader.put("by-certificate", "no"),
                       lambda: reader.delete("by-certificate"),
                       lambda: reader.cas("by-certificate", "ok", "no"),
@@ -174,7 +186,7 @@ def test_no_credential_is_refused_and_changes_nothing(
         call: tuple[str, str, Any]) -> None:
     method, path, body = call
     leader = leader_id(cluster)
-    before = state_of(cluster)
+    before = settled_state(cluster)
     with caplog.at_level(logging.WARNING, logger="quorum_node.audit"):
         status, answer, headers = request(cluster, leader, method, path, body=body,
                                           credentials=ClientCredentials(ca_file=pki.ca_path))
@@ -213,7 +225,7 @@ def test_wrong_credential_is_refused_and_changes_nothing(
     else:
         credentials = pki.credentials(token=credential)
     leader = leader_id(cluster)
-    before = state_of(cluster)
+    before = settled_state(cluster)
     with caplog.at_level(logging.WARNING, logger="quorum_node.audit"):
         answer_status, answer, _ = request(cluster, leader, method, path, body=body,
                                            credentials=credentials)
