@@ -494,7 +494,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               shared=True),
     ConfigKey("snapshot.interval.records", ("snapshot_interval_records",),
               "Write a snapshot of the key-value store after this many committed records, and "
-              "no sooner than as many as it has keys (0: never).", shared=True),
+              "no sooner than a quarter as many as it has keys (0: never).", shared=True),
     ConfigKey("snapshot.retained.log.records", ("snapshot_retained_log_records",),
               "Records of log kept below the latest snapshot; whole segments older than that "
               "are deleted.", shared=True),
