@@ -443,9 +443,8 @@ class KvService:
     async def _append(self, records: list[Record], timeout_s: float) -> Appended:
         """Append through the leader; answers once committed."""
         self._check_node()
-        epoch = self.node.epoch  # the epoch append() proposes in: no await in between
         try:
-            first, last = await self._until_closing(
+            first, last, epoch = await self._until_closing(
                 self.node.append(records, timeout_s),
                 ServiceError(ErrorCode.OUTCOME_UNKNOWN,
                              "the node is shutting down; the write may or may not commit"))

@@ -28,6 +28,7 @@ from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import Listener, NodeConfig
 from quorum_node.node.driver_host import NodeDriverHost
 from quorum_node.node.listener import NodeListeners, SecondProtocol
+from quorum_node.node.proposals import Proposals, Proposed
 from quorum_node.node.state_machine import KvStateMachine
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import PeerClient
@@ -96,6 +97,7 @@ class QuorumNode:
         self.endpoints = parts.endpoints
         self.client_endpoints = parts.client_endpoints
         self.waits: Waits = parts.host.waits
+        self._proposals = Proposals(self.driver, _now_ms)
         self._tasks: set[asyncio.Task[None]] = set()
         # Observers of each append's commit latency in seconds (metrics).
         self.commit_hooks: list[Callable[[float], None]] = []
@@ -243,8 +245,9 @@ class QuorumNode:
         carries)."""
         return self.core.voter_set_at(offset)
 
-    async def append(self, records: Sequence[Record], timeout_s: float) -> tuple[int, int]:
-        """Append records through the leader and wait until they are committed.
+    async def append(self, records: Sequence[Record], timeout_s: float) -> Proposed:
+        """Append records through the leader and wait until they are committed: their offsets,
+        and the epoch they were appended in.
 
         Raises NotLeaderError (with the leader, if known) on a non-leader, AppendLostError when
         a new leader truncated them, CommitUnknownError when the timeout passed first,
@@ -262,8 +265,8 @@ class QuorumNode:
                 await self._wait_for(
                     lambda: self.core.accepts_writes or self.core.state is not RaftState.LEADER,
                     timeout_s)
-        first, last = self.driver.request(lambda core: core.propose(_now_ms(), records))
-        epoch = self.core.epoch
+        proposed = await self._proposals.propose(records)
+        first, last, epoch = proposed
         self.host.appends_waiting += 1
         try:
             await self._wait_committed(last, timeout_s)
@@ -283,7 +286,7 @@ class QuorumNode:
             raise AppendLostError(f"offsets {first}-{last} of epoch {epoch} were truncated")
         for hook in self.commit_hooks:
             hook(time.perf_counter() - started)
-        return first, last
+        return proposed
 
     async def add_voter(self, key: ReplicaKey, timeout_s: float) -> None:
         """AddVoter (KIP-856) through the leader; returns once the new voter set is committed.

@@ -431,6 +431,28 @@ class RaftCore:
 
         The offsets are committed once the high watermark passes them in this epoch."""
         self._now_ms = max(self._now_ms, now_ms)
+        offsets = self._accept(now_ms, records)
+        self._drive(now_ms)
+        return offsets
+
+    def propose_each(self, now_ms: int, proposals: Sequence[Sequence[Record]]
+                     ) -> list[tuple[int, int] | Exception]:
+        """``propose`` for several callers' records in one step, in order: each gets its
+        (first, last) offsets, or the refusal ``propose`` would raise to it (NotLeaderError,
+        ValueError, LogFullError) while the others go on. Many clients' writes arriving together
+        cost the leader one step, not one each."""
+        self._now_ms = max(self._now_ms, now_ms)
+        outcomes: list[tuple[int, int] | Exception] = []
+        for records in proposals:
+            try:
+                outcomes.append(self._accept(now_ms, records))
+            except (NotLeaderError, ValueError, LogFullError) as refusal:
+                outcomes.append(refusal)
+        self._drive(now_ms)
+        return outcomes
+
+    def _accept(self, now_ms: int, records: Sequence[Record]) -> tuple[int, int]:
+        """Hold records in the accumulator (``propose`` without the step that follows)."""
         state = self._state
         if not isinstance(state, LeaderState) or self._shutting_down:
             raise NotLeaderError(self.leader_id, self.epoch)
@@ -448,7 +470,6 @@ class RaftCore:
             raise LogFullError("the log is full: records already wait for space")
         base = self.log.end_offset + len(accumulator.records)
         accumulator.add(records, size, now_ms, self.config.append_linger_ms)
-        self._drive(now_ms)
         return base, base + len(records) - 1
 
     def begin_shutdown(self, now_ms: int) -> None:

@@ -289,6 +289,15 @@ class SimNode:
         except NotLeaderError:
             return None
 
+    def propose_each(self, proposals: Sequence[Sequence[Record]]
+                     ) -> list[tuple[int, int] | Exception] | None:
+        """Offer several clients' records in one step, as the node gathers the writes of one
+        turn of its loop: each one's offsets or refusal; None if the node is down."""
+        try:
+            return self._request(lambda c: c.propose_each(self._loop.now_ms, proposals))
+        except NotLeaderError:
+            return None
+
     def add_voter(self, key: ReplicaKey, timeout_ms: int) -> int | None:
         """AddVoter to this node: a ticket, None if the node is down (or its core failed);
         raises what the core refuses with (NotLeaderError, VoterChangeError)."""

@@ -1,7 +1,8 @@
-"""The client: every few milliseconds it proposes one key-value operation to the current leader,
-encoded as the node's API encodes it (``quorum_node.kv.store.encode_op``): puts, deletes, cas
-and txns over a small set of keys, so that writes overwrite, delete and compare one another's
-results, and the replicas' stores (``quorum_node.kv.machine``) have something to disagree on.
+"""The client: every few milliseconds it proposes a key-value operation to the current leader
+(now and then a few, from several clients at once, in one step), encoded as the node's API
+encodes it (``quorum_node.kv.store.encode_op``): puts, deletes, cas and txns over a small set
+of keys, so that writes overwrite, delete and compare one another's results, and the replicas'
+stores (``quorum_node.kv.machine``) have something to disagree on.
 
 It remembers when each accepted operation carrying a value was proposed (liveness checks ask
 whether anything proposed after a fault healed got committed). Every value is unique, so a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 
 from quorum_node.kv.ops import Cas, Compare, Delete, KvOp, Put, Txn, encode_op
+from quorum_node.raft.records import Record
 from quorum_node.sim.cluster import Cluster
 
 KEYS = 32
@@ -64,13 +66,25 @@ class Workload:
         leader = self._cluster.leader()
         if leader is None:
             return False
-        op = self._next_op()
-        record = encode_op(op)
-        if leader.propose([record]) is not None:
-            if isinstance(op, Put | Cas):
-                self._last_proposed[op.key] = op.value
-            elif isinstance(op, Delete):
-                self._last_proposed[op.key] = None
-            if not isinstance(op, Delete) and not (isinstance(op, Cas) and op.value is None):
-                self.proposed_at[record.value] = self._cluster.loop.now_ms
+        # Now and then several clients' writes reach the leader in the same turn of its loop,
+        # and it proposes them in one step (``RaftCore.propose_each``).
+        callers = 1 if self._rng.random() < 0.75 else self._rng.randint(2, 4)
+        ops = [self._next_op() for _ in range(callers)]
+        records = [encode_op(op) for op in ops]
+        outcomes: list[tuple[int, int] | Exception | None] = [None] * callers
+        if callers == 1:
+            outcomes[0] = leader.propose(records)
+        else:
+            outcomes[:] = leader.propose_each([[record] for record in records]) or outcomes
+        for op, record, outcome in zip(ops, records, outcomes, strict=True):
+            if isinstance(outcome, tuple):
+                self._accepted(op, record)
         return True
+
+    def _accepted(self, op: KvOp, record: Record) -> None:
+        if isinstance(op, Put | Cas):
+            self._last_proposed[op.key] = op.value
+        elif isinstance(op, Delete):
+            self._last_proposed[op.key] = None
+        if not isinstance(op, Delete) and not (isinstance(op, Cas) and op.value is None):
+            self.proposed_at[record.value] = self._cluster.loop.now_ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from quorum_node.node.kv_service import KvService
 from quorum_node.node.runtime import QuorumNode
 from quorum_node.node.wiring import build_node
 from quorum_node.raft.config import VoterEndpoint
+from quorum_node.raft.records import Record
 from quorum_node.raft.state import RaftState
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
@@ -119,7 +121,45 @@ async def test_a_leader_applies_a_write_in_the_step_that_commits_it(tmp_path: Pa
                     and node.core.high_watermark is not None, "a leader")
         store = node.state_machine.store
         for index in range(20):
-            first, _ = await node.append([encode_op(Put(f"key-{index}", "value"))], timeout_s=5)
+            first, _, _ = await node.append([encode_op(Put(f"key-{index}", "value"))], timeout_s=5)
             assert store.next_offset > first and store.get(f"key-{index}") == "value"
+    finally:
+        await shutdown(node, timeout_s=2)
+
+
+async def test_appends_of_one_turn_are_proposed_together(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The appends that reach the leader in one turn of its loop: the first goes to the core at
+    once, those after it in one step between them; each commits at its own offsets, and a
+    refused one (too large for a batch) fails alone."""
+    node = _single_node(tmp_path)
+    await node.start()
+    try:
+        await _wait(lambda: node.core.state is RaftState.LEADER
+                    and node.core.high_watermark is not None, "a leader")
+        gathered: list[int] = []
+        propose_each = node.core.propose_each
+
+        def counted(now_ms: int, proposals: Sequence[Sequence[Record]]
+                    ) -> list[tuple[int, int] | Exception]:
+            gathered.append(len(proposals))
+            return propose_each(now_ms, proposals)
+
+        monkeypatch.setattr(node.core, "propose_each", counted)
+        too_large = [Record(b"x" * (node.core.config.max_batch_bytes + 1))]
+        puts = [[encode_op(Put(f"key-{index}", "value"))] for index in range(8)]
+        outcomes = await asyncio.gather(
+            *(node.append(records, timeout_s=5) for records in puts[:4]),
+            node.append(too_large, timeout_s=5),
+            *(node.append(records, timeout_s=5) for records in puts[4:]),
+            return_exceptions=True)
+        assert gathered == [8]  # the first went alone; the other seven and the refused one
+        refused = outcomes.pop(4)
+        assert isinstance(refused, ValueError)
+        offsets = [outcome.first for outcome in outcomes if not isinstance(outcome, BaseException)]
+        assert len(offsets) == 8 and offsets == list(range(offsets[0], offsets[0] + 8))
+        store = node.state_machine.store
+        await _wait(lambda: store.get("key-7") == "value", "the store to apply every put")
+        assert all(store.get(f"key-{index}") == "value" for index in range(8))
     finally:
         await shutdown(node, timeout_s=2)

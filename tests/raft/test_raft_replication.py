@@ -18,9 +18,9 @@ from quorum_node.raft.messages import (
     FetchResponse,
     VoteRequest,
 )
-from quorum_node.raft.records import decode_batches
+from quorum_node.raft.records import Record, decode_batches
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import Errors
+from quorum_node.raft.types import Errors, NotLeaderError
 
 if TYPE_CHECKING:
     from context import RaftTestContext
@@ -192,6 +192,34 @@ def test_appends_accumulate_while_an_fsync_runs(make_ctx: MakeCtx) -> None:
     ctx.core.propose(ctx.now_ms, ctx.records("d"))
     ctx.advance(ctx.config.append_linger_ms)  # a slow fsync: the linger caps the wait
     assert ctx.log_layout()[-1] == (4, 4, 1)
+
+
+def test_proposals_of_one_step_each_get_their_offsets_or_their_refusal(
+        make_ctx: MakeCtx) -> None:
+    """Several callers' records proposed in one step (``propose_each``): each gets its own
+    contiguous offsets, in order, or its own refusal while the others are taken; with the disk
+    idle they go to the log as one batch."""
+    ctx = _leader(make_ctx)
+    too_large = [Record(value=b"x" * (ctx.config.max_batch_bytes + 1))]
+    outcomes = ctx.core.propose_each(
+        ctx.now_ms, [ctx.records("a"), ctx.records("b", "c"), too_large, ctx.records("d")])
+    ctx.collect()
+    assert outcomes[0] == (1, 1)
+    assert outcomes[1] == (2, 3)
+    assert isinstance(outcomes[2], ValueError)
+    assert outcomes[3] == (4, 4)
+    assert ctx.log_layout()[-1] == (1, 4, 1)
+    assert [r.value for b in decode_batches(ctx.log.read(1, 1 << 20)) for r in b.records] == [
+        b"a", b"b", b"c", b"d"]
+
+
+def test_proposals_of_one_step_on_a_follower_are_each_refused(make_ctx: MakeCtx) -> None:
+    ctx = make_ctx(2, [1, 2, 3])
+    ctx.deliver_one(1, ctx.begin_quorum_request(1, 1))
+    outcomes = ctx.core.propose_each(ctx.now_ms, [ctx.records("a"), ctx.records("b")])
+    assert all(isinstance(outcome, NotLeaderError) and outcome.leader_id == 1
+               for outcome in outcomes)
+    assert ctx.log.end_offset == 0
 
 
 def test_purgatory_fetch_timeout(make_ctx: MakeCtx) -> None:

@@ -150,7 +150,7 @@ class DeletesTheSnapshotItLoaded(RaftCore):
         (DoesNotWaitForVoterChanges, ONE_VOTER_CHANGE_AT_A_TIME, "disk_replacement", range(30)),
         (IgnoresTheVoterBeingAdded, VOTER_CHANGE_MAJORITIES, "disk_replacement", range(30)),
         (AnswersForAnyDirectory, NO_COMMITTED_LOSS, "disk_replacement", range(40)),
-        (DeletesTheSnapshotItLoaded, NO_COMMITTED_LOSS, "snapshot_catch_up", range(40)),
+        (DeletesTheSnapshotItLoaded, NO_COMMITTED_LOSS, "snapshot_catch_up", range(43)),
     ],
 )
 def test_reconfiguration_mutation_is_caught(
