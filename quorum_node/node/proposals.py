@@ -15,7 +15,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from quorum_node.raft.core import RaftCore
 from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.records import Record
 
@@ -32,9 +31,12 @@ class Proposed(NamedTuple):
 class Proposals:
     """Proposes client records through ``driver``, gathering those of one turn of the loop."""
 
-    def __init__(self, driver: CoreDriver, now_ms: Callable[[], int]) -> None:
+    def __init__(self, driver: CoreDriver, now_ms: Callable[[], int],
+                 epoch: Callable[[], int]) -> None:
+        """``epoch``: the core's current epoch (read right after each proposal)."""
         self._driver = driver
         self._now_ms = now_ms
+        self._epoch = epoch
         # Records waiting for the gathered step, with their callers' futures; None while no
         # proposal was made in this turn (the next one goes to the core at once).
         self._gathered: list[tuple[Sequence[Record], asyncio.Future[Proposed]]] | None = None
@@ -45,7 +47,7 @@ class Proposals:
         if self._gathered is None:
             first, last = self._driver.request(
                 lambda core: core.propose(self._now_ms(), records))
-            proposed = Proposed(first, last, self._driver.core.epoch)
+            proposed = Proposed(first, last, self._epoch())
             self._gathered = []
             asyncio.get_running_loop().call_soon(self._propose_gathered)
             return proposed
@@ -59,17 +61,15 @@ class Proposals:
         waiting = [(records, future) for records, future in gathered if not future.done()]
         if not waiting:
             return
-
-        def propose_each(core: RaftCore) -> list[tuple[int, int] | Exception]:
-            return core.propose_each(self._now_ms(), [records for records, _ in waiting])
-
+        proposals = [records for records, _ in waiting]
         try:
-            outcomes = self._driver.request(propose_each)
+            outcomes = self._driver.request(
+                lambda core: core.propose_each(self._now_ms(), proposals))
         except Exception as error:  # the node failed: every caller is told it is no leader
             for _, future in waiting:
                 future.set_exception(error)
             return
-        epoch = self._driver.core.epoch
+        epoch = self._epoch()
         for (_, future), outcome in zip(waiting, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 future.set_exception(outcome)

@@ -97,7 +97,7 @@ class QuorumNode:
         self.endpoints = parts.endpoints
         self.client_endpoints = parts.client_endpoints
         self.waits: Waits = parts.host.waits
-        self._proposals = Proposals(self.driver, _now_ms)
+        self._proposals = Proposals(self.driver, _now_ms, lambda: self.core.epoch)
         self._tasks: set[asyncio.Task[None]] = set()
         # Observers of each append's commit latency in seconds (metrics).
         self.commit_hooks: list[Callable[[float], None]] = []
