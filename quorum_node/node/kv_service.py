@@ -68,6 +68,7 @@ from quorum_node.kv.ops import (
 )
 from quorum_node.kv.store import KvEvent, KvStore
 from quorum_node.node.errors import ErrorCode, ServiceError
+from quorum_node.node.proposals import Appended
 from quorum_node.node.runtime import AppendLostError, CommitUnknownError, QuorumNode
 from quorum_node.node.state_machine import (
     READ_CHUNK_BYTES,
@@ -102,13 +103,6 @@ MAX_ANSWER_BYTES = 1024 * 1024
 WATCH_SCAN_SLICE = 10_000
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    first_offset: int
-    last_offset: int
-    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +438,7 @@ class KvService:
         """Append through the leader; answers once committed."""
         self._check_node()
         try:
-            first, last, epoch = await self._until_closing(
+            return await self._until_closing(
                 self.node.append(records, timeout_s),
                 ServiceError(ErrorCode.OUTCOME_UNKNOWN,
                              "the node is shutting down; the write may or may not commit"))
@@ -458,7 +452,6 @@ class KvService:
         except LogFullError as error:
             raise ServiceError(ErrorCode.DISK_FULL, f"{error}; nothing was appended (retry once "
                                                     f"space is freed)") from None
-        return Appended(first, last, epoch)
 
     async def _read_index(self, timeout_s: float) -> int:
         self._check_node()

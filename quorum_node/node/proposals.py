@@ -19,12 +19,13 @@ from quorum_node.raft.driver import CoreDriver
 from quorum_node.raft.records import Record
 
 
-class Proposed(NamedTuple):
-    """Where a caller's records went: their first and last offsets, and the epoch of the leader
-    that took them (they are committed once the high watermark passes ``last`` in it)."""
+class Appended(NamedTuple):
+    """Where a caller's records go in the log: their first and last offsets, and the epoch of
+    the leader that took them (they are committed once the high watermark passes
+    ``last_offset`` in it)."""
 
-    first: int
-    last: int
+    first_offset: int
+    last_offset: int
     epoch: int
 
 
@@ -39,19 +40,19 @@ class Proposals:
         self._epoch = epoch
         # Records waiting for the gathered step, with their callers' futures; None while no
         # proposal was made in this turn (the next one goes to the core at once).
-        self._gathered: list[tuple[Sequence[Record], asyncio.Future[Proposed]]] | None = None
+        self._gathered: list[tuple[Sequence[Record], asyncio.Future[Appended]]] | None = None
 
-    async def propose(self, records: Sequence[Record]) -> Proposed:
+    async def propose(self, records: Sequence[Record]) -> Appended:
         """Hand ``records`` to the core: raises what the core refuses them with
         (``REFUSALS`` of the driver), or NotLeaderError once the node has failed."""
         if self._gathered is None:
             first, last = self._driver.request(
                 lambda core: core.propose(self._now_ms(), records))
-            proposed = Proposed(first, last, self._epoch())
+            proposed = Appended(first, last, self._epoch())
             self._gathered = []
             asyncio.get_running_loop().call_soon(self._propose_gathered)
             return proposed
-        future: asyncio.Future[Proposed] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
         self._gathered.append((records, future))
         return await future
 
@@ -74,4 +75,4 @@ class Proposals:
             if isinstance(outcome, Exception):
                 future.set_exception(outcome)
             else:
-                future.set_result(Proposed(*outcome, epoch))
+                future.set_result(Appended(*outcome, epoch))

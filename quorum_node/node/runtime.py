@@ -28,7 +28,7 @@ from quorum_node.node.clock import now_ms as _now_ms
 from quorum_node.node.config import Listener, NodeConfig
 from quorum_node.node.driver_host import NodeDriverHost
 from quorum_node.node.listener import NodeListeners, SecondProtocol
-from quorum_node.node.proposals import Proposals, Proposed
+from quorum_node.node.proposals import Appended, Proposals
 from quorum_node.node.state_machine import KvStateMachine
 from quorum_node.node.story import NodeStory
 from quorum_node.node.transport import PeerClient
@@ -245,7 +245,7 @@ class QuorumNode:
         carries)."""
         return self.core.voter_set_at(offset)
 
-    async def append(self, records: Sequence[Record], timeout_s: float) -> Proposed:
+    async def append(self, records: Sequence[Record], timeout_s: float) -> Appended:
         """Append records through the leader and wait until they are committed: their offsets,
         and the epoch they were appended in.
 
@@ -265,8 +265,8 @@ class QuorumNode:
                 await self._wait_for(
                     lambda: self.core.accepts_writes or self.core.state is not RaftState.LEADER,
                     timeout_s)
-        proposed = await self._proposals.propose(records)
-        first, last, epoch = proposed
+        appended = await self._proposals.propose(records)
+        first, last, epoch = appended
         self.host.appends_waiting += 1
         try:
             await self._wait_committed(last, timeout_s)
@@ -286,7 +286,7 @@ class QuorumNode:
             raise AppendLostError(f"offsets {first}-{last} of epoch {epoch} were truncated")
         for hook in self.commit_hooks:
             hook(time.perf_counter() - started)
-        return proposed
+        return appended
 
     async def add_voter(self, key: ReplicaKey, timeout_s: float) -> None:
         """AddVoter (KIP-856) through the leader; returns once the new voter set is committed.

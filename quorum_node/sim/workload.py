@@ -71,13 +71,13 @@ class Workload:
         callers = 1 if self._rng.random() < 0.75 else self._rng.randint(2, 4)
         ops = [self._next_op() for _ in range(callers)]
         records = [encode_op(op) for op in ops]
-        outcomes: list[tuple[int, int] | Exception | None] = [None] * callers
         if callers == 1:
-            outcomes[0] = leader.propose(records)
+            taken = [leader.propose(records) is not None]
         else:
-            outcomes[:] = leader.propose_each([[record] for record in records]) or outcomes
-        for op, record, outcome in zip(ops, records, outcomes, strict=True):
-            if isinstance(outcome, tuple):
+            outcomes = leader.propose_each([[record] for record in records]) or []
+            taken = [isinstance(outcome, tuple) for outcome in outcomes] or [False] * callers
+        for op, record, was_taken in zip(ops, records, taken, strict=True):
+            if was_taken:
                 self._accepted(op, record)
         return True
 

@@ -156,7 +156,8 @@ async def test_appends_of_one_turn_are_proposed_together(tmp_path: Path,
         assert gathered == [8]  # the first went alone; the other seven and the refused one
         refused = outcomes.pop(4)
         assert isinstance(refused, ValueError)
-        offsets = [outcome.first for outcome in outcomes if not isinstance(outcome, BaseException)]
+        offsets = [outcome.first_offset for outcome in outcomes
+                   if not isinstance(outcome, BaseException)]
         assert len(offsets) == 8 and offsets == list(range(offsets[0], offsets[0] + 8))
         store = node.state_machine.store
         await _wait(lambda: store.get("key-7") == "value", "the store to apply every put")
