@@ -99,6 +99,7 @@ class QuorumNode:
         self.waits: Waits = parts.host.waits
         self._proposals = Proposals(self.driver, _now_ms, lambda: self.core.epoch)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._shutting_down = False
         # Observers of each append's commit latency in seconds (metrics).
         self.commit_hooks: list[Callable[[float], None]] = []
 
@@ -138,9 +139,12 @@ class QuorumNode:
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         """Graceful stop: a leader resigns and waits (up to ``timeout_s``) for a successor, so
-        the quorum does not wait out a fetch timeout; then everything is closed and flushed."""
-        if self.host.stopped.is_set():
+        the quorum does not wait out a fetch timeout; then everything is closed and flushed.
+        A node that stopped on a failure is closed all the same (its tasks, listeners and log
+        directory), without the resignation and the flush. Only the first call does anything."""
+        if self._shutting_down:
             return
+        self._shutting_down = True
         if self.failure is None:
             self.host.unreachable.clear()  # from here on: who the resignation cannot reach
             self.driver.step(lambda core: core.begin_shutdown(_now_ms()))
