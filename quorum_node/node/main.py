@@ -17,6 +17,7 @@ from quorum_node.node.app import build_app
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.kafka.server import kafka_protocol_of
 from quorum_node.node.kv_service import KvService
+from quorum_node.node.runtime import QuorumNode
 from quorum_node.node.wiring import build_node
 
 # Allocations between two collections of the youngest generation (Python's default: 700).
@@ -25,7 +26,7 @@ GC_YOUNG_THRESHOLD = 20_000
 
 async def serve(config: NodeConfig) -> int:
     """Run a node until SIGTERM/SIGINT (graceful) or a fatal failure; return the exit code."""
-    node = build_node(config)
+    node = _build_frozen(config)
     # One service for every client transport: they share its bound on waiting calls.
     service = KvService(node)
     # The controller listener also speaks Kafka's protocol to Kafka's admin tools (KIP-919).
@@ -51,6 +52,19 @@ async def serve(config: NodeConfig) -> int:
     await node.shutdown()
     node.story.stopped(node.failure)
     return 1 if node.failure is not None else 0
+
+
+def _build_frozen(config: NodeConfig) -> QuorumNode:
+    """Build the node with the cyclic collector off, then freeze what it built. Loading a
+    snapshot makes a tuple a key, none of them garbage and none in a cycle: the collector would
+    walk them again and again as they pile up, and once more in each older generation, to free
+    nothing."""
+    gc.disable()
+    try:
+        return build_node(config)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _tune_garbage_collector() -> None:
