@@ -5,20 +5,19 @@ committed (so the audit knows the committed range without estimating it), and ev
 the backup is listed with its size and SHA-256. The model here is the reader's side of the backup
 format: it validates the fields the audit uses and ignores fields it does not know, so a newer
 writer's manifest still reads. A backup is written manifest last, so a directory named like a
-backup (``<YYYYMMDDTHHMMSSZ>-node-<id>``) without a manifest is an incomplete backup.
+backup (``<YYYYMMDDTHHMMSSZ>-node-<id>``, maybe with a suffix: ``BACKUP_DIRECTORY_NAME``) without a
+manifest is an incomplete backup.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, Field
 
 BACKUP_MANIFEST = "backup.json"
-BACKUP_NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-node-[0-9]+")
 SUPPORTED_FORMAT = 1
 _CHUNK = 8 << 20
 

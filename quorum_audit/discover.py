@@ -28,7 +28,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from quorum_audit.backup import BACKUP_MANIFEST, BACKUP_NAME, BackupManifest, parse_manifest
+from quorum_audit.backup import BACKUP_MANIFEST, BackupManifest, parse_manifest
+from quorum_node.backup.manifest import BACKUP_DIRECTORY_NAME
 from quorum_node.raft.state import ElectionState
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.errors import StorageError
@@ -160,7 +161,7 @@ def _log_directories(uri: str, endpoint_url: str | None) -> tuple[list[str], lis
     for path in files:
         parts = path.split("/")
         backups.update("/".join(parts[:i + 1]) for i, part in enumerate(parts[:-1])
-                       if BACKUP_NAME.fullmatch(part))
+                       if BACKUP_DIRECTORY_NAME.fullmatch(part))
     complete = {path.rsplit("/", 1)[0] for path in files if path.endswith("/" + BACKUP_MANIFEST)}
     incomplete = backups - complete
     return (sorted(prefix + root for root in roots - incomplete),

@@ -31,7 +31,6 @@ import base64
 import contextlib
 import datetime
 import logging
-import re
 import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,12 @@ from kafka_quorum_operator.plan import is_caught_up
 from kafka_quorum_operator.spec import DATA_MOUNT, LOG_DIR, Bootstrap, ObjectStore, Spec
 from kafka_quorum_operator.status import iso
 from quorum_node.addresses import address_url
-from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
+from quorum_node.backup.manifest import (
+    MANIFEST_NAME,
+    UNSUFFIXED_BACKUP_NAME,
+    BackupError,
+    BackupManifest,
+)
 from quorum_node.backup.store import BackupStore, S3Options, open_store
 from quorum_node.backup.writer import TakenBackup, take_backup
 from quorum_node.storage.kafka_uuid import random_uuid, to_kafka_string
@@ -55,8 +59,6 @@ logger = logging.getLogger(__name__)
 ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
 BACKUP_TIMEOUT_S = 300.0
-# The names the schedule gives its backups (``default_backup_name`` without a suffix).
-SCHEDULED_NAME = re.compile(r"[0-9]{8}T[0-9]{6}Z-node-[0-9]+")
 RESTORE_CONTAINER = "restore"
 
 Event = Callable[[r.Owner, str, str, str], Awaitable[None]]
@@ -105,7 +107,7 @@ def apply_retention(cluster: BackupStore, keep: int) -> list[str]:
     complete = [name for name in names if cluster.child(name).read_bytes(MANIFEST_NAME)]
     if not complete:
         return []
-    scheduled = [name for name in complete if SCHEDULED_NAME.fullmatch(name)]
+    scheduled = [name for name in complete if UNSUFFIXED_BACKUP_NAME.fullmatch(name)]
     doomed = set(scheduled[:-keep]) | {name for name in names
                                        if name not in complete and name < complete[-1]}
     for name in sorted(doomed):

@@ -101,9 +101,18 @@ def rfc3339(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# A backup's directory as ``default_backup_name`` names it under its cluster's: without a suffix
+# (the operator's schedule counts those), and with or without one (what tells a backup's
+# directory from any other: the audit's incomplete backups).
+_STAMPED_NAME = r"[0-9]{8}T[0-9]{6}Z-node-[0-9]+"
+UNSUFFIXED_BACKUP_NAME = re.compile(_STAMPED_NAME)
+BACKUP_DIRECTORY_NAME = re.compile(rf"{_STAMPED_NAME}(?:-.+)?")
+
+
 def default_backup_name(cluster_id: str, node_id: int, created_at: datetime.datetime,
                         suffix: str = "") -> str:
     """``<cluster_id>/<YYYYMMDDTHHMMSSZ>-node-<id>[-<suffix>]``: the place of a backup under a
-    prefix (its name starts with its time, so that names sort by age)."""
+    prefix (its name starts with its time, so that names sort by age; the operator's on-demand
+    backups carry their resource's name as the suffix)."""
     stamp = created_at.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{cluster_id}/{stamp}-node-{node_id}" + (f"-{suffix}" if suffix else "")
