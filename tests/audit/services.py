@@ -121,7 +121,8 @@ def spark_standalone(work: Path, workers: int = 2,
 
         def all_alive(body: bytes) -> bool:
             state = json.loads(body)
-            return sum(w["state"] == "ALIVE" for w in state.get("workers", [])) == workers
+            alive: int = sum(w["state"] == "ALIVE" for w in state.get("workers", []))
+            return alive == workers
 
         _wait_http(f"http://127.0.0.1:{ui_port}/json/", all_alive, "the Spark master",
                    cluster.processes[0], master_log, timeout_s=90)

@@ -58,12 +58,12 @@ def _diverge(backup: LocalBackup, offset: int | None = None, after: int = 0) -> 
     for segment in sorted((backup.path / METADATA_PARTITION_DIR).glob("*.log")):
         data, position = bytearray(segment.read_bytes()), 0
         while position < len(data):
-            header = read_batch_header(data, position)
+            header = read_batch_header(memoryview(data), position)
             wanted = header.base_offset <= offset < header.next_offset if offset is not None \
                 else not header.is_control and header.record_count >= 3 \
                 and header.base_offset >= after
             if wanted:
-                batch, _ = decode_batch(data, position)
+                batch, _ = decode_batch(memoryview(data), position)
                 records = list(batch.records)
                 index = 1 if offset is None else offset - batch.base_offset
                 records[index] = Record(records[index].value.upper(), records[index].key)

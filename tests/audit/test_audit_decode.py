@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import crc32c
 import pyarrow as pa
 import pytest
@@ -71,7 +73,7 @@ def test_intact_rows_hold_each_record_as_the_node_wrote_it() -> None:
         assert row["checksum"] == crc32c.crc32c(record_bytes(record))
         assert row["checksum_ok"] and row["damage"] is None and row["control_type"] is None
     assert {r["batch_base_offset"] for r in rest[:40]} == {101}
-    assert rest[40]["timestamp_ms"] == 1001 and rest[40]["position"] > HEADER_SIZE
+    assert rest[40]["timestamp_ms"] == 1001 and cast(int, rest[40]["position"]) > HEADER_SIZE
 
 
 def test_long_batches_are_walked_as_well_as_many_short_ones() -> None:
@@ -101,7 +103,7 @@ def test_a_crc_mismatch_flags_the_batch_and_keeps_its_records_checksums() -> Non
     changed = [r["offset"] for r, record in zip(damaged, records[40:80], strict=True)
                if r["checksum"] != crc32c.crc32c(record_bytes(record))]
     assert changed == [141]
-    assert all(r["checksum_ok"] for r in decoded if r["offset"] >= 181)
+    assert all(r["checksum_ok"] for r in decoded if cast(int, r["offset"]) >= 181)
 
 
 def test_an_unparseable_header_costs_exactly_its_offsets() -> None:

@@ -181,7 +181,7 @@ def _diverge(backups: list[LocalBackup], target: LocalBackup) -> int:
     agree: a replica that silently diverged. The offset changed."""
     segment, header = _shared_batch(backups, target, skip=0)
     data = bytearray(segment.read_bytes())
-    batch, _ = decode_batch(data, header.position)
+    batch, _ = decode_batch(memoryview(data), header.position)
     records = list(batch.records)
     records[1] = Record(records[1].value.upper(), records[1].key)
     changed = encode_batch(batch.base_offset, batch.epoch, records, batch.timestamp_ms)
@@ -197,7 +197,7 @@ def _flip(backups: list[LocalBackup], target: LocalBackup) -> tuple[str, BatchHe
     it was: a damaged backup. The file, the batch and the offset changed."""
     segment, header = _shared_batch(backups, target, skip=2)
     data = bytearray(segment.read_bytes())
-    batch, _ = decode_batch(data, header.position)
+    batch, _ = decode_batch(memoryview(data), header.position)
     cursor = header.position + HEADER_SIZE
     for record in batch.records[:2]:
         cursor += 8 + len(record.key or b"") + len(record.value)

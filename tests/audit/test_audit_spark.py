@@ -97,7 +97,7 @@ def _diverge(root: Path) -> int:
     not a damaged file (same length, so the file layout stays). The offset changed."""
     segment, header = _shared_batch(root, 2)
     data = bytearray(segment.read_bytes())
-    batch, _ = decode_batch(data, header.position)
+    batch, _ = decode_batch(memoryview(data), header.position)
     records = list(batch.records)
     records[1] = Record(records[1].value.upper(), records[1].key)
     changed = encode_batch(batch.base_offset, batch.epoch, records, batch.timestamp_ms)
@@ -112,7 +112,7 @@ def _corrupt(root: Path) -> tuple[Path, BatchHeader, int]:
     CRC32C no longer matches. The file, the batch and the offset changed."""
     segment, header = _shared_batch(root, 3, skip=1)
     data = bytearray(segment.read_bytes())
-    batch, _ = decode_batch(data, header.position)
+    batch, _ = decode_batch(memoryview(data), header.position)
     cursor = header.position + HEADER_SIZE
     for record in batch.records[:2]:
         cursor += 8 + len(record.key or b"") + len(record.value)

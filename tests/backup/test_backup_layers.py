@@ -14,11 +14,15 @@ ABOVE = ("quorum_node.node.api", "quorum_node.node.runtime", "quorum_node.node.a
 
 def imports_from_above(package: Path) -> list[str]:
     """``path:line module`` of every import (anywhere, TYPE_CHECKING too) of ``ABOVE``."""
-    found = []
+    found: list[str] = []
     for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
             found.extend(f"{path.name}:{node.lineno} {name}" for name in names
                          if name.startswith(ABOVE))
     return found

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from proc_cluster import FAST, ProcessCluster, http_json
+from proc_cluster import FAST, FastTimings, ProcessCluster, http_json
 
 from quorum_node.backup.manifest import MANIFEST_NAME, BackupError, BackupManifest
 from quorum_node.backup.restore import new_voter_set, restore
@@ -40,10 +40,20 @@ from quorum_node.storage.kafka_uuid import random_uuid, to_kafka_string
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.meta_properties import read_meta_properties
 
-# Small segments and frequent snapshots: a backup holds a snapshot and several segments.
 BUCKET = "quorum-backups"  # the s3_server fixture's
-SETTINGS = {**FAST, "snapshot_interval_records": 300, "snapshot_retained_log_records": 100,
-            "log_segment_bytes": 16_384}
+
+
+class Settings(FastTimings):
+    """``SETTINGS``' keys, typed: ``**SETTINGS`` can then only fill ``create``'s ``**settings``."""
+
+    snapshot_interval_records: int
+    snapshot_retained_log_records: int
+    log_segment_bytes: int
+
+
+# Small segments and frequent snapshots: a backup holds a snapshot and several segments.
+SETTINGS: Settings = {**FAST, "snapshot_interval_records": 300,
+                      "snapshot_retained_log_records": 100, "log_segment_bytes": 16_384}
 
 
 @pytest.fixture(scope="module")
@@ -505,7 +515,7 @@ class _EndlessSegment(LocalStore):
             with super().open(path) as stream:
                 yield stream
             return
-        yield io.BufferedReader(self.file)  # type: ignore[misc]
+        yield io.BufferedReader(self.file)
 
 
 def test_restore_reads_no_file_past_its_manifest_size(local_backup: Path,

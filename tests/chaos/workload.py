@@ -197,7 +197,7 @@ def txn_body(call: TxnCall) -> bytes:
 
 
 def _txn_step_json(txn_step: TxnStep) -> dict[str, str | None]:
-    document = {"op": txn_step.kind, "key": txn_step.key}
+    document: dict[str, str | None] = {"op": txn_step.kind, "key": txn_step.key}
     return {**document, "value": txn_step.value} if txn_step.kind == "put" else document
 
 

@@ -80,6 +80,7 @@ class RealQuorum(KubectlQuorum):
 
     async def refused_without_credentials(self) -> str | None:
         credentials = await asyncio.to_thread(self.credentials)
+        assert credentials.ca_file is not None
         return await asyncio.to_thread(anonymous_refusal, self.servers(3), credentials.ca_file,
                                        10)
 

@@ -62,7 +62,7 @@ def quorum(**status: Any) -> dict[str, Any]:
     return body
 
 
-BACKUPS = [
+BACKUPS: list[dict[str, Any]] = [
     {"metadata": {"name": "kq-old", "creationTimestamp": "2026-11-25T10:00:00Z"},
      "spec": {"quorum": "kq"}, "status": {"phase": "Completed"}},
     {"metadata": {"name": "other-x", "creationTimestamp": "2026-11-26T11:00:00Z"},

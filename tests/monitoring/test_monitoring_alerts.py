@@ -34,11 +34,12 @@ from kafka_quorum_operator.reconcile import CR_API
 from kq_cluster import NAME, running_cluster
 from kq_harness import NAMESPACE as OPERATOR_NAMESPACE
 from kq_harness import condition, quorum_object
-from monitoring import HELM, ROOT, chart_objects, one, scrape
+from monitoring import ROOT, chart_objects, one, scrape
 from proc_cluster import FAST, ProcessCluster, http_json
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_kq_backup import BUCKET, CREDENTIALS, SECRET, s3_endpoint
+from test_kq_helm import HELM
 
 from quorum_node.storage.meta_properties import format_log_dir
 

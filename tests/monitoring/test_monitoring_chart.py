@@ -14,7 +14,6 @@ import pytest
 from kafka_quorum_operator.opmetrics import QUORUM_GAUGES
 from kafka_quorum_operator.resources import labels
 from monitoring import (
-    HELM,
     PROMETHEUS_SERIES,
     chart_objects,
     metric_names,
@@ -23,6 +22,7 @@ from monitoring import (
     operator_names,
 )
 from proc_cluster import FAST, ProcessCluster
+from test_kq_helm import HELM
 
 needs_helm = pytest.mark.skipif(HELM is None, reason="helm not installed "
                                 "(python helm/fetch_helm.py .venv/bin)")

@@ -27,15 +27,25 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quorum_node.storage.meta_properties import format_log_dir, random_cluster_id
 
 PEER_SECRET_FILE = "peer-secret"
 PEER_SECRET_HEADER = "X-Quorum-Peer-Secret"
 
+
+class FastTimings(TypedDict):
+    """``FAST``'s keys, typed: ``**FAST`` can then only fill ``create``'s ``**settings``."""
+
+    controller_quorum_election_timeout_ms: int
+    controller_quorum_fetch_timeout_ms: int
+    controller_quorum_request_timeout_ms: int
+    controller_quorum_append_linger_ms: int
+
+
 # Timings that keep the multi-process tests quick.
-FAST = {
+FAST: FastTimings = {
     "controller_quorum_election_timeout_ms": 500,
     "controller_quorum_fetch_timeout_ms": 1000,
     "controller_quorum_request_timeout_ms": 1000,
@@ -271,9 +281,11 @@ class ProcessCluster:
     def quorum(self, node_id: int) -> dict[str, Any] | None:
         """``GET /v1/quorum`` on a node (following no redirect); None if it does not answer 200."""
         try:
-            return http_json("GET", f"{self.nodes[node_id].url}/v1/quorum", follow=False)
+            status: dict[str, Any] = http_json("GET", f"{self.nodes[node_id].url}/v1/quorum",
+                                               follow=False)
         except OSError:
             return None
+        return status
 
     def wait_all_serving(self, timeout_s: float = 20) -> None:
         """Until every node answers (a leader can be elected while one node is still starting)."""

@@ -23,6 +23,7 @@ from proc_cluster import free_port
 
 from quorum_audit import cli as audit_cli
 from quorum_node.cli import admin, client, launch, node
+from quorum_node.cli.local_quorum import prepare_local_cluster
 from quorum_node.node.config import CONFIG_KEYS
 from quorum_node.storage.meta_properties import format_log_dir
 
@@ -57,7 +58,7 @@ def bad_inputs(tmp: Path, dead: str) -> list[tuple[str, list[str], int]]:
     formatted = tmp / "formatted"
     format_log_dir(formatted, CLUSTER_ID, 1)
     quorum = tmp / "quorum"
-    node.prepare_local_cluster(quorum, 3, base_port=free_port())
+    prepare_local_cluster(quorum, 3, base_port=free_port())
     return [
         ("quorum-node", [], 2),
         ("quorum-node", ["frobnicate"], 2),

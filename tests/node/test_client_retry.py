@@ -50,7 +50,7 @@ def _slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         else:
             real_sleep(seconds)
 
-    monkeypatch.setattr(client_module.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)  # the time module quorum_node.client sleeps with
     return waits
 
 

@@ -18,7 +18,7 @@ import time
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from proc_cluster import ProcessCluster, http_json
@@ -61,9 +61,16 @@ class Steps:
             print(f"  {what:<58} {seconds * 1000:9.0f} ms")
 
 
+class ClusterSettings(TypedDict, total=False):
+    """What a variant sets on every node (the ``cluster`` fixture's parameter)."""
+
+    snapshot_interval_records: int
+    log_segment_bytes: int
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessCluster]:
-    settings: dict[str, int] = dict(request.param) if hasattr(request, "param") else {}
+    settings: ClusterSettings = request.param if hasattr(request, "param") else {}
     started = ProcessCluster.create(tmp_path, 3, **settings)
     try:
         started.start_all()
@@ -74,8 +81,9 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessC
 
 def describe(cluster: ProcessCluster, via: int) -> dict[str, Any]:
     server = f"127.0.0.1:{cluster.nodes[via].port}"
-    return json.loads(cli("quorum-admin", "--bootstrap-server", server, "describe", "--status",
-                          "--json"))
+    status: dict[str, Any] = json.loads(cli("quorum-admin", "--bootstrap-server", server,
+                                            "describe", "--status", "--json"))
+    return status
 
 
 def wait_until(what: str, condition: Any, cluster: ProcessCluster, timeout_s: float = 60) -> Any:
@@ -119,9 +127,10 @@ def records_on(cluster: ProcessCluster, node_id: int) -> list[bytes]:
             offset = page.next_offset
 
 
-def check_all_data(cluster: ProcessCluster, compacted: bool) -> None:
+def check_all_data(cluster: ProcessCluster, compacted: bool) -> bool:
     """Every node serves every key (stale reads: its own store) and, unless the logs were
-    compacted, the same records as every other node."""
+    compacted, the same records as every other node: True (for ``wait_until``), else an
+    AssertionError."""
     for node_id, node in cluster.nodes.items():
         with QuorumClient(f"127.0.0.1:{node.port}", timeout_s=10) as client:
             for i in range(KV_KEYS):
@@ -132,6 +141,7 @@ def check_all_data(cluster: ProcessCluster, compacted: bool) -> None:
                [b"record-%d" % i for i in range(RECORDS)]
         for node_id in (2, 3):
             assert records_on(cluster, node_id) == reference
+    return True
 
 
 def replace_disk(cluster: ProcessCluster, victim: int, steps: Steps, compacted: bool) -> None:
@@ -171,14 +181,14 @@ def replace_disk(cluster: ProcessCluster, victim: int, steps: Steps, compacted: 
     assert voter_keys(after) == expected | {(victim, new_uuid)}
     steps.run("all data reads back from every node",
               lambda: wait_until("every node to serve all data",
-                                 lambda: check_all_data(cluster, compacted) or True, cluster))
+                                 lambda: check_all_data(cluster, compacted), cluster))
 
 
 def voter_keys(status: dict[str, Any]) -> set[tuple[int, str]]:
     return {(v["id"], v["directory_id"]) for v in status["voters"]}
 
 
-COMPACTING = {"snapshot_interval_records": 1000, "log_segment_bytes": 64 * 1024}
+COMPACTING: ClusterSettings = {"snapshot_interval_records": 1000, "log_segment_bytes": 64 * 1024}
 
 
 @pytest.mark.parametrize(

@@ -233,8 +233,8 @@ operation = st.one_of(
 
 
 @given(st.lists(operation, max_size=30), st.integers(min_value=1, max_value=5))
-def test_matches_a_model_and_is_independent_of_batching(operations: list[KvOp],
-                                                        chunk: int) -> None:
+def test_matches_a_model_and_is_independent_of_batching(
+        operations: list[Put | Delete | Cas], chunk: int) -> None:
     model: dict[str, str] = {}
     expected_outcomes = []
     for op in operations:
@@ -342,7 +342,7 @@ def test_events_are_bounded_and_a_snapshot_starts_them_over() -> None:
 
 @given(st.lists(operation, max_size=30))
 def test_each_event_holds_what_its_key_holds_after_the_change(
-        operations: list[KvOp]) -> None:
+        operations: list[Put | Delete | Cas]) -> None:
     """Events are kept as what the operation left in the map (a put's or an applied cas's
     value, None after a delete or a cas to null), not read back from it."""
     store = KvStore()

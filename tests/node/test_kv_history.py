@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quorum_node.kv.ops import Cas, Delete, KvOp, Put, Txn, encode_op
+from quorum_node.kv.ops import Cas, Delete, Get, KvOp, Put, Txn, encode_op
 from quorum_node.kv.store import CHANGE_OVERHEAD_BYTES, KvEvent, KvStore, change_bytes
 from quorum_node.raft.records import RecordBatch
 
@@ -132,7 +132,8 @@ def test_pages_follow_the_map_in_key_order_whatever_was_put_and_deleted(
     assert entries == expected[:limit] and more == (len(expected) > limit)
 
 
-def apply_to_model(model: dict[str, str], op: KvOp) -> None:
+def apply_to_model(model: dict[str, str], op: Put | Delete | Cas | Get) -> None:
+    """What ``op`` writes to the model (a txn's Get writes nothing)."""
     if isinstance(op, Put):
         model[op.key] = op.value
     elif isinstance(op, Delete):

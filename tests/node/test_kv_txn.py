@@ -159,13 +159,14 @@ def test_a_watch_answer_never_splits_a_txns_changes() -> None:
 def test_replicas_applying_the_same_records_agree() -> None:
     """Two stores (replicas) apply the same encoded records, one of them after restarting from
     a snapshot midway: same map, same versions and offsets, same outcomes."""
-    records = [Put("a", "1"), Put("b", "2"),
-               Txn((Compare("a", "value", "=", "1"), Compare("b", "version", "=", 1)),
-                   (Put("a", "2"), Delete("b"), Get("a")), (Put("x", "x"),)),
-               Put("b", "3"),
-               Txn((Compare("a", "mod_offset", "=", 2),), (Put("b", "4"), Get("b")),
-                   (Put("y", "y"),)),
-               Txn((Compare("b", "version", ">", 1),), (Put("c", "c"),), (Get("c"),))]
+    records: list[KvOp] = [
+        Put("a", "1"), Put("b", "2"),
+        Txn((Compare("a", "value", "=", "1"), Compare("b", "version", "=", 1)),
+            (Put("a", "2"), Delete("b"), Get("a")), (Put("x", "x"),)),
+        Put("b", "3"),
+        Txn((Compare("a", "mod_offset", "=", 2),), (Put("b", "4"), Get("b")),
+            (Put("y", "y"),)),
+        Txn((Compare("b", "version", ">", 1),), (Put("c", "c"),), (Get("c"),))]
     first, second = KvStore(), KvStore()
     first.apply_batch(ops(0, *records))
     second.apply_batch(ops(0, *records[:3]))
@@ -218,8 +219,8 @@ def test_replicas_that_came_by_different_roads_decide_a_txn_alike() -> None:
     check_snapshot_records(iter(records))
     reloaded = KvStore()
     reloaded.load_snapshot(records, next_offset=2)
-    later = [Put("k", "a"), Put("k", "b"), Txn((Compare("k", "version", "=", 2),),
-                                               (Put("decided", "yes"),), ())]
+    later: list[KvOp] = [Put("k", "a"), Put("k", "b"),
+                         Txn((Compare("k", "version", "=", 2),), (Put("decided", "yes"),), ())]
     for store in (emptied, reloaded):
         store.apply_batch(ops(2, *later))
         assert store.versions_from == 1 and store.get("decided") == "yes"

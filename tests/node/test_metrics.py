@@ -125,7 +125,8 @@ def test_start_up_counts_as_an_election_only_once_campaigning() -> None:
 def test_the_watcher_knows_since_when_the_replica_leads() -> None:
     core = FakeCore(RaftState.FOLLOWER, 1)
     wall = iter([5_000, 9_000])
-    watcher = StateWatcher(core.status(), core.log, [].append, Clock(), lambda: next(wall))
+    elections: list[float] = []
+    watcher = StateWatcher(core.status(), core.log, elections.append, Clock(), lambda: next(wall))
     assert watcher.elected_ms is None
     core.change(watcher, RaftState.LEADER, 2)
     assert watcher.elected_ms == 5_000

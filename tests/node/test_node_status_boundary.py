@@ -28,6 +28,7 @@ def core_reads(package: Path) -> list[str]:
             imports_core = isinstance(node, ast.ImportFrom) and any(
                 alias.name == "RaftCore" for alias in node.names)
             if reads_core or imports_core:
+                assert isinstance(node, ast.expr | ast.stmt)  # an Attribute or an ImportFrom
                 found.append(f"{relative}:{node.lineno}")
     return found
 

@@ -90,6 +90,7 @@ class EmulatedQuorum:
 
     async def refused_without_credentials(self) -> str | None:
         credentials = await self._credentials()
+        assert credentials.ca_file is not None
         return await asyncio.to_thread(anonymous_refusal, self.cluster.servers(range(1, 4)),
                                        credentials.ca_file, 5)
 

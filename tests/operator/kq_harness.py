@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 import jsonpatch
@@ -275,7 +275,8 @@ class K8s(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(obj.raw)
 
     async def _serve_list(self, request: Any) -> Any:
-        answer = await super()._serve_list(request)
+        # kmock's list is a dict (typed as any payload it can render).
+        answer = cast(dict[str, Any], await super()._serve_list(request))
         selector = _parse_selector(request.params.get("labelSelector", ""))
         items = sorted((i for i in answer["items"] if _matches(selector, i)),
                        key=lambda i: (i["metadata"].get("namespace") or "", i["metadata"]["name"]))

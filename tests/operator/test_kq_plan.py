@@ -130,7 +130,7 @@ def test_replacement_waits_for_min_caught_up_seconds() -> None:
 
 def test_replacement_adds_the_new_directory_first() -> None:
     observed = replaced(healthy(), 3, since=NOW - 11)
-    assert only(observed) == Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+    assert only(observed) == Action(ActionKind.ADD_VOTER, 3, "Remediation", NEW[3], DIRS[3])
 
 
 def test_caught_up_since_starts_when_first_seen_caught_up() -> None:
@@ -150,7 +150,7 @@ def test_replacement_of_the_leaders_volume() -> None:
     # Node 1 led; its volume was wiped, node 2 leads now and node 1 is back as an observer.
     observed = healthy(quorum=quorum(leader=2), nodes={i: node(i, leader=2) for i in (1, 2, 3)})
     wiped = replaced(observed, 1, since=NOW - 11)
-    assert only(wiped) == Action("AddVoter", 1, "Remediation", NEW[1], DIRS[1])
+    assert only(wiped) == Action(ActionKind.ADD_VOTER, 1, "Remediation", NEW[1], DIRS[1])
 
 
 def test_then_the_old_directory_is_removed() -> None:
@@ -158,7 +158,7 @@ def test_then_the_old_directory_is_removed() -> None:
     assert observed.quorum is not None
     both = replace(observed, quorum=replace(
         observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()))
-    assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
+    assert only(both) == Action(ActionKind.REMOVE_VOTER, 3, "Remediation", DIRS[3])
 
 
 def test_after_the_replacement_status_records_the_new_identity() -> None:
@@ -279,7 +279,7 @@ def test_one_wiped_voter_of_three_is_not_quorum_lost() -> None:
 def test_a_pending_add_is_retried_until_in_force() -> None:
     observed = replace(replaced(healthy(), 3, lag=50),
                        pending=pending("AddVoter", 3, NEW[3], old=DIRS[3]))
-    assert only(observed) == Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+    assert only(observed) == Action(ActionKind.ADD_VOTER, 3, "Remediation", NEW[3], DIRS[3])
 
 
 def test_a_pending_add_in_force_moves_on_to_the_removal() -> None:
@@ -289,7 +289,7 @@ def test_a_pending_add_in_force_moves_on_to_the_removal() -> None:
         observed.quorum, voters=(*observed.quorum.voters, row(3, NEW[3])), observers=()),
         pending=pending("AddVoter", 3, NEW[3], old=DIRS[3]))
     decided = plan(both)
-    assert decided.actions == (Action("RemoveVoter", 3, "Remediation", DIRS[3]),)
+    assert decided.actions == (Action(ActionKind.REMOVE_VOTER, 3, "Remediation", DIRS[3]),)
 
 
 def test_a_pending_change_waits_for_a_leader() -> None:
@@ -313,9 +313,9 @@ def outdated(observed: Observed, *ids: int, ready: bool = True) -> Observed:
 
 def test_roll_followers_first_leader_last() -> None:
     observed = outdated(healthy(), 1, 2, 3)
-    assert only(observed) == Action("DeletePod", 2, "RollingUpdate")
-    assert only(outdated(healthy(), 1, 3)) == Action("DeletePod", 3, "RollingUpdate")
-    assert only(outdated(healthy(), 1)) == Action("DeletePod", 1, "RollingUpdate")
+    assert only(observed) == Action(ActionKind.DELETE_POD, 2, "RollingUpdate")
+    assert only(outdated(healthy(), 1, 3)) == Action(ActionKind.DELETE_POD, 3, "RollingUpdate")
+    assert only(outdated(healthy(), 1)) == Action(ActionKind.DELETE_POD, 1, "RollingUpdate")
 
 
 def on_tls(observed: Observed, tls: bool, *ids: int) -> Observed:
@@ -371,9 +371,9 @@ def test_a_tls_switch_rolls_one_pod_at_a_time_followers_first() -> None:
     switching = replace(with_spec(healthy(), security=Security(tls=False)),
                         tls_switch=TlsSwitch(False, 1))
     stage = on_tls(outdated(switching, 1, 2, 3), True, 1, 2, 3)
-    assert only(stage) == Action("DeletePod", 2, "RollingUpdate")
+    assert only(stage) == Action(ActionKind.DELETE_POD, 2, "RollingUpdate")
     assert only(on_tls(outdated(switching, 1, 3), True, 1, 3)) == \
-        Action("DeletePod", 3, "RollingUpdate")
+        Action(ActionKind.DELETE_POD, 3, "RollingUpdate")
     # Without a leader (the operator cannot reach one), nothing is restarted.
     assert plan(replace(stage, nodes={}, quorum=None)).actions == ()
 
@@ -420,7 +420,7 @@ def test_roll_gates(blocker: str) -> None:
 
 def test_roll_before_bootstrap_needs_no_quorum_check() -> None:
     observed = outdated(healthy(bootstrapped=False, quorum=None, members={}), 1, 2)
-    assert only(observed) == Action("DeletePod", 1, "RollingUpdate")
+    assert only(observed) == Action(ActionKind.DELETE_POD, 1, "RollingUpdate")
 
 
 # --- failed pods (eviction, node shutdown) ----------------------------------------------------
@@ -452,14 +452,14 @@ def test_pod_view_reads_a_failed_pod() -> None:
 @pytest.mark.parametrize("reason", ["Evicted", "Terminated"])
 def test_a_failed_pod_is_deleted_then_made_again(reason: str) -> None:
     decided = plan(failed(healthy(), 3, reason=reason))
-    assert decided.actions == (Action("DeletePod", 3, "Failed"),)
+    assert decided.actions == (Action(ActionKind.DELETE_POD, 3, "Failed"),)
     assert decided.waiting == f"replacing failed pod kq-3 ({reason})"
     gone = replace(failed(healthy(), 3), pods=updated(healthy().pods, n3=None))
     assert actions(gone) == [("CreatePod", 3)]
     exited = failed(healthy(), 3)
     exited = replace(exited, pods=updated(exited.pods, n3=replace(exited.pods[3],
                                                                   phase="Succeeded")))
-    assert only(exited) == Action("DeletePod", 3, "Failed")
+    assert only(exited) == Action(ActionKind.DELETE_POD, 3, "Failed")
 
 
 def test_failed_pods_are_deleted_one_at_a_time_without_a_leader() -> None:
@@ -467,14 +467,14 @@ def test_failed_pods_are_deleted_one_at_a_time_without_a_leader() -> None:
     what brings them back. The voters' pods go first, one at a time."""
     observed = replace(failed(healthy(), 2, 3), quorum=None,
                        nodes={1: node(1, leader=None)})
-    assert only(observed) == Action("DeletePod", 2, "Failed")
+    assert only(observed) == Action(ActionKind.DELETE_POD, 2, "Failed")
     stopping = replace(observed, pods=updated(observed.pods, n2=pod(2, terminating=True)))
     decided = plan(stopping)
     assert decided.actions == ()
     assert decided.waiting == "failed pod kq-3 waits for kq-2 to stop"
     made_again = replace(observed, pods=updated(observed.pods, n2=replace(pod(2, ready=False),
                                                                            phase="Pending")))
-    assert only(made_again) == Action("DeletePod", 3, "Failed")
+    assert only(made_again) == Action(ActionKind.DELETE_POD, 3, "Failed")
 
 
 def test_a_failed_pod_waits_for_any_pod_stopping() -> None:
@@ -487,13 +487,13 @@ def test_a_failed_voter_still_counted_caught_up_waits_for_the_quorum_check() -> 
     """Just evicted: the leader still counts node 3 caught up. With node 2 lagging, 3 is one of
     the majority on the leader's books; it goes once the leader stops counting it."""
     observed = failed(healthy(), 3, caught_up=True)
-    assert only(observed) == Action("DeletePod", 3, "Failed")  # 1 and 2 are a majority
+    assert only(observed) == Action(ActionKind.DELETE_POD, 3, "Failed")  # 1 and 2 are a majority
     decided = plan(lagging(observed, 2))
     assert decided.actions == ()
     assert decided.waiting == ("failed pod kq-3 waits for the quorum check (1 other voters "
                                "caught up, 2 needed)")
     noticed = lagging(observed, 2, 3)
-    assert only(noticed) == Action("DeletePod", 3, "Failed")
+    assert only(noticed) == Action(ActionKind.DELETE_POD, 3, "Failed")
 
 
 def test_a_failed_voter_goes_before_a_failed_new_member() -> None:
@@ -501,15 +501,15 @@ def test_a_failed_voter_goes_before_a_failed_new_member() -> None:
     joining = replace(base, pods=updated(base.pods, n4=pod(4)),
                       claims=updated(base.claims, n4=claim(4)),
                       quorum=quorum(observers=[row(4)]))
-    assert only(failed(joining, 4, 3)) == Action("DeletePod", 3, "Failed")
-    assert only(failed(joining, 4)) == Action("DeletePod", 4, "Failed")
+    assert only(failed(joining, 4, 3)) == Action(ActionKind.DELETE_POD, 3, "Failed")
+    assert only(failed(joining, 4)) == Action(ActionKind.DELETE_POD, 4, "Failed")
 
 
 def test_a_failed_pod_goes_before_the_roll_that_waits_for_it() -> None:
     """An outdated failed pod is replaced (on the current revision) rather than left to block
     the roll, which waits for every voter's pod to be ready."""
     observed = failed(outdated(healthy(), 1, 2), 3)
-    assert only(observed) == Action("DeletePod", 3, "Failed")
+    assert only(observed) == Action(ActionKind.DELETE_POD, 3, "Failed")
 
 
 def test_pod_view_tells_a_pod_rejected_at_admission_from_one_that_ran() -> None:
@@ -550,11 +550,11 @@ def rejected(observed: Observed, node_id: int, retry_at: float) -> Observed:
 def test_a_pod_rejected_at_admission_is_replaced_once_its_back_off_ran_out() -> None:
     waiting = rejected(healthy(), 3, retry_at=NOW + 10)
     assert not plan(waiting).actions
-    assert only(rejected(healthy(), 3, retry_at=NOW)) == Action("DeletePod", 3, "Failed")
+    assert only(rejected(healthy(), 3, retry_at=NOW)) == Action(ActionKind.DELETE_POD, 3, "Failed")
     # Another failed pod is not held up by the one backing off.
     both = failed(waiting, 2)
     assert only(replace(both, pods=updated(both.pods, n3=waiting.pods[3]))) == \
-        Action("DeletePod", 2, "Failed")
+        Action(ActionKind.DELETE_POD, 2, "Failed")
 
 
 @pytest.mark.parametrize("gate", ["paused", "quorum_lost"])
@@ -585,7 +585,7 @@ def test_scale_up_adds_a_caught_up_new_member_as_voter() -> None:
                      quorum=quorum(observers=[row(4)]),
                      members=updated(base.members, n4=member(4, role="observer",
                                                              caught_up_since=NOW - 20)))
-    assert only(joined) == Action("AddVoter", 4, "ScaleUp", DIRS[4])
+    assert only(joined) == Action(ActionKind.ADD_VOTER, 4, "ScaleUp", DIRS[4])
     not_long_enough = replace(joined, members=updated(
         joined.members, n4=member(4, role="observer", caught_up_since=NOW - 1)))
     assert plan(not_long_enough).actions == ()
@@ -598,28 +598,28 @@ def test_scale_up_waits_for_the_roll() -> None:
                      nodes=updated(base.nodes, n4=node(4)), quorum=quorum(observers=[row(4)]),
                      members=updated(base.members, n4=member(4, role="observer",
                                                              caught_up_since=NOW - 20)))
-    assert only(joined) == Action("DeletePod", 1, "RollingUpdate")
+    assert only(joined) == Action(ActionKind.DELETE_POD, 1, "RollingUpdate")
 
 
 def test_scale_down_removes_the_highest_voter_first() -> None:
     observed = healthy((1, 2, 3, 4, 5), replicas=3)
-    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+    assert only(observed) == Action(ActionKind.REMOVE_VOTER, 5, "ScaleDown", DIRS[5])
 
 
 def test_scale_down_of_the_leader_removes_it_too() -> None:
     observed = healthy((1, 2, 3, 4, 5), replicas=3,
                        quorum=quorum([row(i) for i in (1, 2, 3, 4, 5)], leader=5))
-    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+    assert only(observed) == Action(ActionKind.REMOVE_VOTER, 5, "ScaleDown", DIRS[5])
 
 
 def test_scale_down_then_deletes_the_pod_then_the_claim() -> None:
     base = healthy((1, 2, 3, 4, 5), replicas=3)
     removed = replace(base, quorum=quorum([row(i) for i in (1, 2, 3, 4)],
                                           observers=[row(5)]))
-    assert only(removed) == Action("DeletePod", 5, "ScaleDown")
+    assert only(removed) == Action(ActionKind.DELETE_POD, 5, "ScaleDown")
     gone = replace(removed, pods=updated(removed.pods, n5=None),
                    nodes=updated(removed.nodes, n5=None))
-    assert only(gone) == Action("DeleteClaim", 5, "ScaleDown")
+    assert only(gone) == Action(ActionKind.DELETE_CLAIM, 5, "ScaleDown")
     finished = replace(gone, claims=updated(gone.claims, n5=None),
                        members=updated(gone.members, n5=None))
     assert configured_voter_ids(finished, assess(finished)) == (1, 2, 3, 4)
@@ -653,7 +653,7 @@ def test_a_removed_member_is_forgotten() -> None:
 def test_nothing_is_deleted_without_a_leader() -> None:
     base = healthy(replicas=3, pods=updated(healthy().pods, n5=pod(5)))
     assert plan(replace(base, quorum=None)).actions == ()
-    assert only(base) == Action("DeletePod", 5, "ScaleDown")
+    assert only(base) == Action(ActionKind.DELETE_POD, 5, "ScaleDown")
 
 
 def test_records_keep_the_voter_set_through_passes_without_a_leader() -> None:
@@ -670,7 +670,7 @@ def test_records_keep_the_voter_set_through_passes_without_a_leader() -> None:
 
 def test_scale_down_comes_before_the_roll_it_causes() -> None:
     observed = outdated(healthy((1, 2, 3, 4, 5), replicas=3), 1, 2, 3, 4, 5)
-    assert only(observed) == Action("RemoveVoter", 5, "ScaleDown", DIRS[5])
+    assert only(observed) == Action(ActionKind.REMOVE_VOTER, 5, "ScaleDown", DIRS[5])
 
 
 def test_a_forgotten_member_leaves_the_voters_list() -> None:
@@ -692,7 +692,7 @@ def test_after_add_voter_on_a_new_claim_only_the_old_directory_is_lost() -> None
     decided = plan(both)
     assert decided.assessment.lost == frozenset({(3, DIRS[3])})
     assert not decided.assessment.quorum_lost
-    assert only(both) == Action("RemoveVoter", 3, "Remediation", DIRS[3])
+    assert only(both) == Action(ActionKind.REMOVE_VOTER, 3, "Remediation", DIRS[3])
 
 
 def test_an_observer_that_stopped_fetching_is_not_the_nodes_directory() -> None:

@@ -12,6 +12,8 @@ from kafka_quorum_operator import ANNOTATION_CLIENT_TLS, LABEL_VOTER
 from kafka_quorum_operator import resources as r
 from kafka_quorum_operator.nodes import NodeClient, Route
 from kafka_quorum_operator.observe import (
+    ActionKind,
+    PodView,
     _NodeStatus,
     members_from_status,
     parse_describe_quorum,
@@ -115,18 +117,18 @@ def test_remediation_record_steps_and_duration() -> None:
     record = remediation_detected(None, 3, DIRS[3], NOW)
     assert record is not None and record["result"] == "InProgress"
     assert remediation_detected(record, 3, DIRS[3], NOW + 5) is None
-    add = Action("AddVoter", 3, "Remediation", NEW[3], DIRS[3])
+    add = Action(ActionKind.ADD_VOTER, 3, "Remediation", NEW[3], DIRS[3])
     record = remediation_step(record, add, ok=True, message="committed", started=NOW + 10,
                               now=NOW + 11)
     assert record is not None
     assert [s["name"] for s in record["steps"]] == ["Detected", "CaughtUp", "AddVoter"]
     assert record["steps"][1]["durationSeconds"] == 10.0
-    remove = Action("RemoveVoter", 3, "Remediation", DIRS[3])
+    remove = Action(ActionKind.REMOVE_VOTER, 3, "Remediation", DIRS[3])
     record = remediation_step(record, remove, ok=True, message="committed", started=NOW + 12,
                               now=NOW + 12.5)
     assert record is not None and record["result"] == "Succeeded"
     assert record["durationSeconds"] == 12.5 and record["newDirectoryId"] == NEW[3]
-    scale = Action("AddVoter", 4, "ScaleUp", NEW[4])
+    scale = Action(ActionKind.ADD_VOTER, 4, "ScaleUp", NEW[4])
     assert remediation_step(record, scale, ok=True, message="", started=NOW, now=NOW) is None
 
 
@@ -150,6 +152,7 @@ def test_parse_node_status() -> None:
                                  "is_voter": False})
     assert unknown is not None and unknown.leader_id is None and unknown.high_watermark is None
     assert unknown.is_observer
+    broken: object
     for broken in (None, [], {"some": "thing"}, {**NODE_STATUS, "node_id": "2"},
                    {k: v for k, v in NODE_STATUS.items() if k != "epoch"}):
         assert parse_node_status(broken) is None, broken
@@ -217,8 +220,11 @@ def istio_rewritten(body: dict[str, Any]) -> dict[str, Any]:
 def test_a_pods_tls_mode_is_its_annotation_not_its_rewritten_probe(tls: bool) -> None:
     """A quorum whose probes a service mesh rewrote is not switched (nor rolled) for it."""
     spec = Spec(security=Security(tls=tls))
-    views = {i: pod_view(istio_rewritten(running_pod(i, spec))) for i in (1, 2, 3)}
-    assert all(view is not None and view.tls is tls for view in views.values())
+    views: dict[int, PodView] = {}
+    for i in (1, 2, 3):
+        view = pod_view(istio_rewritten(running_pod(i, spec)))
+        assert view is not None and view.tls is tls
+        views[i] = view
     observed = with_spec(replace(healthy(), pods=views), security=Security(tls=tls))
     assert tls_switch_started(observed, None) is None
     assert plan(observed).actions == ()

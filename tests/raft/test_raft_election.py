@@ -55,7 +55,7 @@ def _vote_destinations(ctx: RaftTestContext, *, pre_vote: bool, epoch: int) -> s
 def test_initialize_single_member_quorum(make_ctx: MakeCtx) -> None:
     """Item 1: a lone voter becomes leader of epoch 1 at once, without any RPC."""
     ctx = make_ctx(1, [1])
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 1
     assert ctx.core.leader_id == 1
     ctx.assert_persisted(1, leader_id=1, voted=1)
@@ -77,7 +77,7 @@ def test_initialize_single_member_quorum(make_ctx: MakeCtx) -> None:
 def test_initialize_single_member_quorum_with_stored_epoch(make_ctx: MakeCtx) -> None:
     """Item 1 (variant): a lone voter restarted after epoch 4 leads epoch 5 at once."""
     ctx = make_ctx(1, [1], log_epochs=[(4, 3)], election_state=ElectionState(4, None, None))
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 5
     ctx.assert_persisted(5, leader_id=1, voted=1)
     assert ctx.log_layout() == [(0, 2, 4), (3, 3, 5)]
@@ -89,7 +89,7 @@ def test_initialize_as_resigned_leader_from_state_store(make_ctx: MakeCtx) -> No
     Unattached(epoch + 1) once the election timer fires."""
     stored = ElectionState(5, 1, ReplicaKey(1))
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(4, 2)], election_state=stored)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 5
     assert ctx.core.leader_id == 1
     assert ctx.history[0].persist is None  # Resigned is memory-only
@@ -108,13 +108,13 @@ def test_initialize_as_resigned_leader_from_state_store(make_ctx: MakeCtx) -> No
     assert response.vote_granted is False
     response = _vote(ctx, 2, ctx.vote_request(2, 5, 4, 2, pre_vote=True))
     assert response.vote_granted is True
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     ctx.assert_persisted(5, leader_id=1, voted=1)
 
     ctx.advance(T - 1)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     ctx.advance(1)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 6
     ctx.assert_persisted(6)
 
@@ -122,25 +122,25 @@ def test_initialize_as_resigned_leader_from_state_store(make_ctx: MakeCtx) -> No
 def test_reject_votes_from_same_epoch_after_resigning_leadership(make_ctx: MakeCtx) -> None:
     """Item 3: a replica that led epoch 2 never votes again in epoch 2."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 1, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     for candidate in (2, 3):
         response = _vote(ctx, candidate, ctx.vote_request(candidate, 2, 0, 0))
         assert response.error_code is Errors.NONE
         assert response.vote_granted is False
         assert response.leader_id == 1
         assert response.leader_epoch == 2
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert all(e.persist is None for e in ctx.history)
 
 
 def test_reject_votes_from_same_epoch_after_resigning_candidacy(make_ctx: MakeCtx) -> None:
     """Item 3: a replica that voted for itself in epoch 2 gives no other vote in epoch 2."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     response = _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0))
     assert response.error_code is Errors.NONE
     assert response.vote_granted is False
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     ctx.assert_persisted(2, voted=1)
 
 
@@ -148,13 +148,13 @@ def test_grant_votes_from_higher_epoch_after_resigning_leadership(make_ctx: Make
     """Item 4: after resigning epoch 2, a vote for epoch 3 is granted (and made durable)."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(2, 1)],
                    election_state=ElectionState(2, 1, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     ctx.clear_outbox()
     response = _vote(ctx, 2, ctx.vote_request(2, 3, 2, 1))
     assert response.error_code is Errors.NONE
     assert response.vote_granted is True
     assert response.leader_epoch == 3
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 3
     ctx.assert_persisted(3, voted=2)
     # The vote is in the same effects as the response (persisted before it is sent).
@@ -166,7 +166,7 @@ def test_grant_votes_from_higher_epoch_after_resigning_candidacy(make_ctx: MakeC
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(1)))
     response = _vote(ctx, 3, ctx.vote_request(3, 3, 0, 0))
     assert response.vote_granted is True
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.assert_persisted(3, voted=3)
 
 
@@ -175,7 +175,7 @@ def test_initialize_as_candidate_from_state_store(make_ctx: MakeCtx) -> None:
     for standard votes at once and can win with them."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(1, 2)],
                    election_state=ElectionState(2, None, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     assert ctx.core.epoch == 2
     assert ctx.core.leader_id is None
     assert ctx.history[0].persist is None  # nothing changed
@@ -188,7 +188,7 @@ def test_initialize_as_candidate_from_state_store(make_ctx: MakeCtx) -> None:
         assert request.message.last_offset_epoch == 1
         assert request.message.last_offset == 2
     ctx.deliver_response(requests[0], ctx.vote_response(True, 2))
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 2
     ctx.assert_persisted(2, leader_id=1, voted=1)
 
@@ -199,18 +199,18 @@ def test_initialize_as_candidate_from_state_store(make_ctx: MakeCtx) -> None:
 def test_handle_vote_request_as_follower_with_elected_leader(make_ctx: MakeCtx) -> None:
     """Item 6: a follower rejects a standard vote in its epoch; grants one for a higher epoch."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, None))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     response = _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0))
     assert response.error_code is Errors.NONE
     assert response.vote_granted is False
     assert response.leader_id == 3
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
     ctx.assert_persisted(2, leader_id=3)
 
     response = _vote(ctx, 2, ctx.vote_request(2, 3, 0, 0))
     assert response.vote_granted is True
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.assert_persisted(3, voted=2)
 
 
@@ -222,7 +222,7 @@ def test_handle_invalid_vote_request_with_older_epoch(make_ctx: MakeCtx, pre_vot
     assert response.error_code is Errors.FENCED_LEADER_EPOCH
     assert response.leader_epoch == 5
     assert response.vote_granted is False
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 5
     assert all(e.persist is None for e in ctx.history)
 
@@ -247,7 +247,7 @@ def test_invalid_vote_request(make_ctx: MakeCtx, case: tuple[int, int, int, int,
                                               pre_vote=pre_vote))
     assert response.error_code is Errors.INVALID_REQUEST
     assert response.vote_granted is False
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.epoch == 5
     assert ctx.core.leader_id == 2
 
@@ -272,7 +272,7 @@ def test_leader_refuses_vote_from_observer(make_ctx: MakeCtx) -> None:
     assert response.leader_id == 1
     response = _vote(ctx, 10, ctx.vote_request(10, epoch - 1, 0, 0))
     assert response.error_code is Errors.FENCED_LEADER_EPOCH
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
 
 
 # --- timeouts and campaigns --------------------------------------------------------------------
@@ -282,12 +282,12 @@ def test_voter_become_prospective_after_fetch_timeout(make_ctx: MakeCtx) -> None
     """Item 10: a voter whose leader stops answering goes Prospective in the same epoch and
     asks for pre-votes; nothing is persisted."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(2, 3)], election_state=ElectionState(2, 2, None))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [2]
     ctx.advance(FETCH_TIMEOUT - 1)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     effects = ctx.advance(1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.epoch == 2
     assert effects.persist is None
     ctx.assert_persisted(2, leader_id=2)
@@ -306,14 +306,14 @@ def test_follower_as_observer_does_not_become_prospective_after_fetch_timeout(
 ) -> None:
     """Item 11: an observer never campaigns: on fetch timeout it goes Unattached."""
     ctx = make_ctx(4, [1, 2, 3], election_state=ElectionState(2, 2, None))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert not ctx.core.is_voter
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 2
     for _ in range(5):
         ctx.advance(2 * T)
-        assert ctx.core.state is RaftState.UNATTACHED
+        assert ctx.state() is RaftState.UNATTACHED
     assert ctx.pending_requests(VoteRequest) == []
     assert ctx.core.epoch == 2
 
@@ -324,18 +324,18 @@ def test_candidate_waits_rest_of_election_timeout_after_election_loss(make_ctx: 
     ctx = make_ctx(1, [1, 2, 3])
     ctx.expire_election_timer()
     ctx.grant_pre_votes(2)
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     assert ctx.core.epoch == 1
     started = ctx.now_ms
     for voter in (2, 3):
         request = ctx.take_request(VoteRequest, voter)
         ctx.deliver_response(request, ctx.vote_response(False, 1))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     ctx.advance_to(started + T - 1)
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     assert ctx.pending_requests(VoteRequest) == []  # rejected voters are not asked again
     effects = ctx.advance(1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.epoch == 1
     assert effects.persist is None
     ctx.assert_persisted(1, voted=1)
@@ -348,7 +348,7 @@ def test_retry_election(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3])
     ctx.expire_election_timer()
     for epoch in (1, 2, 3):
-        assert ctx.core.state is RaftState.PROSPECTIVE
+        assert ctx.state() is RaftState.PROSPECTIVE
         assert ctx.core.epoch == epoch - 1
         pre_votes = {r.destination: r for r in ctx.take_requests(VoteRequest)}
         assert set(pre_votes) == {2, 3}
@@ -357,7 +357,7 @@ def test_retry_election(make_ctx: MakeCtx) -> None:
             assert request.message.pre_vote is True
             assert request.message.replica_epoch == epoch - 1
         ctx.deliver_response(pre_votes[2], ctx.vote_response(True, epoch - 1))
-        assert ctx.core.state is RaftState.CANDIDATE
+        assert ctx.state() is RaftState.CANDIDATE
         assert ctx.core.epoch == epoch
         ctx.assert_persisted(epoch, voted=1)
         assert _vote_destinations(ctx, pre_vote=False, epoch=epoch) == {2, 3}
@@ -381,7 +381,7 @@ def test_handle_pre_vote_request_as_follower_with_elected_leader(
     assert response.error_code is Errors.NONE
     assert response.vote_granted is (not has_fetched_from_leader)
     assert response.leader_id == 3
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
     ctx.assert_persisted(2, leader_id=3)
 
@@ -389,7 +389,7 @@ def test_handle_pre_vote_request_as_follower_with_elected_leader(
     assert response.vote_granted is True
     assert response.leader_id is None
     assert response.leader_epoch == 3
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.assert_persisted(3)  # the epoch is durable, the pre-vote is not
 
 
@@ -397,11 +397,11 @@ def test_handle_pre_vote_request_as_candidate(make_ctx: MakeCtx) -> None:
     """Item 15: a candidate grants same-epoch pre-votes to up-to-date logs, repeatedly, without
     changing state."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     for candidate in (2, 2, 3):
         response = _vote(ctx, candidate, ctx.vote_request(candidate, 2, 0, 1, pre_vote=True))
         assert response.vote_granted is True
-        assert ctx.core.state is RaftState.CANDIDATE
+        assert ctx.state() is RaftState.CANDIDATE
     response = _vote(ctx, 2, ctx.vote_request(2, 2, 0, 1))  # but no standard vote
     assert response.vote_granted is False
     ctx.assert_persisted(2, voted=1)
@@ -412,11 +412,11 @@ def test_handle_pre_vote_request_as_unattached_voted(make_ctx: MakeCtx) -> None:
     """Item 15: an Unattached replica that voted for 2 still grants pre-votes to anyone
     up-to-date; its vote does not change."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(2)))
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     for candidate in (3, 3, 2):
         response = _vote(ctx, candidate, ctx.vote_request(candidate, 2, 0, 0, pre_vote=True))
         assert response.vote_granted is True
-        assert ctx.core.state is RaftState.UNATTACHED
+        assert ctx.state() is RaftState.UNATTACHED
     ctx.assert_persisted(2, voted=2)
     # Standard votes stay with the first choice.
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0)).vote_granted is False
@@ -430,13 +430,13 @@ def test_handle_pre_vote_request_as_unattached_with_leader(make_ctx: MakeCtx) ->
     Unattached with a known leader."""
     ctx = make_ctx(4, [1, 2, 3], election_state=ElectionState(2, 2, None))
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.leader_id == 2
     for candidate in (1, 1, 3):
         response = _vote(ctx, candidate, ctx.vote_request(candidate, 2, 0, 0, pre_vote=True,
                                                           voter_id=4))
         assert response.vote_granted is True
-        assert ctx.core.state is RaftState.UNATTACHED
+        assert ctx.state() is RaftState.UNATTACHED
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0, voter_id=4)).vote_granted is False
     assert ctx.core.election_state == ElectionState(2, 2, None)
 
@@ -446,10 +446,10 @@ def test_handle_pre_vote_request_as_prospective_with_leader(make_ctx: MakeCtx) -
     no standard vote in the leader's epoch."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 2, None))
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0, pre_vote=True)).vote_granted is True
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0)).vote_granted is False
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.assert_persisted(2, leader_id=2)
 
 
@@ -462,7 +462,7 @@ def test_leader_reject_pre_vote_request_on_same_epoch(make_ctx: MakeCtx) -> None
     assert response.vote_granted is False
     assert response.leader_id == 1
     assert response.leader_epoch == epoch
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
 
 
 @pytest.mark.parametrize(
@@ -484,7 +484,7 @@ def test_reject_pre_vote_if_remote_log_is_not_up_to_date(
     response = _vote(ctx, 2, ctx.vote_request(2, 2, last_epoch, last_offset, pre_vote=True))
     assert response.error_code is Errors.NONE
     assert response.vote_granted is granted
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
 
 
 def test_pre_vote_not_supported_by_remote(make_ctx: MakeCtx) -> None:
@@ -492,12 +492,12 @@ def test_pre_vote_not_supported_by_remote(make_ctx: MakeCtx) -> None:
     once (epoch + 1, durable vote for itself), falling back to standard votes."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     request = ctx.take_request(VoteRequest, 2)
     ctx.take_request(VoteRequest, 3)
     effects = ctx.deliver_response(request, ctx.vote_response(
         False, 0, error=Errors.UNSUPPORTED_VERSION))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     assert ctx.core.epoch == 3
     assert effects.persist == ElectionState(3, None, ReplicaKey(1))
     ctx.assert_persisted(3, voted=1)
@@ -510,13 +510,13 @@ def test_prospective_transitions_to_unattached_on_election_failure(make_ctx: Mak
     Unattached in the same epoch (nothing persisted)."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     request = ctx.take_request(VoteRequest, 2)
     ctx.deliver_response(request, ctx.vote_response(False, 2))
-    assert ctx.core.state is RaftState.PROSPECTIVE  # 1 granted + 1 unrecorded can still win
+    assert ctx.state() is RaftState.PROSPECTIVE  # 1 granted + 1 unrecorded can still win
     request = ctx.take_request(VoteRequest, 3)
     effects = ctx.deliver_response(request, ctx.vote_response(False, 2))
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 2
     assert effects.persist is None
     ctx.assert_persisted(2)
@@ -526,11 +526,11 @@ def test_prospective_transitions_to_unattached_on_election_timeout(make_ctx: Mak
     """Item 19 (timeout): no answers within the election timeout is a loss too."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(T - 1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(1)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 2
 
 
@@ -538,12 +538,12 @@ def test_prospective_with_leader_transitions_to_follower(make_ctx: MakeCtx) -> N
     """Item 19: a Prospective that still knows its leader goes back to following it."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, None))
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.take_requests(FetchRequest)  # the fetch that timed out
     for voter in (2, 3):
         request = ctx.take_request(VoteRequest, voter)
         ctx.deliver_response(request, ctx.vote_response(False, 2, leader=3))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
     assert ctx.core.epoch == 2
     ctx.assert_persisted(2, leader_id=3)
@@ -554,9 +554,9 @@ def test_prospective_with_leader_transitions_to_follower_on_timeout(make_ctx: Ma
     """Item 19 (timeout): the same outcome when the pre-vote round just expires."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, None))
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(T)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
 
 
@@ -564,11 +564,11 @@ def test_prospective_receives_begin_quorum_request(make_ctx: MakeCtx) -> None:
     """Item 20: BeginQuorumEpoch ends the pre-vote: the Prospective follows the new leader."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     response = ctx.deliver_one(3, ctx.begin_quorum_request(3, 2))
     assert isinstance(response, BeginQuorumEpochResponse)
     assert response.error_code is Errors.NONE
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
     assert ctx.core.epoch == 2
     ctx.assert_persisted(2, leader_id=3)
@@ -582,10 +582,10 @@ def test_pre_vote_response_ignored_after_becoming_follower(make_ctx: MakeCtx) ->
     pre_vote_2 = ctx.take_request(VoteRequest, 2)
     pre_vote_3 = ctx.take_request(VoteRequest, 3)
     ctx.deliver_one(3, ctx.begin_quorum_request(3, 2))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.deliver_response(pre_vote_2, ctx.vote_response(True, 2))
     ctx.deliver_response(pre_vote_3, ctx.vote_response(True, 2))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.epoch == 2
     assert ctx.core.leader_id == 3
     assert ctx.pending_requests(VoteRequest) == []
@@ -598,16 +598,16 @@ def test_pre_vote_response_from_previous_round_is_ignored(make_ctx: MakeCtx) -> 
     ctx.expire_election_timer()
     old_round = ctx.take_request(VoteRequest, 2)
     ctx.expire_election_timer()  # round lost by timeout
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.clear_outbox()
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     new_round = ctx.take_request(VoteRequest, 2)
     assert new_round.correlation_id != old_round.correlation_id
     ctx.deliver_response(old_round, ctx.vote_response(True, 2))
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.deliver_response(new_round, ctx.vote_response(True, 2))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
 
 
 def test_handle_vote_request_as_prospective_with_voted_candidate(make_ctx: MakeCtx) -> None:
@@ -615,11 +615,11 @@ def test_handle_vote_request_as_prospective_with_voted_candidate(make_ctx: MakeC
     that candidate again, pre-votes to anyone up-to-date, nothing is rewritten."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(2)))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0)).vote_granted is False
     assert _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0)).vote_granted is True
     assert _vote(ctx, 3, ctx.vote_request(3, 2, 0, 0, pre_vote=True)).vote_granted is True
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.assert_persisted(2, voted=2)
     assert all(e.persist is None for e in ctx.history)
 
@@ -630,19 +630,19 @@ def test_prospective_grants_standard_vote_and_stays_prospective(make_ctx: MakeCt
     election timer (anchor 1.2: Prospective -> Prospective+voted)."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(T // 2)
     assert _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0)).vote_granted is True
     assert ctx.last_effects.persist == ElectionState(2, None, ReplicaKey(2))
     ctx.assert_persisted(2, voted=2)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     # The timer restarted at the vote: the round is lost T after it, not T after it began.
     ctx.advance(T // 2)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(T // 2 - 1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(1)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.assert_persisted(2, voted=2)
 
 
@@ -675,11 +675,11 @@ def test_granting_a_vote_restarts_the_election_timer(make_ctx: MakeCtx) -> None:
     ctx.advance(T // 2)
     assert _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0)).vote_granted is True
     ctx.advance(T // 2)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.advance(T // 2 - 1)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     ctx.advance(1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.assert_persisted(2, voted=2)
 
 
@@ -688,7 +688,7 @@ def test_initialize_with_stored_epoch_behind_the_log(make_ctx: MakeCtx) -> None:
     replaced by Unattached in the log's epoch, durably."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(1, 1), (3, 1)],
                    election_state=ElectionState(2, 2, None))
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 3
     assert ctx.history[0].persist == ElectionState(3, None, None)
 
@@ -697,7 +697,7 @@ def test_initialize_without_quorum_state(make_ctx: MakeCtx) -> None:
     """Start-up (section 1.3 step 2): no quorum-state file means epoch 0, nothing known; the
     first election leads to epoch 1."""
     ctx = make_ctx(1, [1, 2, 3])
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.UNATTACHED, 0, None)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.UNATTACHED, 0, None)
     assert ctx.core.election_state == ElectionState(0)
     assert ctx.become_leader() == 1
 
@@ -706,7 +706,7 @@ def test_initialize_as_follower_from_state_store(make_ctx: MakeCtx) -> None:
     """Start-up (section 1.3 step 6): a stored leader other than us gives Follower, which
     fetches from it at once."""
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(3, 2)], election_state=ElectionState(3, 2, None))
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 3, 2)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 3, 2)
     fetch = ctx.take_request(FetchRequest, 2)
     assert isinstance(fetch.message, FetchRequest)
     assert (fetch.message.current_leader_epoch, fetch.message.fetch_offset,
@@ -719,7 +719,7 @@ def test_initialize_with_leader_and_own_vote_follows_the_leader(make_ctx: MakeCt
     follower and keeps its vote (a deliberate departure from Kafka, which restarts it as
     Candidate; see QuorumState._initial_state)."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, ReplicaKey(1)))
-    assert (ctx.core.state, ctx.core.leader_id) == (RaftState.FOLLOWER, 3)
+    assert (ctx.state(), ctx.core.leader_id) == (RaftState.FOLLOWER, 3)
     assert ctx.core.election_state == ElectionState(2, 3, ReplicaKey(1))
     assert _vote(ctx, 2, ctx.vote_request(2, 2, 0, 0)).vote_granted is False
 
@@ -731,7 +731,7 @@ def test_replaced_disk_is_an_observer(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3], directory_ids=dirs, local_directory_id=uuid.UUID(int=99))
     assert not ctx.core.is_voter
     ctx.advance(10 * T)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.pending_requests(VoteRequest) == []
 
 
@@ -745,11 +745,11 @@ def test_fetch_timeout_has_a_jitter_drawn_per_follower_state(make_ctx: MakeCtx) 
 
     ctx = make_ctx(2, [1, 2, 3], fetch_timeout_ms=1000, rng=HighestRandom())
     ctx.deliver_request(1, ctx.begin_quorum_request(1, 1))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.advance(1000)
-    assert ctx.core.state is RaftState.FOLLOWER  # not yet: the jitter is 100 ms here
+    assert ctx.state() is RaftState.FOLLOWER  # not yet: the jitter is 100 ms here
     ctx.advance(100)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
 
 
 def test_prospective_asks_again_a_voter_that_rejected_its_pre_vote(make_ctx: MakeCtx) -> None:
@@ -758,17 +758,18 @@ def test_prospective_asks_again_a_voter_that_rejected_its_pre_vote(make_ctx: Mak
     election timeout, rather than losing the round and waiting out a whole fetch timeout."""
     ctx = make_ctx(1, [1, 2, 3], election_timeout_ms=1000)
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     first = ctx.take_request(VoteRequest, 2)
     ctx.take_request(VoteRequest, 3)  # node 3 is unreachable: never answers
     ctx.deliver_response(first, ctx.vote_response(False, ctx.core.epoch))
-    assert ctx.core.state is RaftState.PROSPECTIVE  # node 3 could still make a majority
+    assert ctx.state() is RaftState.PROSPECTIVE  # node 3 could still make a majority
     assert ctx.core.next_deadline_ms() == ctx.now_ms + 250
     ctx.advance(250)
     again = ctx.take_request(VoteRequest, 2)
+    assert isinstance(again.message, VoteRequest)
     assert again.message.pre_vote
     ctx.deliver_response(again, ctx.vote_response(True, ctx.core.epoch))
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
 
 
 def test_a_message_of_no_known_type_fails_loudly(make_ctx: MakeCtx) -> None:

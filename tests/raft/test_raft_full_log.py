@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quorum_node.raft.log import LogFullError, MemoryLog
 from quorum_node.raft.messages import EndQuorumEpochRequest
@@ -27,10 +27,10 @@ class FullLog(MemoryLog):
     full = False
 
     def append_as_leader(self, records: Sequence[Record], epoch: int, timestamp_ms: int,
-                         **options: Any) -> RecordBatch:
+                         is_control: bool = False) -> RecordBatch:
         if self.full:
             raise LogFullError("no space left for an append (No space left on device)")
-        return super().append_as_leader(records, epoch, timestamp_ms, **options)
+        return super().append_as_leader(records, epoch, timestamp_ms, is_control)
 
 
 def _full(ctx: RaftTestContext) -> FullLog:
@@ -47,7 +47,7 @@ def test_a_leader_elected_on_a_full_disk_resigns_instead_of_stopping(make_ctx: M
     ctx.expire_election_timer()
     ctx.grant_pre_votes(2)
     ctx.grant_votes(2)  # wins epoch 1, cannot write its LeaderChange
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 1 and log.end_offset == 0
     ctx.poll()
     assert {r.destination for r in ctx.take_requests(EndQuorumEpochRequest)} == {2, 3}
@@ -67,7 +67,7 @@ def test_a_voter_change_waits_for_space_and_is_appended_when_it_comes(
     ctx.core.remove_voter(ctx.now_ms, removed, 60_000, decommission=True)
     ctx.collect()
     ctx.advance(10)
-    assert ctx.core.state is RaftState.LEADER and log.end_offset == end
+    assert ctx.state() is RaftState.LEADER and log.end_offset == end
     log.full = False
     ctx.advance(10)
     assert log.end_offset == end + 1

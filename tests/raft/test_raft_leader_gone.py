@@ -64,12 +64,12 @@ def test_a_refused_leader_is_gone_at_once_and_silence_waits_for_the_fetch_timeou
     goes first); a Fetch that timed out or broke changes nothing before the fetch timeout."""
     ctx = _following(make_ctx, 1)
     _refuse_fetch(ctx, RequestFailure.UNANSWERED)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.advance(ctx.config.retry_backoff_ms)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
 
     _refuse_fetch(ctx)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.epoch == 2
     assert ctx.core.leader_id == LEADER  # kept: a lost pre-vote goes back to it
     assert ctx.last_effects.persist is None
@@ -83,7 +83,7 @@ def test_a_refused_leader_is_gone_only_to_the_follower_of_that_leader(make_ctx: 
     ctx.take_requests(FetchRequest)
     ctx.core.handle_request_failure(ctx.now_ms, 2, 999, RequestFailure.REFUSED)
     ctx.collect()
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.next_deadline_ms() > ctx.now_ms + FETCH_TIMEOUT // 2
 
 
@@ -93,11 +93,11 @@ def test_the_survivors_ask_a_tenth_of_the_election_timeout_apart_by_rank(
     first one's pre-vote reaches it before it asks and the two do not split the vote."""
     ctx = _following(make_ctx, 2)
     _refuse_fetch(ctx)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.advance(T // 10 - 1)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.advance(1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert _causes(ctx)[-1] is TransitionCause.LEADER_GONE
 
 
@@ -116,11 +116,11 @@ def test_a_follower_whose_leader_is_gone_grants_pre_votes(make_ctx: MakeCtx) -> 
     response = ctx.deliver_one(1, pre_vote)
     assert isinstance(response, VoteResponse)
     assert response.vote_granted is True
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.advance(ctx.config.retry_backoff_ms)
     _refuse_fetch(ctx)  # refused again, as every retry is: the round stays put off
     ctx.advance(T // 10)
-    assert ctx.core.state is RaftState.FOLLOWER  # put off: its round waits an election timer
+    assert ctx.state() is RaftState.FOLLOWER  # put off: its round waits an election timer
     assert ctx.core.next_deadline_ms() == refused_at + T
 
     response = ctx.deliver_one(1, ctx.vote_request(1, 2, 2, 3))
@@ -137,15 +137,15 @@ def test_a_follower_cut_off_from_a_live_leader_goes_back_to_it_in_the_same_epoch
     ctx = _following(make_ctx, 1)
     steps_before = len(ctx.history)
     _refuse_fetch(ctx)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     requests = _pre_vote_requests(ctx)
     ctx.core.handle_response(ctx.now_ms, 2, requests[2], ctx.vote_response(False, 2, leader=LEADER))
     ctx.collect()
     ctx.core.handle_request_failure(ctx.now_ms, LEADER, requests[LEADER], RequestFailure.REFUSED)
     ctx.collect()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.advance(T)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == LEADER
     assert ctx.core.epoch == 2
     assert all(effects.persist is None for effects in ctx.history[steps_before:])
@@ -162,12 +162,12 @@ def test_refusals_from_a_leader_others_follow_back_off_as_an_election(
     ctx = _following(make_ctx, 1)
     rounds_at: list[int] = []
     for _ in range(3):
-        while ctx.core.state is RaftState.FOLLOWER:
+        while ctx.state() is RaftState.FOLLOWER:
             if ctx.pending_requests(FetchRequest):
                 _refuse_fetch(ctx)
             else:
                 ctx.advance(ctx.core.next_deadline_ms() - ctx.now_ms)
-        assert ctx.core.state is RaftState.PROSPECTIVE
+        assert ctx.state() is RaftState.PROSPECTIVE
         rounds_at.append(ctx.now_ms)
         requests = _pre_vote_requests(ctx)
         ctx.core.handle_response(ctx.now_ms, 2, requests[2],
@@ -175,7 +175,7 @@ def test_refusals_from_a_leader_others_follow_back_off_as_an_election(
         ctx.collect()
         ctx.take_requests(VoteRequest)
         ctx.advance(T)  # the round runs out: back to following
-        assert ctx.core.state is RaftState.FOLLOWER
+        assert ctx.state() is RaftState.FOLLOWER
     start = rounds_at[0]
     assert [at - start for at in rounds_at] == [0, 2 * T, 5 * T]
     assert ctx.core.epoch == 2

@@ -43,7 +43,7 @@ def _follower_of_2(make_ctx: MakeCtx) -> RaftTestContext:
 
 
 def _unchanged(ctx: RaftTestContext, state: RaftState, epoch: int, leader: int | None) -> None:
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (state, epoch, leader)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (state, epoch, leader)
 
 
 # --- Vote --------------------------------------------------------------------------------
@@ -106,10 +106,10 @@ def test_a_replica_at_the_last_epoch_does_not_campaign_past_it(make_ctx: MakeCtx
     election whose epoch would be out of bounds; the replica keeps running."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(MAX_EPOCH - 1, None, None))
     ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     ctx.grant_pre_votes(2)
     assert ctx.core.epoch == MAX_EPOCH - 1
-    assert ctx.core.state is not RaftState.CANDIDATE
+    assert ctx.state() is not RaftState.CANDIDATE
     for _ in range(5):
         ctx.expire_election_timer()
     assert ctx.core.epoch == MAX_EPOCH - 1
@@ -192,7 +192,7 @@ def test_a_response_naming_a_non_voter_leader_is_not_followed(make_ctx: MakeCtx)
     ctx.deliver_response(fetch, ctx.fetch_response(99, 5, error=Errors.NOT_LEADER_OR_FOLLOWER))
     assert ctx.core.epoch == 5
     assert ctx.core.leader_id is None
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
 
 
 def test_a_response_at_the_epoch_bound_is_dropped(make_ctx: MakeCtx) -> None:
@@ -241,7 +241,7 @@ def test_a_bad_fetch_answer_appends_nothing(make_ctx: MakeCtx, kind: str) -> Non
     assert ctx.core.high_watermark == 4
     assert ctx.pending_requests(FetchRequest) == []
     ctx.advance_to(deadline + ctx.config.fetch_timeout_ms // 10 + 1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
 
 
 def test_a_good_fetch_answer_of_several_batches_is_appended(make_ctx: MakeCtx) -> None:
@@ -289,7 +289,7 @@ def test_observer_table_is_capped_and_expires(make_ctx: MakeCtx) -> None:
     # A lone voter: no check-quorum to resign it while the clock jumps.
     ctx = make_ctx(1, [1], directory_ids={1: uuid.UUID(int=1)})
     ctx.flush()
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     epoch = ctx.core.epoch
     keys = [uuid.UUID(int=1000 + i) for i in range(3 * MAX_OBSERVERS)]
     for directory in keys:
@@ -324,7 +324,7 @@ def test_a_led_epoch_missing_from_the_log_is_reported(
     ctx = make_ctx(1, [1, 2, 3], log_epochs=[(1, 2), (3, 2)],
                    election_state=ElectionState(5, 1, None))
     assert "led epoch 5, but the log (ending at 4, epoch 3) holds nothing" in caplog.text
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
 
 
 def test_a_forged_directory_does_not_become_a_voters(make_ctx: MakeCtx) -> None:

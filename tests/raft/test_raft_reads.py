@@ -67,7 +67,7 @@ def test_read_barrier_is_abandoned_once_leadership_is_lost(make_ctx: MakeCtx) ->
     barrier = ctx.core.begin_read(ctx.now_ms, 1000)
     assert barrier is not None
     ctx.deliver_request(2, ctx.begin_quorum_request(2, 5))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     # The reader learns where the leadership went.
     assert _read_outcomes(ctx) == [ReadAbandoned(barrier.id, leader_id=2, epoch=5)]
     with pytest.raises(NotLeaderError):

@@ -85,6 +85,13 @@ def outcome(ctx: Any, ticket: int) -> tuple[Errors, str] | None:
     return (done[0].error, done[0].message) if done else None
 
 
+def ended(ctx: Any, ticket: int) -> tuple[Errors, str]:
+    """How the change ``ticket`` ended, which it must have by now."""
+    found = outcome(ctx, ticket)
+    assert found is not None, f"voter change {ticket} has not ended"
+    return found
+
+
 # --- bootstrapping (41) ------------------------------------------------------------------------
 
 
@@ -128,7 +135,8 @@ def test_follower_applies_voters_before_commit_and_reverts_on_truncation(
     # directory: 3 is not a voter while that record stands.
     from quorum_node.raft.log import MemoryLog  # noqa: PLC0415
     from quorum_node.raft.messages import LeaderChangeMessage  # noqa: PLC0415
-    from quorum_node.raft.records import ControlRecordType, control_record  # noqa: PLC0415
+    from quorum_node.raft.records import control_record  # noqa: PLC0415
+    from quorum_node.raft.types import ControlRecordType  # noqa: PLC0415
     from quorum_node.raft.voters import voters_record  # noqa: PLC0415
 
     source = MemoryLog()
@@ -212,7 +220,7 @@ def test_add_voter_times_out_when_the_observer_never_catches_up(leader: Any) -> 
     fetch(leader, 3, 0, REPLACED_3)  # far behind, and it stops fetching
     ticket = leader.core.add_voter(leader.now_ms, key(3, REPLACED_3), 1000)
     leader.advance(1001)
-    error, message = outcome(leader, ticket)
+    error, message = ended(leader, ticket)
     assert error is Errors.REQUEST_TIMED_OUT and "catch up" in message
     assert leader.core.voters == (key(1), key(2), key(3))
 
@@ -226,7 +234,7 @@ def test_add_voter_waits_for_the_leader_change_of_its_epoch_to_commit(leader: An
     fetch(ctx, 3, ctx.log.end_offset, REPLACED_3)  # caught up, as an observer
     ticket = ctx.core.add_voter(ctx.now_ms, key(3, REPLACED_3), 1000)
     ctx.advance(1001)
-    error, message = outcome(ctx, ticket)
+    error, message = ended(ctx, ticket)
     assert error is Errors.REQUEST_TIMED_OUT and "LeaderChange" in message
     assert voter_records(ctx) == records_before
 
@@ -236,7 +244,7 @@ def test_voter_change_fails_when_leadership_is_lost(leader: Any) -> None:
     ticket = leader.core.add_voter(leader.now_ms, key(3, REPLACED_3), TIMEOUT_MS)
     epoch = leader.core.epoch
     leader.deliver_one(2, leader.begin_quorum_request(2, epoch + 1))
-    assert outcome(leader, ticket)[0] is Errors.NOT_LEADER_OR_FOLLOWER
+    assert ended(leader, ticket)[0] is Errors.NOT_LEADER_OR_FOLLOWER
 
 
 def test_voter_changes_on_a_follower_raise_not_leader(make_ctx: Callable[..., Any]) -> None:
@@ -256,14 +264,14 @@ def replace_disk_of_3(ctx: Any) -> None:
     catch_up(ctx, 2, (3, REPLACED_3))
     ticket = ctx.core.add_voter(ctx.now_ms, key(3, REPLACED_3), TIMEOUT_MS)
     catch_up(ctx, 2, (3, REPLACED_3))
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
 
 
 def test_remove_voter_completes_the_disk_replacement(leader: Any) -> None:
     replace_disk_of_3(leader)
     ticket = leader.core.remove_voter(leader.now_ms, key(3), TIMEOUT_MS)
     catch_up(leader, 2, (3, REPLACED_3))
-    assert outcome(leader, ticket)[0] is Errors.NONE
+    assert ended(leader, ticket)[0] is Errors.NONE
     assert leader.core.voters == (key(1), key(2), key(3, REPLACED_3))
     assert voter_records(leader)[-1][1] == (key(1), key(2), key(3, REPLACED_3))
     # The old directory fetching now is an observer.
@@ -295,12 +303,12 @@ def test_decommission_removes_a_node_id_down_to_one_voter(leader: Any) -> None:
     fetch(ctx, 3, ctx.log.end_offset)  # the removed voter's fetch no longer counts
     assert ctx.core.high_watermark <= offset
     catch_up(ctx, 2)
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
     # Node 3 is an observer again; its id is still configured, so it can be added back.
     assert key(3) in [r.key for r in ctx.core.describe_quorum(ctx.now_ms).observers]
     ticket = ctx.core.remove_voter(ctx.now_ms, key(2), TIMEOUT_MS, decommission=True)
     catch_up(ctx, 2)
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
     assert ctx.core.voters == (key(1),)
     with pytest.raises(VoterChangeError) as refused:
         ctx.core.remove_voter(ctx.now_ms, key(1), TIMEOUT_MS, decommission=True)
@@ -310,7 +318,7 @@ def test_decommission_removes_a_node_id_down_to_one_voter(leader: Any) -> None:
     catch_up(ctx, 3)
     ticket = ctx.core.add_voter(ctx.now_ms, key(3), TIMEOUT_MS)
     catch_up(ctx, 3)
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
     assert ctx.core.voters == (key(1), key(3))
 
 
@@ -323,7 +331,7 @@ def leader_3_with_a_second_directory(make_ctx: Callable[..., Any]) -> Any:
     catch_up(ctx, 1, 2, (3, REPLACED_3))
     ticket = ctx.core.add_voter(ctx.now_ms, key(3, REPLACED_3), TIMEOUT_MS)
     catch_up(ctx, 1, 2, (3, REPLACED_3))
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
     return ctx
 
 
@@ -342,7 +350,7 @@ def test_leader_removing_itself_leads_until_committed_then_resigns(
     assert ctx.core.high_watermark <= record_offset  # 1 of {1, 2, 3'} is no majority
     fetch(ctx, 2, ctx.log.end_offset)
     assert ctx.core.high_watermark > record_offset
-    assert outcome(ctx, ticket)[0] is Errors.NONE
+    assert ended(ctx, ticket)[0] is Errors.NONE
     assert ctx.state() is RaftState.RESIGNED
     sent = {r.destination for r in ctx.take_requests(EndQuorumEpochRequest)}
     assert sent == {1, 2}  # never to its own node id: that would be itself

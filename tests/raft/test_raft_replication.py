@@ -90,7 +90,7 @@ def test_follower_log_reconciliation(
     assert fetch.message.last_fetch_epoch == local[-1][0]
     ctx.deliver_response(fetch, ctx.fetch_response(2, 4, diverging=diverging))
     assert ctx.log.end_offset == truncated_to
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     # The truncated log is on disk already: the next fetch goes out at once.
     fetch = ctx.take_request(FetchRequest, 2)
     assert isinstance(fetch.message, FetchRequest)
@@ -260,7 +260,7 @@ def test_purgatory_fetch_completed_by_follower_transition(make_ctx: MakeCtx) -> 
     ctx = _leader(make_ctx)
     _parked_fetch(ctx)
     ctx.deliver_request(3, ctx.vote_request(3, 2, 1, 1))
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     (response,) = ctx.take_responses(2)
     assert isinstance(response, FetchResponse)
     assert response.error_code is Errors.NOT_LEADER_OR_FOLLOWER
@@ -334,7 +334,7 @@ def test_fetch_should_be_treated_as_leader_acknowledgement(make_ctx: MakeCtx) ->
     ctx.expire_election_timer()
     ctx.grant_pre_votes(2)
     ctx.grant_votes(2)
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     start = ctx.now_ms
     assert {r.destination for r in ctx.take_requests(BeginQuorumEpochRequest)} == {2, 3}
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 0, 0))
@@ -356,9 +356,9 @@ def test_leader_should_resign_leadership_if_not_get_fetch_request_from_majority_
     ctx.advance(1000)
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0))  # one voter is not enough
     ctx.advance_to(start + CHECK_QUORUM - 1)
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     effects = ctx.advance(1)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 1
     assert effects.persist is None
     ctx.assert_persisted(1, leader_id=1, voted=1)
@@ -377,9 +377,9 @@ def test_leader_keeps_leadership_while_a_majority_fetches(make_ctx: MakeCtx) -> 
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0))
     _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0))
     ctx.advance_to(start + 2000 + CHECK_QUORUM - 1)
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     ctx.advance(1)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
 
 
 def test_leader_should_not_resign_leadership_if_only_one_voters(make_ctx: MakeCtx) -> None:
@@ -387,7 +387,7 @@ def test_leader_should_not_resign_leadership_if_only_one_voters(make_ctx: MakeCt
     ctx = make_ctx(1, [1])
     for _ in range(10):
         ctx.advance(CHECK_QUORUM)
-        assert ctx.core.state is RaftState.LEADER
+        assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 1
     assert ctx.pending_requests() == []
     # Nor does it ask to be polled again at once: an idle lone leader must not spin.
@@ -481,7 +481,7 @@ def test_handle_leader_change_fires_after_listener_reaches_epoch_start_offset(
     ctx.expire_election_timer()
     ctx.grant_pre_votes(2)
     ctx.grant_votes(2)
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 2
     assert ctx.core.epoch_start_offset == 3
     assert ctx.log_layout() == [(0, 2, 1), (3, 3, 2)]
@@ -527,7 +527,7 @@ def test_leader_high_watermark_never_decreases(make_ctx: MakeCtx) -> None:
     assert response.high_watermark == 4
     assert _layout(response.records) == [(1, 3, 1)]
     assert ctx.core.high_watermark == 4
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
 
 
 def test_leader_counts_only_its_flushed_offset(make_ctx: MakeCtx) -> None:
@@ -607,7 +607,7 @@ def test_fetch_epoch_fencing_at_leader(make_ctx: MakeCtx) -> None:
     response = _fetch(ctx, 2, ctx.fetch_request(2, epoch + 1, 0, 0))
     assert response.error_code is Errors.UNKNOWN_LEADER_EPOCH
     assert (response.leader_id, response.leader_epoch) == (1, epoch)
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.high_watermark is None  # neither counted as progress
 
 
@@ -622,7 +622,7 @@ def test_fetch_at_non_leader_is_not_leader_or_follower(make_ctx: MakeCtx) -> Non
     assert response.error_code is Errors.FENCED_LEADER_EPOCH
     response = _fetch(ctx, 5, ctx.fetch_request(5, 5, 0, 0))
     assert response.error_code is Errors.UNKNOWN_LEADER_EPOCH
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.epoch == 4
 
 
@@ -647,11 +647,11 @@ def test_fetch_response_with_higher_epoch_moves_follower(make_ctx: MakeCtx) -> N
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(4, 2, None))
     fetch = ctx.take_request(FetchRequest, 2)
     ctx.deliver_response(fetch, ctx.fetch_response(2, 3, error=Errors.UNKNOWN_LEADER_EPOCH))
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 4, 2)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 4, 2)
     ctx.advance(ctx.config.retry_backoff_ms)
     fetch = ctx.take_request(FetchRequest, 2)
     ctx.deliver_response(fetch, ctx.fetch_response(3, 5, error=Errors.FENCED_LEADER_EPOCH))
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 5, 3)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 5, 3)
     ctx.assert_persisted(5, leader_id=3)
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [3]
 
@@ -665,7 +665,7 @@ def test_observer_send_discovery_fetch_after_fetch_timeout(make_ctx: MakeCtx) ->
     ctx = make_ctx(4, [1, 2, 3], election_state=ElectionState(2, 2, None))
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [2]
     ctx.advance(FETCH_TIMEOUT)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     discovery = ctx.take_request(FetchRequest, 1)
     assert isinstance(discovery.message, FetchRequest)
     assert discovery.message.current_leader_epoch == 2
@@ -673,7 +673,7 @@ def test_observer_send_discovery_fetch_after_fetch_timeout(make_ctx: MakeCtx) ->
     # Voter 1 follows a new leader, 3, in epoch 3.
     ctx.deliver_response(discovery, ctx.fetch_response(
         3, 3, error=Errors.FENCED_LEADER_EPOCH))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert (ctx.core.epoch, ctx.core.leader_id) == (3, 3)
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [3]
 
@@ -686,7 +686,7 @@ def test_observer_rediscovers_same_epoch_leader(make_ctx: MakeCtx) -> None:
     discovery = ctx.take_request(FetchRequest, 1)
     ctx.deliver_response(discovery, ctx.fetch_response(
         2, 2, error=Errors.NOT_LEADER_OR_FOLLOWER))
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 2, 2)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 2, 2)
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [2]
 
 
@@ -694,13 +694,13 @@ def test_follower_leader_rediscovery_after_request_timeout(make_ctx: MakeCtx) ->
     """Item 32 (KAFKA-17030): an unattached voter fetches from a voter to discover the leader
     before its election timer fires, and follows the leader it learns about."""
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     discovery = ctx.take_request(FetchRequest, 2)
     assert isinstance(discovery.message, FetchRequest)
     assert discovery.message.current_leader_epoch == 2
     ctx.deliver_response(discovery, ctx.fetch_response(
         3, 2, error=Errors.NOT_LEADER_OR_FOLLOWER))
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     assert ctx.core.leader_id == 3
     ctx.assert_persisted(2, leader_id=3)
     assert [r.destination for r in ctx.take_requests(FetchRequest)] == [3]
@@ -713,7 +713,7 @@ def test_discovery_fetch_answered_by_the_leader_itself(make_ctx: MakeCtx) -> Non
     discovery = ctx.take_request(FetchRequest, 1)
     ctx.deliver_response(discovery, ctx.fetch_response(
         1, 2, records_bytes=ctx.encoded_batches(0, [(2, 2)]), high_watermark=1))
-    assert (ctx.core.state, ctx.core.leader_id) == (RaftState.FOLLOWER, 1)
+    assert (ctx.state(), ctx.core.leader_id) == (RaftState.FOLLOWER, 1)
     assert ctx.log.end_offset == 2
     assert ctx.core.high_watermark == 1
 
@@ -730,7 +730,7 @@ def test_fetch_from_voter_id_with_other_directory_counts_as_observer(make_ctx: M
     assert response.error_code is Errors.NONE
     assert ctx.core.high_watermark is None
     ctx.advance_to(start + CHECK_QUORUM)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
 
 
 def test_fetch_from_voter_with_its_directory_id_counts(make_ctx: MakeCtx) -> None:
@@ -750,7 +750,7 @@ def test_observer_fetches_do_not_satisfy_check_quorum(make_ctx: MakeCtx) -> None
         ctx.advance_to(start + t)
         _fetch(ctx, 7, ctx.fetch_request(7, 1, 1, 1, max_wait_ms=0))
     ctx.advance_to(start + CHECK_QUORUM)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
 
 
 def test_new_leader_keeps_local_high_watermark_but_advertises_none(make_ctx: MakeCtx) -> None:
@@ -788,7 +788,7 @@ def test_next_deadline_follows_the_timers(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, None))
     assert ctx.core.next_deadline_ms() == FETCH_TIMEOUT  # fetch timer (= request timeout)
     ctx.advance_to(ctx.core.next_deadline_ms())
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.next_deadline_ms() == FETCH_TIMEOUT + T
     _assert_no_busy_deadline(ctx)
     ctx = make_ctx(1, [1, 2, 3])

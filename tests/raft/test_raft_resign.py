@@ -55,7 +55,7 @@ def test_leader_graceful_shutdown(make_ctx: MakeCtx) -> None:
     ctx.become_leader()
     ctx.core.begin_shutdown(ctx.now_ms)
     ctx.poll()
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 1
     assert all(e.persist is None for e in ctx.history[-2:])
     ctx.assert_persisted(1, leader_id=1, voted=1)
@@ -75,14 +75,14 @@ def test_leader_graceful_shutdown(make_ctx: MakeCtx) -> None:
     assert set(_end_quorum_requests(ctx)) == {3}
     # Shutting down: the election timer does not take it to the next epoch.
     ctx.advance(5 * T)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 1
     assert ctx.pending_requests(VoteRequest) == []
     # The successor announces itself.
     response = ctx.deliver_one(2, ctx.begin_quorum_request(2, 2))
     assert isinstance(response, BeginQuorumEpochResponse)
     assert response.error_code is Errors.NONE
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 2, 2)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 2, 2)
     ctx.assert_persisted(2, leader_id=2)
 
 
@@ -97,7 +97,7 @@ def test_leader_graceful_shutdown_timeout(make_ctx: MakeCtx) -> None:
     for _ in range(5):
         ctx.advance(REQUEST_TIMEOUT)
         assert set(_end_quorum_requests(ctx)) == {2, 3}
-        assert ctx.core.state is RaftState.RESIGNED
+        assert ctx.state() is RaftState.RESIGNED
         assert ctx.core.epoch == 1
     assert ctx.pending_requests(VoteRequest) == []
 
@@ -125,7 +125,7 @@ def test_end_quorum_epoch_sent_based_on_fetch_offset(make_ctx: MakeCtx) -> None:
 
 def _follower_of_5(make_ctx: MakeCtx, **config: object) -> RaftTestContext:
     ctx = make_ctx(1, [1, 2, 3, 4, 5], election_state=ElectionState(2, 5, None), **config)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
     ctx.clear_outbox()
     return ctx
 
@@ -133,9 +133,9 @@ def _follower_of_5(make_ctx: MakeCtx, **config: object) -> RaftTestContext:
 def _assert_prospective_after(ctx: RaftTestContext, backoff_ms: int) -> None:
     if backoff_ms > 0:
         ctx.advance(backoff_ms - 1)
-        assert ctx.core.state is RaftState.FOLLOWER
+        assert ctx.state() is RaftState.FOLLOWER
         ctx.advance(1)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.epoch == 2
     requests = ctx.take_requests(VoteRequest)
     assert {r.destination for r in requests} == {2, 3, 4, 5}
@@ -213,7 +213,7 @@ def test_end_quorum_starts_new_election_immediately_if_follower_unattached(
     assert isinstance(response, EndQuorumEpochResponse)
     assert response.error_code is Errors.NONE
     assert response.leader_id == 2
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert ctx.core.epoch == 2
     requests = ctx.take_requests(VoteRequest)
     assert {r.destination for r in requests} == {2, 3}
@@ -227,7 +227,7 @@ def test_end_quorum_epoch_from_older_epoch_is_fenced(make_ctx: MakeCtx) -> None:
     assert response.error_code is Errors.FENCED_LEADER_EPOCH
     assert (response.leader_id, response.leader_epoch) == (5, 2)
     ctx.advance(ctx.config.fetch_timeout_ms - 1)
-    assert ctx.core.state is RaftState.FOLLOWER
+    assert ctx.state() is RaftState.FOLLOWER
 
 
 def test_end_quorum_epoch_does_not_make_an_observer_campaign(make_ctx: MakeCtx) -> None:
@@ -236,7 +236,7 @@ def test_end_quorum_epoch_does_not_make_an_observer_campaign(make_ctx: MakeCtx) 
     ctx.clear_outbox()
     ctx.deliver_one(2, ctx.end_quorum_request(2, 2, [1, 3], voter_id=9))
     ctx.advance(5 * T)
-    assert ctx.core.state in (RaftState.FOLLOWER, RaftState.UNATTACHED)
+    assert ctx.state() in (RaftState.FOLLOWER, RaftState.UNATTACHED)
     assert ctx.pending_requests(VoteRequest) == []
 
 
@@ -250,13 +250,13 @@ def test_resigned_state_bumps_epoch_when_its_timer_fires(make_ctx: MakeCtx) -> N
     ctx = make_ctx(1, [1, 2, 3])
     ctx.become_leader()
     ctx.advance(ctx.config.check_quorum_timeout_ms)  # no voter fetched: it resigns
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.last_effects.persist is None
     assert set(_end_quorum_requests(ctx)) == {2, 3}
     ctx.advance(T - 1)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     effects = ctx.advance(1)
-    assert ctx.core.state is RaftState.UNATTACHED
+    assert ctx.state() is RaftState.UNATTACHED
     assert ctx.core.epoch == 2
     assert effects.persist == ElectionState(2, None, None)
     ctx.clear_outbox()
@@ -268,7 +268,7 @@ def test_resigned_answers_fetch_with_not_leader(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3])
     ctx.become_leader()
     ctx.advance(ctx.config.check_quorum_timeout_ms)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     response = ctx.deliver_one(2, ctx.fetch_request(2, 1, 1, 1))
     assert isinstance(response, FetchResponse)
     assert response.error_code is Errors.NOT_LEADER_OR_FOLLOWER
@@ -278,7 +278,7 @@ def test_resigned_answers_fetch_with_not_leader(make_ctx: MakeCtx) -> None:
 def test_single_voter_restart_as_resigned_leads_a_new_epoch(make_ctx: MakeCtx) -> None:
     """Single-voter quorum: restarting after leading epoch 5 never leads epoch 5 again."""
     ctx = make_ctx(1, [1], log_epochs=[(5, 2)], election_state=ElectionState(5, 1, ReplicaKey(1)))
-    assert ctx.core.state is RaftState.LEADER
+    assert ctx.state() is RaftState.LEADER
     assert ctx.core.epoch == 7
     ctx.assert_persisted(7, leader_id=1, voted=1)
     assert ctx.core.epoch_start_offset == 2
@@ -290,7 +290,7 @@ def test_single_voter_shutdown_stays_resigned(make_ctx: MakeCtx) -> None:
     ctx.core.begin_shutdown(ctx.now_ms)
     ctx.collect()
     ctx.advance(10 * T)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.epoch == 1
     assert ctx.pending_requests() == []
 
@@ -301,11 +301,11 @@ def test_shutting_down_candidate_resigns_once_elected(make_ctx: MakeCtx) -> None
     ctx = make_ctx(1, [1, 2, 3])
     ctx.expire_election_timer()
     ctx.grant_pre_votes(2)
-    assert ctx.core.state is RaftState.CANDIDATE
+    assert ctx.state() is RaftState.CANDIDATE
     ctx.core.begin_shutdown(ctx.now_ms)
     ctx.collect()
     ctx.grant_votes(2)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert set(_end_quorum_requests(ctx)) == {2, 3}
 
 
@@ -318,5 +318,5 @@ def test_shutting_down_resigned_leader_does_not_ask_to_be_polled_at_once(
     ctx.core.begin_shutdown(ctx.now_ms)
     ctx.collect()
     ctx.advance(10 * ctx.config.election_timeout_ms)
-    assert ctx.core.state is RaftState.RESIGNED
+    assert ctx.state() is RaftState.RESIGNED
     assert ctx.core.next_deadline_ms() > ctx.now_ms

@@ -55,7 +55,7 @@ def test_inconsistent_cluster_id_on_every_request_type(
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, None))
     response = ctx.deliver_one(2, _requests(ctx, cluster_id)[kind])
     assert response.error_code is Errors.INCONSISTENT_CLUSTER_ID
-    assert (ctx.core.state, ctx.core.epoch) == (RaftState.UNATTACHED, 2)
+    assert (ctx.state(), ctx.core.epoch) == (RaftState.UNATTACHED, 2)
     assert all(e.persist is None for e in ctx.history)
 
 
@@ -144,7 +144,7 @@ def test_invalid_voter_key_on_begin_quorum_epoch(make_ctx: MakeCtx) -> None:
         3, 3, voter_id=1, voter_directory_id=uuid.UUID(int=99)))
     assert isinstance(response, BeginQuorumEpochResponse)
     assert response.error_code is Errors.INVALID_VOTER_KEY
-    assert (ctx.core.state, ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 3, 3)
+    assert (ctx.state(), ctx.core.epoch, ctx.core.leader_id) == (RaftState.FOLLOWER, 3, 3)
 
 
 def test_invalid_voter_key_on_end_quorum_epoch(make_ctx: MakeCtx) -> None:
@@ -154,7 +154,7 @@ def test_invalid_voter_key_on_end_quorum_epoch(make_ctx: MakeCtx) -> None:
         3, 2, [ReplicaKey(1, LOCAL_DIR)], voter_id=2, voter_directory_id=DIRS[2]))
     assert isinstance(response, EndQuorumEpochResponse)
     assert response.error_code is Errors.INVALID_VOTER_KEY
-    assert ctx.core.state is RaftState.FOLLOWER  # not Prospective at once
+    assert ctx.state() is RaftState.FOLLOWER  # not Prospective at once
 
 
 def test_begin_quorum_epoch_validation(make_ctx: MakeCtx) -> None:
@@ -164,7 +164,7 @@ def test_begin_quorum_epoch_validation(make_ctx: MakeCtx) -> None:
     assert response.error_code is Errors.FENCED_LEADER_EPOCH
     response = ctx.deliver_one(2, ctx.begin_quorum_request(1, 5))
     assert response.error_code is Errors.INVALID_REQUEST
-    assert (ctx.core.state, ctx.core.epoch) == (RaftState.UNATTACHED, 4)
+    assert (ctx.state(), ctx.core.epoch) == (RaftState.UNATTACHED, 4)
 
 
 def test_begin_quorum_epoch_persisted_with_its_response(make_ctx: MakeCtx) -> None:
@@ -229,19 +229,19 @@ def test_prospective_and_resigned_never_persist(make_ctx: MakeCtx) -> None:
     # Unattached -> Prospective
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(3)))
     effects = ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert effects.persist is None
     assert ctx.core.election_state == ElectionState(2, None, ReplicaKey(3))
     # Follower -> Prospective
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 3, None))
     effects = ctx.advance(ctx.config.fetch_timeout_ms)
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert effects.persist is None
     assert ctx.core.election_state == ElectionState(2, 3, None)
     # Candidate -> Prospective
     ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, None, ReplicaKey(1)))
     effects = ctx.expire_election_timer()
-    assert ctx.core.state is RaftState.PROSPECTIVE
+    assert ctx.state() is RaftState.PROSPECTIVE
     assert effects.persist is None
     assert ctx.core.election_state == ElectionState(2, None, ReplicaKey(1))
     # Leader -> Resigned (check-quorum and begin_shutdown())
@@ -253,6 +253,6 @@ def test_prospective_and_resigned_never_persist(make_ctx: MakeCtx) -> None:
         else:
             ctx.core.begin_shutdown(ctx.now_ms)
             effects = ctx.collect()
-        assert ctx.core.state is RaftState.RESIGNED, how
+        assert ctx.state() is RaftState.RESIGNED, how
         assert effects.persist is None, how
         assert ctx.core.election_state == ElectionState(1, 1, ReplicaKey(1)), how

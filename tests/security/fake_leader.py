@@ -10,6 +10,7 @@ import struct
 import threading
 import urllib.request
 from collections.abc import Callable
+from typing import cast
 
 from aiohttp import WSMsgType, web
 from proc_cluster import PEER_SECRET_HEADER, NodeProcess, ProcessCluster
@@ -113,8 +114,8 @@ class FakeLeader:
                 continue
             correlation, index = _TAG.unpack_from(message.data)
             cls = _REQUEST_CLASSES[index]
-            rpc = decode_frame(cls, message.data[_TAG.size:])
-            answer = self._answer(rpc)  # type: ignore[arg-type]
+            rpc: RaftRequest = decode_frame(cls, message.data[_TAG.size:])
+            answer = self._answer(rpc)
             await ws.send_bytes(_TAG.pack(correlation, 0) + encode_frame(answer))
         self._streams.discard(ws)
         return ws
@@ -139,7 +140,8 @@ class FakeLeader:
             return VoteResponse(**lead)
         if isinstance(rpc, BeginQuorumEpochRequest):
             return BeginQuorumEpochResponse(error_code=Errors.FENCED_LEADER_EPOCH, **lead)
-        return RESPONSE_TYPES[type(rpc)](error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
+        response_type = cast("type[RaftResponse]", RESPONSE_TYPES[type(rpc)])
+        return response_type(error_code=Errors.NOT_LEADER_OR_FOLLOWER, **lead)
 
     def _snapshot_chunk(self, rpc: FetchSnapshotRequest, lead: dict[str, int]
                         ) -> FetchSnapshotResponse:

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
@@ -33,6 +34,9 @@ from secured_cluster import InProcessCluster, plain_configs
 
 from quorum_node.node.api.openapi import openapi_document
 from quorum_node.node.errors import ErrorCode
+
+if TYPE_CHECKING:  # a name schemathesis defines for type checkers only
+    from schemathesis.specs.openapi.schemas import OpenApiCase
 
 load_all_checks()
 # Invalid data is also rightly refused as too large (413: a key over 1 KiB), too slow (408) or
@@ -128,7 +132,7 @@ def test_the_description_is_published(quorum: InProcessCluster) -> None:
 @SCHEMA.parametrize()
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=False,
           suppress_health_check=list(HealthCheck))
-def test_fuzz_api(case: schemathesis.Case, quorum: InProcessCluster) -> None:
+def test_fuzz_api(case: OpenApiCase, quorum: InProcessCluster) -> None:
     url = _leader_url(quorum)
     leader = quorum.leader()
     before = leader.log_dir.log.end_offset if leader is not None else None

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from secured_cluster import FAST, InProcessCluster, Pki, free_port
+from proc_cluster import free_port
+from secured_cluster import FAST, InProcessCluster, Pki
 
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import Listener, NodeConfig

@@ -114,13 +114,15 @@ def follower_core() -> tuple[RaftCore, int]:
 
 def settle(core: RaftCore, now: int) -> list[Any]:
     """Take the effects, flushing when asked (as the node's flusher does); the responses."""
+    log = core.log
+    assert isinstance(log, MemoryLog)  # as leader_core and follower_core build it
     responses: list[Any] = []
     for _ in range(10):
         effects = core.take_effects()
         responses += [m for m in effects.messages if isinstance(m, OutboundResponse)]
         if not effects.flush:
             break
-        core.handle_flushed(now, core.log.flush())
+        core.handle_flushed(now, log.flush())
     return responses
 
 

@@ -15,7 +15,7 @@ import pytest
 from proc_cluster import FAST, ProcessCluster
 from secured_cluster import InProcessCluster, plain_configs
 
-from quorum_node.cli.node import lock_local_data_dir, prepare_local_cluster
+from quorum_node.cli.local_quorum import lock_local_data_dir, prepare_local_cluster
 from quorum_node.cli.node import main as node_main
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import NodeConfig

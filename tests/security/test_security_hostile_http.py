@@ -23,6 +23,7 @@ from quorum_node.node.transport import (
     RESPONSE_TYPES,
     decode_frame,
 )
+from quorum_node.raft.messages import RaftResponse
 
 READ_TIMEOUT_MS = 600
 
@@ -230,6 +231,7 @@ def test_malformed_peer_requests_get_their_error(
     answer = connection.getresponse().read()
     connection.close()
     response = decode_frame(RESPONSE_TYPES[REQUEST_TYPES[rpc]], answer)
+    assert isinstance(response, RaftResponse)
     assert response.error_code.name == error
     assert (log_end(node), core.epoch, core.state) == before
     assert node.nodes[1].failure is None

@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority
-from proc_cluster import FAST, ProcessCluster
+from proc_cluster import FAST, ProcessCluster, free_port
 from raw_clients import (
     binary_frame_head,
     open_raw_stream,
@@ -34,20 +34,24 @@ from raw_clients import (
     seconds_until_closed,
     send_until_refused,
 )
-from secured_cluster import InProcessCluster, Pki, free_port, secured_configs
+from secured_cluster import InProcessCluster, Pki, secured_configs
 
 from quorum_node.client import QuorumClient
 from quorum_node.node.transport import (
     MAX_REQUEST_BYTES,
     REQUEST_TYPES,
-    RESPONSE_TYPES,
     STREAM_PATH,
     PeerClient,
     PeerUnavailable,
     decode_frame,
     encode_frame,
 )
-from quorum_node.raft.messages import BeginQuorumEpochRequest, RaftRequest, VoteRequest
+from quorum_node.raft.messages import (
+    BeginQuorumEpochRequest,
+    RaftRequest,
+    VoteRequest,
+    VoteResponse,
+)
 
 _TAG = struct.Struct(">IB")
 _RPC_INDEX = {cls: index for index, cls in enumerate(REQUEST_TYPES.values())}
@@ -183,7 +187,7 @@ def test_a_node_certificate_speaks_only_as_its_node(cluster: InProcessCluster, p
     status, body = cluster.run(stream_call(port_of(cluster, 3), node_1,
                                            vote_as(cluster, 1, 3, epoch_ahead=-1)))
     assert status == 0
-    assert decode_frame(RESPONSE_TYPES[VoteRequest], body).vote_granted is False
+    assert decode_frame(VoteResponse, body).vote_granted is False
 
 
 def assert_closed_unanswered(cluster: InProcessCluster, context: ssl.SSLContext) -> None:

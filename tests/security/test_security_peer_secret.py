@@ -10,7 +10,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from secured_cluster import free_port, split_listeners
+from proc_cluster import free_port
+from secured_cluster import split_listeners
 
 from quorum_node.node.config import NodeConfig
 from quorum_node.node.wiring import build_node

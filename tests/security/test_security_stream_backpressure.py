@@ -160,7 +160,7 @@ def test_answers_flow_again_once_the_client_reads(plain: ProcessCluster) -> None
     sending = threading.Thread(target=stream.sendall, args=(stale_gets(count),))
     sending.start()
     time.sleep(WRITE_TIMEOUT_MS / 1000 / 3)  # the node holds its answers back meanwhile
-    answered = set()
+    answered: set[int] = set()
     buffered = b""
     stream.settimeout(10)
     while len(answered) < count:

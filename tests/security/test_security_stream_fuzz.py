@@ -106,6 +106,7 @@ def _send(quorum: InProcessCluster, message: bytes, op: Op | None) -> None:
     TALLY["messages"] += 1
     leader = quorum.leader()
     end = leader.log_dir.log.end_offset if leader is not None else None
+    code: str | None  # "closed", an error code, or None for a result
     with _open(quorum) as stream:
         stream.send(message)
         try:

@@ -19,6 +19,7 @@ from quorum_node.raft.core import Effects, OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.messages import RaftRequest, RaftResponse, VoteResponse
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
+from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
@@ -57,9 +58,10 @@ class Clocked(RaftCore):
         self.now_ms = now_ms
         super().handle_response(now_ms, source, correlation_id, response)
 
-    def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int) -> None:
+    def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int,
+                               failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
         self.now_ms = now_ms
-        super().handle_request_failure(now_ms, destination, correlation_id)
+        super().handle_request_failure(now_ms, destination, correlation_id, failure)
 
     def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:
         self.now_ms = now_ms
@@ -161,7 +163,7 @@ def corrupts_replicated_data(
     config: QuorumConfig,
     random: random.Random,
     now_ms: int,
-    snapshots: SnapshotStore | None = None,
+    snapshots: SnapshotStore,
     observer_ids: Iterable[int] = (),
     check_snapshot_records: SnapshotRecordsCheck | None = None,
 ) -> RaftCore:

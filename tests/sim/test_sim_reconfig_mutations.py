@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from quorum_node.raft.core import LeaderState, OutboundResponse, RaftCore
+from quorum_node.raft.core import OutboundResponse, RaftCore
+from quorum_node.raft.leader import LeaderState
 from quorum_node.raft.messages import RaftRequest, VoteRequest, VoteResponse
 from quorum_node.raft.quorum_rpcs import QuorumRpcs
 from quorum_node.raft.records import Record
