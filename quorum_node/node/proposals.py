@@ -48,10 +48,10 @@ class Proposals:
         if self._gathered is None:
             first, last = self._driver.request(
                 lambda core: core.propose(self._now_ms(), records))
-            proposed = Appended(first, last, self._epoch())
+            appended = Appended(first, last, self._epoch())
             self._gathered = []
             asyncio.get_running_loop().call_soon(self._propose_gathered)
-            return proposed
+            return appended
         future: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
         self._gathered.append((records, future))
         return await future

@@ -74,8 +74,9 @@ class Workload:
         if callers == 1:
             taken = [leader.propose(records) is not None]
         else:
-            outcomes = leader.propose_each([[record] for record in records]) or []
-            taken = [isinstance(outcome, tuple) for outcome in outcomes] or [False] * callers
+            outcomes = leader.propose_each([[record] for record in records])
+            taken = ([False] * callers if outcomes is None
+                     else [isinstance(outcome, tuple) for outcome in outcomes])
         for op, record, was_taken in zip(ops, records, taken, strict=True):
             if was_taken:
                 self._accepted(op, record)
