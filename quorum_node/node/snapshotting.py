@@ -15,9 +15,10 @@ its peers meanwhile).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from quorum_node.kv.machine import KvMachine, SnapshotPlan
@@ -46,11 +47,17 @@ class SnapshotHost(Protocol):
     def voters_at(self, offset: int) -> VoterSet: ...
 
 
+class SnapshotWriteStopped(Exception):
+    """The node stopped while a snapshot was being written: the write was given up."""
+
+
 class KvSnapshots:
     def __init__(self, node: SnapshotHost, machine: KvMachine) -> None:
         self.node = node
         self.machine = machine
         self._task: asyncio.Task[None] | None = None
+        # Set by stop(): the thread writing a snapshot gives up at its next batch.
+        self._stopping = threading.Event()
 
     def _latest_ahead(self) -> tuple[SnapshotId, bytes] | None:
         """The latest snapshot and its bytes, if the store has not applied up to it."""
@@ -111,6 +118,10 @@ class KvSnapshots:
                                      self.node.voters_at(end - 1))
         if plan is None:
             return  # not at a batch boundary: try again after the next batch
+        self.write(plan)
+
+    def write(self, plan: SnapshotPlan) -> None:
+        """Write ``plan`` in the background, then compact the log below it."""
         task = asyncio.ensure_future(self._write(plan))
         self._task = task
         task.add_done_callback(self._written)
@@ -120,7 +131,8 @@ class KvSnapshots:
         snapshots = self.node.log_dir.snapshots
         snapshot_id = plan.snapshot_id
         # Sorted, encoded and written in the thread, a batch at a time.
-        await asyncio.to_thread(snapshots.save_batches, snapshot_id, plan.batches())
+        await asyncio.to_thread(snapshots.save_batches, snapshot_id,
+                                self._until_stopped(plan.batches()))
         size = snapshots.size(snapshot_id)
         snapshots.delete_before(snapshot_id)
         log = self.node.log_dir.log
@@ -130,16 +142,27 @@ class KvSnapshots:
                     "at %d", self.node.config.node_id, snapshot_id, len(plan.content.entries),
                     size, time.perf_counter() - started, log.start_offset)
 
+    def _until_stopped(self, batches: Iterable[bytes]) -> Iterator[bytes]:
+        """``batches`` until the node stops: the store then removes the ``.part`` file it was
+        writing (a cancelled wait would leave its thread writing on, into a directory the node
+        has let go of)."""
+        for batch in batches:
+            if self._stopping.is_set():
+                raise SnapshotWriteStopped("the node is stopping")
+            yield batch
+
     def _written(self, task: asyncio.Task[None]) -> None:
         self._task = None
-        if not task.cancelled() and task.exception() is not None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, SnapshotWriteStopped):
             # A failed snapshot loses nothing (the log is only deleted after it is saved).
             logger.error("node %d: writing a snapshot failed: %s", self.node.config.node_id,
-                         task.exception())
+                         error)
 
     async def stop(self) -> None:
+        """Give up a snapshot being written and wait for its thread: once this returns, nothing
+        of it writes into the log directory."""
+        self._stopping.set()
         task = self._task
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])

@@ -11,12 +11,14 @@ from pathlib import Path
 from test_admin_api import shutdown
 from test_state_machine import _single_node, _wait
 
+from quorum_node.kv.machine import SnapshotPlan
 from quorum_node.kv.ops import Put, encode_op
 from quorum_node.kv.snapshot_data import SnapshotEntries, SnapshotEntry, snapshot_records
 from quorum_node.node.wiring import build_node
 from quorum_node.raft.snapshot_format import encode_snapshot_batches
 from quorum_node.raft.snapshots import SnapshotId
 from quorum_node.raft.state import RaftState
+from quorum_node.storage.snapshot_store import CHECKPOINT_SUFFIX, PART_SUFFIX
 
 KEYS = 150_000
 
@@ -76,5 +78,32 @@ async def test_a_downloaded_snapshot_is_loaded_while_the_loop_goes_on(tmp_path: 
         assert store.next_offset == end_offset and len(store) == KEYS
         assert store.get(f"key-{KEYS - 1:07d}") == "value"
         assert max(stalls) < took / 3, (max(stalls), took)
+    finally:
+        node.log_dir.close()
+
+
+async def test_a_stopped_node_leaves_no_snapshot_writing_behind(tmp_path: Path) -> None:
+    """Stopping gives up a snapshot being written and waits for the thread writing it: once
+    the node has stopped, nothing of it is left in the directory, and nothing writes there (its
+    lock is let go next, and a restarted node scans the directory)."""
+    node = _single_node(tmp_path)  # not started: its store and snapshots only
+    directory = node.log_dir.snapshots.directory
+
+    def snapshot_files() -> list[str]:
+        return sorted(path.name for path in directory.iterdir() if CHECKPOINT_SUFFIX in path.name)
+
+    try:
+        entries: list[SnapshotEntry] = [(f"key-{index:07d}", "value", 5, 1)
+                                        for index in range(KEYS)]
+        snapshots = node.state_machine.snapshots
+        snapshots.write(SnapshotPlan(SnapshotId(10, 1), None, 0,
+                                     SnapshotEntries(entries, 0), 0))
+        await _wait(lambda: any(name.endswith(PART_SUFFIX) for name in snapshot_files()),
+                    "a snapshot being written")
+        await node.state_machine.stop()
+        assert snapshot_files() == []
+        await asyncio.sleep(0.3)
+        assert snapshot_files() == []
+        assert node.log_dir.snapshots.latest() is None
     finally:
         node.log_dir.close()
