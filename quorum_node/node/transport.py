@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import ssl
@@ -362,20 +363,24 @@ class _PeerStream:
         on_answer(answer)
 
     async def _read(self) -> None:
-        reason = "connection closed"
+        # Until the peer ends the stream (below), an end is ours: closed on a timeout, or on
+        # a TLS reload (``close_streams``).
+        reason, failure = "stream closed", RequestFailure.UNANSWERED
         try:
             async for message in self._socket:
                 if message.type is not aiohttp.WSMsgType.BINARY:
-                    reason = f"unexpected {message.type.name} message"
+                    reason, failure = stream_error(message)
                     break
                 self._answer(message.data)
+            else:
+                reason, failure = "connection closed", RequestFailure.CLOSED
         except (aiohttp.ClientError, OSError) as error:
-            reason = repr(error)
+            reason, failure = repr(error), ended_by(error)
         finally:
             self._ended = True  # no new calls on this stream from the callbacks below
             for correlation in list(self._pending):
                 self._settle(correlation, PeerUnavailable(
-                    f"node {self.destination} unreachable: {reason}"))
+                    f"node {self.destination} unreachable: {reason}", failure))
             self._on_ended(self)
 
     def _answer(self, data: bytes) -> None:
@@ -448,14 +453,31 @@ def start_now(coroutine: Coroutine[Any, Any, None],
 
 class PeerUnavailable(Exception):
     """No answer from a peer. ``failure`` says why, for the core: ``REFUSED`` when the connection
-    was refused (nothing listens at the peer's address: its process is gone), else
-    ``UNANSWERED`` (a timeout, a broken stream, a failed handshake or an unusable answer, all of
-    which a live peer behind a partition, paused or overloaded can give)."""
+    was refused (nothing listens at the peer's address: its process is gone), ``CLOSED`` when
+    the peer ended the stream the request was on, else ``UNANSWERED`` (a timeout, a failed
+    handshake or an unusable answer, all of which a live peer behind a partition, paused or
+    overloaded can give)."""
 
     def __init__(self, message: str,
                  failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
         super().__init__(message)
         self.failure = failure
+
+
+def ended_by(error: BaseException) -> RequestFailure:
+    """What a stream's error tells of the peer: a reset is the peer's end of the connection (a
+    killed process's kernel resets what it held unread); anything else says nothing."""
+    reset = isinstance(error, ConnectionResetError) or (
+        isinstance(error, OSError) and error.errno == errno.ECONNRESET)
+    return RequestFailure.CLOSED if reset else RequestFailure.UNANSWERED
+
+
+def stream_error(message: aiohttp.WSMessage) -> tuple[str, RequestFailure]:
+    """Why a stream gave something other than a response (an ERROR carries the exception: a
+    reset, or a heartbeat that got no pong), and what it tells of the peer."""
+    if message.type is aiohttp.WSMsgType.ERROR and isinstance(message.data, BaseException):
+        return repr(message.data), ended_by(message.data)
+    return f"unexpected {message.type.name} message", RequestFailure.UNANSWERED
 
 
 def connection_failure(error: BaseException) -> RequestFailure:

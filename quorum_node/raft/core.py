@@ -409,12 +409,15 @@ class RaftCore:
 
     def handle_request_failure(self, now_ms: int, destination: int, correlation_id: int,
                                failure: RequestFailure = RequestFailure.UNANSWERED) -> None:
-        """The request got no answer (``failure`` says why): back off. A refusal may tell that
-        the leader is gone (``follower.py``)."""
+        """The request got no answer (``failure`` says why): back off, or retry at once after a
+        closed connection. A closed connection or a refusal may tell that the leader is gone
+        (``follower.py``)."""
         self._now_ms = max(self._now_ms, now_ms)
-        if self._requests.on_response(destination, correlation_id, now_ms, ok=False) \
-                and failure is RequestFailure.REFUSED:
-            self._quorum.peer_refused(now_ms, destination)
+        if self._requests.on_failure(destination, correlation_id, now_ms, failure):
+            if failure is RequestFailure.REFUSED:
+                self._quorum.peer_refused(now_ms, destination)
+            elif failure is RequestFailure.CLOSED:
+                self._quorum.peer_closed(destination)
         self._drive(now_ms)
 
     def handle_flushed(self, now_ms: int, flushed_offset: int) -> None:

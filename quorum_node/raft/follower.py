@@ -9,9 +9,10 @@ its leader for ``controller.quorum.fetch.timeout.ms``. Silence is all a partitio
 process gives, and the timeout is what tells them from a slow answer; but a leader whose process
 has died says more: the follower's connection to it ends and the next one is refused, since
 nothing listens at its address any more. The transport reports that refusal as
-``RequestFailure.REFUSED``, distinct from a request that timed out, broke or got an unusable
-answer (``UNANSWERED``, which changes nothing here). A refusal of a Fetch (or FetchSnapshot) to
-the leader, in this state, makes the leader *gone* (``saw_leader_gone``), and the rules are:
+``RequestFailure.REFUSED``, distinct from a request that timed out, failed its handshake or got
+an unusable answer (``UNANSWERED``, which changes nothing here). A refusal of a Fetch (or
+FetchSnapshot) to the leader, in this state, makes the leader *gone* (``saw_leader_gone``), and
+the rules are:
 
 - The follower asks for pre-votes (KIP-996) without waiting out the fetch timeout. Nothing
   durable changes: a pre-vote moves no epoch and records no vote, so Raft's safety is the
@@ -37,6 +38,15 @@ the leader, in this state, makes the leader *gone* (``saw_leader_gone``), and th
   ask again after every lost round. Each further round in the same epoch, with the same leader,
   waits as an election backs off: a randomized election timer, doubling with each round
   (``gone_leader_delay_ms``). The fetch timeout bounds it from above, as before.
+- The refusal comes within a round trip of the death. A dying process's connections end
+  first, the one under a parked Fetch among them (``CLOSED``): a leader that closed one stream
+  and still listens would give the same. The request after a CLOSED is not backed off (once
+  until the peer answers again: ``RequestManager.on_failure``), so the refusal, or the live
+  leader's answer, comes at once.
+- Until then the follower grants pre-votes (``lost_leader_connection``). The survivors see the
+  connection end in the same instant, and the first of them to be refused may ask before the
+  others' own retries are refused: a follower that still counted the leader as present would
+  reject it (KAFKA-17641) and cost the quorum a round. A live leader's answer undoes it.
 """
 
 from __future__ import annotations
@@ -73,6 +83,11 @@ class FollowerState:
     # ``pre_vote_at_ms``, before the fetch timer runs out.
     leader_gone: bool = False
     pre_vote_at_ms: int = NEVER
+    # The leader ended the connection a request of ours was on, and has not answered since
+    # (see the module docstring): until the retry tells, pre-votes are granted, and a round of
+    # our own waits for a pre-vote granted meanwhile (``deferred_until_ms``).
+    lost_leader_connection: bool = False
+    deferred_until_ms: int = 0
 
     @property
     def deadline_ms(self) -> int:
@@ -81,8 +96,9 @@ class FollowerState:
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         # KAFKA-17641: a pre-vote only, and only until the leader has been heard from, or once
-        # it is gone.
-        return pre_vote and up_to_date and (self.leader_gone or not self.has_fetched_from_leader)
+        # it may be gone.
+        return pre_vote and up_to_date and (
+            self.leader_gone or self.lost_leader_connection or not self.has_fetched_from_leader)
 
     def heard_from_leader(self, now_ms: int) -> None:
         """A usable answer from the leader: the fetch timer starts over, and a leader thought
@@ -91,20 +107,25 @@ class FollowerState:
         self.has_fetched_from_leader = True
         self.leader_gone = False
         self.pre_vote_at_ms = NEVER
+        self.lost_leader_connection = False
+        self.deferred_until_ms = 0
 
     def saw_leader_gone(self, now_ms: int, delay_ms: int) -> None:
-        """The leader refused a connection: ask for pre-votes ``delay_ms`` from now. The first
-        refusal sets the time; the next ones, every retry back-off while it waits, keep it (a
-        pre-vote granted meanwhile may have put it off)."""
+        """The leader refused a connection: ask for pre-votes ``delay_ms`` from now, or once a
+        pre-vote granted before is due. The first refusal sets the time; the next ones, every
+        retry back-off while it waits, keep it (a pre-vote granted meanwhile may have put it
+        off)."""
         if not self.leader_gone:
             self.leader_gone = True
-            self.pre_vote_at_ms = now_ms + delay_ms
+            self.pre_vote_at_ms = max(now_ms + delay_ms, self.deferred_until_ms)
 
     def granted_pre_vote(self, not_before_ms: int) -> None:
         """This follower granted a pre-vote: a round of its own on a gone leader waits until
         ``not_before_ms``, and the candidate it granted goes first."""
         if self.leader_gone:
             self.pre_vote_at_ms = max(self.pre_vote_at_ms, not_before_ms)
+        elif self.lost_leader_connection:
+            self.deferred_until_ms = max(self.deferred_until_ms, not_before_ms)
 
     def abort_download(self) -> None:
         if self.download is not None:

@@ -186,11 +186,19 @@ class QuorumState:
         state.saw_leader_gone(now_ms, gone_leader_delay_ms(
             rounds, rank, self._config.election_timeout_ms, self._random.randrange))
 
+    def peer_closed(self, peer: int) -> None:
+        """``peer`` ended the connection our request was on: if it is the leader this voter
+        follows, the voter grants pre-votes until it hears from the leader again, which the
+        retry at once tells within a round trip (``follower.py``)."""
+        state = self.state
+        if isinstance(state, FollowerState) and peer == state.leader_id and self.is_voter:
+            state.lost_leader_connection = True
+
     def granted_pre_vote(self, now_ms: int) -> None:
-        """A pre-vote was granted: a follower whose leader is gone puts its own round off by an
+        """A pre-vote was granted: a follower puts its own round on a gone leader off by an
         election timer (the candidate it granted goes first)."""
         state = self.state
-        if isinstance(state, FollowerState) and state.leader_gone:
+        if isinstance(state, FollowerState):
             state.granted_pre_vote(self.election_deadline(now_ms))
 
     def _count_gone_round(self, state: FollowerState) -> None:

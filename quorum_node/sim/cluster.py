@@ -3,8 +3,8 @@ verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss).
 
 What a sender learns of a peer's death is what TCP tells it: a request to a process that is
 gone is refused (``RequestFailure.REFUSED``: nothing listens at its address), and the requests
-the process held when it was killed fail on the connections it dropped (``UNANSWERED``, as a
-broken stream). Across a cut link a sender learns nothing: a partition is silence."""
+the process held when it was killed fail on the connections it dropped (``CLOSED``). Across a
+cut link a sender learns nothing: a partition is silence."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ class Cluster:
         for source_id, incarnation, correlation_id in sorted(self._held.pop(node_id, set())):
             if not self.network.is_blocked(node_id, source_id):
                 self._fail_request(self.nodes[source_id], incarnation, node_id, correlation_id,
-                                   RequestFailure.UNANSWERED)
+                                   RequestFailure.CLOSED)
 
     def kill_all(self) -> None:
         for node_id in self.nodes:

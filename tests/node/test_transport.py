@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable
 
 import aiohttp
 import pytest
@@ -163,10 +164,22 @@ async def test_a_refusal_or_timeout_is_peer_unavailable(peer: Peer) -> None:
         await client.close()
 
 
+async def _closed_then_refused(client: PeerClient, waiting: Awaitable[RaftResponse]) -> None:
+    """The call waiting on node 1's stream fails as the peer ended it (``CLOSED``), and the next
+    connection is refused (``REFUSED``): its process is gone."""
+    with pytest.raises(PeerUnavailable) as cut:
+        await asyncio.wait_for(waiting, 2)
+    assert cut.value.failure is RequestFailure.CLOSED
+    with pytest.raises(PeerUnavailable) as gone:
+        await client.send(1, fetch(0))
+    assert gone.value.failure is RequestFailure.REFUSED
+
+
 async def test_only_a_refused_connection_says_the_peer_is_gone(peer: Peer) -> None:
     """The core starts an election at once when its leader's address refuses a connection
     (``RequestFailure.REFUSED``): nothing listens there, the process is gone. A request the
-    node refused, a timeout, or a stream cut under a waiting call says nothing of the kind."""
+    node refused or a timeout says nothing of the kind; a stream the peer ended under a waiting
+    call (``CLOSED``) says it may be, which the next connection tells."""
     client = PeerClient({1: ("127.0.0.1", peer.port), 2: ("127.0.0.1", closed_port())},
                         timeout_ms=300)
     try:
@@ -186,14 +199,52 @@ async def test_only_a_refused_connection_says_the_peer_is_gone(peer: Peer) -> No
         waiting = asyncio.ensure_future(client.send(1, fetch(2)))
         await asyncio.sleep(0.05)
         await peer.stop()  # the process goes: the waiting call's stream ends
-        with pytest.raises(PeerUnavailable) as cut:
-            await waiting
-        assert cut.value.failure is RequestFailure.UNANSWERED
-        with pytest.raises(PeerUnavailable) as gone:
-            await client.send(1, fetch(0))
-        assert gone.value.failure is RequestFailure.REFUSED
+        await _closed_then_refused(client, waiting)
     finally:
         await client.close()
+
+
+# A node's RPC server in a process of its own that parks every request: killed, its kernel
+# ends the streams it held.
+_PARKING_NODE = """
+import asyncio
+from aiohttp import web
+from quorum_node.node.transport import PeerServer
+
+async def main():
+    app = web.Application()
+    app.add_routes(PeerServer(lambda request, reply: None).routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_peer_ends_the_stream_under_a_parked_request() -> None:
+    """What a follower sees of its leader's death: the parked Fetch's stream ends (``CLOSED``),
+    and the next connection is refused (``REFUSED``)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PARKING_NODE, stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    port = int(await asyncio.wait_for(process.stdout.readline(), 30))
+    client = PeerClient({1: ("127.0.0.1", port)}, timeout_ms=5000)
+    try:
+        parked = asyncio.ensure_future(client.send(1, fetch(1, max_wait_ms=5000)))
+        await asyncio.sleep(0.2)
+        assert not parked.done()
+        process.kill()
+        await process.wait()
+        await _closed_then_refused(client, parked)
+    finally:
+        await client.close()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def test_a_parked_request_the_node_gives_up_on_is_refused(peer: Peer) -> None:

@@ -179,3 +179,56 @@ def test_refusals_from_a_leader_others_follow_back_off_as_an_election(
     start = rounds_at[0]
     assert [at - start for at in rounds_at] == [0, 2 * T, 5 * T]
     assert ctx.core.epoch == 2
+
+
+def test_a_closed_connection_to_the_leader_is_retried_at_once_then_backed_off(
+        make_ctx: MakeCtx) -> None:
+    """The leader ended the connection under a Fetch (``CLOSED``): the next Fetch goes in the
+    same step, so a dead leader's refusal comes a round trip later, not a back-off later. A
+    second CLOSED before an answer backs off (a peer that closes every stream it accepts is not
+    hammered), and an answer re-arms the retry at once."""
+    ctx = _following(make_ctx, 2)
+    _refuse_fetch(ctx, RequestFailure.CLOSED)
+    assert [r.destination for r in ctx.pending_requests(FetchRequest)] == [LEADER]
+    _refuse_fetch(ctx, RequestFailure.CLOSED)
+    assert ctx.pending_requests(FetchRequest) == []
+    ctx.advance(ctx.config.retry_backoff_ms)
+    fetch = ctx.take_request(FetchRequest, LEADER)
+    ctx.deliver_response(fetch, ctx.fetch_response(LEADER, 2, high_watermark=3))
+    ctx.collect()
+    _refuse_fetch(ctx, RequestFailure.CLOSED)
+    assert [r.destination for r in ctx.pending_requests(FetchRequest)] == [LEADER]
+    assert ctx.state() is RaftState.FOLLOWER
+    assert ctx.core.next_deadline_ms() > ctx.now_ms + FETCH_TIMEOUT // 2  # no round is due
+
+
+def test_a_follower_whose_leader_closed_the_connection_grants_pre_votes_until_it_answers(
+        make_ctx: MakeCtx) -> None:
+    """Both survivors see the dead leader's connections end in the same instant; voter 1,
+    first by rank, is refused and asks before voter 2's own retry is refused. Voter 2 grants
+    it: rejecting (the leader still present to it, KAFKA-17641) would cost the quorum a round.
+    Its own round, once refused, waits an election timer from the grant, so 1 goes alone. A
+    live leader's answer makes voter 2 reject pre-votes again."""
+    ctx = _following(make_ctx, 2)
+    _refuse_fetch(ctx, RequestFailure.CLOSED)
+    pre_vote = ctx.vote_request(1, 2, 2, 3, pre_vote=True)
+    response = ctx.deliver_one(1, pre_vote)
+    assert isinstance(response, VoteResponse)
+    assert response.vote_granted is True
+    granted_at = ctx.now_ms
+    ctx.advance(1)
+    _refuse_fetch(ctx)  # the retry at once is refused: the leader is gone
+    ctx.advance(T // 10)
+    assert ctx.state() is RaftState.FOLLOWER  # not at its rank's turn: it granted 1 first
+    assert ctx.core.next_deadline_ms() == granted_at + T
+
+    live = _following(make_ctx, 2)
+    _refuse_fetch(live, RequestFailure.CLOSED)
+    fetch = live.take_request(FetchRequest, LEADER)
+    live.deliver_response(fetch, live.fetch_response(LEADER, 2, high_watermark=3))
+    live.collect()
+    response = live.deliver_one(1, pre_vote)
+    assert isinstance(response, VoteResponse)
+    assert response.vote_granted is False
+    assert live.state() is RaftState.FOLLOWER
+
