@@ -2,7 +2,7 @@
 etcd both over its native gRPC API and over its HTTP/JSON gateway.
 
     python bench/bench.py [--seconds 10] [--client-processes 4] [--json results.json]
-    python bench/bench.py --failover-only     # only the two failovers, each on fresh clusters
+    python bench/bench.py --failover-only     # only the failovers, each on fresh clusters
 
 Workloads, the same harness for every system (``drivers.py``): sequential commit latency of
 100-byte key-value puts from one client (p50/p99); puts/s with 64 and with 256 concurrent
@@ -10,8 +10,9 @@ clients, and the puts' p50/p99 under that load; batched append throughput (recor
 records, 1000 per call from 4 clients; etcd: transactions of 128 puts, its largest by default);
 failover (kill -9 of the leader until the next successful write) with default timeouts and
 with equal leader-loss detection on both sides (the quorum's fetch timeout, etcd's election
-timeout: 500 ms each), with the times of the quorum's election steps from its logs; each node's
-RSS after the loads. Before the systems start, the physical floor of a pull-based commit here
+timeout: 500 ms each), with the times of the quorum's election steps from its logs, and the same
+two for a leader paused (SIGSTOP) instead, silent as behind a partition; each node's RSS after
+the loads. Before the systems start, the physical floor of a pull-based commit here
 (``floor.py``: two loopback WebSocket round trips and the fsync of a small append on the data
 directories' filesystem) is measured and printed beside them. Concurrent clients run in
 several client processes (threads sharing one client a process), so that one Python process's GIL is
@@ -40,10 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from drivers import (
     ETCD_GATEWAY,
@@ -76,6 +77,13 @@ APPEND_CLIENTS = 4
 APPEND_BATCH = 1000
 
 
+class LeaderFinder(Protocol):
+    """The client port of the leader, asking the members at ``among`` (default: all of them);
+    None while there is none."""
+
+    def __call__(self, among: Sequence[int] | None = None) -> int | None: ...
+
+
 @dataclass
 class System:
     """A running cluster: what the workloads need to find, stop and restart its members."""
@@ -83,7 +91,7 @@ class System:
     name: str
     ports: list[int]  # client ports
     pids: dict[int, int]  # client port -> process id
-    leader_port: Callable[[], int | None]
+    leader_port: LeaderFinder
     stop: Callable[[], None]
     stop_member: Callable[[int], None]  # graceful (SIGTERM)
     start_member: Callable[[int], None]
@@ -122,8 +130,8 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None = None
     ports = [node.config.client_listeners[0].port for node in nodes]
     ids = {node.config.client_listeners[0].port: node.node_id for node in nodes}
 
-    def leader_port() -> int | None:
-        for port in ports:
+    def leader_port(among: Sequence[int] | None = None) -> int | None:
+        for port in among or ports:
             with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
                 conn.request("GET", "/v1/quorum")
@@ -213,8 +221,8 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
                                                start_new_session=True)
         system.pids[port] = processes[port].pid
 
-    def leader_port() -> int | None:
-        for port in client_ports:
+    def leader_port(among: Sequence[int] | None = None) -> int | None:
+        for port in among or client_ports:
             found = _etcd_status(port)
             if found is not None and found["header"]["member_id"] == found.get("leader"):
                 return port
@@ -261,27 +269,35 @@ def wait_for_leader(system: System, kind: str, timeout_s: float = 60) -> int:
     raise RuntimeError(f"{system.name}: no leader within {timeout_s} s{tails}")
 
 
-def failover(system: System, kind: str, port: int) -> dict[str, Any]:
-    """kill -9 the leader, then put through the new leader until one put succeeds: the seconds
-    that took, and (the quorum) when each step of the election happened after the kill."""
-    os.kill(system.pids[port], signal.SIGKILL)
+def failover(system: System, kind: str, port: int, *, pause: bool = False) -> dict[str, Any]:
+    """kill -9 the leader (with ``pause``, SIGSTOP it: a leader gone silent, as behind a
+    partition or on a stalled host, which refuses no connection), then put through the new
+    leader until one put succeeds: the seconds that took, and (the quorum) when each step of
+    the election happened after the kill."""
+    pid = system.pids[port]
+    os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
     killed = time.perf_counter()
     killed_wall = time.time()
     survivors = tuple(p for p in system.ports if p != port)
-    while time.perf_counter() - killed < 60:
-        leader = system.leader_port()
-        if leader is not None and leader in survivors:
-            client = Target(kind, leader, survivors).connect(timeout_s=1)
-            try:
-                client.put("after-failover", VALUE)
-                took = time.perf_counter() - killed
-                return {"s": took, "steps_s": {
-                    **failover_steps(system, killed_wall), "write_accepted": took}}
-            except Exception:  # the new leader is not serving yet
-                pass
-            finally:
-                client.close()
-        time.sleep(0.005)
+    try:
+        while time.perf_counter() - killed < 60:
+            # Only the survivors are asked: a paused member would hold each question.
+            leader = system.leader_port(survivors)
+            if leader is not None and leader in survivors:
+                client = Target(kind, leader, survivors).connect(timeout_s=1)
+                try:
+                    client.put("after-failover", VALUE)
+                    took = time.perf_counter() - killed
+                    return {"s": took, "steps_s": {
+                        **failover_steps(system, killed_wall), "write_accepted": took}}
+                except Exception:  # the new leader is not serving yet
+                    pass
+                finally:
+                    client.close()
+            time.sleep(0.005)
+    finally:
+        if pause:
+            os.kill(pid, signal.SIGCONT)  # so that it can be stopped
     raise RuntimeError(f"{system.name}: no write within 60 s of the failover")
 
 
@@ -383,11 +399,12 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
         return {"floor": floor, **results}
 
 
-def failover_only(kind: str, start: Callable[[Path], System | None]) -> dict[str, Any] | None:
+def failover_only(kind: str, start: Callable[[Path], System | None], *,
+                  pause: bool = False) -> dict[str, Any] | None:
     with running(start) as system:
         if system is None:
             return None
-        return failover(system, kind, wait_for_leader(system, kind))
+        return failover(system, kind, wait_for_leader(system, kind), pause=pause)
 
 
 def main() -> int:
@@ -443,6 +460,14 @@ def main() -> int:
         fast_failover = failover_only(kind, start_fast)
         results[kind]["failover_fast"] = fast_failover
         results[kind]["failover_fast_s"] = fast_failover["s"] if fast_failover else None
+    for name, (start, start_fast) in starts.items():
+        for key, starting, timeouts in (("paused", start, "default timeouts"),
+                                        ("paused_fast", start_fast, f"detection {fast} ms")):
+            print(f"{name}: failover of a paused leader, {timeouts}", file=sys.stderr,
+                  flush=True)
+            paused = failover_only(name, starting, pause=True)
+            results[name][f"failover_{key}"] = paused
+            results[name][f"failover_{key}_s"] = paused["s"] if paused else None
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -469,6 +494,9 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
         ("batched append records/s", result.get("batched_append", {}).get("per_s")),
         ("failover, default timeouts (s)", result["failover_s"]),
         (f"failover, detection {FAST_DETECTION_MS} ms (s)", result["failover_fast_s"]),
+        ("paused leader, default timeouts (s)", result["failover_paused_s"]),
+        (f"paused leader, detection {FAST_DETECTION_MS} ms (s)",
+         result["failover_paused_fast_s"]),
         ("RSS per node, largest (MB)", max(result.get("rss_mb", []), default=None)),
     ]
     return rows
@@ -504,7 +532,7 @@ def print_table(results: dict[str, Any]) -> None:
             ratio = f"{mine / other:.2f}x" if mine is not None and other else "-"
             line += f"{_number(other):>14}{ratio:>8}"
         print(line)
-    for name in ("failover", "failover_fast"):
+    for name in ("failover", "failover_fast", "failover_paused", "failover_paused_fast"):
         steps = (results[QUORUM].get(name) or {}).get("steps_s", {})
         if steps:
             print(f"{QUORUM} {name.replace('_', ' ')}, seconds from the kill: " + ", ".join(
