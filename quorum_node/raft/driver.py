@@ -56,8 +56,8 @@ class DriverHost(Protocol):
 
     def send(self, request: OutboundRequest) -> None:
         """Send a request to a peer; its answer or failure comes back through the driver's
-        ``handle_response`` or ``handle_request_failure`` (with why: a refused connection is
-        told apart from silence)."""
+        ``handle_response`` or ``handle_request_failure`` (with why: a refused connection, and
+        one the peer ended, are told apart from silence)."""
         ...
 
     def answer(self, response: OutboundResponse) -> None:

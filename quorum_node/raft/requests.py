@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 
 class RequestFailure(enum.Enum):
-    """Why a request got no answer, as the transport tells it: the core treats a refusal as news
-    about the peer, and anything else as a lost message."""
+    """Why a request got no answer, as the transport tells it: the core treats a refusal, and a
+    connection the peer ended, as news about the peer, and anything else as a lost message."""
 
     # Timed out, the handshake failed, or the answer was unusable: the peer may be alive and
     # merely slow, paused or cut off by a partition.
