@@ -24,6 +24,7 @@ import tarfile
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from quorum_node.backup.manifest import (
     MANIFEST_NAME,
@@ -42,6 +43,9 @@ from quorum_node.storage.kafka_uuid import to_kafka_string
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR, LogDirectory
 from quorum_node.storage.meta_properties import META_PROPERTIES
 from quorum_node.storage.snapshot_store import snapshot_file_name
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 CHUNK_BYTES = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -122,6 +126,27 @@ def pin(status: NodeStatus, log_dir: LogDirectory, voters_at: Callable[[int], Vo
         pinned.close()
         raise
     return pinned
+
+
+async def in_thread_to_its_end(function: Callable[_P, _T], *args: _P.args,
+                                **kwargs: _P.kwargs) -> _T:
+    """``function`` in a worker thread, waited for to its end even when the caller is
+    cancelled, and only then the cancellation raised. A cancelled ``asyncio.to_thread`` leaves
+    its thread running: the caller would close the pinned files the thread still reads (and
+    ``prepare`` closes some itself), so a descriptor could be closed twice, the second time
+    after another file took its number."""
+    task = asyncio.ensure_future(asyncio.to_thread(function, *args, **kwargs))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                continue  # cancelled again: the thread still has to end first
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller is cancelled, its outcome goes nowhere
+        raise
 
 
 def _open(path: Path) -> int:
@@ -208,7 +233,7 @@ async def stream(pinned: PinnedBackup) -> AsyncGenerator[bytes, None]:
             digest = hashlib.sha256()
             position = 0
             while position < file.size:
-                chunk = await asyncio.to_thread(_read_chunk, file, position, digest)
+                chunk = await in_thread_to_its_end(_read_chunk, file, position, digest)
                 position += len(chunk)
                 yield chunk
             yield bytes(-file.size % _BLOCK)

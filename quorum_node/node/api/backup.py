@@ -22,7 +22,7 @@ import time
 from aiohttp import web
 
 from quorum_node.addresses import address_url
-from quorum_node.backup.capture import PinnedBackup, pin, prepare, stream
+from quorum_node.backup.capture import PinnedBackup, in_thread_to_its_end, pin, prepare, stream
 from quorum_node.backup.endpoint import (
     BACKUP_PATH,
     CLUSTER_ID_HEADER,
@@ -75,7 +75,7 @@ async def _take_backup(node: QuorumNode, request: web.Request) -> web.StreamResp
         raise ApiError.of(ErrorCode.BACKUP_UNAVAILABLE, str(error)) from None
     pinned_ms = (time.perf_counter() - started) * 1000
     try:
-        await asyncio.to_thread(prepare, pinned)
+        await in_thread_to_its_end(prepare, pinned)
     except BaseException as error:
         pinned.close()
         if isinstance(error, BackupError):
