@@ -91,8 +91,8 @@ def store_figures(idle_watches: int, keys: int) -> dict[str, Any]:
             store.watchers.add(IdleWatcher(f"idle-{i}/"))
         result[f"write_cpu_us_{idle_watches}_idle_watches"] = write_cpu_us(store, writes,
                                                                            2 * writes)
-    records = list(snapshot_records(SnapshotEntries(
-        [(f"k{i}", VALUE, i, 1) for i in range(keys)], None)))
+    records = list(snapshot_records(SnapshotEntries.of(
+        {f"k{i}": (VALUE, i, 1) for i in range(keys)}, None)))
     store = KvStore()
     started = time.perf_counter()
     store.load_snapshot(records, next_offset=keys)

@@ -53,7 +53,8 @@ def state_digest(content: SnapshotEntries) -> bytes:
     where versions are counted from): equal states, and only those, have equal digests."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(repr(content.versions_from).encode())
-    for key, value, mod_offset, version in sorted(content.entries):
+    # The map's own entries, sorted here: not the key list that the snapshot's writer follows.
+    for key, (value, mod_offset, version) in sorted(content.entries.items()):
         for text in (key, value):
             encoded = text.encode()
             digest.update(len(encoded).to_bytes(4, "little") + encoded)
@@ -65,8 +66,7 @@ def state_digest(content: SnapshotEntries) -> bytes:
 def loaded_entries(loaded: LoadedSnapshot) -> SnapshotEntries:
     """What a loaded snapshot holds, as ``KvStore.snapshot_entries`` would give it once
     installed."""
-    return SnapshotEntries([(key, *entry) for key, entry in loaded.entries.items()],
-                           loaded.versions_from)
+    return SnapshotEntries(list(loaded.keys), loaded.entries.copy(), loaded.versions_from)
 
 
 @dataclass(frozen=True, slots=True)

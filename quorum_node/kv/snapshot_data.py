@@ -4,12 +4,13 @@ beside a store (``LoadedSnapshot``).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import lt
+from operator import add, lt
 from typing import NamedTuple, TypeGuard
 
 from sortedcontainers import SortedList
@@ -57,10 +58,17 @@ class LoadedSnapshot:
 
 
 class SnapshotEntries(NamedTuple):
-    """What a snapshot of the store holds: its entries, and ``KvStore.versions_from``."""
+    """What a snapshot of the store holds: its keys in order and its entries by key (copies of
+    the store's, which goes on changing), and ``KvStore.versions_from``."""
 
-    entries: list[SnapshotEntry]
+    keys: list[str]
+    entries: dict[str, Entry]
     versions_from: int | None
+
+    @classmethod
+    def of(cls, entries: dict[str, Entry], versions_from: int | None) -> SnapshotEntries:
+        """The entries of a map that keeps no key order."""
+        return cls(sorted(entries), entries, versions_from)
 
 
 # --- snapshots -------------------------------------------------------------------------------
@@ -118,36 +126,54 @@ class SnapshotData(NamedTuple):
 
 
 def snapshot_records(content: SnapshotEntries) -> Iterator[Record]:
-    """A snapshot's data in SNAPSHOT_FORMAT: its header record, then the entries in key order
-    (sorts ``entries`` in place, when the first chunk is asked for), a chunk at a time as the
-    snapshot is framed, never a list of them all. Raises KvOpError for a key or value the store
+    """A snapshot's data in SNAPSHOT_FORMAT: its header record, then the entries in key order, a
+    chunk at a time as the snapshot is framed. Raises KvOpError for a key or value the store
     could not hold (the API refuses those before they are written)."""
-    entries, versions_from = content
-    header = json.dumps({"format": SNAPSHOT_FORMAT, "versions_from": versions_from},
+    header = json.dumps({"format": SNAPSHOT_FORMAT, "versions_from": content.versions_from},
                         separators=(",", ":"))
     yield Record(value=header.encode("utf-8"), key=SNAPSHOT_HEADER_KEY)
-    entries.sort()
+    keys = content.keys
+    if len(keys) != len(content.entries):  # a key the list lacks would be left out unseen
+        raise ValueError(f"a snapshot's key list holds {len(keys)} keys and its map "
+                         f"{len(content.entries)}")
+    values, mod_offsets, versions, chars = _columns(keys, content.entries)
     start = 0
-    while start < len(entries):
-        end = _chunk_end(entries, start)
-        yield Record(value=encode_snapshot_chunk(entries[start:end]), key=SNAPSHOT_ENTRIES_KEY)
+    while start < len(keys):
+        # The first entry that brings the chunk to its characters, or its count of entries.
+        end = min(start + SNAPSHOT_CHUNK_ENTRIES,
+                  bisect.bisect_left(chars, chars[start] + SNAPSHOT_CHUNK_CHARS, start + 1),
+                  len(keys))
+        yield Record(value=encode_snapshot_chunk(keys[start:end], values[start:end],
+                                                 mod_offsets[start:end], versions[start:end]),
+                     key=SNAPSHOT_ENTRIES_KEY)
         start = end
 
 
-def _chunk_end(entries: list[SnapshotEntry], start: int) -> int:
-    limit = min(len(entries), start + SNAPSHOT_CHUNK_ENTRIES)
-    chars = 0
-    end = start
-    while end < limit and chars < SNAPSHOT_CHUNK_CHARS:
-        key, value, _, _ = entries[end]
-        chars += len(key) + len(value)
-        end += 1
-    return end
+def _columns(keys: list[str], entries: dict[str, Entry]
+             ) -> tuple[list[str], list[int], list[int], list[int]]:
+    """The values, modification offsets and versions of ``keys``, and the characters of the
+    first i keys and values for each i. A block of keys at a time: a snapshot is written in a
+    thread, and one call over a large map would hold the GIL, and the event loop, throughout."""
+    values: list[str] = []
+    mod_offsets: list[int] = []
+    versions: list[int] = []
+    chars = [0]
+    for block in range(0, len(keys), SNAPSHOT_CHUNK_ENTRIES):
+        block_keys = keys[block:block + SNAPSHOT_CHUNK_ENTRIES]
+        block_values, block_mod_offsets, block_versions = zip(
+            *map(entries.__getitem__, block_keys), strict=True)
+        values += block_values
+        mod_offsets += block_mod_offsets
+        versions += block_versions
+        chars += itertools.accumulate(map(add, map(len, block_keys), map(len, block_values)),
+                                      initial=chars.pop())
+    return values, mod_offsets, versions, chars
 
 
-def encode_snapshot_chunk(entries: Sequence[SnapshotEntry]) -> bytes:
-    """One chunk of a snapshot's entries (see SNAPSHOT_FORMAT), in the order given."""
-    keys, values, mod_offsets, versions = zip(*entries, strict=True)
+def encode_snapshot_chunk(keys: Sequence[str], values: Sequence[str],
+                          mod_offsets: Sequence[int], versions: Sequence[int]) -> bytes:
+    """One chunk of a snapshot's entries (see SNAPSHOT_FORMAT), given as columns, in the order
+    given."""
     key_bytes, key_sizes = _utf8_joined(keys, check_key)
     value_bytes, value_sizes = _utf8_joined(values, check_value)
     if min(key_sizes) < 1 or max(key_sizes) > MAX_KEY_BYTES:

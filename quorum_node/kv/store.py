@@ -327,12 +327,12 @@ class KvStore:
         return size, max(offset, self.next_offset), True
 
     def snapshot_entries(self) -> SnapshotEntries:
-        """The map's entries as they are now (value, modification offset, version), and where
-        versions are counted from, for a snapshot written in the background: a shallow copy
-        (the strings are shared), quick enough for the event loop, where sorting and encoding a
-        large map is not (``snapshot_records`` does that, in a thread)."""
-        return SnapshotEntries([(key, *entry) for key, entry in self._entries.items()],
-                               self.versions_from)
+        """The map as it is now (its keys in order; each one's value, modification offset and
+        version), and where versions are counted from, for a snapshot written in the
+        background: a copy of the key list and of the map alone (the entries, immutable, are
+        shared), quick enough for the event loop, where laying out and encoding a large map's
+        entries is not (``snapshot_records`` does that, in a thread)."""
+        return SnapshotEntries(list(self._keys), self._entries.copy(), self.versions_from)
 
     def load_snapshot(self, records: Iterable[Record], next_offset: int) -> None:
         """Replace the map by a snapshot's data records (``snapshot_data``), as of

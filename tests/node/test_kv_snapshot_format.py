@@ -24,12 +24,14 @@ from quorum_node.kv.ops import (
     encode_op,
 )
 from quorum_node.kv.snapshot_data import (
+    SNAPSHOT_CHUNK_CHARS,
     SNAPSHOT_CHUNK_ENTRIES,
     SNAPSHOT_ENTRIES_KEY,
     SNAPSHOT_HEADER_KEY,
     SnapshotEntries,
     SnapshotEntry,
     encode_snapshot_chunk,
+    snapshot_data,
     snapshot_records,
 )
 from quorum_node.kv.store import KvStore
@@ -79,6 +81,38 @@ def test_a_snapshot_reads_back_every_key_value_version_and_offset() -> None:
     assert {record.key for record in records[1:]} == {SNAPSHOT_ENTRIES_KEY}
     assert len(records) > 3  # the entries cap and the big value's characters end chunks
     assert state(reloaded(store)) == state(store)
+
+
+def test_chunks_end_at_their_character_or_entry_bound() -> None:
+    """A chunk ends at the first entry that brings its keys and values to SNAPSHOT_CHUNK_CHARS
+    characters, or at SNAPSHOT_CHUNK_ENTRIES entries, whichever comes first; the entries in key
+    order, whatever order the store took them in."""
+    sizes = [5, 40_000, 1, 70_000, 3, 200_000, 100_000, 7] * 3 + [2] * (SNAPSHOT_CHUNK_ENTRIES + 5)
+    values = {f"k{index:06}": "v" * size for index, size in enumerate(sizes)}
+    store = applied([Put(key, value) for key, value in
+                     sorted(values.items(), key=lambda item: hash(item[0]))])
+    chunks = list(snapshot_data(snapshot_records(store.snapshot_entries()),
+                                store.next_offset).chunks)
+    assert [key for chunk in chunks for key in chunk.keys] == sorted(values)
+    for chunk in chunks:
+        chars = [len(key) + len(value) for key, value in zip(chunk.keys, chunk.values,
+                                                                strict=True)]
+        assert len(chars) <= SNAPSHOT_CHUNK_ENTRIES
+        assert sum(chars[:-1]) < SNAPSHOT_CHUNK_CHARS  # the last entry brought it to the bound
+        if chunk is not chunks[-1] and len(chars) < SNAPSHOT_CHUNK_ENTRIES:
+            assert sum(chars) >= SNAPSHOT_CHUNK_CHARS
+        assert list(chunk.values) == [values[key] for key in chunk.keys]
+        assert list(zip(chunk.mod_offsets, chunk.versions, strict=True)) == [
+            store.meta(key) for key in chunk.keys]
+    counts = [len(chunk.keys) for chunk in chunks]
+    assert SNAPSHOT_CHUNK_ENTRIES in counts  # both bounds were reached
+    assert min(counts[:-1]) < SNAPSHOT_CHUNK_ENTRIES
+
+
+def test_a_key_list_that_disagrees_with_the_map_writes_no_snapshot() -> None:
+    entries = {"a": ("1", 0, 1), "b": ("2", 1, 1)}
+    with pytest.raises(ValueError, match="key list holds 1 keys and its map 2"):
+        list(snapshot_records(SnapshotEntries(["a"], entries, None)))
 
 
 def test_an_empty_store_and_one_without_versions_read_back_alike() -> None:
@@ -180,7 +214,7 @@ def test_a_modification_offset_at_or_past_the_snapshots_end_is_refused_when_load
 def test_the_writer_refuses_what_the_store_could_not_hold(
         entry: SnapshotEntry, message: str) -> None:
     with pytest.raises(KvOpError, match=message):
-        list(snapshot_records(SnapshotEntries([("a", "1", 0, 1), entry], None)))
+        list(snapshot_records(SnapshotEntries.of({"a": ("1", 0, 1), entry[0]: entry[1:]}, None)))
 
 
 def test_chunks_are_denser_than_json_puts() -> None:
@@ -188,5 +222,5 @@ def test_chunks_are_denser_than_json_puts() -> None:
     puts = sum(len(json.dumps({"op": "put", "key": k, "value": v, "mod_offset": m,
                                "version": n}, separators=(",", ":"))) + len(KV_RECORD_KEY)
                for k, v, m, n in entries)
-    assert len(encode_snapshot_chunk(entries)) < 0.8 * puts
+    assert len(encode_snapshot_chunk(*zip(*entries, strict=True))) < 0.8 * puts
 

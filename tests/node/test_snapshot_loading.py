@@ -13,7 +13,7 @@ from test_state_machine import _single_node, _wait
 
 from quorum_node.kv.machine import SnapshotPlan
 from quorum_node.kv.ops import Put, encode_op
-from quorum_node.kv.snapshot_data import SnapshotEntries, SnapshotEntry, snapshot_records
+from quorum_node.kv.snapshot_data import Entry, SnapshotEntries, snapshot_records
 from quorum_node.node.wiring import build_node
 from quorum_node.raft.snapshot_format import encode_snapshot_batches
 from quorum_node.raft.snapshots import SnapshotId
@@ -51,11 +51,11 @@ async def test_a_downloaded_snapshot_is_loaded_while_the_loop_goes_on(tmp_path: 
     node = _single_node(tmp_path)  # not started: its store and snapshots only
     try:
         end_offset = 10
-        entries: list[SnapshotEntry] = [(f"key-{index:07d}", "value", 5, 1)
-                                        for index in range(KEYS)]
+        entries: dict[str, Entry] = {f"key-{index:07d}": ("value", 5, 1)
+                                     for index in range(KEYS)}
         node.log_dir.snapshots.save_batches(
             SnapshotId(end_offset, 1),
-            encode_snapshot_batches(None, 0, snapshot_records(SnapshotEntries(entries, 0))))
+            encode_snapshot_batches(None, 0, snapshot_records(SnapshotEntries.of(entries, 0))))
         stalls: list[float] = []
         last_tick = [time.perf_counter()]
 
@@ -93,11 +93,11 @@ async def test_a_stopped_node_leaves_no_snapshot_writing_behind(tmp_path: Path) 
         return sorted(path.name for path in directory.iterdir() if CHECKPOINT_SUFFIX in path.name)
 
     try:
-        entries: list[SnapshotEntry] = [(f"key-{index:07d}", "value", 5, 1)
-                                        for index in range(KEYS)]
+        entries: dict[str, Entry] = {f"key-{index:07d}": ("value", 5, 1)
+                                     for index in range(KEYS)}
         snapshots = node.state_machine.snapshots
         snapshots.write(SnapshotPlan(SnapshotId(10, 1), None, 0,
-                                     SnapshotEntries(entries, 0), 0))
+                                     SnapshotEntries.of(entries, 0), 0))
         await _wait(lambda: any(name.endswith(PART_SUFFIX) for name in snapshot_files()),
                     "a snapshot being written")
         await node.state_machine.stop()

@@ -40,7 +40,10 @@ def snapshots_lose_a_key(machine: KvMachine, last_batch: BatchHeader,
     plan = plan_as_shipped(machine, last_batch, voters)
     if plan is None or not plan.content.entries:
         return plan
-    content = plan.content._replace(entries=plan.content.entries[1:])
+    first, *keys = plan.content.keys
+    entries = plan.content.entries.copy()
+    del entries[first]
+    content = plan.content._replace(keys=keys, entries=entries)
     return dataclasses.replace(plan, content=content)
 
 
