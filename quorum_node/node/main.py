@@ -31,7 +31,7 @@ async def serve(config: NodeConfig) -> int:
     service = KvService(node)
     # The controller listener also speaks Kafka's protocol to Kafka's admin tools (KIP-919).
     await node.start(build_app(node, service), kafka_protocol_of(node))
-    _tune_garbage_collector()
+    tune_garbage_collector()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[signal.Signals] = []
@@ -67,7 +67,7 @@ def _build_frozen(config: NodeConfig) -> QuorumNode:
         gc.enable()
 
 
-def _tune_garbage_collector() -> None:
+def tune_garbage_collector() -> None:
     """Every request allocates a few hundred objects, nearly all freed by reference counting;
     at the default threshold (700) the cyclic collector runs every few requests and walks every
     young survivor, a noticeable share of a busy leader's CPU. What start-up built lives for

@@ -1,5 +1,5 @@
 """A serving node tunes Python's cyclic garbage collector (``main._build_frozen``,
-``main._tune_garbage_collector``).
+``main.tune_garbage_collector``).
 
 Checked in a child interpreter: freezing this test process's objects would hide its garbage from
 the collector until exit."""
@@ -16,7 +16,7 @@ _PROBE = """
 import gc, json
 from quorum_node.node import main
 before = gc.get_threshold()
-main._tune_garbage_collector()
+main.tune_garbage_collector()
 print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": gc.get_freeze_count()}))
 """
 
