@@ -27,8 +27,6 @@ from quorum_node.kv.ops import (
 )
 from quorum_node.raft.records import Record
 
-# A snapshot's entry: key, value, modification offset, version.
-SnapshotEntry = tuple[str, str, int, int]
 # What the store keeps of a key: its value, modification offset and version.
 Entry = tuple[str, int, int]
 

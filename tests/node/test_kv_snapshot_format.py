@@ -29,7 +29,6 @@ from quorum_node.kv.snapshot_data import (
     SNAPSHOT_ENTRIES_KEY,
     SNAPSHOT_HEADER_KEY,
     SnapshotEntries,
-    SnapshotEntry,
     encode_snapshot_chunk,
     snapshot_data,
     snapshot_records,
@@ -38,6 +37,9 @@ from quorum_node.kv.store import KvStore
 from quorum_node.raft.records import Record, RecordBatch
 from quorum_node.raft.snapshot_format import encode_snapshot, iter_snapshot_records
 from quorum_node.raft.snapshots import CorruptSnapshotError
+
+# A chunk's entry as written: key, value, modification offset, version.
+SnapshotEntry = tuple[str, str, int, int]
 
 # Written by the release before format 1 (its snapshot_records and encode_snapshot, two records
 # a batch): the store after FORMAT0_OPS, as of offset 8.
