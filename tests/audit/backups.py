@@ -44,6 +44,14 @@ class _Raced(Exception):
     """A file went away or was cut while it was copied (a running node compacts): copy again."""
 
 
+def latest_snapshot_end(log_dir: Path, high_watermark: int) -> int:
+    """The end offset of the latest snapshot at or below ``high_watermark`` in a node's log
+    directory (0 if none): where a backup taken now starts its log."""
+    names = (p.name for p in (log_dir / METADATA_PARTITION_DIR).iterdir())
+    return max((int(m.group(1)) for name in names if (m := _SNAPSHOT.fullmatch(name))
+                and int(m.group(1)) <= high_watermark), default=0)
+
+
 def take_backup(log_dir: Path, high_watermark: int, destination: Path,
                 voters: list[dict[str, Any]], *, created_at: datetime | None = None,
                 attempts: int = 20) -> LocalBackup:

@@ -28,7 +28,13 @@ pytest.importorskip("moto", reason="moto[server] (dev extra) is not installed")
 
 import boto3
 from audit_quorum import _wait
-from backups import LocalBackup, rewrite_manifest_entry, take_backup, upload
+from backups import (
+    LocalBackup,
+    latest_snapshot_end,
+    rewrite_manifest_entry,
+    take_backup,
+    upload,
+)
 from proc_cluster import ProcessCluster
 from services import S3_CREDENTIALS, SparkCluster, moto_s3, spark_standalone
 
@@ -52,6 +58,12 @@ class BackedUpQuorum:
     cluster_id: str
     twice: int  # the node backed up a second time (the leader then)
     backups: list[LocalBackup]  # every node once, then one of them again
+
+
+# Records of log every backup of a quorum holds past its snapshot: the damaged fleet below
+# changes two of the data batches all three nodes' backups share (batches of 20 records), and
+# the snapshots come every 400.
+SHARED_LOG_RECORDS = 100
 
 
 def _backed_up_quorum(root: Path) -> BackedUpQuorum:
@@ -78,11 +90,22 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
         writer = threading.Thread(target=load, daemon=True)
         writer.start()
 
+        def log_past_snapshots(leader: int) -> dict[str, Any] | None:
+            """The quorum's description once every node's log holds SHARED_LOG_RECORDS past
+            its latest snapshot (a backup holds the log from there): a snapshot just below
+            the high watermark would leave the backups too few batches in common."""
+            described = cluster.quorum(leader) or {}
+            high_watermark = described.get("high_watermark") or 0
+            snapshot_end = max(latest_snapshot_end(cluster.directory / f"node-{node}",
+                                                   high_watermark) for node in cluster.nodes)
+            return described if high_watermark - snapshot_end >= SHARED_LOG_RECORDS else None
+
         def backup(nodes: tuple[int, ...] | None, after_batches: int) -> int:
             _wait(f"{after_batches} batches written", lambda: len(written) >= after_batches,
                   cluster)
             leader = cluster.wait_for_leader(timeout_s=30)
-            described = cluster.quorum(leader) or {}
+            described = _wait(f"{SHARED_LOG_RECORDS} records past every node's snapshot",
+                              lambda: log_past_snapshots(leader), cluster)
             voters = [{"id": v["id"], "directory_id": v["directory_id"], "endpoints": {}}
                       for v in described["voters"]]
             backups.extend(take_backup(cluster.directory / f"node-{node}",
