@@ -489,8 +489,11 @@ sys.modules["quorum_node.node.main"] = _module
 
 
 def free_port_range(count: int) -> int:
+    """``count`` free loopback ports in a row, below Linux's ephemeral range: a connection to a
+    port in that range, made before anything listens there, can be given that very port as its
+    source and connect to itself (the health check then reads its own request back)."""
     for _ in range(200):
-        base = random.randrange(20000, 60000)
+        base = random.randrange(20000, 32768 - count)
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + count):
