@@ -44,12 +44,27 @@ class _Raced(Exception):
     """A file went away or was cut while it was copied (a running node compacts): copy again."""
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    end_offset: int
+    epoch: int
+    name: str
+
+
+def _latest_snapshot(names: list[str], high_watermark: int) -> _Snapshot | None:
+    """The latest snapshot among a partition's file ``names`` at or below ``high_watermark``:
+    the one a backup taken now holds, its log starting at the snapshot's end."""
+    return max((_Snapshot(int(m.group(1)), int(m.group(2)), name) for name in names
+                if (m := _SNAPSHOT.fullmatch(name)) and int(m.group(1)) <= high_watermark),
+               key=lambda snapshot: (snapshot.end_offset, snapshot.epoch), default=None)
+
+
 def latest_snapshot_end(log_dir: Path, high_watermark: int) -> int:
-    """The end offset of the latest snapshot at or below ``high_watermark`` in a node's log
-    directory (0 if none): where a backup taken now starts its log."""
-    names = (p.name for p in (log_dir / METADATA_PARTITION_DIR).iterdir())
-    return max((int(m.group(1)) for name in names if (m := _SNAPSHOT.fullmatch(name))
-                and int(m.group(1)) <= high_watermark), default=0)
+    """Where a backup of a node's log directory taken at ``high_watermark`` starts its log: the
+    end offset of its latest snapshot at or below it (0 if none)."""
+    names = [p.name for p in (log_dir / METADATA_PARTITION_DIR).iterdir()]
+    snapshot = _latest_snapshot(names, high_watermark)
+    return snapshot.end_offset if snapshot else 0
 
 
 def take_backup(log_dir: Path, high_watermark: int, destination: Path,
@@ -68,17 +83,15 @@ def _take(log_dir: Path, high_watermark: int, destination: Path, voters: list[di
           created_at: datetime) -> LocalBackup:
     partition = log_dir / METADATA_PARTITION_DIR
     names = sorted(p.name for p in partition.iterdir())
-    snapshots = sorted((int(m.group(1)), int(m.group(2)), name) for name in names
-                       if (m := _SNAPSHOT.fullmatch(name)) and int(m.group(1)) <= high_watermark)
-    snapshot = snapshots[-1] if snapshots else None
-    snapshot_end = snapshot[0] if snapshot else 0
+    snapshot = _latest_snapshot(names, high_watermark)
+    snapshot_end = snapshot.end_offset if snapshot else 0
     contents: dict[str, bytes] = {}
     if snapshot is not None:
-        contents[snapshot[2]] = (partition / snapshot[2]).read_bytes()
+        contents[snapshot.name] = (partition / snapshot.name).read_bytes()
     segments = [(int(m.group(1)), name) for name in names if (m := _SEGMENT.fullmatch(name))]
     # The segments holding offsets from the snapshot's end on: the one it ends in and the later.
     start = max((i for i, (base, _) in enumerate(segments) if base <= snapshot_end), default=0)
-    end_offset, last_epoch = snapshot_end, snapshot[1] if snapshot else 0
+    end_offset, last_epoch = snapshot_end, snapshot.epoch if snapshot else 0
     expected: int | None = None
     for base, name in segments[start:]:
         if base >= high_watermark:
@@ -120,8 +133,8 @@ def _take(log_dir: Path, high_watermark: int, destination: Path, voters: list[di
         "format_version": 1, "cluster_id": meta.cluster_id, "node_id": meta.node_id,
         "directory_id": to_kafka_string(meta.directory_id),
         "created_at": created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "snapshot": None if snapshot is None else {"end_offset": snapshot[0],
-                                                   "epoch": snapshot[1]},
+        "snapshot": None if snapshot is None else {"end_offset": snapshot.end_offset,
+                                                   "epoch": snapshot.epoch},
         "log_start_offset": log_start, "end_offset": end_offset, "last_epoch": last_epoch,
         "voters": voters,
         "files": [{"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
