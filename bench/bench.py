@@ -31,6 +31,7 @@ import argparse
 import compileall
 import contextlib
 import datetime
+import functools
 import http.client
 import json
 import os
@@ -93,7 +94,7 @@ class System:
     pids: dict[int, int]  # client port -> process id
     leader_port: LeaderFinder
     stop: Callable[[], None]
-    stop_member: Callable[[int], None]  # graceful (SIGTERM)
+    stop_member: Callable[[int], object]  # graceful (SIGTERM)
     start_member: Callable[[int], None]
     directories: dict[int, Path] = field(default_factory=dict)  # client port -> data directory
     local_nodes: dict[int, LocalNode] = field(default_factory=dict)  # quorum: client port ->
@@ -385,9 +386,8 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
         with running_directory() as directory:
             floor = measure_floor(directory)
         for clients in CONCURRENCY if loads else ():
-            each(f"puts_{clients}", lambda system, target, n=clients: timed_load(
-                target, Load("put"), n, seconds, processes,
-                server_pids=list(system.pids.values())))
+            each(f"puts_{clients}", functools.partial(_puts, clients=clients, seconds=seconds,
+                                                      processes=processes))
         if loads:
             each("batched_append", lambda system, target: timed_load(
                 target, Load("append", batch=APPEND_BATCH), APPEND_CLIENTS, seconds,
@@ -397,6 +397,12 @@ def measure(starts: dict[str, Callable[[Path], System | None]], seconds: float,
         for kind in systems:
             results[kind]["failover_s"] = results[kind]["failover"]["s"]
         return {"floor": floor, **results}
+
+
+def _puts(system: System, target: Target, *, clients: int, seconds: float,
+          processes: int) -> dict[str, Any]:
+    return timed_load(target, Load("put"), clients, seconds, processes,
+                      server_pids=list(system.pids.values()))
 
 
 def failover_only(kind: str, start: Callable[[Path], System | None], *,

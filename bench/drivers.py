@@ -32,8 +32,9 @@ from quorum_node.client import QuorumClient
 try:  # the bench extra; without it, etcd over gRPC is not measured
     import grpc
     from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
+    GRPC_AVAILABLE = True
 except ImportError:
-    grpc = None
+    GRPC_AVAILABLE = False
 
 VALUE = "v" * 100
 RECORD = b"r" * 100
@@ -131,7 +132,7 @@ class EtcdGrpcDriver:
     (one HTTP/2 connection carrying concurrent calls), as etcd's own clients do."""
 
     def __init__(self, port: int, timeout_s: float) -> None:
-        if grpc is None:
+        if not GRPC_AVAILABLE:
             raise RuntimeError("etcd over gRPC needs the bench extra: "
                                "pip install -e '.[bench]'")
         with _channels_lock:
@@ -335,7 +336,7 @@ def _port_free(port: int) -> bool:
 
 
 def grpc_available() -> bool:
-    return grpc is not None
+    return GRPC_AVAILABLE
 
 
 def client_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor:

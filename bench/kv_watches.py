@@ -39,9 +39,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from drivers import VALUE, Load, percentile, pick_base_port, process_cpu_s, timed_load
+from drivers import QUORUM, VALUE, Load, percentile, pick_base_port, process_cpu_s, timed_load
 
-from bench import QUORUM, System, running, start_quorum, wait_for_leader
+from bench import System, running, start_quorum, wait_for_leader
 from quorum_node import wire
 from quorum_node.client import QuorumClient
 from quorum_node.client_stream import ClientStream

@@ -60,7 +60,8 @@ def leader_port(ports: list[int]) -> int | None:
         except OSError:
             continue
         if status == 200:
-            return ports[json.loads(body)["leader_id"] - 1]
+            leader_id: int = json.loads(body)["leader_id"]
+            return ports[leader_id - 1]
     return None
 
 
@@ -147,7 +148,7 @@ def log_times(log_path: Path) -> dict[str, float]:
     return found
 
 
-def replace_and_catch_up(victim: LocalNode, stop: Callable[[], None],
+def replace_and_catch_up(victim: LocalNode, stop: Callable[[], object],
                          start_node: Callable[[], None], last_key: str,
                          snapshot_bytes: int) -> dict[str, Any]:
     """Stop ``victim``, give it a new empty disk, start it, and time it until its own store
