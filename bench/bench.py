@@ -2,7 +2,7 @@
 etcd both over its native gRPC API and over its HTTP/JSON gateway.
 
     python bench/bench.py [--seconds 10] [--client-processes 4] [--json results.json]
-    python bench/bench.py --failover-only     # only the failovers, each on fresh clusters
+    python bench/bench.py --failover-only     # only the failovers, on fresh clusters
 
 Workloads, the same harness for every system (``drivers.py``): sequential commit latency of
 100-byte key-value puts from one client (p50/p99); puts/s with 64 and with 256 concurrent
@@ -11,16 +11,17 @@ records, 1000 per call from 4 clients; etcd: transactions of 128 puts, its large
 failover (kill -9 of the leader until the next successful write) with default timeouts and
 with equal leader-loss detection on both sides (the quorum's fetch timeout, etcd's election
 timeout: 500 ms each), with the times of the quorum's election steps from its logs, and the same
-two for a leader paused (SIGSTOP) instead, silent as behind a partition; each node's RSS after
-the loads. Before the systems start, the physical floor of a pull-based commit here
-(``floor.py``: two loopback WebSocket round trips and the fsync of a small append on the data
-directories' filesystem) is measured and printed beside them. Concurrent clients run in
-several client processes (threads sharing one client a process), so that one Python process's GIL is
-not what is measured. The systems run at the same time and take turns at each workload, so that
-a shared machine's changing load falls on all of them alike. The quorum is driven through the
-product client (``quorum_node.client.QuorumClient``). etcd runs when an ``etcd`` binary is on
-PATH (Debian's etcd-server) and its gRPC columns when the ``bench`` extra is installed. Prints a
-table (ratios: quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and writes JSON.
+two for a leader paused (SIGSTOP) instead, silent as behind a partition (the median of
+``--failover-rounds`` rounds on one cluster); each node's RSS after the loads. Before the
+systems start, the physical floor of a pull-based commit here (``floor.py``: two loopback
+WebSocket round trips and the fsync of a small append on the data directories' filesystem) is
+measured and printed beside them. Concurrent clients run in several client processes (threads
+sharing one client a process), so that one Python process's GIL is not what is measured. The
+systems run at the same time and take turns at each workload, so that a shared machine's
+changing load falls on all of them alike. The quorum is driven through the product client
+(``quorum_node.client.QuorumClient``). etcd runs when an ``etcd`` binary is on PATH (Debian's
+etcd-server) and its gRPC columns when the ``bench`` extra is installed. Prints a table (ratios:
+quorum/etcd-gRPC, and quorum/etcd-gateway beside it) and writes JSON.
 
 This is a measurement, not a test: nothing here asserts a number.
 """
@@ -96,6 +97,9 @@ class System:
     stop: Callable[[], None]
     stop_member: Callable[[int], object]  # graceful (SIGTERM)
     start_member: Callable[[int], None]
+    # The leader as the member at a client port sees it (an id of the system's own), None while
+    # that member does not answer or knows no leader.
+    leader_seen: Callable[[int], str | None]
     directories: dict[int, Path] = field(default_factory=dict)  # client port -> data directory
     local_nodes: dict[int, LocalNode] = field(default_factory=dict)  # quorum: client port ->
     logs: list[Path] = field(default_factory=list)  # the members' output
@@ -131,21 +135,35 @@ def start_quorum(directory: Path, base_port: int, election_ms: int | None = None
     ports = [node.config.client_listeners[0].port for node in nodes]
     ids = {node.config.client_listeners[0].port: node.node_id for node in nodes}
 
-    def leader_port(among: Sequence[int] | None = None) -> int | None:
-        for port in among or ports:
-            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                conn.request("GET", "/v1/quorum")
-                response = conn.getresponse()
-                body = response.read()
-                conn.close()
-                if response.status == 200:
-                    leader = json.loads(body)["leader_id"]
-                    return next((p for p, i in ids.items() if i == leader), None)
+    def leader_id_seen(port: int, *, only_itself: bool = False) -> int | None:
+        """The leader's id as the member at ``port`` sees it: the leader describes the quorum,
+        another member redirects to the leader it knows (None with ``only_itself``)."""
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError, KeyError,
+                                 TypeError):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/v1/quorum")
+            response = conn.getresponse()
+            body = json.loads(response.read())
+            conn.close()
+            if response.status == 200:
+                return int(body["leader_id"])
+            if response.status == 307 and not only_itself:
+                return int(body["leader"]["id"])
         return None
 
+    def leader_port(among: Sequence[int] | None = None) -> int | None:
+        for port in among or ports:
+            leader = leader_id_seen(port, only_itself=True)
+            if leader is not None:
+                return next((p for p, i in ids.items() if i == leader), None)
+        return None
+
+    def leader_seen(port: int) -> str | None:
+        leader = leader_id_seen(port)
+        return None if leader is None else str(leader)
+
     system = System(QUORUM, ports, {}, leader_port, cluster.stop,
-                    lambda port: cluster.stop_node(ids[port]), lambda port: None,
+                    lambda port: cluster.stop_node(ids[port]), lambda port: None, leader_seen,
                     {node.config.client_listeners[0].port: node.config.log_dir
                      for node in nodes})
 
@@ -229,6 +247,11 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
                 return port
         return None
 
+    def leader_seen(port: int) -> str | None:
+        found = _etcd_status(port)
+        leader = None if found is None else found.get("leader")
+        return None if leader in (None, "0", 0) else str(leader)
+
     def stop_member(port: int) -> None:
         _stop_process(processes[port])
 
@@ -239,9 +262,10 @@ def start_etcd(directory: Path, base_port: int, election_ms: int | None = None) 
         for process in processes.values():
             _stop_process(process)
 
+    directories = {port: directory / name
+                   for port, name in zip(client_ports, names, strict=True)}
     system = System("etcd", client_ports, {}, leader_port, stop, stop_member, start_member,
-                    {port: directory / name for port, name in zip(client_ports, names,
-                                                                  strict=True)})
+                    leader_seen, directories)
     system.logs = [directory / f"{name}.log" for name in names]
     for port in client_ports:
         start_member(port)
@@ -413,6 +437,36 @@ def failover_only(kind: str, start: Callable[[Path], System | None], *,
         return failover(system, kind, wait_for_leader(system, kind), pause=pause)
 
 
+def paused_failovers(kind: str, start: Callable[[Path], System | None],
+                     rounds: int) -> dict[str, Any] | None:
+    """``rounds`` failovers of a paused leader on one cluster, each once the member paused in
+    the round before is back and follows the new leader: the median round, with every round's
+    seconds under ``rounds_s``. etcd draws its election timer anew each time, so one round
+    says little about it."""
+    with running(start) as system:
+        if system is None:
+            return None
+        results = []
+        for _ in range(rounds):
+            wait_until_whole(system)
+            port = wait_for_leader(system, kind)
+            results.append(failover(system, kind, port, pause=True))
+        median = sorted(results, key=lambda result: float(result["s"]))[(rounds - 1) // 2]
+        return {**median, "rounds_s": [result["s"] for result in results]}
+
+
+def wait_until_whole(system: System, timeout_s: float = 60) -> None:
+    """Until every member answers and names one leader: a member paused before has learnt of
+    the election it missed, and can vote again."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = {system.leader_seen(port) for port in system.ports}
+        if len(seen) == 1 and None not in seen:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{system.name}: its members did not agree on a leader in {timeout_s} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10, help="length of throughput runs")
@@ -426,6 +480,9 @@ def main() -> int:
     parser.add_argument("--failover-only", action="store_true",
                         help="only the failovers, with default timeouts and with equal "
                              "detection (no floor, puts or appends)")
+    parser.add_argument("--failover-rounds", type=positive_int, default=5,
+                        help="failovers of a paused leader for each timeout setting, one after "
+                             "another on one cluster; the median is reported")
     parser.add_argument("--base-port", type=int, default=None,
                         help="first of the loopback ports used (up to 600 above it are used too); "
                              "default: a random one with those free")
@@ -471,13 +528,20 @@ def main() -> int:
                                         ("paused_fast", start_fast, f"detection {fast} ms")):
             print(f"{name}: failover of a paused leader, {timeouts}", file=sys.stderr,
                   flush=True)
-            paused = failover_only(name, starting, pause=True)
+            paused = paused_failovers(name, starting, args.failover_rounds)
             results[name][f"failover_{key}"] = paused
             results[name][f"failover_{key}_s"] = paused["s"] if paused else None
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
+    return value
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, float | None]]:
@@ -538,6 +602,13 @@ def print_table(results: dict[str, Any]) -> None:
             ratio = f"{mine / other:.2f}x" if mine is not None and other else "-"
             line += f"{_number(other):>14}{ratio:>8}"
         print(line)
+    kinds = [kind for kind in (QUORUM, ETCD_GRPC, ETCD_GATEWAY) if kind in results]
+    for name, timeouts in (("failover_paused", "default timeouts"),
+                           ("failover_paused_fast", f"detection {FAST_DETECTION_MS} ms")):
+        rounds = {kind: (results[kind].get(name) or {}).get("rounds_s") for kind in kinds}
+        print(f"paused leader, {timeouts}, each round (s; the table has the median): "
+              + "; ".join(f"{kind} " + " ".join(f"{seconds:.2f}" for seconds in found)
+                          for kind, found in rounds.items() if found))
     for name in ("failover", "failover_fast", "failover_paused", "failover_paused_fast"):
         steps = (results[QUORUM].get(name) or {}).get("steps_s", {})
         if steps:
@@ -546,8 +617,7 @@ def print_table(results: dict[str, Any]) -> None:
     if "floor" in results:
         floor = results["floor"]["commit_floor_ms"]["p50"]
         print("sequential put p50 over the floor: " + ", ".join(
-            f"{kind} {results[kind]['sequential']['p50_ms'] / floor:.2f}x"
-            for kind in (QUORUM, ETCD_GRPC, ETCD_GATEWAY) if kind in results))
+            f"{kind} {results[kind]['sequential']['p50_ms'] / floor:.2f}x" for kind in kinds))
 
 
 def _number(value: float | None) -> str:
