@@ -9,6 +9,7 @@ a new disk. ``quorum_node.cli.node`` is its command line.
 from __future__ import annotations
 
 import os
+import random
 import re
 import secrets
 import signal
@@ -72,6 +73,12 @@ CLIENT_LISTENER = "CLIENT"
 CONTROLLER_LISTENER = "CONTROLLER"
 _LOCAL_SOURCE = LOCAL_COMMAND  # where the keys it sets for each node come from, in errors
 _NODE_ENTRY = re.compile(r"node-([0-9]+)(?:\.properties)?")
+
+
+# Below Linux's default ephemeral range (net.ipv4.ip_local_port_range, 32768-60999): a connection
+# to a port in that range, made before anything listens there, can be given that very port as its
+# source and connect to itself (a health check then reads its own request back).
+_PORTS_BELOW_EPHEMERAL = range(20000, 32768)
 
 
 class LocalClusterError(Exception):
@@ -299,6 +306,20 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
                 f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}; is another "
                 "quorum running? (--base-port picks other ports)"
             ) from None
+
+
+def free_base_port(count: int, host: str = DEFAULT_HOST, attempts: int = 100) -> int | None:
+    """A ``--base-port`` whose ``count`` ports in a row on ``host`` are free now, below the
+    ephemeral range; None when ``attempts`` draws found none. Another process may still take
+    one before ``local`` binds it."""
+    for _ in range(attempts):
+        base = random.randrange(_PORTS_BELOW_EPHEMERAL.start, _PORTS_BELOW_EPHEMERAL.stop - count)
+        try:
+            check_ports_free(host, range(base, base + count))
+        except LocalClusterError:
+            continue
+        return base
+    return None
 
 
 def node_command(node: LocalNode, log_flags: Sequence[str] = ()) -> list[str]:

@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,7 @@ from quorum_node.backup.restore import MAX_MANIFEST_BYTES
 from quorum_node.backup.store import BackupStore, S3Options, open_store
 from quorum_node.cli.local_control import fetch_status
 from quorum_node.cli.local_layout import restore_local
+from quorum_node.cli.local_quorum import free_base_port
 from quorum_node.client import QuorumClient, QuorumClientError
 from quorum_node.kv.store import KvStore
 from quorum_node.storage.meta_properties import random_cluster_id
@@ -164,30 +163,15 @@ def newest_backup(store: BackupStore) -> tuple[BackupStore, BackupManifest]:
                       f"any directory in it)")
 
 
-def _free_base_port(nodes: int) -> int:
-    """A base port for ``local`` whose 2 * ``nodes`` ports are free now (another process may
-    take one before ``local`` binds it: ``local`` then refuses, and the drill tries again)."""
-    for _ in range(100):
-        base = random.randrange(20000, 60000 - 2 * nodes)
-        try:
-            with contextlib.ExitStack() as sockets:
-                for port in range(base, base + 2 * nodes):
-                    sock = sockets.enter_context(socket.socket())
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    sock.bind((HOST, port))
-            return base
-        except OSError:
-            continue
-    raise DrillFailed(f"no {2 * nodes} free consecutive ports on {HOST}")
-
-
 @contextlib.contextmanager
 def _local_quorum(data_dir: Path, nodes: int, output: Path
                   ) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
     """``quorum-node local --data-dir DATA_DIR`` (the command ``restore --local`` prints), on
     free ports; stopped as Ctrl-C stops it when the block ends."""
     for _ in range(PORT_ATTEMPTS):
-        base = _free_base_port(nodes)
+        base = free_base_port(2 * nodes, HOST)
+        if base is None:
+            raise DrillFailed(f"no {2 * nodes} free consecutive ports on {HOST}")
         command = [sys.executable, "-m", "quorum_node.cli.node", "local", "--data-dir",
                    str(data_dir), "--nodes", str(nodes), "--base-port", str(base),
                    "--host", HOST]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -32,6 +31,7 @@ from quorum_node.cli.local_quorum import (
     LocalClusterError,
     LocalNode,
     check_ports_free,
+    free_base_port,
     handle_control_request,
     prepare_local_cluster,
 )
@@ -337,6 +337,13 @@ def test_check_ports_free() -> None:
     check_ports_free("127.0.0.1", [port])
 
 
+def test_free_base_ports_lie_below_the_ephemeral_range() -> None:
+    for _ in range(20):
+        base = free_base_port(6)
+        assert base is not None and base + 6 <= 32768, base  # Linux's default range from 32768
+        check_ports_free("127.0.0.1", range(base, base + 6))
+
+
 # -- local: supervision, in this process, of stand-in children -------------------------------------
 
 
@@ -489,20 +496,9 @@ sys.modules["quorum_node.node.main"] = _module
 
 
 def free_port_range(count: int) -> int:
-    """``count`` free loopback ports in a row, below Linux's ephemeral range: a connection to a
-    port in that range, made before anything listens there, can be given that very port as its
-    source and connect to itself (the health check then reads its own request back)."""
-    for _ in range(200):
-        base = random.randrange(20000, 32768 - count)
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise AssertionError("no free port range")
+    base = free_base_port(count)
+    assert base is not None, f"no {count} free ports in a row"
+    return base
 
 
 def has_real_runtime() -> bool:
