@@ -51,12 +51,12 @@ from typing import Any, Protocol
 from drivers import (
     ETCD_GATEWAY,
     ETCD_GRPC,
+    GRPC_AVAILABLE,
     QUORUM,
     VALUE,
     Load,
     SequentialTarget,
     Target,
-    grpc_available,
     pick_base_port,
     rss_mb,
     sequential_latencies,
@@ -491,7 +491,7 @@ def main() -> int:
         args.base_port = pick_base_port()
     base = args.base_port
     have_etcd = shutil.which("etcd") is not None
-    if have_etcd and not grpc_available():
+    if have_etcd and not GRPC_AVAILABLE:
         print("etcd over gRPC needs the bench extra: pip install -e '.[bench]'",
               file=sys.stderr)
     starts: dict[str, tuple[Callable[[Path], System | None], Callable[[Path], System | None]]]
@@ -500,7 +500,7 @@ def main() -> int:
         QUORUM: (lambda d: start_quorum(d, base),
                  lambda d: start_quorum(d, base + 300, election_ms=fast, fetch_ms=fast)),
     }
-    if have_etcd and grpc_available():
+    if have_etcd and GRPC_AVAILABLE:
         starts[ETCD_GRPC] = (lambda d: start_etcd(d, base + 100),
                              lambda d: start_etcd(d, base + 400, fast))
     if have_etcd:

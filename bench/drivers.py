@@ -335,10 +335,6 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def grpc_available() -> bool:
-    return GRPC_AVAILABLE
-
-
 def client_pool(processes: int) -> concurrent.futures.ProcessPoolExecutor:
     # spawn: the bench process has threads (and maybe gRPC's), which fork would copy badly.
     return concurrent.futures.ProcessPoolExecutor(

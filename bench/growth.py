@@ -41,12 +41,12 @@ from typing import Any
 
 from drivers import (
     ETCD_GRPC,
+    GRPC_AVAILABLE,
     QUORUM,
     VALUE,
     Load,
     Target,
     etcd_member_has,
-    grpc_available,
     load_keys,
     pick_base_port,
     process_cpu_s,
@@ -238,7 +238,7 @@ def main() -> int:
         results["kv"] = kv_growth(args.base_port + 100, args.keys, args.seconds,
                                   args.client_processes)
         print(json.dumps(results["kv"]), flush=True)
-    if "etcd" not in args.skip and shutil.which("etcd") and grpc_available():
+    if "etcd" not in args.skip and shutil.which("etcd") and GRPC_AVAILABLE:
         results["etcd"] = etcd_growth(args.base_port + 200, args.keys, args.seconds,
                                       args.client_processes)
         print(json.dumps(results["etcd"]), flush=True)
