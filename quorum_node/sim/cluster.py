@@ -190,5 +190,8 @@ class Cluster:
     def split(self, groups: Collection[Collection[int]]) -> None:
         self.network.split(groups)
 
+    def star(self, center: int) -> None:
+        self.network.star(center, self.nodes)
+
     def heal(self) -> None:
         self.network.heal()

@@ -70,5 +70,10 @@ class Network:
                     continue
                 self._blocked.update((a, b) for a in group for b in other_group)
 
+    def star(self, center: int, everyone: Iterable[int]) -> None:
+        """Cut every link that does not touch ``center``: the others reach ``center`` alone."""
+        nodes = [node for node in everyone if node != center]
+        self._blocked.update((a, b) for a in nodes for b in nodes if a != b)
+
     def heal(self) -> None:
         self._blocked.clear()

@@ -262,9 +262,52 @@ def disk_replacement(sim: Simulation) -> None:
     _then_at_leader(sim, rng.randint(1500, 4000), lambda leader: replace(leader, rng.randint(0, 1)))
 
 
+def _log_position(node: SimNode) -> tuple[int, int]:
+    """What a vote compares: the last epoch in the log, then its end."""
+    return node.log.last_fetched_epoch(), node.log.end_offset
+
+
+def _hand_leadership(sim: Simulation, heir: SimNode, then: Callable[[], None]) -> None:
+    """Make ``heir`` the leader, heal, then ``then``. Only the links that touch ``heir`` stay up
+    (a star around it), so the leader's new records reach it alone; once its log is ahead of
+    every other voter's, the leader is cut off too. Each other voter then reaches no one but
+    ``heir``, which turns its shorter log down, while ``heir`` can win every vote."""
+    cluster = sim.cluster
+
+    def heir_leads() -> bool | None:
+        leads = cluster.leader() is heir and heir.core is not None and heir.core.accepts_writes
+        return True if leads else None
+
+    def elected(_: bool) -> None:
+        cluster.heal()
+        then()
+
+    def cut_off(leader: SimNode) -> None:
+        cluster.isolate(leader.node_id)
+        sim.wait_for(f"node {heir.node_id} to lead", heir_leads, elected,
+                     timeout_ms=LEADER_WAIT_MS)
+
+    def star(leader: SimNode) -> None:
+        if leader is heir:
+            then()
+            return
+        cluster.star(heir.node_id)
+        others = [cluster.nodes[v] for v in cluster.voter_ids
+                  if v not in (heir.node_id, leader.node_id)]
+
+        def heir_ahead() -> bool | None:
+            position = _log_position(heir)
+            return True if all(position > _log_position(n) for n in others) else None
+
+        sim.wait_for(f"node {heir.node_id}'s log to be ahead of the other voters'", heir_ahead,
+                     lambda _: cut_off(leader), timeout_ms=LEADER_WAIT_MS)
+
+    _then_at_leader(sim, sim.now_ms, star)
+
+
 def snapshot_catch_up(sim: Simulation) -> None:
     """A replica is down while the others snapshot and delete their logs past its end: back, it
-    must catch up by downloading a snapshot (FetchSnapshot)."""
+    must catch up by downloading a snapshot (FetchSnapshot); a voter then leads."""
     cluster = sim.cluster
     sim.compaction.start()
 
@@ -283,13 +326,24 @@ def snapshot_catch_up(sim: Simulation) -> None:
         def restart(_: bool) -> None:
             loaded = victim.snapshots_loaded
             cluster.start(victim.node_id)
+
+            def recover() -> None:
+                expect_recovery(sim, sim.now_ms, RECOVERY_WINDOW_MS)
+
+            def loaded_one(_: bool) -> None:
+                # A voter then leads: its snapshot and its log together must hold all that is
+                # committed.
+                if victim.node_id in cluster.voter_ids:
+                    _hand_leadership(sim, victim, recover)
+                else:
+                    recover()
+
             sim.wait_for(
                 f"node {victim.node_id} to load a snapshot",
                 lambda: True if victim.snapshots_loaded > loaded else None,
-                lambda _: None,
+                loaded_one,
                 timeout_ms=RECOVERY_WINDOW_MS,
             )
-            expect_recovery(sim, sim.now_ms, RECOVERY_WINDOW_MS)
 
         sim.at(
             sim.now_ms + sim.rng.randint(2000, 5000),
@@ -476,7 +530,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "snapshot_catch_up",
-            "a replica down while the logs are compacted past it catches up from a snapshot",
+            "a replica down while the logs are compacted past it catches up from a snapshot, "
+            "then leads if a voter",
             voters=(3, 5),
             observers=(0, 1),
             script=snapshot_catch_up,
