@@ -72,6 +72,14 @@ def test_partition_drops_messages_sent_and_in_flight() -> None:
     assert not network.is_blocked(0, 1)
 
 
+def test_a_star_leaves_only_the_links_of_its_center() -> None:
+    network = Network(EventLoop(), random.Random(1))
+    network.star(1, [0, 1, 2, 3])
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    assert [link for link in links if not network.is_blocked(*link)] == [
+        (0, 1), (1, 0), (1, 2), (1, 3), (2, 1), (3, 1)]
+
+
 def test_network_duplicates_and_drops() -> None:
     loop = EventLoop()
     network = Network(loop, random.Random(1))
