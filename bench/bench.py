@@ -429,12 +429,12 @@ def _puts(system: System, target: Target, *, clients: int, seconds: float,
                       server_pids=list(system.pids.values()))
 
 
-def failover_only(kind: str, start: Callable[[Path], System | None], *,
-                  pause: bool = False) -> dict[str, Any] | None:
+def failover_only(kind: str, start: Callable[[Path], System | None]) -> dict[str, Any] | None:
+    """One failover of a killed leader on a fresh cluster."""
     with running(start) as system:
         if system is None:
             return None
-        return failover(system, kind, wait_for_leader(system, kind), pause=pause)
+        return failover(system, kind, wait_for_leader(system, kind))
 
 
 def paused_failovers(kind: str, start: Callable[[Path], System | None],

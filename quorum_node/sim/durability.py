@@ -120,11 +120,9 @@ class Durability:
                 found.append(Candidate(ReplicaKey(node.node_id, _UNKNOWN_DIRECTORY),
                                        self._cluster.static_voters, (0, 0), False))
                 continue
-            log = node.log
             voters = node.core.voters if node.core is not None else self.voters_on_disk(node)
             found.append(Candidate(
-                ReplicaKey(node.node_id, node.directory_id), voters,
-                (log.last_fetched_epoch(), log.end_offset),
+                ReplicaKey(node.node_id, node.directory_id), voters, node.log_position,
                 self.node_holds(node, offset, durably=False)))
         return found
 

@@ -174,6 +174,11 @@ class SimNode:
     def shutting_down(self) -> bool:
         return self._shutdown_deadline_ms is not None
 
+    @property
+    def log_position(self) -> tuple[int, int]:
+        """What a vote compares: the last epoch in the log, then its end (flushed or not)."""
+        return self.log.last_fetched_epoch(), self.log.end_offset
+
     # -- process lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         assert self.core is None, f"node {self.node_id} is already running"

@@ -262,11 +262,6 @@ def disk_replacement(sim: Simulation) -> None:
     _then_at_leader(sim, rng.randint(1500, 4000), lambda leader: replace(leader, rng.randint(0, 1)))
 
 
-def _log_position(node: SimNode) -> tuple[int, int]:
-    """What a vote compares: the last epoch in the log, then its end."""
-    return node.log.last_fetched_epoch(), node.log.end_offset
-
-
 def _hand_leadership(sim: Simulation, heir: SimNode, then: Callable[[], None]) -> None:
     """Make ``heir`` the leader, heal, then ``then``. Only the links that touch ``heir`` stay up
     (a star around it), so the leader's new records reach it alone; once its log is ahead of
@@ -287,7 +282,7 @@ def _hand_leadership(sim: Simulation, heir: SimNode, then: Callable[[], None]) -
         sim.wait_for(f"node {heir.node_id} to lead", heir_leads, elected,
                      timeout_ms=LEADER_WAIT_MS)
 
-    def star(leader: SimNode) -> None:
+    def cut_to_a_star(leader: SimNode) -> None:
         if leader is heir:
             then()
             return
@@ -296,13 +291,12 @@ def _hand_leadership(sim: Simulation, heir: SimNode, then: Callable[[], None]) -
                   if v not in (heir.node_id, leader.node_id)]
 
         def heir_ahead() -> bool | None:
-            position = _log_position(heir)
-            return True if all(position > _log_position(n) for n in others) else None
+            return True if all(heir.log_position > n.log_position for n in others) else None
 
         sim.wait_for(f"node {heir.node_id}'s log to be ahead of the other voters'", heir_ahead,
                      lambda _: cut_off(leader), timeout_ms=LEADER_WAIT_MS)
 
-    _then_at_leader(sim, sim.now_ms, star)
+    _then_at_leader(sim, sim.now_ms, cut_to_a_star)
 
 
 def snapshot_catch_up(sim: Simulation) -> None:
