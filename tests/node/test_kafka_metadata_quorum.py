@@ -66,6 +66,16 @@ def quorum_admin(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+def wait_until_every_voter_is_heard(*admin_args: str, logs: str = "") -> None:
+    """Until the leader knows each voter's directory id, null before the voter's first Fetch
+    reaches it: two describes on either side of that Fetch differ."""
+    deadline = time.monotonic() + 30
+    while not all(voter["directory_id"] for voter in json.loads(
+            quorum_admin(*admin_args, "describe", "--status", "--json").stdout)["voters"]):
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.1)
+
+
 def side_by_side(command: str, kafka: str, ours: str) -> None:
     print(f"\n=== {command}\n--- kafka-metadata-quorum {KAFKA_VERSION}\n{kafka.rstrip()}\n"
           f"--- quorum-admin\n{ours.rstrip()}")
@@ -96,6 +106,8 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
         started.start_all()
         started.wait_all_serving()
         started.wait_for_leader(timeout_s=30)
+        wait_until_every_voter_is_heard("--bootstrap-controller",
+                                        f"127.0.0.1:{started.nodes[1].peer_port}")
         yield started
     finally:
         started.stop_all()

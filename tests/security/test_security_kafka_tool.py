@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 from proc_cluster import ProcessCluster
 from secured_cluster import Pki
-from test_kafka_metadata_quorum import kafka_lib, kafka_tool, quorum_admin, status_fields
+from test_kafka_metadata_quorum import (
+    kafka_lib,
+    kafka_tool,
+    quorum_admin,
+    status_fields,
+    wait_until_every_voter_is_heard,
+)
 
 pytestmark = pytest.mark.slow
 __all__ = ["kafka_lib"]  # the fixture, shared
@@ -67,10 +73,11 @@ def test_kafkas_tool_over_ssl_with_a_token_or_a_certificate(
         kafka_lib: Path, secured: tuple[ProcessCluster, Pki], tmp_path: Path) -> None:
     cluster, pki = secured
     bootstrap = ["--bootstrap-controller", f"127.0.0.1:{cluster.nodes[1].peer_port}"]
-    # Once a leader is elected (quorum-admin waits for one).
-    ours = quorum_admin(*bootstrap, "--ca-file", str(pki.ca_path), "--token-file",
-                        str(pki.token_path("admin")), "--timeout", "30", "describe",
-                        "--status").stdout
+    admin = [*bootstrap, "--ca-file", str(pki.ca_path), "--token-file",
+             str(pki.token_path("admin")), "--timeout", "30"]
+    # Once a leader is elected (quorum-admin waits for one) and has heard from every voter.
+    wait_until_every_voter_is_heard(*admin, logs=cluster.logs())
+    ours = quorum_admin(*admin, "describe", "--status").stdout
     for name, config in {
         "SASL_SSL, the admin token": command_config(tmp_path / "admin.properties", pki,
                                                     token="admin"),
