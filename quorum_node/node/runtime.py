@@ -240,6 +240,12 @@ class QuorumNode:
         return self.core.leader_id
 
     @property
+    def voters_unheard(self) -> tuple[int, ...]:
+        """On a new quorum's first leader: the voters it must hear from before it takes writes
+        (``RaftCore.voters_unheard``)."""
+        return self.core.voters_unheard
+
+    @property
     def high_watermark(self) -> int | None:
         """Every offset below it is committed; None until this replica has learned it."""
         return self.core.high_watermark

@@ -73,6 +73,7 @@ class NodeStory:
         self._silent: dict[ReplicaKey, int] = {}  # voters not fetching -> epoch it was said in
         self._leading_since = clock()
         self._serving_epoch: int | None = None  # the epoch whose LeaderChange was said committed
+        self._unheard_said: tuple[int, tuple[int, ...]] | None = None  # epoch, voters waited for
         self._next_observer_check = 0.0
 
     def role_changed(self, change: RoleChanged) -> None:
@@ -85,16 +86,24 @@ class NodeStory:
                     f" (was {change.previous_epoch})" if change.epoch != change.previous_epoch
                     else "", _reason(change))
 
-    def after_step(self, leader_has_committed: bool) -> None:
+    def after_step(self, leader_has_committed: bool, voters_unheard: Sequence[int]) -> None:
         """The core took a step (after ``role_changed``, if it changed role): a leader says when
         it first serves (``leader_has_committed``: a record of its epoch is committed) and looks
-        at its replicas now and then."""
+        at its replicas now and then. A new quorum's first leader serves only once it has written
+        the voter set, for which it must have heard from every voter (``voters_unheard``: those
+        it waits for): it says so, for a voter that never comes leaves the quorum without writes
+        though a majority runs."""
         if self._state is RaftState.LEADER:
             if self._serving_epoch != self._epoch and leader_has_committed:
-                # The end of a failover: from here on the new leader commits writes.
-                self._serving_epoch = self._epoch
-                logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
-                            self._node_id, self._epoch)
+                if not voters_unheard:
+                    # The end of a failover: from here on the new leader commits writes.
+                    self._serving_epoch = self._epoch
+                    logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
+                                self._node_id, self._epoch)
+                elif self._unheard_said != (self._epoch, tuple(voters_unheard)):
+                    self._unheard_said = (self._epoch, tuple(voters_unheard))
+                    logger.warning("node %d: %s", self._node_id,
+                                   no_writes_yet(self._epoch, voters_unheard))
             self._check_replicas()
 
     def peer_failed(self, node_id: int, problem: str) -> None:
@@ -169,6 +178,16 @@ class NodeStory:
         # A failure was said once already, by the runtime's one CRITICAL line that stopped it.
         logger.info("node %d: stopped%s", self._node_id,
                     "" if failure is None else " (after the failure above)")
+
+
+def no_writes_yet(epoch: int, voters_unheard: Sequence[int]) -> str:
+    """Why a new quorum's first leader refuses writes: what it waits for (KIP-856)."""
+    many = len(voters_unheard) > 1
+    return (f"leads epoch {epoch} but takes no writes until voter{'s' if many else ''} "
+            f"{', '.join(map(str, voters_unheard))} {'have' if many else 'has'} fetched from it: "
+            f"a new quorum's first leader writes the voter set, with every voter's directory "
+            f"id, before any record (start {'them' if many else 'it'}, or check that "
+            f"{'they reach' if many else 'it reaches'} this node)")
 
 
 def _reason(change: RoleChanged) -> str:

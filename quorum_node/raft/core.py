@@ -278,6 +278,19 @@ class RaftCore:
         return (isinstance(self._state, LeaderState) and not self._shutting_down
                 and (self.bootstrapped or not self._reconfigurable))
 
+    @property
+    def voters_unheard(self) -> tuple[int, ...]:
+        """On a leader that takes no client records yet: the configured voters whose directory
+        ids it has still to learn from their fetches before it writes the voter set (KIP-856
+        bootstrapping). Empty once it takes writes, and on any other replica."""
+        if self._voters.bootstrapped or not self._reconfigurable:
+            return ()  # checked first: the node asks after every step
+        state = self._state
+        if not isinstance(state, LeaderState):
+            return ()
+        return tuple(key.id for key, directory_id in self._bootstrap_voters(state)
+                     if directory_id is None)
+
     def voter_set_at(self, offset: int) -> VoterSet:
         """The voter set in force at ``offset`` (what a snapshot ending after it carries)."""
         return self._voters.at(offset)
@@ -622,14 +635,19 @@ class RaftCore:
         (from their fetches), it writes them, in one batch of their own, before any client
         record. From then on the log defines the voter set."""
         keys = []
-        for key, progress in state.voters.items():
-            directory_id = key.directory_id or (
-                self.local_key.directory_id if key.matches(self.local_key)
-                else progress.directory_id)
+        for key, directory_id in self._bootstrap_voters(state):
             if directory_id is None:
                 return
             keys.append(ReplicaKey(key.id, directory_id))
         self._replication.append_control(now_ms, state, [voters_record(keys)])
+
+    def _bootstrap_voters(self, state: LeaderState) -> list[tuple[ReplicaKey, uuid.UUID | None]]:
+        """Each configured voter and its directory id as this leader knows it (its own, or what
+        the voter reported in its fetches); None while it has not fetched."""
+        return [(key, key.directory_id or (
+                    self.local_key.directory_id if key.matches(self.local_key)
+                    else progress.directory_id))
+                for key, progress in state.voters.items()]
 
     def _poll_candidate(self, now_ms: int, state: CandidateState) -> None:
         if state.election.is_granted:

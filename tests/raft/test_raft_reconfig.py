@@ -102,11 +102,14 @@ def test_leader_writes_configured_voters_with_their_uuids_in_one_batch_before_an
     epoch = ctx.become_leader()
     with pytest.raises(LeaderNotReadyError):
         ctx.core.propose(ctx.now_ms, [Record(b"x")])
+    assert ctx.core.voters_unheard == (2, 3)
     fetch(ctx, 2, 0)
     assert not ctx.core.bootstrapped  # node 3's directory id is not known yet
+    assert ctx.core.voters_unheard == (3,)
     assert voter_records(ctx) == []
     fetch(ctx, 3, 0)
     assert ctx.core.bootstrapped
+    assert ctx.core.voters_unheard == ()
     [(offset, voters)] = voter_records(ctx)
     assert voters == (key(1), key(2), key(3))
     batch = ctx.log.batch_containing(offset)
@@ -121,6 +124,7 @@ def test_static_quorum_without_directory_ids_takes_writes_and_refuses_changes(
 ) -> None:
     ctx = make_ctx(1, (1, 2, 3))
     ctx.become_leader()
+    assert ctx.core.voters_unheard == ()  # it waits for no one's directory id
     ctx.core.propose(ctx.now_ms, [Record(b"x")])
     with pytest.raises(VoterChangeError) as refused:
         ctx.core.add_voter(ctx.now_ms, key(3, REPLACED_3), TIMEOUT_MS)

@@ -29,6 +29,7 @@ from quorum_node.node.errors import ErrorCode, ServiceError
 from quorum_node.node.limits import BodyRefused, JsonRefused, parse_json
 from quorum_node.node.limits import read_body as read_limited_body
 from quorum_node.node.runtime import QuorumNode
+from quorum_node.node.story import no_writes_yet
 from quorum_node.node.transport import RPC_PREFIX, STREAM_PATH
 from quorum_node.raft.types import NotLeaderError
 
@@ -138,8 +139,10 @@ def not_leader(node: QuorumNode, request: web.Request, leader_id: int | None) ->
     url = None if leader_id is None else endpoint_url(node.client_endpoints.get(leader_id),
                                                       node.config.url_scheme)
     if leader_id is None or url is None:
-        return ApiError.of(ErrorCode.NO_LEADER,
-                           f"no leader is known in epoch {node.epoch}; retry shortly",
+        unheard = node.voters_unheard  # a new quorum's leader, before it takes writes
+        why = (f"node {node.config.node_id} {no_writes_yet(node.epoch, unheard)}" if unheard
+               else f"no leader is known in epoch {node.epoch}")
+        return ApiError.of(ErrorCode.NO_LEADER, f"{why}; retry shortly",
                            leader=Leader(leader_id, None))
     return ApiError.of(
         ErrorCode.NOT_LEADER,
