@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quorum_node.node.story import no_writes_yet
 from quorum_node.storage.dir_lock import DirectoryInUseError, lock_directory
 from quorum_node.storage.fsutil import atomic_write
 
@@ -136,14 +137,15 @@ def fetch_status(host: str, port: int, timeout_s: float = 0.3) -> dict[str, Any]
 
 
 class LeaderWatch:
-    """Says when the quorum is ready (a leader that knows its high watermark) and when the
-    leadership changes, from the nodes' status; ``say`` gets one line per change."""
+    """Says when the quorum is ready (a leader that knows its high watermark and takes writes)
+    and when the leadership changes, from the nodes' status; ``say`` gets one line per change."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self._say = say
         self._announced: tuple[int, int] | None = None  # (leader, epoch) last said
         self._ready_once = False
         self._leaderless_since: float | None = None
+        self._unheard_said: tuple[int, int, tuple[int, ...]] | None = None
 
     def observe(self, statuses: Sequence[dict[str, Any]], now: float) -> None:
         leaders = [s for s in statuses if s.get("state") == "leader"
@@ -152,6 +154,12 @@ class LeaderWatch:
             leader = max(leaders, key=lambda s: int(s.get("epoch", -1)))
             key = (int(leader["node_id"]), int(leader["epoch"]))
             self._leaderless_since = None
+            unheard = tuple(leader.get("voters_unheard") or ())
+            if unheard:  # a new quorum's first leader, waiting for a voter that has not come
+                if self._unheard_said != (*key, unheard):
+                    self._unheard_said = (*key, unheard)
+                    self._say(f"node {key[0]} {no_writes_yet(*key, unheard)}")
+                return
             if key != self._announced:
                 up = len(statuses)
                 if not self._ready_once:

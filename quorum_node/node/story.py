@@ -103,7 +103,7 @@ class NodeStory:
                 elif self._unheard_said != (self._epoch, tuple(voters_unheard)):
                     self._unheard_said = (self._epoch, tuple(voters_unheard))
                     logger.warning("node %d: %s", self._node_id,
-                                   no_writes_yet(self._epoch, voters_unheard))
+                                   no_writes_yet(self._node_id, self._epoch, voters_unheard))
             self._check_replicas()
 
     def peer_failed(self, node_id: int, problem: str) -> None:
@@ -180,14 +180,14 @@ class NodeStory:
                     "" if failure is None else " (after the failure above)")
 
 
-def no_writes_yet(epoch: int, voters_unheard: Sequence[int]) -> str:
+def no_writes_yet(leader_id: int, epoch: int, voters_unheard: Sequence[int]) -> str:
     """Why a new quorum's first leader refuses writes: what it waits for (KIP-856)."""
     many = len(voters_unheard) > 1
     return (f"leads epoch {epoch} but takes no writes until voter{'s' if many else ''} "
             f"{', '.join(map(str, voters_unheard))} {'have' if many else 'has'} fetched from it: "
             f"a new quorum's first leader writes the voter set, with every voter's directory "
             f"id, before any record (start {'them' if many else 'it'}, or check that "
-            f"{'they reach' if many else 'it reaches'} this node)")
+            f"{'they reach' if many else 'it reaches'} node {leader_id})")
 
 
 def _reason(change: RoleChanged) -> str:

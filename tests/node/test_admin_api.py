@@ -199,6 +199,7 @@ async def test_node_status_is_the_node_s_own_view_on_every_node(tmp_path: Path) 
                 "leader_id": status.leader_id,
                 "is_voter": True,
                 "high_watermark": status.high_watermark,
+                "voters_unheard": [],
                 "log_start_offset": 0,
                 "log_end_offset": status.log_end_offset,
                 # The bootstrap VotersRecord's: every voter with its directory.

@@ -38,12 +38,14 @@ def test_a_new_quorums_leader_says_it_waits_for_the_missing_voter(tmp_path: Path
         body = json.loads(answered.value.read())
         assert answered.value.code == 503 and body["code"] == "NO_LEADER", body
         assert WAITING in body["message"], body
+        assert http_json("GET", f"{cluster.nodes[leader].url}/v1/node")["voters_unheard"] == [3]
         said = cluster.nodes[leader].log_path.read_text()
         assert WAITING in said and "; serving" not in said, cluster.logs()
 
         cluster.start(3)
         with QuorumClient(bootstrap, timeout_s=30) as client:
             assert client.put("colour", "blue").applied
+        assert http_json("GET", f"{cluster.nodes[leader].url}/v1/node")["voters_unheard"] == []
         deadline = time.monotonic() + 10
         while "; serving" not in cluster.nodes[leader].log_path.read_text():
             assert time.monotonic() < deadline, cluster.logs()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from quorum_node.cli.local_control import ControlAnswer, ControlRequest
+from quorum_node.cli.local_control import ControlAnswer, ControlRequest, LeaderWatch
 from quorum_node.cli.local_quorum import (
     LocalCluster,
     LocalClusterError,
@@ -816,3 +816,24 @@ def test_a_second_local_on_a_data_directory_in_use_is_refused_and_writes_nothing
     assert second.out() == ""
     assert state() == before
     first.wait_healthy(3)  # untouched
+
+
+def test_local_says_the_quorum_is_ready_once_its_leader_takes_writes() -> None:
+    """A new quorum's first leader that has yet to hear from a voter is said once, with the
+    voter it waits for; "quorum ready" comes when it takes writes."""
+    said: list[str] = []
+    watch = LeaderWatch(said.append)
+
+    def node(node_id: int, state: str, unheard: tuple[int, ...] = ()) -> dict[str, object]:
+        return {"node_id": node_id, "state": state, "epoch": 1, "high_watermark": 1,
+                "voters_unheard": list(unheard)}
+
+    waiting = [node(1, "leader", (3,)), node(2, "follower")]
+    watch.observe(waiting, 0.0)
+    watch.observe(waiting, 2.0)
+    assert said == [
+        "node 1 leads epoch 1 but takes no writes until voter 3 has fetched from it: a new "
+        "quorum's first leader writes the voter set, with every voter's directory id, before any "
+        "record (start it, or check that it reaches node 1)"]
+    watch.observe([node(1, "leader"), node(2, "follower"), node(3, "follower")], 3.0)
+    assert said[1:] == ["quorum ready: node 1 leads in epoch 1 (3 nodes answering)"]

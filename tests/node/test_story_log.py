@@ -127,12 +127,12 @@ def test_a_new_quorums_leader_says_which_voters_it_waits_for_before_it_serves(
     assert messages(caplog) == [
         "node 1: leads epoch 1 but takes no writes until voters 2, 3 have fetched from it: a new "
         "quorum's first leader writes the voter set, with every voter's directory id, before any "
-        "record (start them, or check that they reach this node)"]
+        "record (start them, or check that they reach node 1)"]
     teller.after_step(leader_has_committed=True, voters_unheard=(3,))
     assert messages(caplog) == [
         "node 1: leads epoch 1 but takes no writes until voter 3 has fetched from it: a new "
         "quorum's first leader writes the voter set, with every voter's directory id, before any "
-        "record (start it, or check that it reaches this node)"]
+        "record (start it, or check that it reaches node 1)"]
     teller.after_step(leader_has_committed=True, voters_unheard=())
     teller.after_step(leader_has_committed=True, voters_unheard=())
     assert messages(caplog) == ["node 1: the LeaderChange of epoch 1 is committed; serving"]

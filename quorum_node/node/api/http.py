@@ -140,7 +140,8 @@ def not_leader(node: QuorumNode, request: web.Request, leader_id: int | None) ->
                                                       node.config.url_scheme)
     if leader_id is None or url is None:
         unheard = node.voters_unheard  # a new quorum's leader, before it takes writes
-        why = (f"node {node.config.node_id} {no_writes_yet(node.epoch, unheard)}" if unheard
+        node_id = node.config.node_id
+        why = (f"node {node_id} {no_writes_yet(node_id, node.epoch, unheard)}" if unheard
                else f"no leader is known in epoch {node.epoch}")
         return ApiError.of(ErrorCode.NO_LEADER, f"{why}; retry shortly",
                            leader=Leader(leader_id, None))

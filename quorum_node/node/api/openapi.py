@@ -230,8 +230,8 @@ SCHEMAS: dict[str, Any] = {
     "NodeStatus": {
         "type": "object",
         "required": ["node_id", "directory_id", "cluster_id", "state", "epoch", "leader_id",
-                     "is_voter", "high_watermark", "log_start_offset", "log_end_offset",
-                     "voters", "client_endpoints", "failure"],
+                     "is_voter", "high_watermark", "voters_unheard", "log_start_offset",
+                     "log_end_offset", "voters", "client_endpoints", "failure"],
         "properties": {
             "node_id": {"type": "integer"}, "directory_id": {"type": "string"},
             "cluster_id": {"type": "string"},
@@ -239,6 +239,7 @@ SCHEMAS: dict[str, Any] = {
                                                  "leader", "follower", "resigned"]},
             "epoch": {"type": "integer"}, "leader_id": {"type": "integer", "nullable": True},
             "is_voter": {"type": "boolean"}, "high_watermark": {"type": "integer"},
+            "voters_unheard": {"type": "array", "items": {"type": "integer"}},
             "log_start_offset": {"type": "integer"}, "log_end_offset": {"type": "integer"},
             "voters": {"type": "array", "items": _ref("VoterKey")},
             "client_endpoints": {"type": "array", "items": {
