@@ -177,7 +177,12 @@ class NodeDriverHost:
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = loop.call_later(max(0, at_ms - _now_ms()) / 1000, self._on_timer)
+        delay_ms = at_ms - _now_ms()
+        # The loop counts whole milliseconds of a clock of its own, read once a turn: a timer
+        # for the next millisecond of ours can fire before it comes, and the driver then polls
+        # for nothing and sets it again. A millisecond more never fires early.
+        self._timer = loop.call_later((delay_ms + 1) / 1000 if delay_ms > 0 else 0,
+                                      self._on_timer)
 
     def core_failed(self, error: Exception) -> None:
         logger.error("node %d: the core failed", self.config.node_id, exc_info=error)
