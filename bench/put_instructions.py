@@ -6,13 +6,15 @@ at a time, and each node's user-space instructions over those puts divided by th
 
 A put's CPU time moves with the machine (another process's load, the caches a sleep left cold),
 so a change of a few percent in what a put costs is lost in the noise of its latency or its CPU
-seconds. The count of instructions it executes is not: two runs of one tree differ by a few
-percent (what the processes' timing changes: a follower's Fetch handled in the leader's step or
-in one of its own), so a change to the hot path can be compared by it, run against run. It counts
-neither the kernel's work (system calls, wake-ups) nor cache misses: the CPU seconds say those.
+seconds. The count of instructions it executes is not: rounds of one tree differ by about two
+percent (what the processes' timing still changes: a follower's Fetch handled in the leader's
+step or in one of its own), so a change to the hot path can be compared by it, run against run.
+It counts neither the kernel's work (system calls, wake-ups) nor cache misses: the CPU seconds
+say those.
 
-Under callgrind a node runs about fifty times slower, so the quorum's timeouts are stretched
-(an election in seconds, a fetch timeout of a minute) and a put takes tens of milliseconds.
+Under callgrind a node runs about fifty times slower, so the quorum's timers are stretched (an
+election in seconds, a fetch timeout of half a minute, ``STRETCHED``) and a put takes tens of
+milliseconds.
 Needs ``valgrind`` (Debian's package) on PATH. This is a measurement, not a test.
 """
 
