@@ -136,7 +136,8 @@ def test_remediation_record_steps_and_duration() -> None:
 
 NODE_STATUS = {  # GET /v1/node of a follower (quorum_node.node.api.admin.node_status_json)
     "node_id": 2, "directory_id": "A" * 22, "cluster_id": "abc", "state": "follower",
-    "epoch": 7, "leader_id": 1, "is_voter": True, "high_watermark": 41, "log_start_offset": 0,
+    "epoch": 7, "leader_id": 1, "is_voter": True, "high_watermark": 41, "voters_unheard": [],
+    "log_start_offset": 0,
     "log_end_offset": 42, "voters": [{"id": 1, "directory_id": "B" * 22}],
     "client_endpoints": [{"id": 1, "url": "https://kq-1:9093"}], "failure": None,
 }
