@@ -160,7 +160,7 @@ class NodeDriverHost:
             hook(change)
 
     def stepped(self) -> None:
-        self.story.after_step(self.core.leader_has_committed, self.core.voters_unheard)
+        self.story.after_step(self.core.leader_has_committed)
         self.waits.after_step()
         self.state_machine.after_step()
         for hook in self.step_hooks:

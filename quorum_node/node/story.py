@@ -86,22 +86,23 @@ class NodeStory:
                     f" (was {change.previous_epoch})" if change.epoch != change.previous_epoch
                     else "", _reason(change))
 
-    def after_step(self, leader_has_committed: bool, voters_unheard: Sequence[int]) -> None:
+    def after_step(self, leader_has_committed: bool) -> None:
         """The core took a step (after ``role_changed``, if it changed role): a leader says when
         it first serves (``leader_has_committed``: a record of its epoch is committed) and looks
         at its replicas now and then. A new quorum's first leader serves only once it has written
-        the voter set, for which it must have heard from every voter (``voters_unheard``: those
-        it waits for): it says so, for a voter that never comes leaves the quorum without writes
-        though a majority runs."""
+        the voter set, for which it must have heard from every voter: until then it says which
+        it waits for, for a voter that never comes leaves the quorum without writes though a
+        majority runs."""
         if self._state is RaftState.LEADER:
             if self._serving_epoch != self._epoch and leader_has_committed:
+                voters_unheard = self._status().voters_unheard
                 if not voters_unheard:
                     # The end of a failover: from here on the new leader commits writes.
                     self._serving_epoch = self._epoch
                     logger.info("node %d: the LeaderChange of epoch %d is committed; serving",
                                 self._node_id, self._epoch)
-                elif self._unheard_said != (self._epoch, tuple(voters_unheard)):
-                    self._unheard_said = (self._epoch, tuple(voters_unheard))
+                elif self._unheard_said != (self._epoch, voters_unheard):
+                    self._unheard_said = (self._epoch, voters_unheard)
                     logger.warning("node %d: %s", self._node_id,
                                    no_writes_yet(self._node_id, self._epoch, voters_unheard))
             self._check_replicas()

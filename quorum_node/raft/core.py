@@ -284,7 +284,7 @@ class RaftCore:
         ids it has still to learn from their fetches before it writes the voter set (KIP-856
         bootstrapping). Empty once it takes writes, and on any other replica."""
         if self._voters.bootstrapped or not self._reconfigurable:
-            return ()  # checked first: the node asks after every step
+            return ()
         state = self._state
         if not isinstance(state, LeaderState):
             return ()
@@ -310,7 +310,7 @@ class RaftCore:
             leader_id=self.leader_id, voted_for=self._quorum.election_state.voted_key,
             is_voter=self._voters.is_voter,
             high_watermark=self._watermarks.high_watermark,
-            leader_has_committed=self.leader_has_committed,
+            leader_has_committed=self.leader_has_committed, voters_unheard=self.voters_unheard,
             log_start_offset=log.start_offset, log_end_offset=log.end_offset,
             log_end_epoch=log.last_fetched_epoch(), flushed_offset=self._watermarks.flushed_offset,
             voters=self._voters.voters, pending_voter_change=self.pending_voter_change,

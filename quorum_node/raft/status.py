@@ -35,6 +35,8 @@ class NodeStatus:
     is_voter: bool
     high_watermark: int | None  # None until this replica has learned one in this run
     leader_has_committed: bool  # a leader whose LeaderChange is committed: it serves
+    # On a new quorum's first leader: the voters it must hear from before it takes writes.
+    voters_unheard: tuple[int, ...]
     log_start_offset: int
     log_end_offset: int
     log_end_epoch: int  # the epoch of the last batch in the log

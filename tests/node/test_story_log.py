@@ -86,11 +86,11 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
     now[0] = leading()
     teller.role_changed(RoleChanged(RaftState.CANDIDATE, RaftState.LEADER, 4, 1,
                                     TransitionCause.ELECTED, 4, None))
-    teller.after_step(leader_has_committed=False, voters_unheard=())
+    teller.after_step(leader_has_committed=False)
     assert messages(caplog) == ["node 1: candidate -> leader in epoch 4: won the election"]
     # The end of a failover is said once: the new leader's LeaderChange is committed.
-    teller.after_step(leader_has_committed=True, voters_unheard=())
-    teller.after_step(leader_has_committed=True, voters_unheard=())
+    teller.after_step(leader_has_committed=True)
+    teller.after_step(leader_has_committed=True)
     assert messages(caplog) == ["node 1: the LeaderChange of epoch 4 is committed; serving"]
 
     def later(seconds: float, *, alive: tuple[int, ...] = (2, 3)) -> list[str]:
@@ -99,7 +99,7 @@ def test_the_leader_says_when_a_voter_stops_fetching_and_comes_back(
         for node_id in alive:
             fetched[node_id] = wall_ms[0]
         now[0] = leading()
-        teller.after_step(leader_has_committed=True, voters_unheard=())
+        teller.after_step(leader_has_committed=True)
         return messages(caplog)
 
     assert later(3) == []
@@ -117,24 +117,30 @@ def test_a_new_quorums_leader_says_which_voters_it_waits_for_before_it_serves(
     writes until it has heard from every voter: said once for each set of voters it waits for,
     and "serving" only once it serves."""
     caplog.set_level(logging.INFO, logger="quorum_node.node")
-    leading = status(state=RaftState.LEADER, epoch=1, leader_id=1)
-    teller = NodeStory(lambda: leading, 1, [1, 2, 3], "h:1", clock=Clock())
+    unheard: list[tuple[int, ...]] = [(2, 3)]
+
+    def leading() -> NodeStatus:
+        return status(state=RaftState.LEADER, epoch=1, leader_id=1, voters_unheard=unheard[0])
+
+    teller = NodeStory(leading, 1, [1, 2, 3], "h:1", clock=Clock())
     teller.role_changed(RoleChanged(RaftState.CANDIDATE, RaftState.LEADER, 1, 1,
                                     TransitionCause.ELECTED, 1, None))
     caplog.clear()
-    teller.after_step(leader_has_committed=True, voters_unheard=(2, 3))
-    teller.after_step(leader_has_committed=True, voters_unheard=(2, 3))
+    teller.after_step(leader_has_committed=True)
+    teller.after_step(leader_has_committed=True)
     assert messages(caplog) == [
         "node 1: leads epoch 1 but takes no writes until voters 2, 3 have fetched from it: a new "
         "quorum's first leader writes the voter set, with every voter's directory id, before any "
         "record (start them, or check that they reach node 1)"]
-    teller.after_step(leader_has_committed=True, voters_unheard=(3,))
+    unheard[0] = (3,)
+    teller.after_step(leader_has_committed=True)
     assert messages(caplog) == [
         "node 1: leads epoch 1 but takes no writes until voter 3 has fetched from it: a new "
         "quorum's first leader writes the voter set, with every voter's directory id, before any "
         "record (start it, or check that it reaches node 1)"]
-    teller.after_step(leader_has_committed=True, voters_unheard=())
-    teller.after_step(leader_has_committed=True, voters_unheard=())
+    unheard[0] = ()
+    teller.after_step(leader_has_committed=True)
+    teller.after_step(leader_has_committed=True)
     assert messages(caplog) == ["node 1: the LeaderChange of epoch 1 is committed; serving"]
 
 

@@ -138,7 +138,7 @@ def node_status_json(node: QuorumNode) -> dict[str, Any]:
         # The leader's high watermark is the quorum's: a leader that knows it serves writes,
         # unless it is a new quorum's first leader that has yet to hear from these voters.
         "high_watermark": _or_unknown(status.high_watermark),
-        "voters_unheard": list(node.voters_unheard),
+        "voters_unheard": list(status.voters_unheard),
         "log_start_offset": status.log_start_offset,
         "log_end_offset": status.log_end_offset,
         "voters": [_key_json(key) for key in sorted(status.voters, key=_key_id)],
