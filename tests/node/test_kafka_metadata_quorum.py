@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -66,13 +66,14 @@ def quorum_admin(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
-def wait_until_every_voter_is_heard(*admin_args: str, logs: str = "") -> None:
+def wait_until_every_voter_is_heard(*admin_args: str,
+                                    logs: Callable[[], str] = lambda: "") -> None:
     """Until the leader knows each voter's directory id, null before the voter's first Fetch
     reaches it: two describes on either side of that Fetch differ."""
     deadline = time.monotonic() + 30
     while not all(voter["directory_id"] for voter in json.loads(
             quorum_admin(*admin_args, "describe", "--status", "--json").stdout)["voters"]):
-        assert time.monotonic() < deadline, logs
+        assert time.monotonic() < deadline, logs()
         time.sleep(0.1)
 
 
@@ -107,7 +108,8 @@ def cluster(tmp_path: Path) -> Iterator[ProcessCluster]:
         started.wait_all_serving()
         started.wait_for_leader(timeout_s=30)
         wait_until_every_voter_is_heard("--bootstrap-controller",
-                                        f"127.0.0.1:{started.nodes[1].peer_port}")
+                                        f"127.0.0.1:{started.nodes[1].peer_port}",
+                                        logs=started.logs)
         yield started
     finally:
         started.stop_all()

@@ -76,7 +76,7 @@ def test_kafkas_tool_over_ssl_with_a_token_or_a_certificate(
     admin = [*bootstrap, "--ca-file", str(pki.ca_path), "--token-file",
              str(pki.token_path("admin")), "--timeout", "30"]
     # Once a leader is elected (quorum-admin waits for one) and has heard from every voter.
-    wait_until_every_voter_is_heard(*admin, logs=cluster.logs())
+    wait_until_every_voter_is_heard(*admin, logs=cluster.logs)
     ours = quorum_admin(*admin, "describe", "--status").stdout
     for name, config in {
         "SASL_SSL, the admin token": command_config(tmp_path / "admin.properties", pki,
