@@ -30,7 +30,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from drivers import VALUE, pick_base_port
 
@@ -38,6 +40,7 @@ from quorum_node.cli.local_quorum import LocalCluster, node_command, prepare_loc
 from quorum_node.client import QuorumClient
 from quorum_node.node.config import Setting
 
+T = TypeVar("T")
 IDLE_S = 5
 WARM_UP_PUTS = 50  # before the count starts: connections made, first-call paths taken
 # Long enough for nodes fifty times slower; an election still within seconds. The linger of a
@@ -70,6 +73,24 @@ def control(pid: int, action: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def counted(outs: Mapping[int, Path], pids: Mapping[int, int],
+            work: Callable[[], T]) -> tuple[dict[int, int], T]:
+    """Each node's instructions while ``work`` runs (counts zeroed before it, dumped after),
+    and what ``work`` returned."""
+    for pid in pids.values():
+        control(pid, "-z")
+    result = work()
+    for pid in pids.values():
+        control(pid, "-d")
+    return {node_id: dumped_instructions(outs[node_id]) for node_id in pids}, result
+
+
+def by_role(values: Mapping[int, float], leader: int, digits: int) -> str:
+    """``leader X, followers Y Z``."""
+    followers = " ".join(f"{values[n]:.{digits}f}" for n in sorted(values) if n != leader)
+    return f"leader {values[leader]:.{digits}f}, followers {followers}"
+
+
 def leader_id(port: int) -> int:
     """The leader's node id, as the node at client port ``port`` tells (a follower redirects to
     the leader, which describes the quorum)."""
@@ -99,29 +120,21 @@ def measure(directory: Path, puts: int, rounds: int) -> None:
             pids = {node_id: process.pid for node_id, process in cluster.processes.items()}
             # What an idle node does (its timers, the followers' long polls), for scale: a round
             # of puts takes seconds here, and this goes on beside them.
-            for pid in pids.values():
-                control(pid, "-z")
-            time.sleep(IDLE_S)
-            for pid in pids.values():
-                control(pid, "-d")
-            idle = {node_id: dumped_instructions(outs[node_id]) / IDLE_S / 1e6
-                    for node_id in pids}
-            print(f"idle, million instructions a second: leader {idle[leader]:.2f}, followers "
-                  + " ".join(f"{idle[n]:.2f}" for n in sorted(idle) if n != leader), flush=True)
+            idle, _ = counted(outs, pids, lambda: time.sleep(IDLE_S))
+            print("idle, million instructions a second: "
+                  + by_role({n: count / IDLE_S / 1e6 for n, count in idle.items()}, leader, 2),
+                  flush=True)
             for round_number in range(rounds):
-                for pid in pids.values():
-                    control(pid, "-z")
-                started = time.monotonic()
-                for n in range(puts):
-                    client.put(f"key-{round_number}-{n}", VALUE)
-                took = time.monotonic() - started
-                for pid in pids.values():
-                    control(pid, "-d")
-                counts = {node_id: dumped_instructions(outs[node_id]) / puts / 1e6
-                          for node_id in pids}
-                followers = " ".join(f"{counts[n]:.3f}" for n in sorted(counts) if n != leader)
+                def put_round(prefix: str = f"key-{round_number}") -> float:
+                    started = time.monotonic()
+                    for n in range(puts):
+                        client.put(f"{prefix}-{n}", VALUE)
+                    return time.monotonic() - started
+
+                counts, took = counted(outs, pids, put_round)
                 print(f"round {round_number + 1}: {puts} puts in {took:.1f} s; million "
-                      f"instructions a put: leader {counts[leader]:.3f}, followers {followers}",
+                      f"instructions a put: "
+                      + by_role({n: count / puts / 1e6 for n, count in counts.items()}, leader, 3),
                       flush=True)
     finally:
         cluster.stop()
