@@ -53,6 +53,13 @@ class ProspectiveState:
     # out its election timeout and a whole fetch timeout again while the others, behind it,
     # cannot win.
     ask_again_ms: int = NEVER
+    # It granted the pre-vote of a voter with a lower id, which stands: this one does not, in
+    # this round. The followers of a leader gone silent time out within a jitter of each other;
+    # two that turn prospective a round trip apart grant each other's pre-votes, and both
+    # standing split the vote (each votes for itself): a wasted round of an election timeout.
+    # The one with the lower id stands (a voter with a newer log is never granted by an older
+    # one, so it is never yielded to); a round it fails ends at the election timer as any.
+    yielded: bool = False
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         return _grant_without_leader(self.voted_key, self.leader_id, candidate, up_to_date,

@@ -660,7 +660,8 @@ class RaftCore:
             self._rpcs.request_votes(now_ms, state.election, state.epoch, pre_vote=False)
 
     def _poll_prospective(self, now_ms: int, state: ProspectiveState) -> None:
-        if state.election.is_granted and not self._rpcs.epoch_exhausted(now_ms, state.epoch):
+        if state.election.is_granted and not state.yielded \
+                and not self._rpcs.epoch_exhausted(now_ms, state.epoch):
             self._quorum.to_candidate(now_ms, TransitionCause.PRE_VOTE_GRANTED)
         elif state.election.is_rejected or now_ms >= state.election_deadline_ms:
             self._lose_pre_vote(now_ms, state)

@@ -258,7 +258,7 @@ class QuorumRpcs:
             self._log.last_fetched_epoch(), self._log.end_offset)
         granted = self._can_grant_vote(candidate, up_to_date, request.pre_vote)
         if granted and request.pre_vote:
-            self._quorum.granted_pre_vote(now_ms)
+            self._quorum.granted_pre_vote(now_ms, candidate.id)
         state = self._quorum.state
         if granted and not request.pre_vote \
                 and isinstance(state, UnattachedState | ProspectiveState) \

@@ -194,12 +194,15 @@ class QuorumState:
         if isinstance(state, FollowerState) and peer == state.leader_id and self.is_voter:
             state.lost_leader_connection = True
 
-    def granted_pre_vote(self, now_ms: int) -> None:
-        """A pre-vote was granted: a follower puts its own round on a gone leader off by an
-        election timer (the candidate it granted goes first)."""
+    def granted_pre_vote(self, now_ms: int, candidate_id: int) -> None:
+        """A pre-vote was granted to ``candidate_id``: a follower puts its own round on a gone
+        leader off by an election timer, and a prospective with a higher id than the
+        candidate's stands down in this round (the candidate it granted goes first)."""
         state = self.state
         if isinstance(state, FollowerState):
             state.granted_pre_vote(self.election_deadline(now_ms))
+        elif isinstance(state, ProspectiveState) and candidate_id < self.local_key.id:
+            state.yielded = True
 
     def _count_gone_round(self, state: FollowerState) -> None:
         epoch, leader_id, rounds = self._gone_rounds

@@ -646,6 +646,51 @@ def test_prospective_grants_standard_vote_and_stays_prospective(make_ctx: MakeCt
     ctx.assert_persisted(2, voted=2)
 
 
+def _prospective_after_a_silent_leader(make_ctx: MakeCtx, local_id: int) -> RaftTestContext:
+    """``local_id`` of voters 1-3, following 3 in epoch 2, whose fetch timer has run out."""
+    ctx = make_ctx(local_id, [1, 2, 3], election_state=ElectionState(2, 3, None))
+    ctx.advance(FETCH_TIMEOUT)
+    assert ctx.state() is RaftState.PROSPECTIVE
+    return ctx
+
+
+def test_of_two_prospectives_granting_each_other_only_the_lower_id_stands(
+        make_ctx: MakeCtx) -> None:
+    """Not in the catalogue: the followers of a silent leader time out within a jitter of each
+    other, and two that ask a round trip apart grant each other's pre-votes. Both standing
+    would split the vote, each voting for itself, and cost an election timeout: the one that
+    granted a lower id's pre-vote stands down in this round, and votes for it."""
+    higher = _prospective_after_a_silent_leader(make_ctx, 2)
+    assert _vote(higher, 1, higher.vote_request(1, 2, 0, 0, pre_vote=True)).vote_granted is True
+    own = higher.take_request(VoteRequest, 1)
+    higher.deliver_response(own, higher.vote_response(True, 2))
+    assert higher.state() is RaftState.PROSPECTIVE  # a majority granted it, but it yielded
+    assert _vote(higher, 1, higher.vote_request(1, 3, 0, 0)).vote_granted is True
+    higher.assert_persisted(3, voted=1)
+
+    lower = _prospective_after_a_silent_leader(make_ctx, 1)
+    assert _vote(lower, 2, lower.vote_request(2, 2, 0, 0, pre_vote=True)).vote_granted is True
+    own = lower.take_request(VoteRequest, 2)
+    lower.deliver_response(own, lower.vote_response(True, 2))
+    assert lower.state() is RaftState.CANDIDATE
+    assert lower.core.epoch == 3
+
+
+def test_a_prospective_that_yielded_ends_its_round_at_the_election_timer(
+        make_ctx: MakeCtx) -> None:
+    """The lower id may fail to win (it stops, or is cut off): the round that stood down for it
+    ends as any round does, back to following the leader it knew, whose fetch timer runs
+    again."""
+    ctx = _prospective_after_a_silent_leader(make_ctx, 2)
+    assert _vote(ctx, 1, ctx.vote_request(1, 2, 0, 0, pre_vote=True)).vote_granted is True
+    ctx.deliver_response(ctx.take_request(VoteRequest, 1), ctx.vote_response(True, 2))
+    ctx.advance(T - 1)
+    assert ctx.state() is RaftState.PROSPECTIVE
+    ctx.advance(1)
+    assert ctx.state() is RaftState.FOLLOWER
+    assert ctx.core.epoch == 2
+
+
 def test_unattached_grants_standard_vote_once_per_epoch(make_ctx: MakeCtx) -> None:
     """Vote at most once per epoch: the first standard vote is durable, later ones for another
     candidate of the same epoch are rejected, the same candidate may ask again."""
