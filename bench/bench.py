@@ -67,6 +67,7 @@ from floor import measure_floor
 import quorum_node
 from quorum_node.cli.local_quorum import LocalCluster, LocalNode, prepare_local_cluster
 from quorum_node.node.config import Setting
+from quorum_node.raft.config import QuorumConfig
 
 CONCURRENCY = (64, 256)
 # The fast failover run: leader-loss detection set equal on both sides. A quorum follower starts
@@ -580,7 +581,8 @@ def print_floor(floor: dict[str, Any]) -> None:
           f"({floor['hops']})")
     print("  " + "; ".join(f"{name.replace('_', ' ')} p50 {part['p50']:.3f} ms, "
                            f"p99 {part['p99']:.3f} ms" for name, part in parts.items()))
-    print(f"  default detection: the quorum's fetch timeout 2000 ms (a killed leader's refused "
+    print(f"  default detection: the quorum's fetch timeout "
+          f"{QuorumConfig().fetch_timeout_ms} ms (a killed leader's refused "
           f"connections, at once), etcd's election timeout 1000 ms; the fast run sets both "
           f"timeouts to {FAST_DETECTION_MS} ms")
 

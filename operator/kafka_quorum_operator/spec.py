@@ -37,7 +37,7 @@ NODE_CONFIG_KEYS: Mapping[str, str] = {
     "snapshotIntervalRecords": "snapshot.interval.records",
     "snapshotRetainedLogRecords": "snapshot.retained.log.records",
 }
-DEFAULT_FETCH_TIMEOUT_MS = 2000  # the node's default; also the operator's "caught up" window
+DEFAULT_FETCH_TIMEOUT_MS = 1000  # the node's default; also the operator's "caught up" window
 # Certificates the operator issues: valid this long, issued again this long before they expire.
 DEFAULT_CERTIFICATE_DAYS = 90
 DEFAULT_RENEW_BEFORE_DAYS = 30

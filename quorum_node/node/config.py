@@ -476,12 +476,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Election timeout; each timer is drawn from [T, 2T).", shared=True),
     ConfigKey(_QUORUM_TIMING + "fetch.timeout.ms", ("quorum.fetch_timeout_ms",),
               "A follower that has not heard from its leader for this long starts an election "
-              "(at once when the leader's address refuses connections: its process is gone).",
+              "(at once when the leader's address refuses connections: its process is gone). "
+              "Kafka's default is 2000: this one is etcd's election timeout.",
               shared=True),
     ConfigKey(_QUORUM_TIMING + "election.backoff.max.ms", ("quorum.election_backoff_max_ms",),
               "Cap of the back-off before a resigned leader's successors campaign.", shared=True),
     ConfigKey(_QUORUM_TIMING + "request.timeout.ms", ("quorum.request_timeout_ms",),
-              "Timeout of a request to a peer (above the 500 ms fetch long-poll).", shared=True),
+              "Timeout of a request to a peer (above the fetch long-poll: 500 ms, at most a "
+              "quarter of the fetch timeout).", shared=True),
     ConfigKey(_QUORUM_TIMING + "retry.backoff.ms", ("quorum.retry_backoff_ms",),
               "Wait before retrying a failed request to a peer.", shared=True),
     ConfigKey(_QUORUM_TIMING + "append.linger.ms", ("quorum.append_linger_ms",),

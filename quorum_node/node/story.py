@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from quorum_node.node.voter_candidates import could_be_voter
+from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.quorum_state import RoleChanged, TransitionCause
 from quorum_node.raft.state import RaftState
 from quorum_node.raft.status import NodeStatus
@@ -54,7 +55,8 @@ _REASONS: dict[TransitionCause, str] = {
 
 class NodeStory:
     def __init__(self, status: Callable[[], NodeStatus], node_id: int, voter_ids: Sequence[int],
-                 bootstrap: str, *, fetch_timeout_ms: int = 2000,
+                 bootstrap: str, *,
+                 fetch_timeout_ms: int = QuorumConfig().fetch_timeout_ms,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``status``: the node's status now (its leader's rows say who fetches)."""
         self._status = status

@@ -1,4 +1,8 @@
-"""Timing configuration of the quorum, with Kafka's names and defaults (QuorumConfig)."""
+"""Timing configuration of the quorum, with Kafka's names and defaults (QuorumConfig), but for
+the fetch timeout: 1000 ms, as etcd's election timeout, against Kafka's 2000 ms. A leader that
+goes silent (paused, cut off) is lost after the fetch timeout whatever else the quorum does, and
+etcd's followers start an election after 1000 ms; an idle leader answers a parked Fetch four times
+a fetch timeout, so a follower still misses three answers before it campaigns."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ class QuorumConfig(BaseModel):
     # controller.quorum.election.timeout.ms: each timer is uniform in [T, 2T).
     election_timeout_ms: int = Field(1000, ge=1)
     # controller.quorum.fetch.timeout.ms: follower -> Prospective; check-quorum is 1.5x;
-    # BeginQuorumEpoch heartbeats every 0.5x.
-    fetch_timeout_ms: int = Field(2000, ge=2)
+    # BeginQuorumEpoch heartbeats every 0.5x. Kafka's default is 2000 (see above).
+    fetch_timeout_ms: int = Field(1000, ge=2)
     # controller.quorum.election.backoff.max.ms: cap of the EndQuorumEpoch successor back-off.
     election_backoff_max_ms: int = Field(1000, ge=0)
     # controller.quorum.request.timeout.ms
@@ -23,7 +27,8 @@ class QuorumConfig(BaseModel):
     retry_backoff_ms: int = Field(20, ge=0)
     # controller.quorum.append.linger.ms
     append_linger_ms: int = Field(25, ge=0)
-    # How long the leader parks a Fetch with nothing to return (Kafka: 500 ms).
+    # How long the leader parks a Fetch with nothing to return (Kafka: 500 ms), at most a
+    # quarter of the fetch timeout (long_poll_ms).
     fetch_max_wait_ms: int = Field(500, ge=0)
     # controller.quorum.high.watermark.linger.ms: how long a parked Fetch may wait for records
     # to carry along once the high watermark has moved. Kafka answers at once (0); a few ms
@@ -43,11 +48,12 @@ class QuorumConfig(BaseModel):
 
     @property
     def long_poll_ms(self) -> int:
-        """How long a Fetch may wait at the leader for records: fetch_max_wait_ms, and at most
-        half the fetch timeout, so that an idle leader's answer reaches its follower well inside
-        the fetch timer (a fetch timeout shorter than the long poll would expire while the
-        Fetch waits, and the follower would campaign against a live leader)."""
-        return min(self.fetch_max_wait_ms, self.fetch_timeout_ms // 2)
+        """How long a Fetch may wait at the leader for records: fetch_max_wait_ms, and at most a
+        quarter of the fetch timeout, so that an idle leader's answers reach its follower well
+        inside the fetch timer: a leader that stalls (a slow disk, a starved CPU) for less than
+        three quarters of the fetch timeout is not campaigned against. A fetch timeout shorter
+        than the long poll would expire while the Fetch waits, against a live leader."""
+        return min(self.fetch_max_wait_ms, self.fetch_timeout_ms // 4)
 
     @property
     def check_quorum_timeout_ms(self) -> int:

@@ -33,7 +33,7 @@ CHECKS = (*INVARIANTS, CORE_ERROR, BUSY_POLL, LIVENESS, NO_MINORITY_COMMIT)
 # Timings shorter than production, as in Kafka's simulation, for more protocol per event.
 SIM_CONFIG = QuorumConfig(
     election_timeout_ms=1000,
-    fetch_timeout_ms=2000,
+    fetch_timeout_ms=1000,
     election_backoff_max_ms=1000,
     request_timeout_ms=1000,
     retry_backoff_ms=50,

@@ -42,6 +42,8 @@ from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import Errors, ReplicaKey
 
 CLUSTER_ID = "test-cluster"
+# controller.quorum.fetch.timeout.ms as Kafka ships it, which the catalogue's tests count with.
+KAFKA_FETCH_TIMEOUT_MS = 2000
 
 RequestT = TypeVar("RequestT", bound=RaftRequest)
 
@@ -117,8 +119,10 @@ class RaftTestContext:
         append_batches(log, log_epochs)
         log.flush()
         # Kafka answers a parked Fetch as soon as the high watermark moves, and the catalogue's
-        # tests expect that; the linger has tests of its own.
+        # tests expect that; the linger has tests of its own. They count time with Kafka's fetch
+        # timeout too (the node's default is shorter: test_config).
         config.setdefault("high_watermark_linger_ms", 0)
+        config.setdefault("fetch_timeout_ms", KAFKA_FETCH_TIMEOUT_MS)
         quorum_config = QuorumConfig(**config)
         core = RaftCore(
             node_id=local_id,

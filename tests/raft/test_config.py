@@ -6,12 +6,15 @@ from pydantic import ValidationError
 from quorum_node.raft.config import QuorumConfig, VoterEndpoint, parse_quorum_voters
 
 
-def test_kafka_defaults() -> None:
+def test_kafka_defaults_but_a_fetch_timeout_of_etcds_election_timeout() -> None:
     config = QuorumConfig()
     assert (config.election_timeout_ms, config.fetch_timeout_ms, config.request_timeout_ms) == (
-        1000, 2000, 2000)
+        1000, 1000, 2000)
     assert (config.retry_backoff_ms, config.append_linger_ms) == (20, 25)
-    assert (config.check_quorum_timeout_ms, config.begin_quorum_interval_ms) == (3000, 1000)
+    assert (config.check_quorum_timeout_ms, config.begin_quorum_interval_ms) == (1500, 500)
+    # An idle leader answers four times a fetch timeout: a follower misses three answers first.
+    assert config.long_poll_ms == 250
+    assert QuorumConfig(fetch_timeout_ms=2000).long_poll_ms == 500  # Kafka's, at its timeout
 
 
 def test_long_poll_must_fit_in_the_request_timeout() -> None:

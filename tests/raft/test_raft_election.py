@@ -1,7 +1,8 @@
 """Elections, votes and pre-votes: catalogue items 1-22 of kraft-anchor.md section 7.2.
 
-Default timing (QuorumConfig defaults): election timeout T = 1000 ms (timers are exactly T, see
-``ZeroRandom``), fetch timeout 2000 ms, request timeout 2000 ms, retry back-off 20 ms.
+Timing (QuorumConfig defaults, but Kafka's fetch timeout, as ``context`` sets it): election
+timeout T = 1000 ms (timers are exactly T, see ``ZeroRandom``), fetch timeout 2000 ms, request
+timeout 2000 ms, retry back-off 20 ms.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A leader that is gone: a follower whose leader refused a connection asks for pre-votes before
 its fetch timeout (the rules and their reasons are in ``quorum_node/raft/follower.py``).
 
-Default timing (QuorumConfig defaults): election timeout T = 1000 ms (timers are exactly T, see
-``ZeroRandom``), fetch timeout 2000 ms, so a gone leader's first round waits a tenth of T per rank.
+Timing (QuorumConfig defaults, but Kafka's fetch timeout, as ``context`` sets it): election
+timeout T = 1000 ms (timers are exactly T, see ``ZeroRandom``), fetch timeout 2000 ms, so a gone
+leader's first round waits a tenth of T per rank.
 """
 
 from __future__ import annotations
