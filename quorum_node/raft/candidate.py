@@ -57,8 +57,9 @@ class ProspectiveState:
     # this round. The followers of a leader gone silent time out within a jitter of each other;
     # two that turn prospective a round trip apart grant each other's pre-votes, and both
     # standing split the vote (each votes for itself): a wasted round of an election timeout.
-    # The one with the lower id stands (a voter with a newer log is never granted by an older
-    # one, so it is never yielded to); a round it fails ends at the election timer as any.
+    # The one with the lower id stands: a voter grants pre-votes only to logs at least as new as
+    # its own, so the one it stands down for has one. A round it fails ends at the election
+    # timer as any.
     yielded: bool = False
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
