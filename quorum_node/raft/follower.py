@@ -88,6 +88,9 @@ class FollowerState:
     # our own waits for a pre-vote granted meanwhile (``deferred_until_ms``).
     lost_leader_connection: bool = False
     deferred_until_ms: int = 0
+    # The newest read barrier this leader's answers named: echoed in every fetch to it
+    # (``FetchRequest.read_barrier``).
+    read_barrier: int = 0
 
     @property
     def deadline_ms(self) -> int:

@@ -100,6 +100,7 @@ class FollowerFetcher:
             max_wait_ms=self._config.long_poll_ms, current_leader_epoch=self._quorum.epoch,
             fetch_offset=self._log.end_offset, last_fetch_epoch=self._log.last_fetched_epoch(),
             high_watermark=self._watermarks.high_watermark, max_bytes=self._config.fetch_max_bytes,
+            read_barrier=state.read_barrier if isinstance(state, FollowerState) else 0,
         ))
         return True
 
@@ -126,6 +127,7 @@ class FollowerFetcher:
         if problem is not None:
             self._outbox.drop_response(now_ms, source, problem)
             return
+        state.read_barrier = max(state.read_barrier, response.read_barrier)
         if response.snapshot_id is not None:
             self._transfer.begin_download(state, SnapshotId(response.snapshot_id.end_offset,
                                                             response.snapshot_id.epoch))

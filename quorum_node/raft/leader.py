@@ -50,12 +50,17 @@ class QuorumDescription:
 class ReadBarrier:
     """A linearizable read in progress (ReadIndex): once a majority of voters has fetched from
     this leader, in its epoch, after the barrier was taken, every write acknowledged before the
-    read began lies below ``read_index``. The core settles it with one ``ReadOutcome`` effect."""
+    read began lies below ``read_index``. The core settles it with one ``ReadOutcome`` effect.
+
+    "After" is what the fetch proves, not when it arrives: it echoes the newest barrier id the
+    leader's answers named (``FetchRequest.read_barrier``), so it was sent after an answer sent
+    after the barrier was taken. A fetch that arrives after the barrier but was sent before it
+    (held in the socket of a paused leader while its sender moved on to a newer epoch, whose
+    leader committed meanwhile) proves nothing. Barrier ids only grow."""
 
     id: int
     epoch: int
     read_index: int
-    fetch_sequence: int
     deadline_ms: int
 
 
@@ -108,7 +113,7 @@ class ReplicaProgress:
     leader_end_at_last_fetch: int = 0
     acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
     next_begin_quorum_ms: int = 0
-    last_fetch_sequence: int = 0  # the leader's fetch counter at this replica's last valid fetch
+    read_barrier_echoed: int = 0  # the newest read barrier its fetches in this epoch echoed
     directory_id: uuid.UUID | None = None  # as the replica reports it in its fetches
 
     def begin_quorum_due_ms(self, heartbeat_ms: int) -> int:
@@ -183,8 +188,13 @@ class LeaderState:
     fetched_voters: set[ReplicaKey] = field(default_factory=set)
     accumulator: BatchAccumulator = field(default_factory=BatchAccumulator)
     parked: list[ParkedFetch] = field(default_factory=list)
-    reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest sequence) first
-    fetch_sequence: int = 0  # counts valid fetches in this epoch, for read barriers
+    reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest id) first
+    newest_read_barrier: int = 0  # the id of the newest barrier taken: named in every answer
+
+    @property
+    def awaits_echo(self) -> int:
+        """The barrier id a fetch must echo to help confirm the reads waiting, 0 if none wait."""
+        return self.reads[-1].id if self.reads else 0
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         return False  # a leader of this epoch votes for nobody
@@ -238,10 +248,10 @@ class LeaderState:
         return ReplicaProgress()
 
     def record_fetch(self, now_ms: int, progress: ReplicaProgress, replica: ReplicaKey,
-                     offset: int, leader_end: int) -> None:
+                     offset: int, leader_end: int, *, read_barrier: int = 0) -> None:
         """A valid fetch at ``offset`` (what the replica has durably) while the leader's log
-        ends at ``leader_end``. Caught up (Kafka's rule): at the leader's end now, or at its end
-        as of the replica's previous fetch."""
+        ends at ``leader_end``, echoing ``read_barrier``. Caught up (Kafka's rule): at the
+        leader's end now, or at its end as of the replica's previous fetch."""
         if offset >= leader_end:
             progress.last_caught_up_ms = now_ms
         elif offset >= progress.leader_end_at_last_fetch and progress.last_fetch_ms is not None:
@@ -250,8 +260,9 @@ class LeaderState:
         progress.directory_id = replica.directory_id
         progress.last_fetch_ms = now_ms
         progress.leader_end_at_last_fetch = leader_end
-        self.fetch_sequence += 1
-        progress.last_fetch_sequence = self.fetch_sequence
+        # No more than was named: an echo beyond it was never heard from this leader.
+        progress.read_barrier_echoed = max(progress.read_barrier_echoed,
+                                           min(read_barrier, self.newest_read_barrier))
 
     def is_caught_up(self, key: ReplicaKey, now_ms: int, within_ms: int) -> bool:
         """Whether the observer ``key`` reached the leader's log end within ``within_ms``."""
@@ -325,10 +336,11 @@ class LeaderState:
     # --- read barriers -----------------------------------------------------------------------
 
     def begin_read(self, barrier_id: int, read_index: int, deadline_ms: int) -> ReadBarrier:
-        """A barrier confirmed by the fetches from now on (``read_index``: the high watermark)."""
-        barrier = ReadBarrier(barrier_id, self.epoch, read_index, self.fetch_sequence,
-                              deadline_ms)
+        """A barrier confirmed by the fetches that echo it (``read_index``: the high watermark;
+        ``barrier_id``: above every earlier one)."""
+        barrier = ReadBarrier(barrier_id, self.epoch, read_index, deadline_ms)
         self.reads.append(barrier)
+        self.newest_read_barrier = barrier_id
         return barrier
 
     def settle_reads(self, now_ms: int, local_key: ReplicaKey) -> list[ReadOutcome]:
@@ -337,16 +349,16 @@ class LeaderState:
         if not self.reads:
             return []
         needed = len(self.voters) // 2 + 1
-        sequences = sorted(
-            (self.fetch_sequence + 1 if key.matches(local_key)
-             else progress.last_fetch_sequence for key, progress in self.voters.items()),
+        echoed = sorted(
+            (self.newest_read_barrier if key.matches(local_key)
+             else progress.read_barrier_echoed for key, progress in self.voters.items()),
             reverse=True)
-        # The newest fetch sequence a majority has passed: barriers taken before it are confirmed.
-        confirmed_below = sequences[needed - 1]
+        # The newest barrier a majority has echoed: it and every earlier one are confirmed.
+        confirmed_to = echoed[needed - 1]
         settled: list[ReadOutcome] = []
         keep: list[ReadBarrier] = []
         for barrier in self.reads:
-            if barrier.fetch_sequence < confirmed_below:
+            if barrier.id <= confirmed_to:
                 settled.append(ReadConfirmed(barrier.id, barrier.read_index))
             elif now_ms >= barrier.deadline_ms:
                 settled.append(ReadTimedOut(barrier.id))

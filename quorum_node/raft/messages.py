@@ -115,6 +115,10 @@ class FetchRequest(Message):
     last_fetch_epoch: Epoch
     high_watermark: Int64 | None = None  # the follower's, so a newer one is answered at once
     max_bytes: Int32 = 8 * 1024 * 1024
+    # Not Kafka's (it serves no linearizable reads): the newest read barrier (ReadIndex) this
+    # leader's answers named, echoed back, so the fetch is known to be sent after that barrier
+    # was taken (one sent before, held up in a paused process, must not confirm it).
+    read_barrier: Int64 = 0
 
 
 class SnapshotIdField(Message):
@@ -132,6 +136,8 @@ class FetchResponse(Message):
     diverging_epoch: EpochEndOffset | None = None
     # KIP-630: the fetch offset lies below the leader's log start: fetch this snapshot instead.
     snapshot_id: SnapshotIdField | None = None
+    # The newest read barrier the leader had taken when it answered (FetchRequest.read_barrier).
+    read_barrier: Int64 = 0
 
 
 class FetchSnapshotRequest(Message):

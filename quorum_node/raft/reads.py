@@ -2,9 +2,10 @@
 
 A read takes a barrier at the leader's high watermark; it is confirmed once a majority of voters
 (this leader included) has fetched after it was taken (no other leader can have been elected by
-then), times out at its deadline, or is abandoned with the leadership. The barriers themselves
-are the ``LeaderState``'s (``begin_read``, ``settle_reads``, ``abandon_reads``); this room numbers
-them, hurries the confirming fetches along and hands the outcomes to the ``Outbox``.
+then: each fetch proves it by echoing the barrier, ``ReadBarrier``), times out at its deadline,
+or is abandoned with the leadership. The barriers themselves are the ``LeaderState``'s
+(``begin_read``, ``settle_reads``, ``abandon_reads``); this room numbers them, hurries the
+confirming fetches along and hands the outcomes to the ``Outbox``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ class LinearizableReads:
         """A barrier at the high watermark, settled by a ``ReadOutcome`` effect; None while the
         leader has no high watermark yet (its LeaderChange is not committed).
 
-        Parked fetches are answered at once so that followers fetch again right away: their next
-        fetches are what confirm that this replica is still the leader."""
+        Parked fetches are answered at once, naming the barrier, so that followers fetch again
+        right away: their next fetches, echoing it, are what confirm that this replica is still
+        the leader."""
         if leader.high_watermark is None:
             return None
         self._next_read_id += 1
@@ -38,7 +40,7 @@ class LinearizableReads:
         return barrier
 
     def settle(self, now_ms: int, leader: LeaderState) -> None:
-        """Confirm the barriers a majority has fetched after; time out the late ones."""
+        """Confirm the barriers a majority has echoed; time out the late ones."""
         self._outbox.effects.reads.extend(leader.settle_reads(now_ms, self._local_key))
 
     def abandon(self, leader: LeaderState, leader_id: int | None, epoch: int) -> None:

@@ -113,19 +113,25 @@ class LeaderReplication:
             self.note_contact(now_ms, state, replica)
             return self.fetch_response(
                 Errors.NONE, high_watermark=state.high_watermark,
+                read_barrier=state.newest_read_barrier,
                 snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
         diverging = self.validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
             return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                       read_barrier=state.newest_read_barrier,
                                        diverging_epoch=diverging)
 
-        self.record_fetch(now_ms, state, replica, request.fetch_offset)
+        self.record_fetch(now_ms, state, replica, request)
         self.advance_high_watermark(now_ms)
         response = self.valid_fetch_response(state, request)
         newer_hwm = state.high_watermark is not None and (
             request.high_watermark is None or state.high_watermark > request.high_watermark)
         linger = self._config.high_watermark_linger_ms
-        if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0):
+        # A read waits for an echo this fetch does not carry: the answer names the barrier, and
+        # the fetch that follows it confirms the read.
+        unechoed = request.read_barrier < state.awaits_echo
+        if response.records or request.max_wait_ms == 0 or (newer_hwm and linger == 0) \
+                or unechoed:
             return response
         wait = min(request.max_wait_ms, self._config.long_poll_ms)
         if newer_hwm:
@@ -159,6 +165,7 @@ class LeaderReplication:
     def valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self._config.fetch_max_bytes)
         return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
+                                   read_barrier=state.newest_read_barrier,
                                    records=self._log.read(request.fetch_offset, max_bytes))
 
     def note_contact(self, now_ms: int, state: LeaderState,
@@ -169,9 +176,10 @@ class LeaderReplication:
                                   protected=self._voter_changes.adding)
 
     def record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
-                     offset: int) -> None:
+                     request: FetchRequest) -> None:
         progress = self.note_contact(now_ms, state, replica)
-        state.record_fetch(now_ms, progress, replica, offset, self._log.end_offset)
+        state.record_fetch(now_ms, progress, replica, request.fetch_offset, self._log.end_offset,
+                           read_barrier=request.read_barrier)
 
     def advance_high_watermark(self, now_ms: int) -> bool:
         """Raise the leader's high watermark to the offset a majority of voters holds, but only

@@ -289,6 +289,7 @@ class RaftTestContext:
         high_watermark: int | None = None,
         cluster_id: str | None = CLUSTER_ID,
         directory_id: uuid.UUID | None = None,
+        read_barrier: int = 0,
     ) -> FetchRequest:
         return FetchRequest(
             cluster_id=cluster_id,
@@ -299,6 +300,7 @@ class RaftTestContext:
             fetch_offset=fetch_offset,
             last_fetch_epoch=last_fetch_epoch,
             high_watermark=high_watermark,
+            read_barrier=read_barrier,
         )
 
     def begin_quorum_request(

@@ -10,7 +10,7 @@ import pytest
 
 from quorum_node.raft.core import ReadAbandoned, ReadConfirmed, ReadOutcome, ReadTimedOut
 from quorum_node.raft.messages import FetchRequest, FetchResponse
-from quorum_node.raft.state import RaftState
+from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError
 
 if TYPE_CHECKING:
@@ -38,21 +38,56 @@ def _read_outcomes(ctx: RaftTestContext) -> list[ReadOutcome]:
     return [outcome for effects in ctx.history for outcome in effects.reads]
 
 
-def test_read_barrier_needs_a_fetch_from_a_majority_after_it(make_ctx: MakeCtx) -> None:
+def test_read_barrier_needs_a_fetch_from_a_majority_sent_after_it(make_ctx: MakeCtx) -> None:
     ctx = _leader_with_hwm(make_ctx)
     parked = ctx.fetch_request(2, 1, 1, 1, high_watermark=1)
     assert ctx.deliver_request(2, parked) == []  # parked: nothing new
     barrier = ctx.core.begin_read(ctx.now_ms, 1000)
     ctx.collect()
     assert barrier is not None and barrier.read_index == 1
-    # Taking the barrier releases the parked fetch, so that the follower fetches again now.
-    assert [r.error_code for r in ctx.take_responses(2)] == [0]
+    # Taking the barrier releases the parked fetch, so that the follower fetches again now; the
+    # answer names the barrier.
+    assert [(r.error_code, r.read_barrier) for r in ctx.take_responses(2)] == [(0, barrier.id)]
     # Fetches that happened before the barrier do not confirm it.
     assert _read_outcomes(ctx) == []
-    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0))
+    # Nor does one that arrives after it without its echo: it may have been sent before (held
+    # up in a paused leader's socket while its sender moved on). It is answered at once, not
+    # parked, naming the barrier.
+    unechoed = ctx.deliver_request(3, ctx.fetch_request(3, 1, 1, 1, high_watermark=1))
+    assert [r.read_barrier for r in unechoed if isinstance(r, FetchResponse)] == [barrier.id]
+    assert _read_outcomes(ctx) == []
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0, read_barrier=barrier.id))
     assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
-    _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0))
+    _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0, read_barrier=barrier.id))
     assert len(_read_outcomes(ctx)) == 1  # settled once
+
+
+def test_an_echo_of_a_barrier_never_named_confirms_nothing(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
+    assert barrier is not None
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0, read_barrier=barrier.id + 1))
+    later = ctx.core.begin_read(ctx.now_ms, 1000)
+    ctx.collect()
+    assert later is not None
+    # The echo counted as far as the barrier named then, not as far as it claimed.
+    assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
+
+
+def test_a_follower_echoes_the_barrier_its_leader_named_in_this_epoch_only(
+    make_ctx: MakeCtx,
+) -> None:
+    ctx = make_ctx(1, [1, 2, 3], election_state=ElectionState(2, 2, None))
+    fetch = ctx.take_request(FetchRequest, 2)
+    assert isinstance(fetch.message, FetchRequest) and fetch.message.read_barrier == 0
+    answer = ctx.fetch_response(2, 2).model_copy(update={"read_barrier": 7})
+    ctx.deliver_response(fetch, answer)
+    fetch = ctx.take_request(FetchRequest, 2)
+    assert isinstance(fetch.message, FetchRequest) and fetch.message.read_barrier == 7
+    # A new leader's barriers are numbered by it: nothing of the old one's is echoed to it.
+    ctx.deliver_request(3, ctx.begin_quorum_request(3, 3))
+    fetch = ctx.take_request(FetchRequest, 3)
+    assert isinstance(fetch.message, FetchRequest) and fetch.message.read_barrier == 0
 
 
 def test_read_barrier_waits_for_the_leaders_own_commit(make_ctx: MakeCtx) -> None:

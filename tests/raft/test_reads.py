@@ -35,7 +35,7 @@ def test_a_read_waits_for_the_high_watermark_and_settles_on_a_majority(
     rooms.reads.settle(60, leader)
     assert rooms.outbox.take().reads == [ReadTimedOut(2)]
     second = next(key for key in leader.voters if key.id == 2)
-    leader.voters[second].last_fetch_sequence = leader.fetch_sequence + 1
+    leader.voters[second].read_barrier_echoed = first.id  # a fetch sent after the first answer
     rooms.reads.settle(70, leader)
     assert rooms.outbox.take().reads == [ReadConfirmed(1, 4)]
     third = rooms.reads.begin(80, leader, 100)

@@ -38,11 +38,12 @@ def leader(voter_ids: tuple[int, ...] = (1, 2, 3)) -> LeaderState:
                        voters={KEYS[i]: ReplicaProgress() for i in voter_ids})
 
 
-def fetched(state: LeaderState, node_id: int, offset: int, now_ms: int = 100) -> None:
+def fetched(state: LeaderState, node_id: int, offset: int, now_ms: int = 100, *,
+            read_barrier: int = 0) -> None:
     key = KEYS[node_id]
     progress = state.note_contact(now_ms, key, local_key=LOCAL, counts_itself=True,
                                   check_quorum_timeout_ms=3_000, protected=None)
-    state.record_fetch(now_ms, progress, key, offset, leader_end=20)
+    state.record_fetch(now_ms, progress, key, offset, leader_end=20, read_barrier=read_barrier)
 
 
 # --- whom each role votes for (KIP-595, KIP-996 and KAFKA-17641 as Kafka ships them) ----------
@@ -133,11 +134,13 @@ def test_a_replica_is_caught_up_at_the_leaders_end_then_or_as_of_its_previous_fe
     assert not state.is_caught_up(KEYS[4], 151, within_ms=50)
 
 
-def test_a_read_barrier_is_confirmed_by_a_majority_fetching_after_it() -> None:
+def test_a_read_barrier_is_confirmed_by_a_majority_echoing_it() -> None:
     state = leader()
     barrier = state.begin_read(7, read_index=12, deadline_ms=500)
     assert state.settle_reads(100, LOCAL) == []
-    fetched(state, 2, 12, now_ms=120)
+    fetched(state, 2, 12, now_ms=110)  # arrived after the barrier, but may be sent before it
+    assert state.settle_reads(110, LOCAL) == []
+    fetched(state, 2, 12, now_ms=120, read_barrier=barrier.id)
     assert state.settle_reads(120, LOCAL) == [ReadConfirmed(barrier.id, 12)]
     state.begin_read(8, read_index=12, deadline_ms=500)
     assert state.settle_reads(500, LOCAL) == [ReadTimedOut(8)]
