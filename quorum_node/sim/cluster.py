@@ -1,5 +1,5 @@
 """The simulated cluster: nodes, message routing between them over the network, and the fault
-verbs scenarios use (kill, restart, graceful shutdown, partitions, disk loss).
+verbs scenarios use (kill, restart, graceful shutdown, pause, partitions, disk loss).
 
 What a sender learns of a peer's death is what TCP tells it: a request to a process that is
 gone is refused (``RequestFailure.REFUSED``: nothing listens at its address), and the requests
@@ -183,6 +183,17 @@ class Cluster:
 
     def shutdown(self, node_id: int) -> None:
         self.nodes[node_id].shutdown(GRACEFUL_SHUTDOWN_TIMEOUT_MS)
+
+    def pause(self, node_id: int) -> None:
+        """Stop the process (SIGSTOP): its connections stay open, what reaches it waits."""
+        self.nodes[node_id].pause()
+
+    def resume(self, node_id: int) -> None:
+        self.nodes[node_id].resume()
+
+    def resume_all(self) -> None:
+        for node in self.nodes.values():
+            node.resume()
 
     def isolate(self, node_id: int) -> None:
         self.network.isolate(node_id, self.nodes)

@@ -9,13 +9,21 @@ simulated disk for the node's files.
 The disk outlives the process. A hard kill throws away whatever was not flushed (and snapshot
 downloads in progress); a restart builds a fresh core and state machine from what is on the disk,
 as a real restart would. A wiped disk comes back empty under a new directory id.
+
+A paused process (SIGSTOP, a long garbage collection, a starved VM) takes no input: what reaches
+it (messages, answers, its own timers, flushes done, clients' reads) waits, and on resume it
+finds every socket and timer ready at once. Each source (a peer's connection, a client's, the
+disk, the timer) gives its inputs in the order they came, and the sources take turns in random
+order, one input each, as an event loop serves its ready sockets. Nothing it held is lost: its
+peers' requests were sent long ago, in whatever epoch they were in then.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from quorum_node.kv.machine import KvMachine, check_snapshot_records
@@ -26,6 +34,7 @@ from quorum_node.raft.core import (
     OutboundResponse,
     QuorumDescription,
     RaftCore,
+    ReadBarrier,
     ReadOutcome,
     VoterChangeDone,
 )
@@ -160,6 +169,12 @@ class SimNode:
         self.touched = True
         # The role changes its cores reported, until the invariant checker takes them.
         self.role_changes: list[RoleChanged] = []
+        # While the process is paused: what reached it meanwhile, by source, handled on resume.
+        self._held_inputs: dict[Hashable, list[Callable[[], None]]] | None = None
+        # The readers waiting for a read barrier of this process's core, by barrier id, and the
+        # outcomes that came before their reader was known (a lone voter confirms at once).
+        self._readers: dict[int, Callable[[ReadOutcome], None]] = {}
+        self._early_reads: dict[int, ReadOutcome] = {}
 
     @property
     def alive(self) -> bool:
@@ -169,6 +184,10 @@ class SimNode:
     def driver(self) -> CoreDriver | None:
         """What drives the running process's core (None while the node is down)."""
         return self._driver
+
+    @property
+    def paused(self) -> bool:
+        return self._held_inputs is not None
 
     @property
     def shutting_down(self) -> bool:
@@ -260,8 +279,44 @@ class SimNode:
 
         self._loop.after(0, check)
 
+    def pause(self) -> None:
+        """Stop the process where it is (SIGSTOP): it takes no input until ``resume``."""
+        if self.core is not None and self._held_inputs is None:
+            self._held_inputs = {}
+
+    def resume(self) -> None:
+        """Go on (SIGCONT): what reached the process meanwhile is handled, each input its own
+        event: in turns, each source's next input in a random order of the sources."""
+        held, self._held_inputs = self._held_inputs, None
+        queues = list((held or {}).items())
+        incarnation = self.incarnation
+        while queues:
+            self._rng.shuffle(queues)
+            for source, queue in queues:
+                self._loop.after(0, functools.partial(self._run_held, incarnation, source,
+                                                      queue.pop(0)))
+            queues = [(source, queue) for source, queue in queues if queue]
+
+    def _run_held(self, incarnation: int, source: Hashable,
+                  action: Callable[[], None]) -> bool:
+        if self.incarnation != incarnation:
+            return False
+        self._input(source, action)  # paused again meanwhile: held again
+        return True
+
+    def _input(self, source: Hashable, action: Callable[[], None]) -> None:
+        """Hand ``action``, from ``source``, to the process now, or on resume while it is
+        paused."""
+        if self._held_inputs is not None:
+            self._held_inputs.setdefault(source, []).append(action)
+        else:
+            action()
+
     def _new_process(self) -> None:
         self.touched = True
+        self._held_inputs = None  # a process killed while paused never handles what it held
+        self._readers.clear()
+        self._early_reads.clear()
         self.incarnation += 1
         self._flushing = False
         self._poll_token += 1
@@ -272,20 +327,42 @@ class SimNode:
 
     # -- inputs -------------------------------------------------------------------------------
     def handle_request(self, source: int, correlation_id: int, request: RaftRequest) -> None:
-        if self._driver is not None:
-            self.touched = True
-            self._driver.handle_request(source, correlation_id, request)
+        self._input(("peer", source), lambda: self._drive(
+            lambda driver: driver.handle_request(source, correlation_id, request)))
 
     def handle_response(self, source: int, correlation_id: int, response: RaftResponse) -> None:
-        if self._driver is not None:
-            self.touched = True
-            self._driver.handle_response(source, correlation_id, response)
+        self._input(("peer", source), lambda: self._drive(
+            lambda driver: driver.handle_response(source, correlation_id, response)))
 
     def handle_request_failure(self, destination: int, correlation_id: int,
                                failure: RequestFailure) -> None:
+        self._input(("peer", destination), lambda: self._drive(
+            lambda driver: driver.handle_request_failure(destination, correlation_id, failure)))
+
+    def _drive(self, call: Callable[[CoreDriver], None]) -> None:
         if self._driver is not None:
             self.touched = True
-            self._driver.handle_request_failure(destination, correlation_id, failure)
+            call(self._driver)
+
+    def read(self, timeout_ms: int, reader: Callable[[ReadOutcome], None]) -> None:
+        """A client's linearizable read (ReadIndex) sent to this process: ``reader`` gets the
+        barrier's outcome once the core settles it; nothing if the process is no leader, or
+        dies first (the client's connection fails)."""
+        self._input(("client", reader), lambda: self._begin_read(timeout_ms, reader))
+
+    def _begin_read(self, timeout_ms: int, reader: Callable[[ReadOutcome], None]) -> None:
+        try:
+            barrier: ReadBarrier | None = self._request(
+                lambda c: c.begin_read(self._loop.now_ms, timeout_ms))
+        except NotLeaderError:
+            return
+        if barrier is None:
+            return
+        early = self._early_reads.pop(barrier.id, None)
+        if early is not None:
+            reader(early)
+        else:
+            self._readers[barrier.id] = reader
 
     def propose(self, records: Sequence[Record]) -> tuple[int, int] | None:
         """Offer records to the core; None if it is not the leader (or failed)."""
@@ -321,9 +398,10 @@ class SimNode:
 
     def _request(self, request: Callable[[RaftCore], T]) -> T | None:
         """Call the core for a client or an administrator: what it answers, None if the node is
-        down or the core failed. The refusals a caller must expect are raised to it."""
+        down or the core failed (or paused: the caller gives up). The refusals a caller must
+        expect are raised to it."""
         driver = self._driver
-        if driver is None or not driver.driving:
+        if driver is None or not driver.driving or self.paused:
             return None
         self.touched = True
         try:
@@ -343,7 +421,8 @@ class SimNode:
         machine = self.state_machine
         end = machine.next_offset
         latest = self.snapshots.latest()
-        if (core is None or end == 0 or (latest is not None and latest.end_offset >= end)
+        if (core is None or self.paused or end == 0
+                or (latest is not None and latest.end_offset >= end)
                 or end - 1 < self.log.start_offset):
             return None
         plan = machine.plan_snapshot(read_batch_header(self.log.read(end - 1, 1)),
@@ -386,16 +465,21 @@ class SimNode:
         self._flushing = True
         incarnation = self.incarnation
 
-        def complete() -> bool:
+        def complete() -> None:
             driver = self._driver
             if self.incarnation != incarnation or driver is None:
-                return False
+                return
             self._flushing = False
             self.touched = True
             driver.handle_flushed(self.log.flush())
+
+        def done() -> bool:
+            if self.incarnation != incarnation:
+                return False
+            self._input("disk", complete)
             return True
 
-        self._loop.after(self._rng.randint(MIN_FLUSH_MS, MAX_FLUSH_MS), complete)
+        self._loop.after(self._rng.randint(MIN_FLUSH_MS, MAX_FLUSH_MS), done)
 
     def role_changed(self, change: RoleChanged) -> None:
         self.role_changes.append(change)
@@ -410,7 +494,11 @@ class SimNode:
         self._host.voter_change_done(self, done)
 
     def read_settled(self, outcome: ReadOutcome) -> None:
-        pass  # the simulated clients take no read barriers
+        reader = self._readers.pop(outcome.barrier_id, None)
+        if reader is not None:
+            reader(outcome)
+        else:
+            self._early_reads[outcome.barrier_id] = outcome
 
     def stepped(self) -> None:
         core = self.core
@@ -433,15 +521,19 @@ class SimNode:
         self._poll_token += 1
         token = self._poll_token
 
-        def poll() -> bool:
+        def poll() -> None:
             driver = self._driver
-            if token != self._poll_token or driver is None:
+            if token == self._poll_token and driver is not None:
+                self.touched = True
+                driver.poll()
+
+        def due() -> bool:
+            if token != self._poll_token or self._driver is None:
                 return False
-            self.touched = True
-            driver.poll()
+            self._input("timer", poll)
             return True
 
-        self._loop.at(at_ms, poll)
+        self._loop.at(at_ms, due)
 
     def core_failed(self, error: Exception) -> None:
         self._monitor.core_failed(self.node_id, error)

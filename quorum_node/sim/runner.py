@@ -89,6 +89,7 @@ def run_seed(
     for node_id in sim.cluster.nodes:
         sim.at(rng.randint(0, START_SPREAD_MS), partial(sim.cluster.start, node_id))
     sim.workload.start()
+    sim.readers.start()
     sim.operator.start()
     if rng.random() < COMPACTING_SHARE:
         sim.compaction.start()

@@ -115,6 +115,24 @@ def leader_partition(sim: Simulation) -> None:
     _then_at_leader(sim, sim.rng.randint(1500, 4000), isolate)
 
 
+def leader_pause(sim: Simulation) -> None:
+    """Pause the leader past the fetch timeout: the others elect a successor and commit; the old
+    leader, resumed, handles at once the reads that queued up meanwhile and the Fetches its
+    followers sent before they moved on, and must confirm none of those reads."""
+
+    def pause(leader: SimNode) -> None:
+        now = sim.now_ms
+        sim.cluster.pause(leader.node_id)
+        resume_at = now + _partition_ms(sim, 3000, 5000)
+        expect_commit_since(sim, now, resume_at)
+        # Once its successor has committed: a read the old leader must not confirm.
+        sim.at(resume_at - 1, partial(sim.readers.read_at, leader))
+        sim.at(resume_at, partial(sim.cluster.resume, leader.node_id))
+        expect_recovery(sim, resume_at, RECOVERY_WINDOW_MS)
+
+    _then_at_leader(sim, sim.rng.randint(1500, 4000), pause)
+
+
 def majority_split(sim: Simulation) -> None:
     cluster = sim.cluster
 
@@ -376,6 +394,7 @@ class _RandomFaults:
             (self.kill, 3.0),
             (self.shutdown_leader, 1.0),
             (self.restart, 4.0),
+            (self.pause, 1.5),
             (self.isolate, 2.0),
             (self.split, 1.5),
             (cluster.heal, 3.0),
@@ -408,6 +427,15 @@ class _RandomFaults:
         if dead:
             self._cluster.start(self._rng.choice(dead))
 
+    def pause(self) -> None:
+        """Pause a node (the leader half the time) for up to a few fetch timeouts."""
+        leader = self._cluster.leader()
+        node_id = leader.node_id if leader is not None and self._rng.random() < 0.5 \
+            else self._rng.choice(list(self._cluster.nodes))
+        self._cluster.pause(node_id)
+        self._sim.at(self._sim.now_ms + self._rng.randint(100, 4000),
+                     partial(self._cluster.resume, node_id))
+
     def isolate(self) -> None:
         self._cluster.isolate(self._rng.choice(list(self._cluster.nodes)))
 
@@ -432,6 +460,7 @@ class _RandomFaults:
 
     def heal_everything(self) -> None:
         self._cluster.heal()
+        self._cluster.resume_all()
         network = self._cluster.network
         network.drop_probability = network.duplicate_probability = 0.0
         self._cluster.start_all()
@@ -450,9 +479,9 @@ def _schedule_drawn(sim: Simulation, weighted: list[tuple[Callable[[], None], fl
 
 
 def random_faults(sim: Simulation) -> None:
-    """Kills, graceful shutdowns, restarts, partitions, message loss and duplication, lost disks
-    and voter changes (valid or not) at random for a while, mostly keeping a majority of voters
-    up; then everything heals and the operator completes the replacement of lost disks."""
+    """Kills, graceful shutdowns, restarts, pauses, partitions, message loss and duplication, lost
+    disks and voter changes (valid or not) at random for a while, mostly keeping a majority of
+    voters up; then everything heals and the operator completes the replacement of lost disks."""
     faults = _RandomFaults(sim)
     faults_end = sim.rng.randint(10_000, 20_000)
     _schedule_drawn(sim, faults.weighted(), faults_end)
@@ -500,6 +529,13 @@ SCENARIOS: dict[str, Scenario] = {
             voters=(3, 5),
             observers=(0, 1),
             script=leader_partition,
+        ),
+        Scenario(
+            "leader_pause",
+            "pause the leader past the fetch timeout, resume it later",
+            voters=(3, 5),
+            observers=(0, 1),
+            script=leader_pause,
         ),
         Scenario(
             "majority_split",

@@ -21,6 +21,7 @@ from quorum_node.sim.events import EventLoop
 from quorum_node.sim.forgery import Forger
 from quorum_node.sim.invariants import INVARIANTS, InvariantChecker
 from quorum_node.sim.node import CoreFactory
+from quorum_node.sim.reads import LINEARIZABLE_READ, Readers
 from quorum_node.sim.violation import Violation
 from quorum_node.sim.workload import Workload
 
@@ -28,9 +29,10 @@ CORE_ERROR = "CoreError"
 LIVENESS = "Liveness"
 NO_MINORITY_COMMIT = "NoMinorityCommit"
 BUSY_POLL = "BusyPoll"
-CHECKS = (*INVARIANTS, CORE_ERROR, BUSY_POLL, LIVENESS, NO_MINORITY_COMMIT)
+CHECKS = (*INVARIANTS, LINEARIZABLE_READ, CORE_ERROR, BUSY_POLL, LIVENESS, NO_MINORITY_COMMIT)
 
-# Timings shorter than production, as in Kafka's simulation, for more protocol per event.
+# Timings no longer than production's, most shorter, as in Kafka's simulation, for more protocol
+# per event.
 SIM_CONFIG = QuorumConfig(
     election_timeout_ms=1000,
     fetch_timeout_ms=1000,
@@ -91,6 +93,7 @@ class Simulation:
             max_interval_ms=propose_interval_ms[1],
         )
         self.checker = InvariantChecker(self.cluster, self.workload.proposed_at, self.fail)
+        self.readers = Readers(self.cluster, rng, lambda: self.checker.committed_end, self.fail)
         # Scenario-specific checks that run after every event while they are installed.
         self.watches: list[Callable[[], None]] = []
 

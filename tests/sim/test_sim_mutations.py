@@ -17,7 +17,7 @@ import pytest
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import Effects, OutboundResponse, RaftCore
 from quorum_node.raft.log import MemoryLog, RaftLog
-from quorum_node.raft.messages import RaftRequest, RaftResponse, VoteResponse
+from quorum_node.raft.messages import FetchRequest, RaftRequest, RaftResponse, VoteResponse
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
 from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
@@ -33,6 +33,7 @@ from quorum_node.sim.invariants import (
     SINGLE_LEADER,
 )
 from quorum_node.sim.node import CoreFactory
+from quorum_node.sim.reads import LINEARIZABLE_READ
 from quorum_node.sim.runner import first_violation
 from quorum_node.sim.simulation import CORE_ERROR, LIVENESS, NO_MINORITY_COMMIT
 
@@ -152,6 +153,18 @@ class Mute(RaftCore):
         return effects
 
 
+class TrustsEveryFetch(RaftCore):
+    """Takes every Fetch for one sent after its newest read barrier: confirms reads by when a
+    fetch arrives, not by what it echoes (a fetch held up in a paused leader's socket, sent
+    before its sender moved on to a newer epoch, then confirms a stale read)."""
+
+    def handle_request(self, now_ms: int, source: int, correlation_id: int,
+                       request: RaftRequest) -> None:
+        if isinstance(request, FetchRequest):
+            request = request.model_copy(update={"read_barrier": 2**62})
+        super().handle_request(now_ms, source, correlation_id, request)
+
+
 def corrupts_replicated_data(
     *,
     node_id: int,
@@ -222,6 +235,7 @@ def _first_violation(factory: CoreFactory, check: str, scenario: str, seeds: int
         (CommitsOnAppend, NO_MINORITY_COMMIT, "majority_split", 20),
         (SkipsFsync, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 3),
         (corrupts_replicated_data, CONSISTENT_COMMITTED_DATA, "initial_election", 5),
+        (TrustsEveryFetch, LINEARIZABLE_READ, "leader_pause", 20),
         (CrashesLater, CORE_ERROR, "initial_election", 1),
         (Mute, LIVENESS, "initial_election", 1),
     ],
