@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from quorum_node.raft.config import QuorumConfig
+
 DEFAULT_IMAGE = "ghcr.io/quorum-node/quorum-node:0.1.0"
 DEFAULT_PORT = 9093  # the client listener: client and admin APIs, probes, metrics
 DEFAULT_CONTROLLER_PORT = 9094  # the controller listener: peer RPCs only
@@ -37,7 +39,8 @@ NODE_CONFIG_KEYS: Mapping[str, str] = {
     "snapshotIntervalRecords": "snapshot.interval.records",
     "snapshotRetainedLogRecords": "snapshot.retained.log.records",
 }
-DEFAULT_FETCH_TIMEOUT_MS = 1000  # the node's default; also the operator's "caught up" window
+# The node's default (one source of it); also the operator's "caught up" window.
+DEFAULT_FETCH_TIMEOUT_MS = QuorumConfig().fetch_timeout_ms
 # Certificates the operator issues: valid this long, issued again this long before they expire.
 DEFAULT_CERTIFICATE_DAYS = 90
 DEFAULT_RENEW_BEFORE_DAYS = 30
