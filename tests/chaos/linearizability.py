@@ -138,6 +138,7 @@ class Operation:
     result: Result = None
     client: int = 0
     txn: TxnCall | None = None
+    answer: str = ""  # what a node answered one not ok (the code, or the connection's error)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -155,7 +156,7 @@ class Operation:
         else:
             call = f"delete({self.key!r})"
         if self.outcome is not Outcome.OK:
-            answer = f" ({self.outcome.value})"
+            answer = f" ({self.outcome.value}{': ' + self.answer if self.answer else ''})"
         elif isinstance(self.result, TxnReply):
             answer = (f" -> {'succeeded' if self.result.succeeded else 'failed'} "
                       f"{list(self.result.responses)!r}")
@@ -654,14 +655,31 @@ class Recorder:
 
 def finished(kind: Kind, key: str, invoked: float, outcome: Outcome, *, client: int = 0,
              value: Value = None, expected: Value = None, result: Result = None,
-             completed: float | None = None, txn: TxnCall | None = None) -> Operation:
+             completed: float | None = None, txn: TxnCall | None = None,
+             answer: str = "") -> Operation:
     """An operation that ends now (``completed`` defaults to the monotonic clock's now; an
     unknown outcome has no completion)."""
     if outcome is Outcome.UNKNOWN:
         end: float | None = None
     else:
         end = time.monotonic() if completed is None else completed
-    return Operation(kind, key, invoked, end, outcome, value, expected, result, client, txn)
+    return Operation(kind, key, invoked, end, outcome, value, expected, result, client, txn,
+                     answer)
+
+
+def around(violation: Violation, history: Iterable[Operation], *, seconds_before: float = 2.0,
+           limit: int = 150) -> list[Operation]:
+    """The operations on the violation's keys, failed ones included (the search leaves them
+    out, and one wrongly failed is a likely culprit), from ``seconds_before`` before the
+    blocking one was called until it returned, in the order they were called: what a reader of
+    a violation needs beside its explanation."""
+    keys = set(violation.key.split("+"))
+    start = violation.blocking.invoked - seconds_before
+    end = violation.blocking.completed or violation.blocking.invoked
+    found = sorted((op for op in history if keys & set(op.keys) and op.invoked <= end
+                    and (op.completed is None or op.completed >= start)),
+                   key=lambda op: op.invoked)
+    return found[-limit:]
 
 
 def dump_history(history: Iterable[Operation], path: Path) -> None:

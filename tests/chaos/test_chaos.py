@@ -57,7 +57,16 @@ from pathlib import Path
 
 import pytest
 from lazyfs import LazyFs, unavailable_reason
-from linearizability import Kind, Operation, Outcome, Recorder, check, dump_history
+from linearizability import (
+    CheckResult,
+    Kind,
+    Operation,
+    Outcome,
+    Recorder,
+    around,
+    check,
+    dump_history,
+)
 from proc_cluster import FAST, ProcessCluster
 from workload import (
     ACKNOWLEDGED_PREFIX,
@@ -218,7 +227,31 @@ def run_chaos(processes: ProcessCluster, network: Network, disks: dict[int, Lazy
     for kind in (Kind.PUT, Kind.GET, Kind.CAS, Kind.TXN):
         assert tally.outcomes[kind.value, "ok"] >= 10, f"too few {kind.value}s went through"
     assert not lost, f"seed {seed}: acknowledged writes lost: {lost[:10]}"
-    assert result.linearizable, f"seed {seed}:\n{result.explain()}"
+    assert result.linearizable, f"seed {seed}:\n{result.explain()}\n{context(result, history)}" \
+        f"\n{role_changes(processes)}"
+
+
+def context(result: CheckResult, history: list[Operation]) -> str:
+    """Around each violation, every operation on its keys (failed ones too, with the answer)."""
+    return "\n".join(
+        f"around the violation on {violation.key!r}:\n" + "\n".join(
+            f"  {op.describe()}" for op in around(violation, history))
+        for violation in result.violations)
+
+
+def role_changes(processes: ProcessCluster) -> str:
+    """Each node's changes of role, on the history's clock (the logs' is the wall clock)."""
+    offset = time.time() - time.monotonic()
+    lines = []
+    for node in processes.nodes.values():
+        for line in node.log_path.read_text(errors="replace").splitlines():
+            if " quorum_node.node: " in line or "elected leader" in line:
+                try:  # "2026-01-02 03:04:05,678 LEVEL logger: message", in local time
+                    wall = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+                    lines.append(f"  {wall + int(line[20:23]) / 1000 - offset:.3f}{line[23:]}")
+                except ValueError:
+                    lines.append(f"  {line}")
+    return "the nodes' changes of role:\n" + "\n".join(sorted(lines))
 
 
 def every_machine_loses_power(processes: ProcessCluster, disks: dict[int, LazyFs],

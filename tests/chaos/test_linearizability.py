@@ -17,6 +17,7 @@ from linearizability import (
     TxnReply,
     TxnStep,
     Value,
+    around,
     check,
     checked_operations,
     compare_holds,
@@ -95,6 +96,18 @@ def test_read_of_a_value_never_written() -> None:
     assert_violation(check([put("1", 0, 1), get("ghost", 0.5, 2)]))
     # A definitely failed write never took effect either.
     assert_violation(check([put("1", 0, 1), put("9", 2, 3, failed=True), get("9", 4, 5)]))
+
+
+def test_around_a_violation_are_the_failed_operations_the_search_left_out() -> None:
+    """A write answered as failed but applied shows only as a read of a value never written;
+    ``around`` puts the failed write, and what the node answered it, beside the explanation."""
+    refused = replace(put("9", 2, 3, failed=True), answer="503 NO_LEADER at node 2")
+    history = [put("1", 0, 1), put("x", 0, 1, key="other"), refused, get("9", 4, 5),
+               get("1", 10, 11)]
+    [violation] = check(history).violations
+    shown = around(violation, history, seconds_before=1.5)
+    assert shown == [refused, history[3]]  # the keys' operations from 2.5 s on: not "other"
+    assert "(failed: 503 NO_LEADER at node 2)" in refused.describe()
 
 
 def test_cas_applied_twice_from_the_same_expected_value() -> None:

@@ -274,7 +274,7 @@ class KvSession:
             op = self._finish(Kind.GET, key, invoked, Outcome.OK, result=None)
         else:
             # A read that did not answer changed nothing: whether it "happened" is moot.
-            op = self._finish(Kind.GET, key, invoked, Outcome.UNKNOWN)
+            op = self._finish(Kind.GET, key, invoked, Outcome.UNKNOWN, reply=reply)
             self._check_expected(reply, op)
         self.tally.add(op, reply)
         return op
@@ -301,20 +301,22 @@ class KvSession:
             # and a connection refused (a node down): the request never reached a node. Counted
             # unknown, each would make the checker's search far longer.
             op = self._finish(kind, key, invoked, Outcome.FAILED, value=value, expected=expected,
-                              txn=txn)
+                              txn=txn, reply=reply)
         else:
             # 504 TIMEOUT, 503 OUTCOME_UNKNOWN, no answer: it may commit, now or later.
             op = self._finish(kind, key, invoked, Outcome.UNKNOWN, value=value,
-                              expected=expected, txn=txn)
+                              expected=expected, txn=txn, reply=reply)
             self._check_expected(reply, op)
         self.tally.add(op, reply)
         return op
 
     def _finish(self, kind: Kind, key: str, invoked: float, outcome: Outcome, *,
                 value: Value = None, expected: Value = None, result: Result = None,
-                txn: TxnCall | None = None) -> Operation:
+                txn: TxnCall | None = None, reply: Reply | None = None) -> Operation:
+        answer = "" if reply is None else \
+            f"{reply.status or ''} {reply.code or reply.error or ''} at node {self.node_id}"
         op = finished(kind, key, invoked, outcome, client=self.number, value=value,
-                      expected=expected, result=result, txn=txn)
+                      expected=expected, result=result, txn=txn, answer=answer.strip())
         self.recorder.record(op)
         return op
 
