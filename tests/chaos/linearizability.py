@@ -608,9 +608,10 @@ class _KeySearch:
         if not calls or not calls[-1][2] or op.kind not in (Kind.PUT, Kind.DELETE):
             return False
         previous = self.ops[self.unknown[-1 - calls[-1][0]]]
-        return previous.txn is None or all(
-            s.kind == "get" or s.key == op.key for s in previous.txn.success
-            + previous.txn.failure)
+        if previous.txn is None:
+            return previous.key == op.key  # in a group of keys, another key's write stays
+        return all(s.kind == "get" or s.key == op.key
+                   for s in previous.txn.success + previous.txn.failure)
 
     def described_state(self, state: State) -> Value | dict[str, Value]:
         return state[0] if len(self.keys) == 1 else dict(zip(self.keys, state, strict=True))

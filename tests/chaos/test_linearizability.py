@@ -358,6 +358,21 @@ def test_txns_join_their_keys_into_one_group() -> None:
     assert check([*history, get("1", 6, 7, key="a")]).violations[0].key == "a+b"
 
 
+def test_unknown_writes_to_two_keys_of_a_group_may_both_take_effect() -> None:
+    """Two writes whose outcome is unknown, on two keys a txn joins, both seen by the txn: one
+    after the other is not one overwriting the other (a pruning that took it so called
+    linearizable histories violations)."""
+    history = [put("x", 0, None, key="a"), put("y", 0, None, key="b"),
+               read_both(("x", "y"), 5, 6)]
+    result = check(history)
+    assert result.linearizable, result.explain()
+    # One write to the same key does overwrite the other: only the later one can be seen.
+    assert check([put("x", 0, None, key="a"), put("z", 0, None, key="a"),
+                  read_both(("z", None), 5, 6)]).linearizable
+    assert_violation(check([put("x", 0, None, key="a"), put("z", 0, None, key="a"),
+                            read_both(("x", "y"), 5, 6)]), key="a+b")
+
+
 def test_sequential_txns_are_linearizable() -> None:
     history = [
         txn([absent("a")], [put_step("a", "1"), put_step("b", "1")], [get_step("a")],
