@@ -340,6 +340,8 @@ class RaftCore:
             times.append(state.next_discovery_ms)
         if isinstance(state, ResignedState) and self._shutting_down:
             pass  # a stopping resigned leader stays resigned: its timer means nothing
+        elif isinstance(state, UnattachedState) and not self.is_voter:
+            pass  # an observer never campaigns: its election timer means nothing
         elif isinstance(state, UnattachedState | ProspectiveState | CandidateState | ResignedState):
             times.append(state.election_deadline_ms)
             if isinstance(state, ProspectiveState):

@@ -824,3 +824,17 @@ def test_a_message_of_no_known_type_fails_loudly(make_ctx: MakeCtx) -> None:
     ctx = make_ctx(1, [1, 2, 3])
     with pytest.raises(AssertionError):
         ctx.core.handle_request(ctx.now_ms, 2, 1, object())  # type: ignore[arg-type]
+
+
+def test_an_observer_never_wakes_for_an_election_timer(make_ctx: MakeCtx) -> None:
+    """An unattached replica outside the voters (here a replaced disk not yet added) never
+    campaigns: the election timer a newer epoch set must not bring its next wake-up to now once
+    it has passed, or its driver would poll it in a loop."""
+    directories = {voter: uuid.uuid4() for voter in (1, 2, 3)}
+    ctx = make_ctx(1, [1, 2, 3], directory_ids=directories, local_directory_id=uuid.uuid4(),
+                   election_timeout_ms=1000)
+    assert not ctx.core.is_voter
+    ctx.deliver_request(2, ctx.vote_request(2, 2, 0, 0))  # a newer epoch: its timer is set
+    ctx.advance(5000)
+    assert ctx.state() is RaftState.UNATTACHED and ctx.core.epoch == 2
+    assert ctx.core.next_deadline_ms() > ctx.now_ms
