@@ -113,7 +113,13 @@ class ReplicaProgress:
     leader_end_at_last_fetch: int = 0
     acknowledged: bool = False  # fetched from, or answered BeginQuorumEpoch of, this leader
     next_begin_quorum_ms: int = 0
-    read_barrier_echoed: int = 0  # the newest read barrier its fetches in this epoch echoed
+    # Read barriers (``ReadBarrier``): the newest one this voter has proved to follow this leader
+    # after (a fetch echoed it, or it answered a BeginQuorumEpoch sent after it); the newest one
+    # a BeginQuorumEpoch in flight to it was sent after; the newest one whose start answered its
+    # parked fetch (no records to flush first: its next fetch echoes it within a round trip).
+    read_barrier_echoed: int = 0
+    read_barrier_asked: int = 0
+    read_barrier_released: int = 0
     directory_id: uuid.UUID | None = None  # as the replica reports it in its fetches
 
     def begin_quorum_due_ms(self, heartbeat_ms: int) -> int:
@@ -195,6 +201,14 @@ class LeaderState:
     def awaits_echo(self) -> int:
         """The barrier id a fetch must echo to help confirm the reads waiting, 0 if none wait."""
         return self.reads[-1].id if self.reads else 0
+
+    def awaits_answer_from(self, progress: ReplicaProgress) -> bool:
+        """Whether the reads waiting need a BeginQuorumEpoch answered by this voter: it has not
+        proved the newest barrier, and no parked fetch of its was answered at its start (a
+        fetch answered with records comes back only after the follower's fsync; an answer to a
+        request sent after the barrier proves as much, a round trip later)."""
+        awaited = self.awaits_echo
+        return awaited > progress.read_barrier_echoed and awaited > progress.read_barrier_released
 
     def can_grant_vote(self, candidate: ReplicaKey, up_to_date: bool, pre_vote: bool) -> bool:
         return False  # a leader of this epoch votes for nobody

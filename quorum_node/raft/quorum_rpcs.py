@@ -184,14 +184,20 @@ class QuorumRpcs:
 
     def send_begin_quorum_epochs(self, now_ms: int, state: LeaderState,
                                  peer_voters: Sequence[ReplicaKey]) -> None:
-        """The leader's heartbeat: a BeginQuorumEpoch to each voter it is due to."""
+        """The leader's heartbeat: a BeginQuorumEpoch to each voter it is due to, and to each
+        voter whose answer the waiting read barriers need (``LeaderState.awaits_answer_from``):
+        answered in this epoch, it proves the voter followed this leader after the barriers
+        taken before it was sent, as etcd's heartbeats confirm a ReadIndex."""
+        interval = self._config.begin_quorum_interval_ms
         for key in peer_voters:
             progress = state.voters[key]
-            if now_ms < progress.begin_quorum_due_ms(self._config.begin_quorum_interval_ms):
+            due = now_ms >= progress.begin_quorum_due_ms(interval)
+            if not (due or state.awaits_answer_from(progress)) \
+                    or not self._requests.is_ready(key.id, now_ms):
                 continue
-            if not self._requests.is_ready(key.id, now_ms):
-                continue
-            progress.next_begin_quorum_ms = now_ms + self._config.begin_quorum_interval_ms
+            if due:
+                progress.next_begin_quorum_ms = now_ms + interval
+            progress.read_barrier_asked = state.newest_read_barrier
             self._outbox.send(now_ms, key.id, BeginQuorumEpochRequest(
                 cluster_id=self._cluster_id, leader_id=self._local_key.id,
                 leader_epoch=state.epoch, voter_id=key.id, voter_directory_id=key.directory_id,
@@ -358,6 +364,8 @@ class QuorumRpcs:
             for key, progress in state.voters.items():
                 if key.id == source:
                     progress.acknowledged = True
+                    progress.read_barrier_echoed = max(progress.read_barrier_echoed,
+                                                       progress.read_barrier_asked)
 
     def handle_end_quorum_epoch(self, now_ms: int, request: EndQuorumEpochRequest) -> Errors:
         refusal = self._leader_request_refusal(now_ms, request)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from quorum_node.raft.core import ReadAbandoned, ReadConfirmed, ReadOutcome, ReadTimedOut
-from quorum_node.raft.messages import FetchRequest, FetchResponse
+from quorum_node.raft.messages import BeginQuorumEpochRequest, FetchRequest, FetchResponse
 from quorum_node.raft.state import ElectionState, RaftState
 from quorum_node.raft.types import NotLeaderError
 
@@ -61,6 +61,47 @@ def test_read_barrier_needs_a_fetch_from_a_majority_sent_after_it(make_ctx: Make
     assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
     _fetch(ctx, 2, ctx.fetch_request(2, 1, 1, 1, max_wait_ms=0, read_barrier=barrier.id))
     assert len(_read_outcomes(ctx)) == 1  # settled once
+
+
+def test_a_read_is_confirmed_by_a_begin_quorum_epoch_answered_after_it(
+    make_ctx: MakeCtx,
+) -> None:
+    """A voter whose fetch is not parked (in flight, or its follower flushing records) is asked
+    with a BeginQuorumEpoch: its answer proves it followed this leader after the barrier, with
+    no fsync on the way. One already in flight when the barrier was taken proves nothing."""
+    ctx = _leader_with_hwm(make_ctx)
+    ctx.clear_outbox()
+    # The election's BeginQuorumEpochs time out; the heartbeat goes out again, in flight.
+    ctx.advance(ctx.config.request_timeout_ms)
+    early = ctx.take_request(BeginQuorumEpochRequest, 2)
+    ctx.take_request(BeginQuorumEpochRequest, 3)
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
+    ctx.collect()
+    assert barrier is not None
+    assert ctx.pending_requests(BeginQuorumEpochRequest) == []  # one at a time per voter
+    ctx.deliver_response(early, ctx.begin_quorum_response(1, 1))
+    assert _read_outcomes(ctx) == []  # sent before the barrier
+    asked = ctx.take_request(BeginQuorumEpochRequest, 2)  # so it is asked again
+    ctx.deliver_response(asked, ctx.begin_quorum_response(1, 1))
+    assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
+    ctx.advance(1)
+    assert ctx.pending_requests(BeginQuorumEpochRequest) == []  # nothing waits: no more asked
+
+
+def test_a_parked_fetch_released_by_the_barrier_is_not_asked_again(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_hwm(make_ctx)
+    for voter in (2, 3):
+        assert ctx.deliver_request(voter, ctx.fetch_request(voter, 1, 1, 1, high_watermark=1)) == []
+    ctx.clear_outbox()
+    barrier = ctx.core.begin_read(ctx.now_ms, 1000)
+    ctx.collect()
+    assert barrier is not None
+    # Both fetches are answered at once, naming the barrier; no BeginQuorumEpoch is needed.
+    assert [r.read_barrier for r in ctx.take_responses(2) + ctx.take_responses(3)
+            if isinstance(r, FetchResponse)] == [barrier.id, barrier.id]
+    assert ctx.pending_requests(BeginQuorumEpochRequest) == []
+    _fetch(ctx, 3, ctx.fetch_request(3, 1, 1, 1, max_wait_ms=0, read_barrier=barrier.id))
+    assert _read_outcomes(ctx) == [ReadConfirmed(barrier.id, 1)]
 
 
 def test_an_echo_of_a_barrier_never_named_confirms_nothing(make_ctx: MakeCtx) -> None:
