@@ -140,6 +140,7 @@ class ParkedFetch:
     correlation_id: int
     request: FetchRequest
     deadline_ms: int
+    progress: ReplicaProgress  # the fetching replica's, as its fetch was recorded
 
 
 def record_size(record: Record) -> int:
@@ -196,6 +197,10 @@ class LeaderState:
     parked: list[ParkedFetch] = field(default_factory=list)
     reads: list[ReadBarrier] = field(default_factory=list)  # oldest (lowest id) first
     newest_read_barrier: int = 0  # the id of the newest barrier taken: named in every answer
+    # The voter each BeginQuorumEpoch in flight was addressed to, by node id (one request in
+    # flight per node): its answer names no directory, and during a voter change two voters
+    # share an id, of which only the one asked may be credited.
+    begin_quorum_asked: dict[int, ReplicaProgress] = field(default_factory=dict)
 
     @property
     def awaits_echo(self) -> int:

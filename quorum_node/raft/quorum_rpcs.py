@@ -198,6 +198,7 @@ class QuorumRpcs:
             if due:
                 progress.next_begin_quorum_ms = now_ms + interval
             progress.read_barrier_asked = state.newest_read_barrier
+            state.begin_quorum_asked[key.id] = progress
             self._outbox.send(now_ms, key.id, BeginQuorumEpochRequest(
                 cluster_id=self._cluster_id, leader_id=self._local_key.id,
                 leader_epoch=state.epoch, voter_id=key.id, voter_directory_id=key.directory_id,
@@ -360,12 +361,12 @@ class QuorumRpcs:
         if self.handle_common_response(now_ms, source, response):
             return
         state = self._quorum.state
-        if response.error_code == Errors.NONE and isinstance(state, LeaderState):
-            for key, progress in state.voters.items():
-                if key.id == source:
-                    progress.acknowledged = True
-                    progress.read_barrier_echoed = max(progress.read_barrier_echoed,
-                                                       progress.read_barrier_asked)
+        if not isinstance(state, LeaderState):
+            return
+        asked = state.begin_quorum_asked.pop(source, None)
+        if response.error_code == Errors.NONE and asked is not None:
+            asked.acknowledged = True
+            asked.read_barrier_echoed = max(asked.read_barrier_echoed, asked.read_barrier_asked)
 
     def handle_end_quorum_epoch(self, now_ms: int, request: EndQuorumEpochRequest) -> Errors:
         refusal = self._leader_request_refusal(now_ms, request)

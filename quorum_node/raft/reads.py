@@ -37,9 +37,7 @@ class LinearizableReads:
         barrier = leader.begin_read(self._next_read_id, leader.high_watermark,
                                     now_ms + timeout_ms)
         for parked in leader.parked:
-            for key, progress in leader.voters.items():
-                if key.id == parked.source:
-                    progress.read_barrier_released = barrier.id
+            parked.progress.read_barrier_released = barrier.id
         self._replication.complete_parked_fetches(leader, lambda parked: True)
         return barrier
 

@@ -111,17 +111,14 @@ class LeaderReplication:
         snapshot = self.snapshot_needed(request.fetch_offset, request.last_fetch_epoch)
         if snapshot is not None:
             self.note_contact(now_ms, state, replica)
-            return self.fetch_response(
-                Errors.NONE, high_watermark=state.high_watermark,
-                read_barrier=state.newest_read_barrier,
-                snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset, epoch=snapshot.epoch))
+            return self.leader_fetch_response(
+                state, snapshot_id=SnapshotIdField(end_offset=snapshot.end_offset,
+                                                   epoch=snapshot.epoch))
         diverging = self.validate_fetch_position(request.fetch_offset, request.last_fetch_epoch)
         if diverging is not None:
-            return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                       read_barrier=state.newest_read_barrier,
-                                       diverging_epoch=diverging)
+            return self.leader_fetch_response(state, diverging_epoch=diverging)
 
-        self.record_fetch(now_ms, state, replica, request)
+        progress = self.record_fetch(now_ms, state, replica, request)
         self.advance_high_watermark(now_ms)
         response = self.valid_fetch_response(state, request)
         newer_hwm = state.high_watermark is not None and (
@@ -136,7 +133,7 @@ class LeaderReplication:
         wait = min(request.max_wait_ms, self._config.long_poll_ms)
         if newer_hwm:
             wait = min(wait, linger)  # the new high watermark goes out with records, or soon
-        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait))
+        state.parked.append(ParkedFetch(source, correlation_id, request, now_ms + wait, progress))
         return None
 
     def snapshot_needed(self, offset: int, last_epoch: int) -> SnapshotId | None:
@@ -164,9 +161,14 @@ class LeaderReplication:
 
     def valid_fetch_response(self, state: LeaderState, request: FetchRequest) -> FetchResponse:
         max_bytes = min(request.max_bytes, self._config.fetch_max_bytes)
+        return self.leader_fetch_response(
+            state, records=self._log.read(request.fetch_offset, max_bytes))
+
+    def leader_fetch_response(self, state: LeaderState, **fields: Any) -> FetchResponse:
+        """An answer to a valid fetch: with the high watermark and the newest read barrier,
+        which the follower's next fetch echoes (``LinearizableReads``)."""
         return self.fetch_response(Errors.NONE, high_watermark=state.high_watermark,
-                                   read_barrier=state.newest_read_barrier,
-                                   records=self._log.read(request.fetch_offset, max_bytes))
+                                   read_barrier=state.newest_read_barrier, **fields)
 
     def note_contact(self, now_ms: int, state: LeaderState,
                      replica: ReplicaKey) -> ReplicaProgress:
@@ -176,10 +178,11 @@ class LeaderReplication:
                                   protected=self._voter_changes.adding)
 
     def record_fetch(self, now_ms: int, state: LeaderState, replica: ReplicaKey,
-                     request: FetchRequest) -> None:
+                     request: FetchRequest) -> ReplicaProgress:
         progress = self.note_contact(now_ms, state, replica)
         state.record_fetch(now_ms, progress, replica, request.fetch_offset, self._log.end_offset,
                            read_barrier=request.read_barrier)
+        return progress
 
     def advance_high_watermark(self, now_ms: int) -> bool:
         """Raise the leader's high watermark to the offset a majority of voters holds, but only

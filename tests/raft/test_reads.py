@@ -4,14 +4,16 @@ core are in test_raft_reads.py)."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from quorum_node.raft.leader import ParkedFetch, ReadAbandoned, ReadConfirmed, ReadTimedOut
-from quorum_node.raft.messages import FetchRequest
+from quorum_node.raft.messages import BeginQuorumEpochResponse, FetchRequest
 from quorum_node.raft.outbox import WARNING_INTERVAL_MS, OutboundRequest, WarningLimiter
+from quorum_node.raft.types import Errors, ReplicaKey
 
 
 def fetch_request() -> FetchRequest:
@@ -26,21 +28,45 @@ def test_a_read_waits_for_the_high_watermark_and_settles_on_a_majority(
     leader = rooms.lead()
     assert rooms.reads.begin(0, leader, 100) is None  # the LeaderChange is not committed yet
     leader.high_watermark = 4
-    leader.parked.append(ParkedFetch(2, 9, fetch_request(), deadline_ms=500))
+    second = next(key for key in leader.voters if key.id == 2)
+    leader.parked.append(ParkedFetch(2, 9, fetch_request(), 500, leader.voters[second]))
     first = rooms.reads.begin(0, leader, 100)
     # The parked fetch is answered at once: the follower's next fetch confirms the read.
     assert leader.parked == [] and [m.correlation_id for m in rooms.outbox.take().messages] == [9]
+    assert leader.voters[second].read_barrier_released == first.id
     late = rooms.reads.begin(0, leader, 50)
     assert (first.id, first.read_index, late.id) == (1, 4, 2)
     rooms.reads.settle(60, leader)
     assert rooms.outbox.take().reads == [ReadTimedOut(2)]
-    second = next(key for key in leader.voters if key.id == 2)
     leader.voters[second].read_barrier_echoed = first.id  # a fetch sent after the first answer
     rooms.reads.settle(70, leader)
     assert rooms.outbox.take().reads == [ReadConfirmed(1, 4)]
     third = rooms.reads.begin(80, leader, 100)
     rooms.reads.abandon(leader, 2, 9)
     assert rooms.outbox.take().reads == [ReadAbandoned(third.id, 2, 9)]
+
+
+def test_a_begin_quorum_epoch_answer_credits_only_the_voter_it_was_asked_as(
+    make_rooms: Callable[..., Any],
+) -> None:
+    """While a replaced disk's replica is added, two voters share node 3's id, and only one of
+    them can answer at node 3's address. An answer to a BeginQuorumEpoch names no directory: it
+    is credited to the voter the request was addressed to, never to both."""
+    local, second, old = (ReplicaKey(n, uuid.UUID(int=n)) for n in (1, 2, 3))
+    replaced = ReplicaKey(3, uuid.UUID(int=33))
+    rooms = make_rooms(static_voters=(local, second, old, replaced))
+    leader = rooms.lead()
+    leader.high_watermark = 0
+    barrier = rooms.reads.begin(0, leader, 100)
+    for asked, answer in ((replaced, Errors.INVALID_VOTER_KEY), (old, Errors.NONE)):
+        rooms.rpcs.send_begin_quorum_epochs(0, leader, [asked])
+        (request,) = rooms.outbox.take().messages
+        assert rooms.requests.on_response(3, request.correlation_id, 0, True)
+        rooms.rpcs.handle_begin_quorum_epoch_response(0, 3, BeginQuorumEpochResponse(
+            error_code=answer, leader_id=1, leader_epoch=leader.epoch))
+    assert leader.voters[old].read_barrier_echoed == barrier.id
+    assert leader.voters[replaced].read_barrier_echoed == 0  # it refused
+    assert not leader.voters[replaced].acknowledged
 
 
 def test_the_outbox_numbers_requests_and_backs_off_from_a_dropped_response(
