@@ -35,6 +35,7 @@ NODE_CONFIG_KEYS: Mapping[str, str] = {
     "retryBackoffMs": "controller.quorum.retry.backoff.ms",
     "appendLingerMs": "controller.quorum.append.linger.ms",
     "highWatermarkLingerMs": "controller.quorum.high.watermark.linger.ms",
+    "leaderFlushDelayMs": "controller.quorum.leader.flush.delay.ms",
     "logSegmentBytes": "log.segment.bytes",
     "snapshotIntervalRecords": "snapshot.interval.records",
     "snapshotRetainedLogRecords": "snapshot.retained.log.records",

@@ -492,6 +492,10 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(_QUORUM_TIMING + "high.watermark.linger.ms", ("quorum.high_watermark_linger_ms",),
               "Longest a follower's fetch waits for records to carry a new high watermark (0: "
               "answer at once, as Kafka does); commits never wait for it.", shared=True),
+    ConfigKey(_QUORUM_TIMING + "leader.flush.delay.ms", ("quorum.leader_flush_delay_ms",),
+              "Longest a leader leaves a lone write unflushed while the voters fetching from "
+              "it commit it without it (0: flush at once, as Kafka does); records still "
+              "uncommitted by then are flushed.", shared=True),
     ConfigKey("log.segment.bytes", ("segment_bytes",), "Size at which a log segment rolls.",
               shared=True),
     ConfigKey("snapshot.interval.records", ("snapshot_interval_records",),

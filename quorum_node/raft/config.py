@@ -35,6 +35,12 @@ class QuorumConfig(BaseModel):
     # let a busy leader tell followers the new high watermark with the next records, which
     # halves the messages per commit. Commits never wait for it: only followers' knowledge does.
     high_watermark_linger_ms: int = Field(5, ge=0)
+    # controller.quorum.leader.flush.delay.ms: how long a leader may leave a lone write (a batch
+    # of one record) unflushed while the voters fetching from it (each within that long) are a
+    # majority without it: they commit the record, and the leader's fsync is off the commit's
+    # path (Raft's dissertation, 10.2.1). Records still uncommitted that long after their append
+    # are flushed. Kafka flushes at once (0).
+    leader_flush_delay_ms: int = Field(5, ge=0)
     fetch_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
     max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1)
 

@@ -330,6 +330,8 @@ class RaftCore:
 
     def take_effects(self) -> Effects:
         effects = self._outbox.take()
+        if effects.flush:
+            self._watermarks.flush_asked_to = self.log.end_offset
         effects.persist, effects.role_changes = self._quorum.take_outputs()
         return effects
 
@@ -352,6 +354,7 @@ class RaftCore:
             if self._voters.remote_voters:  # a lone voter has no quorum to check
                 times.append(state.check_quorum_deadline_ms)
             times.append(state.accumulator.deadline_ms)
+            times.append(state.deferred_flush.due_ms(self.config.leader_flush_delay_ms))
             times.extend(p.deadline_ms for p in state.parked)
             times.extend(read.deadline_ms for read in state.reads)
             if self._voter_changes.pending is not None:
@@ -617,8 +620,11 @@ class RaftCore:
             )
             self._quorum.to_resigned(now_ms, TransitionCause.CHECK_QUORUM)
             return
+        self._replication.flush_deferred(now_ms, state)
         # Group commit: records wait while an fsync runs, and go out together after it.
-        disk_idle = self._watermarks.flushed_offset >= self.log.end_offset
+        marks = self._watermarks
+        disk_idle = not self._outbox.effects.flush \
+            and marks.flushed_offset >= min(marks.flush_asked_to, self.log.end_offset)
         if state.accumulator.is_due(now_ms, self.config.max_batch_bytes, disk_idle=disk_idle):
             self._replication.append_pending(now_ms, state)
         if self._reconfigurable and not self.bootstrapped:
@@ -767,3 +773,7 @@ class RaftCore:
         leader.accumulator.records.clear()
         self._reads.abandon(leader, self.leader_id, self.epoch)
         self._replication.release_parked(leader)
+        if self._watermarks.flushed_offset < self.log.end_offset:
+            # Appends left unflushed while followers committed them: a follower fetches from
+            # the end of a durable log.
+            self._outbox.effects.flush = True

@@ -8,6 +8,7 @@ reads a clock or does I/O (the core hands in ``now_ms``).
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ OBSERVER_SESSION_TIMEOUT_MS = 5 * 60 * 1000
 # of fetches with made-up keys. In this product observers are the replacements of lost disks
 # (one or two at a time), so a few dozen is plenty.
 MAX_OBSERVERS = 64
+# A leader flushes its log at the latest this long after an append it left unflushed, its
+# followers' commits notwithstanding.
+LEADER_UNFLUSHED_MAX_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,39 @@ class BatchAccumulator:
 
 
 @dataclass(slots=True)
+class DeferredFlush:
+    """The leader's own appends left unflushed while its followers commit them
+    (``QuorumConfig.leader_flush_delay_ms``): those not yet committed, oldest first, as (end
+    offset, when appended); and when the oldest unflushed one was appended."""
+
+    uncommitted: deque[tuple[int, int]] = field(default_factory=deque)
+    since_ms: int = NEVER
+
+    def note(self, end_offset: int, now_ms: int) -> None:
+        self.uncommitted.append((end_offset, now_ms))
+        self.since_ms = min(self.since_ms, now_ms)
+
+    def committed(self, high_watermark: int) -> None:
+        while self.uncommitted and self.uncommitted[0][0] <= high_watermark:
+            self.uncommitted.popleft()
+
+    def due_ms(self, delay_ms: int) -> int:
+        """When the log must be flushed: once the oldest append still uncommitted has waited
+        ``delay_ms``, and at the latest ``LEADER_UNFLUSHED_MAX_MS`` after the oldest unflushed
+        one (so that a failing disk is found, and the leader's copy is durable, within that)."""
+        if self.since_ms == NEVER:
+            return NEVER
+        due = self.since_ms + LEADER_UNFLUSHED_MAX_MS
+        if self.uncommitted:
+            due = min(due, self.uncommitted[0][1] + delay_ms)
+        return due
+
+    def clear(self) -> None:
+        self.uncommitted.clear()
+        self.since_ms = NEVER
+
+
+@dataclass(slots=True)
 class LeaderState:
     epoch: int
     voted_key: ReplicaKey | None
@@ -201,6 +238,7 @@ class LeaderState:
     # flight per node): its answer names no directory, and during a voter change two voters
     # share an id, of which only the one asked may be credited.
     begin_quorum_asked: dict[int, ReplicaProgress] = field(default_factory=dict)
+    deferred_flush: DeferredFlush = field(default_factory=DeferredFlush)
 
     @property
     def awaits_echo(self) -> int:

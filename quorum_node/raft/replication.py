@@ -198,6 +198,7 @@ class LeaderReplication:
             return False
         state.high_watermark = majority_end
         self._watermarks.advance_high_watermark(majority_end)
+        state.deferred_flush.committed(majority_end)
         linger = self._config.high_watermark_linger_ms
         if linger == 0:
             self.complete_parked_fetches(state, lambda parked: True)
@@ -219,11 +220,47 @@ class LeaderReplication:
                                 self._local_key.id, len(accumulator.records), error)
             accumulator.deadline_ms = now_ms + FULL_LOG_RETRY_MS
             return False
+        lone = len(accumulator.records) == 1
         accumulator.appended()
-        self._outbox.effects.flush = True
+        self.flush_or_defer(now_ms, state, lone=lone)  # before the parked fetches are answered
         end = self._log.end_offset
         self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return True
+
+    # --- the leader's own flush --------------------------------------------------------------
+
+    def flush_or_defer(self, now_ms: int, state: LeaderState, *, lone: bool) -> None:
+        """Flush the records just appended, or, for a ``lone`` write, leave them unflushed while
+        the voters fetching from this leader are a majority without it: they commit the record,
+        and the leader's fsync is off the commit's path (``QuorumConfig.leader_flush_delay_ms``).
+        A batch of several records is a leader under load: its fsync runs beside the loop while
+        the next batch gathers (group commit), and batches stay large."""
+        if lone and self._config.leader_flush_delay_ms \
+                and self._followers_commit_alone(now_ms, state):
+            state.deferred_flush.note(self._log.end_offset, now_ms)
+        else:
+            self.flush_leader_log(state)
+
+    def flush_deferred(self, now_ms: int, state: LeaderState) -> None:
+        """Flush the deferred appends once they are due (``DeferredFlush.due_ms``)."""
+        if now_ms >= state.deferred_flush.due_ms(self._config.leader_flush_delay_ms):
+            self.flush_leader_log(state)
+
+    def flush_leader_log(self, state: LeaderState) -> None:
+        self._outbox.effects.flush = True
+        state.deferred_flush.clear()  # the flush covers every append made before it
+
+    def _followers_commit_alone(self, now_ms: int, state: LeaderState) -> bool:
+        """Whether the voters other than this replica that fetch from it (a fetch parked here,
+        or one within the flush delay) are a majority of the voters."""
+        recent = now_ms - self._config.leader_flush_delay_ms
+        parked = {id(fetch.progress) for fetch in state.parked}
+        fetching = sum(
+            1 for key, progress in state.voters.items()
+            if not key.matches(self._local_key) and (
+                id(progress) in parked
+                or (progress.last_fetch_ms is not None and progress.last_fetch_ms >= recent)))
+        return fetching > len(state.voters) // 2
 
     def append_control(self, now_ms: int, state: LeaderState,
                        records: Sequence[Record]) -> int | None:
@@ -239,7 +276,7 @@ class LeaderReplication:
             self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
                                 "space: %s", self._local_key.id, error)
             return None
-        self._outbox.effects.flush = True
+        self.flush_leader_log(state)
         if self._voters.appended([batch]):
             self._voters_changed()
         end = self._log.end_offset

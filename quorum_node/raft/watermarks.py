@@ -11,6 +11,9 @@ class Watermarks:
     def __init__(self, *, node_id: int, flushed_offset: int) -> None:
         self._node_id = node_id
         self.flushed_offset = flushed_offset  # what start-up recovery found is on disk
+        # The log's end when a flush was last asked for: one runs while the flushed offset is
+        # below it.
+        self.flush_asked_to = flushed_offset
         # Not persisted, as in Kafka: learned again after a restart.
         self.high_watermark: int | None = None
 

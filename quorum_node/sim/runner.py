@@ -9,10 +9,11 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import RaftCore
 from quorum_node.sim.node import CoreFactory
 from quorum_node.sim.scenarios import SCENARIOS
-from quorum_node.sim.simulation import CHECKS, Simulation
+from quorum_node.sim.simulation import CHECKS, SIM_CONFIG, Simulation
 from quorum_node.sim.violation import Violation
 
 # Share of seeds whose network also loses and duplicates a few messages throughout.
@@ -25,6 +26,11 @@ START_SPREAD_MS = 50
 ID_ONLY_SHARE = 0.5
 # Share of seeds whose nodes snapshot and delete their logs now and then (some scenarios always do).
 COMPACTING_SHARE = 0.5
+# The leader's flush delay, in turn for each round of the scenarios: Kafka's (a leader flushes
+# at once); the node's default, shorter than a commit takes over this network (the leader
+# mostly flushes once it has waited); and one longer than that (the followers commit what the
+# leader has not flushed).
+LEADER_FLUSH_DELAYS_MS = (0, QuorumConfig().leader_flush_delay_ms, 40)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,11 @@ def scenario_for(seed: int, scenario: str | None = None) -> str:
     return scenario
 
 
+def config_for(seed: int) -> QuorumConfig:
+    delay = LEADER_FLUSH_DELAYS_MS[seed // len(SCENARIOS) % len(LEADER_FLUSH_DELAYS_MS)]
+    return SIM_CONFIG.model_copy(update={"leader_flush_delay_ms": delay})
+
+
 def run_seed(
     seed: int,
     scenario: str | None = None,
@@ -82,6 +93,7 @@ def run_seed(
         core_factory=core_factory,
         checks=checks,
         configured_directories=rng.random() >= ID_ONLY_SHARE,
+        config=config_for(seed),
     )
     if rng.random() < NOISY_SHARE:
         sim.cluster.network.drop_probability = rng.uniform(0.0, MAX_NOISE)

@@ -122,6 +122,7 @@ class RaftTestContext:
         # tests expect that; the linger has tests of its own. They count time with Kafka's fetch
         # timeout too (the node's default is shorter: test_config).
         config.setdefault("high_watermark_linger_ms", 0)
+        config.setdefault("leader_flush_delay_ms", 0)  # Kafka's leader flushes at once
         config.setdefault("fetch_timeout_ms", KAFKA_FETCH_TIMEOUT_MS)
         quorum_config = QuorumConfig(**config)
         core = RaftCore(

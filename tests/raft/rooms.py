@@ -66,7 +66,7 @@ def build(log_epochs: Iterable[tuple[int, int]] = (),
     for epoch, count in log_epochs:  # one leader batch per (epoch, record count)
         log.append_as_leader([Record(value=b"r%d" % i) for i in range(count)], epoch, 0)
     log.flush()
-    config = QuorumConfig(high_watermark_linger_ms=0)
+    config = QuorumConfig(high_watermark_linger_ms=0, leader_flush_delay_ms=0)
     voters = VoterHistory(local_key=LOCAL, static_voters=static_voters, log=log,
                           snapshots=snapshots)
     quorum = QuorumState(local_key=LOCAL, config=config, random=random.Random(0),

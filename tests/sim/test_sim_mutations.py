@@ -16,13 +16,14 @@ import pytest
 
 from quorum_node.raft.config import QuorumConfig
 from quorum_node.raft.core import Effects, OutboundResponse, RaftCore
+from quorum_node.raft.leader import LeaderState
 from quorum_node.raft.log import MemoryLog, RaftLog
 from quorum_node.raft.messages import FetchRequest, RaftRequest, RaftResponse, VoteResponse
 from quorum_node.raft.records import Record, RecordBatch, decode_batches, encode_batch
 from quorum_node.raft.requests import RequestFailure
 from quorum_node.raft.snapshots import SnapshotRecordsCheck, SnapshotStore
 from quorum_node.raft.state import ElectionState, RaftState
-from quorum_node.raft.types import Errors, ReplicaKey
+from quorum_node.raft.types import NEVER, Errors, ReplicaKey
 from quorum_node.sim.invariants import (
     CONSISTENT_COMMITTED_DATA,
     DURABLE_ELECTION_STATE,
@@ -135,6 +136,21 @@ class SkipsFsync(Clocked):
         return effects
 
 
+class CountsUnflushedAppends(Clocked):
+    """A leader that leaves its appends unflushed while its followers commit them, and counts
+    them as its own durable progress all the same."""
+
+    def take_effects(self) -> Effects:
+        effects = super().take_effects()
+        leader = self._state
+        if isinstance(leader, LeaderState) and leader.deferred_flush.since_ms != NEVER:
+            self.handle_flushed(self.now_ms, self.log.end_offset)
+            more = super().take_effects()
+            effects.persist = more.persist or effects.persist
+            effects.messages += more.messages
+        return effects
+
+
 class CrashesLater(Clocked):
     """Raises out of poll() after a few seconds, as a buggy core would."""
 
@@ -234,6 +250,8 @@ def _first_violation(factory: CoreFactory, check: str, scenario: str, seeds: int
         (CommitsOnAppend, MONOTONIC_HIGH_WATERMARK, "leader_partition", 20),
         (CommitsOnAppend, NO_MINORITY_COMMIT, "majority_split", 20),
         (SkipsFsync, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 3),
+        # Seeds from the second round of scenarios on leave a leader's appends unflushed.
+        (CountsUnflushedAppends, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 20),
         (corrupts_replicated_data, CONSISTENT_COMMITTED_DATA, "initial_election", 5),
         (TrustsEveryFetch, LINEARIZABLE_READ, "leader_pause", 20),
         (CrashesLater, CORE_ERROR, "initial_election", 1),
