@@ -222,14 +222,14 @@ class LeaderReplication:
             return False
         lone = len(accumulator.records) == 1
         accumulator.appended()
-        self.flush_or_defer(now_ms, state, lone=lone)  # before the parked fetches are answered
+        self._flush_or_defer(now_ms, state, lone=lone)  # before the parked fetches are answered
         end = self._log.end_offset
         self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
         return True
 
     # --- the leader's own flush --------------------------------------------------------------
 
-    def flush_or_defer(self, now_ms: int, state: LeaderState, *, lone: bool) -> None:
+    def _flush_or_defer(self, now_ms: int, state: LeaderState, *, lone: bool) -> None:
         """Flush the records just appended, or, for a ``lone`` write, leave them unflushed while
         the voters fetching from this leader are a majority without it: they commit the record,
         and the leader's fsync is off the commit's path (``QuorumConfig.leader_flush_delay_ms``).
@@ -239,14 +239,14 @@ class LeaderReplication:
                 and self._followers_commit_alone(now_ms, state):
             state.deferred_flush.note(self._log.end_offset, now_ms)
         else:
-            self.flush_leader_log(state)
+            self._flush_leader_log(state)
 
     def flush_deferred(self, now_ms: int, state: LeaderState) -> None:
         """Flush the deferred appends once they are due (``DeferredFlush.due_ms``)."""
         if now_ms >= state.deferred_flush.due_ms(self._config.leader_flush_delay_ms):
-            self.flush_leader_log(state)
+            self._flush_leader_log(state)
 
-    def flush_leader_log(self, state: LeaderState) -> None:
+    def _flush_leader_log(self, state: LeaderState) -> None:
         self._outbox.effects.flush = True
         state.deferred_flush.clear()  # the flush covers every append made before it
 
@@ -276,7 +276,7 @@ class LeaderReplication:
             self._warnings.warn(now_ms, "log-full", "node %d: a control record waits for "
                                 "space: %s", self._local_key.id, error)
             return None
-        self.flush_leader_log(state)
+        self._flush_leader_log(state)
         if self._voters.appended([batch]):
             self._voters_changed()
         end = self._log.end_offset

@@ -73,6 +73,15 @@ class Clocked(RaftCore):
         self.now_ms = now_ms
         return super().propose(now_ms, records)
 
+    def claim_flushed(self, effects: Effects) -> Effects:
+        """Report the whole log flushed without a flush, and add what that step does to
+        ``effects`` (taken already)."""
+        self.handle_flushed(self.now_ms, self.log.end_offset)
+        more = super().take_effects()
+        effects.persist = more.persist or effects.persist
+        effects.messages += more.messages
+        return effects
+
 
 class ForgetsToPersist(RaftCore):
     """Never makes its election state durable."""
@@ -129,10 +138,7 @@ class SkipsFsync(Clocked):
         effects = super().take_effects()
         if effects.flush:
             effects.flush = False
-            self.handle_flushed(self.now_ms, self.log.end_offset)
-            more = super().take_effects()
-            effects.persist = more.persist or effects.persist
-            effects.messages += more.messages
+            return self.claim_flushed(effects)
         return effects
 
 
@@ -144,10 +150,7 @@ class CountsUnflushedAppends(Clocked):
         effects = super().take_effects()
         leader = self._state
         if isinstance(leader, LeaderState) and leader.deferred_flush.since_ms != NEVER:
-            self.handle_flushed(self.now_ms, self.log.end_offset)
-            more = super().take_effects()
-            effects.persist = more.persist or effects.persist
-            effects.messages += more.messages
+            return self.claim_flushed(effects)
         return effects
 
 
