@@ -171,6 +171,8 @@ def check_value(value: str) -> None:
 
 
 def _utf8_size(text: str, what: str) -> int:
+    if text.isascii():  # nothing to encode (and no lone surrogate)
+        return len(text)
     try:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError:  # lone surrogates, e.g. from a JSON "\ud800" escape
@@ -225,7 +227,7 @@ def decode_op(record: Record) -> KvOp | None:
     if _nesting_exceeds(record.value, MAX_OP_DEPTH):
         raise KvOpError(f"JSON nested deeper than {MAX_OP_DEPTH} levels")
     try:
-        document = json.loads(record.value.decode("utf-8"))
+        document = _parse_json(record.value.decode("utf-8"))
     except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, an over-long integer
         raise KvOpError(f"not a JSON document: {error}") from None
     if not isinstance(document, dict):
@@ -254,6 +256,21 @@ def decode_op(record: Record) -> KvOp | None:
     return op
 
 
+_RECORD_JSON_DECODER = json.JSONDecoder()
+
+
+def _parse_json(text: str) -> Any:
+    """``json.loads(text)``, with less around the parser's own call for a document that fills
+    ``text`` (as every record written by ``encode_op`` does): every replica decodes every op."""
+    try:
+        document, end = _RECORD_JSON_DECODER.raw_decode(text)
+    except ValueError:
+        return json.loads(text)  # leading whitespace, or not JSON: loads says which
+    if end != len(text):
+        return json.loads(text)  # trailing whitespace, or more than one document
+    return document
+
+
 # What the nesting bound looks at: brackets, and the quotes that tell which are in strings.
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'[]{}"')
 
@@ -270,6 +287,8 @@ def _nesting_exceeds(payload: bytes, limit: int) -> bool:
     pairs (those side by side before it), one level of nesting a pass; brackets left that never
     close are walked one by one. Exact for any JSON text: a payload that is not JSON may be
     judged either way, and is refused all the same when it is parsed."""
+    if payload.count(b"[") + payload.count(b"{") <= limit:
+        return False  # brackets in strings only add to the count: an op is usually done here
     if b"\\" in payload:
         payload = payload.replace(b"\\\\", b"").replace(b'\\"', b"")
     structure = payload.translate(None, _NOT_STRUCTURE)

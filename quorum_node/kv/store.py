@@ -431,7 +431,13 @@ class KvStore:
         return True
 
     def _record_event(self, offset: int, key: str, value: str | None) -> None:
-        self._record_events(offset, ((key, value),))
+        """``_record_events`` of the one change most operations make."""
+        size = change_bytes(key, value)
+        self._events.append((offset, key, value, size))
+        self.events_bytes += size
+        if self.watchers:
+            self.watchers.deliver(offset, key, value, size)
+        self._bound_events()
 
     def _record_events(self, offset: int, changes: Iterable[tuple[str, str | None]]) -> None:
         """Keep the changes the operation at ``offset`` made (in its order), hand them to the
@@ -446,18 +452,26 @@ class KvStore:
             if deliver is not None:
                 deliver(offset, key, value, size)
         self.events_bytes += added
+        self._bound_events()
+
+    def _bound_events(self) -> None:
+        """Drop the oldest changes beyond the history's count and bytes."""
+        events = self._events
         head = self._events_head
         excess = len(events) - head - self._event_limit
-        if excess > 0:  # beyond the count: dropped at once, not one by one
+        if excess > 1:  # many beyond the count (a txn's): dropped at once, not one by one
             dropped = events[head:head + excess]
             events[head:head + excess] = [_DROPPED] * excess
             head += excess
             self.events_bytes -= sum(map(_change_size, dropped))
             self.events_start = dropped[-1][0] + 1
-        while self.events_bytes > self._event_bytes_limit:
+            excess = 0
+        # One beyond the count (each change once the history is full), or beyond the bytes.
+        while excess > 0 or self.events_bytes > self._event_bytes_limit:
             dropped_offset, _, _, dropped_size = events[head]
             events[head] = _DROPPED
             head += 1
+            excess -= 1
             self.events_bytes -= dropped_size
             self.events_start = dropped_offset + 1
         if head >= _COMPACT_AT and head * 2 >= len(events):

@@ -19,6 +19,7 @@ from quorum_node.kv.ops import (
     KvOpError,
     Outcome,
     Put,
+    _parse_json,
     decode_op,
     encode_op,
 )
@@ -124,6 +125,26 @@ def test_malformed_kv_records_are_skipped_deterministically(document: object) ->
     assert store.items() == [("after", "1")]
     assert store.outcome(0) is None
     assert store.next_offset == 2
+
+
+@given(document=st.recursive(
+           st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+           lambda inner: st.lists(inner, max_size=3)
+           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8),
+       before=st.sampled_from(["", " ", "\n\t", "\ufeff"]),
+       after=st.sampled_from(["", " ", "\r\n", " x", "{}", "]", "\u00e9"]))
+def test_a_kv_record_parses_as_json_loads_parses_it(document: object, before: str,
+                                                   after: str) -> None:
+    """The records' parser takes the JSON text json.loads takes, whitespace around it too, and
+    refuses what it refuses (a byte-order mark, more after the document)."""
+    text = before + json.dumps(document, ensure_ascii=False) + after
+    try:
+        expected = json.loads(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _parse_json(text)
+        return
+    assert _parse_json(text) == expected
 
 
 def test_non_json_kv_record_is_skipped() -> None:
