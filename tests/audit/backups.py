@@ -34,6 +34,7 @@ class LocalBackup:
     node_id: int
     created_at: datetime
     end_offset: int
+    snapshot_end: int = 0  # where its log starts: the end of the snapshot it holds (0: none)
 
     @property
     def name(self) -> str:
@@ -141,7 +142,7 @@ def _take(log_dir: Path, high_watermark: int, destination: Path, voters: list[di
                   for path, data in sorted(files.items())],
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return LocalBackup(root, meta.cluster_id, meta.node_id, created_at, end_offset)
+    return LocalBackup(root, meta.cluster_id, meta.node_id, created_at, end_offset, snapshot_end)
 
 
 def rewrite_manifest_entry(root: Path, path: str) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,8 @@ class BackedUpQuorum:
 # changes two of the data batches all three nodes' backups share (batches of 20 records), and
 # the snapshots come every 400.
 SHARED_LOG_RECORDS = 100
+# Rounds of backups taken before giving up, a node's snapshot racing each one.
+BACKUP_ROUNDS = 5
 
 
 def _backed_up_quorum(root: Path) -> BackedUpQuorum:
@@ -103,15 +106,24 @@ def _backed_up_quorum(root: Path) -> BackedUpQuorum:
         def backup(nodes: tuple[int, ...] | None, after_batches: int) -> int:
             _wait(f"{after_batches} batches written", lambda: len(written) >= after_batches,
                   cluster)
-            leader = cluster.wait_for_leader(timeout_s=30)
-            described = _wait(f"{SHARED_LOG_RECORDS} records past every node's snapshot",
-                              lambda: log_past_snapshots(leader), cluster)
-            voters = [{"id": v["id"], "directory_id": v["directory_id"], "endpoints": {}}
-                      for v in described["voters"]]
-            backups.extend(take_backup(cluster.directory / f"node-{node}",
-                                       described["high_watermark"], root / "backups", voters)
-                           for node in nodes or (leader,))
-            return leader
+            for _ in range(BACKUP_ROUNDS):
+                leader = cluster.wait_for_leader(timeout_s=30)
+                described = _wait(f"{SHARED_LOG_RECORDS} records past every node's snapshot",
+                                  partial(log_past_snapshots, leader), cluster)
+                voters = [{"id": v["id"], "directory_id": v["directory_id"], "endpoints": {}}
+                          for v in described["voters"]]
+                taken = [take_backup(cluster.directory / f"node-{node}",
+                                     described["high_watermark"], root / "backups", voters)
+                         for node in nodes or (leader,)]
+                # A node may finish a snapshot below that high watermark between the look above
+                # and its copy, which then holds too little log: the round is taken again.
+                if all(b.end_offset - b.snapshot_end >= SHARED_LOG_RECORDS for b in taken):
+                    backups.extend(taken)
+                    return leader
+                for b in taken:
+                    shutil.rmtree(b.path)
+            raise AssertionError(f"no round of backups in {BACKUP_ROUNDS} held "
+                                 f"{SHARED_LOG_RECORDS} records past its snapshots")
 
         # Every node at one high watermark (while the writes go on), so that their backups hold
         # many offsets in common; then the leader again, later.
@@ -261,7 +273,7 @@ def test_fleet_audit_from_s3_backups_on_a_spark_cluster(
     # and an incomplete one (no manifest) beside them; quorum 1 as it was.
     first, second = fleet
     copies = [LocalBackup(tmp_path / b.name, b.cluster_id, b.node_id, b.created_at,
-                          b.end_offset) for b in first.backups]
+                          b.end_offset, b.snapshot_end) for b in first.backups]
     for backup, copy in zip(first.backups, copies, strict=True):
         shutil.copytree(backup.path, copy.path)
     once = [c for c in copies[:3] if c.node_id != first.twice]
