@@ -494,8 +494,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "answer at once, as Kafka does); commits never wait for it.", shared=True),
     ConfigKey(_QUORUM_TIMING + "leader.flush.delay.ms", ("quorum.leader_flush_delay_ms",),
               "Longest a leader leaves a lone write unflushed while the voters fetching from "
-              "it commit it without it (0: flush at once, as Kafka does); records still "
-              "uncommitted by then are flushed.", shared=True),
+              "it commit it without it, or holds it back from the parked followers its commit "
+              "does not need (0: flush at once and send to every follower, as Kafka does); "
+              "records still uncommitted by then are flushed.", shared=True),
     ConfigKey("log.segment.bytes", ("segment_bytes",), "Size at which a log segment rolls.",
               shared=True),
     ConfigKey("snapshot.interval.records", ("snapshot_interval_records",),

@@ -39,7 +39,9 @@ class QuorumConfig(BaseModel):
     # of one record) unflushed while the voters fetching from it (each within that long) are a
     # majority without it: they commit the record, and the leader's fsync is off the commit's
     # path (Raft's dissertation, 10.2.1). Records still uncommitted that long after their append
-    # are flushed. Kafka flushes at once (0).
+    # are flushed. With more voters parked than a commit needs beside the leader, a lone write
+    # is flushed and sent to only that many at once, and to the others within this delay.
+    # Kafka flushes at once, and answers every parked Fetch (0).
     leader_flush_delay_ms: int = Field(5, ge=0)
     fetch_max_bytes: int = Field(8 * 1024 * 1024, ge=1)
     max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1)

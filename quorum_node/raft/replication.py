@@ -222,9 +222,38 @@ class LeaderReplication:
             return False
         lone = len(accumulator.records) == 1
         accumulator.appended()
-        self._flush_or_defer(now_ms, state, lone=lone)  # before the parked fetches are answered
         end = self._log.end_offset
+        if lone and self._send_lone_write_to_fewest(now_ms, state, end):
+            return True
+        self._flush_or_defer(now_ms, state, lone=lone)  # before the parked fetches are answered
         self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end)
+        return True
+
+    def _send_lone_write_to_fewest(self, now_ms: int, state: LeaderState, end: int) -> bool:
+        """Send a lone write (a batch of one record, ending at ``end``) at once to only as many
+        of the voters parked here as commit it with the leader's own flush, the longest parked
+        first; the other parked voters get it with the next records, or within
+        ``leader_flush_delay_ms``. On a machine with few cores, every follower's work at once
+        slows the one the commit waits for, and the followers take turns. False, doing
+        nothing, when fewer voters are parked than that, or the leader is no voter."""
+        delay = self._config.leader_flush_delay_ms
+        if not delay:
+            return False
+        others = {id(progress) for key, progress in state.voters.items()
+                  if not key.matches(self._local_key)}
+        if len(others) == len(state.voters):
+            return False  # a leader removing itself: its flush counts for nothing
+        needed = len(state.voters) // 2  # a majority, with the leader
+        behind = [parked for parked in state.parked
+                  if parked.request.fetch_offset < end and id(parked.progress) in others]
+        if len(behind) <= needed:
+            return False
+        self._flush_leader_log(state)
+        later = {id(parked) for parked in behind[needed:]}
+        for parked in behind[needed:]:
+            parked.deadline_ms = min(parked.deadline_ms, now_ms + delay)
+        self.complete_parked_fetches(state, lambda parked: parked.request.fetch_offset < end
+                                     and id(parked) not in later)
         return True
 
     # --- the leader's own flush --------------------------------------------------------------

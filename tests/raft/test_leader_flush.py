@@ -1,6 +1,8 @@
 """The leader's own flush off the commit's path (``QuorumConfig.leader_flush_delay_ms``): while the
 voters fetching from it are a majority without it, a leader leaves its appends unflushed and its
-followers commit them; otherwise, and for records still uncommitted after the delay, it flushes."""
+followers commit them; otherwise, and for records still uncommitted after the delay, it flushes.
+With more voters parked than a commit needs beside the leader, a lone write is flushed and sent
+at once to only as many as that, the others getting it within the delay."""
 
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ if TYPE_CHECKING:
 DELAY_MS = 5
 
 
-def _leader_with_parked_followers(make_ctx: MakeCtx, parked: tuple[int, ...] = (2, 3)) -> (
+def _leader_with_parked_followers(make_ctx: MakeCtx, parked: tuple[int, ...] = (2,)) -> (
         RaftTestContext):
-    """Node 1 leads epoch 1 of voters 1-3; its LeaderChange (offset 0) is committed and the
-    ``parked`` voters wait at the log's end with a Fetch."""
+    """Node 1 leads epoch 1 of voters 1-3; its LeaderChange (offset 0) is committed, every voter
+    has just fetched, and the ``parked`` voters wait at the log's end with a Fetch."""
     ctx = make_ctx(1, [1, 2, 3], leader_flush_delay_ms=DELAY_MS)
     ctx.become_leader()
     for voter in (2, 3):
@@ -49,10 +51,8 @@ def _acknowledge(ctx: RaftTestContext, voter: int, offset: int) -> None:
 def test_followers_commit_what_the_leader_has_not_flushed(make_ctx: MakeCtx) -> None:
     ctx = _leader_with_parked_followers(make_ctx)
     assert not _put(ctx)
-    # Both parked fetches carry the record at once.
-    for voter in (2, 3):
-        (answer,) = ctx.take_responses(voter)
-        assert isinstance(answer, FetchResponse) and answer.records
+    (answer,) = ctx.take_responses(2)  # the parked fetch carries the record at once
+    assert isinstance(answer, FetchResponse) and answer.records
     _acknowledge(ctx, 2, 2)
     assert ctx.core.high_watermark == 1  # one follower and an unflushed leader: no majority
     _acknowledge(ctx, 3, 2)
@@ -121,3 +121,49 @@ def test_a_batch_of_several_records_is_flushed_at_once(make_ctx: MakeCtx) -> Non
     ctx = _leader_with_parked_followers(make_ctx)
     ctx.core.propose(ctx.now_ms, ctx.records("x", "y"))
     assert ctx.collect().flush
+
+
+def test_a_lone_write_goes_at_once_to_one_of_two_parked_followers(make_ctx: MakeCtx) -> None:
+    """The leader flushes, and the follower parked longest commits the write with it; the other
+    gets it once it is committed, so that the two do not work at once for the same commit."""
+    ctx = _leader_with_parked_followers(make_ctx, parked=(2, 3))
+    assert _put(ctx)
+    (answer,) = ctx.take_responses(2)
+    assert isinstance(answer, FetchResponse) and answer.records
+    assert ctx.take_responses(3) == []
+    ctx.flush()
+    _acknowledge(ctx, 2, 2)
+    assert ctx.core.high_watermark == 2  # the leader and voter 2
+    (later,) = ctx.take_responses(3)
+    assert isinstance(later, FetchResponse) and later.records and later.high_watermark == 2
+
+
+def test_the_follower_left_waiting_gets_a_lone_write_within_the_delay(make_ctx: MakeCtx) -> None:
+    ctx = _leader_with_parked_followers(make_ctx, parked=(2, 3))
+    appended_at = ctx.now_ms
+    assert _put(ctx)
+    ctx.take_responses(2)
+    assert ctx.core.next_deadline_ms() == appended_at + DELAY_MS
+    ctx.advance(DELAY_MS - 1)
+    assert ctx.take_responses(3) == []
+    ctx.advance(1)
+    (later,) = ctx.take_responses(3)
+    assert isinstance(later, FetchResponse) and later.records
+
+
+def test_without_a_delay_every_parked_follower_gets_a_lone_write_at_once(
+    make_ctx: MakeCtx,
+) -> None:
+    """Kafka's behaviour (``leader_flush_delay_ms`` 0): flushed, and sent to every fetcher."""
+    ctx = make_ctx(1, [1, 2, 3], leader_flush_delay_ms=0)
+    ctx.become_leader()
+    for voter in (2, 3):
+        ctx.deliver_one(voter, ctx.fetch_request(voter, 1, 0, 0))
+        ctx.deliver_one(voter, ctx.fetch_request(voter, 1, 1, 1))
+    for voter in (2, 3):
+        assert ctx.deliver_request(voter, ctx.fetch_request(voter, 1, 1, 1, high_watermark=1)) == []
+    ctx.clear_outbox()
+    assert _put(ctx)
+    for voter in (2, 3):
+        (answer,) = ctx.take_responses(voter)
+        assert isinstance(answer, FetchResponse) and answer.records

@@ -253,8 +253,10 @@ def _first_violation(factory: CoreFactory, check: str, scenario: str, seeds: int
         (CommitsOnAppend, MONOTONIC_HIGH_WATERMARK, "leader_partition", 20),
         (CommitsOnAppend, NO_MINORITY_COMMIT, "majority_split", 20),
         (SkipsFsync, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 3),
-        # Seeds from the second round of scenarios on leave a leader's appends unflushed.
-        (CountsUnflushedAppends, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 20),
+        # Seeds from the second round of scenarios on leave a leader's appends unflushed, while
+        # one follower is parked and the other fetched within the delay (with both parked, a
+        # lone write is flushed and goes to one of them first).
+        (CountsUnflushedAppends, MAJORITY_REACHED_HIGH_WATERMARK, "initial_election", 40),
         (corrupts_replicated_data, CONSISTENT_COMMITTED_DATA, "initial_election", 5),
         (TrustsEveryFetch, LINEARIZABLE_READ, "leader_pause", 20),
         (CrashesLater, CORE_ERROR, "initial_election", 1),
