@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 DELAY_MS = 5
 
 
-def _leader_with_parked_followers(make_ctx: MakeCtx, parked: tuple[int, ...] = (2,)) -> (
-        RaftTestContext):
+def _leader_with_parked_followers(make_ctx: MakeCtx, parked: tuple[int, ...] = (2,),
+                                  delay_ms: int = DELAY_MS) -> RaftTestContext:
     """Node 1 leads epoch 1 of voters 1-3; its LeaderChange (offset 0) is committed, every voter
     has just fetched, and the ``parked`` voters wait at the log's end with a Fetch."""
-    ctx = make_ctx(1, [1, 2, 3], leader_flush_delay_ms=DELAY_MS)
+    ctx = make_ctx(1, [1, 2, 3], leader_flush_delay_ms=delay_ms)
     ctx.become_leader()
     for voter in (2, 3):
         assert isinstance(ctx.deliver_one(voter, ctx.fetch_request(voter, 1, 0, 0)), FetchResponse)
@@ -139,6 +139,7 @@ def test_a_lone_write_goes_at_once_to_one_of_two_parked_followers(make_ctx: Make
 
 
 def test_the_follower_left_waiting_gets_a_lone_write_within_the_delay(make_ctx: MakeCtx) -> None:
+    """Without a commit or another write meanwhile, at the delay's end."""
     ctx = _leader_with_parked_followers(make_ctx, parked=(2, 3))
     appended_at = ctx.now_ms
     assert _put(ctx)
@@ -155,14 +156,7 @@ def test_without_a_delay_every_parked_follower_gets_a_lone_write_at_once(
     make_ctx: MakeCtx,
 ) -> None:
     """Kafka's behaviour (``leader_flush_delay_ms`` 0): flushed, and sent to every fetcher."""
-    ctx = make_ctx(1, [1, 2, 3], leader_flush_delay_ms=0)
-    ctx.become_leader()
-    for voter in (2, 3):
-        ctx.deliver_one(voter, ctx.fetch_request(voter, 1, 0, 0))
-        ctx.deliver_one(voter, ctx.fetch_request(voter, 1, 1, 1))
-    for voter in (2, 3):
-        assert ctx.deliver_request(voter, ctx.fetch_request(voter, 1, 1, 1, high_watermark=1)) == []
-    ctx.clear_outbox()
+    ctx = _leader_with_parked_followers(make_ctx, parked=(2, 3), delay_ms=0)
     assert _put(ctx)
     for voter in (2, 3):
         (answer,) = ctx.take_responses(voter)
