@@ -235,12 +235,12 @@ class LeaderReplication:
         first; the other parked voters get it with the next records, or within
         ``leader_flush_delay_ms``. On a machine with few cores, every follower's work at once
         slows the one the commit waits for, and the followers take turns. False, doing
-        nothing, when fewer voters are parked than that, or the leader is no voter."""
+        nothing, when no more voters are parked than that, when the delay is 0 (Kafka answers
+        every parked Fetch), or when the leader is no voter."""
         delay = self._config.leader_flush_delay_ms
         if not delay:
             return False
-        others = {id(progress) for key, progress in state.voters.items()
-                  if not key.matches(self._local_key)}
+        others = {id(progress) for progress in self._other_voters(state)}
         if len(others) == len(state.voters):
             return False  # a leader removing itself: its flush counts for nothing
         needed = len(state.voters) // 2  # a majority, with the leader
@@ -285,11 +285,15 @@ class LeaderReplication:
         recent = now_ms - self._config.leader_flush_delay_ms
         parked = {id(fetch.progress) for fetch in state.parked}
         fetching = sum(
-            1 for key, progress in state.voters.items()
-            if not key.matches(self._local_key) and (
-                id(progress) in parked
-                or (progress.last_fetch_ms is not None and progress.last_fetch_ms >= recent)))
+            1 for progress in self._other_voters(state)
+            if id(progress) in parked
+            or (progress.last_fetch_ms is not None and progress.last_fetch_ms >= recent))
         return fetching > len(state.voters) // 2
+
+    def _other_voters(self, state: LeaderState) -> list[ReplicaProgress]:
+        """The progress of each voter but this replica."""
+        return [progress for key, progress in state.voters.items()
+                if not key.matches(self._local_key)]
 
     def append_control(self, now_ms: int, state: LeaderState,
                        records: Sequence[Record]) -> int | None:
