@@ -8,6 +8,7 @@ files ``FILE_MODE`` (0600), directories ``DIRECTORY_MODE`` (0700).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import stat
@@ -117,14 +118,7 @@ def atomic_write(
     """
     hook = after_step or (lambda _step: None)
     tmp = path.with_name(path.name + ".tmp")
-    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
-    try:
-        write_all(fd, data, 0)
-        hook(WriteStep.TMP_WRITTEN)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    hook(WriteStep.TMP_FSYNCED)
+    _write_synced(tmp, data, hook, reuse=False)
     if replace:
         os.replace(tmp, path)
     else:
@@ -135,3 +129,51 @@ def atomic_write(
     hook(WriteStep.RENAMED)
     fsync_directory(path.parent)
     hook(WriteStep.DIR_FSYNCED)
+
+
+def atomic_rewrite(path: Path, data: bytes, *, after_step: StepHook | None = None) -> None:
+    """``atomic_write(path, data, replace=True)`` in the space the file already holds, for a small
+    file that must change even on a full disk (ENOSPC): the vote a node may not act on unwritten.
+
+    ``<name>.tmp`` is kept between writes as a spare. The new content is written over it (not
+    truncated first, so its blocks are reused), fsynced and renamed into place; just before, the
+    file being replaced is hard-linked as ``<name>.old``, and that name then becomes the next spare
+    instead of the old file being freed. Content no longer than the spare's so takes no new blocks
+    on a file system that overwrites in place (copy-on-write ones need space for any write).
+
+    The spare is a former version of the file, or new; never another name of the file in place (at
+    every point a crash can stop the renames), so writing over it cannot touch what a crash leaves.
+    A crash between the two renames leaves no spare: the next write makes one.
+    """
+    hook = after_step or (lambda _step: None)
+    spare = path.with_name(path.name + ".tmp")
+    replaced = path.with_name(path.name + ".old")
+    _write_synced(spare, data, hook, reuse=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(replaced)  # left by a crash between the link and the renames
+    try:
+        os.link(path, replaced)
+        kept = True
+    except FileNotFoundError:
+        kept = False  # the first write
+    os.replace(spare, path)
+    hook(WriteStep.RENAMED)
+    if kept:
+        os.replace(replaced, spare)
+    fsync_directory(path.parent)
+    hook(WriteStep.DIR_FSYNCED)
+
+
+def _write_synced(path: Path, data: bytes, hook: StepHook, *, reuse: bool) -> None:
+    """Make ``path`` hold ``data`` and fsync it: truncated first, or (``reuse``) written over and
+    cut to length after, which keeps the blocks it had."""
+    fd = open_private(path, os.O_WRONLY | (0 if reuse else os.O_TRUNC))
+    try:
+        write_all(fd, data, 0)
+        if reuse:
+            os.ftruncate(fd, len(data))
+        hook(WriteStep.TMP_WRITTEN)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    hook(WriteStep.TMP_FSYNCED)

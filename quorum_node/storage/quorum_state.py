@@ -7,6 +7,8 @@ let the node vote twice in one epoch.
 
 The file is one line of JSON with Kafka's field names (QuorumStateData v1): ``leaderId``,
 ``leaderEpoch``, ``votedId``, ``votedDirectoryId`` and ``data_version``; -1 means "none".
+Spaces pad the line to one size, and a rewrite goes over the spare ``quorum-state.tmp`` kept
+beside it, so changing the vote needs no new space on a full disk.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import MAX_EPOCH, ReplicaKey
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.errors import QuorumStateError
-from quorum_node.storage.fsutil import StepHook, atomic_write, fsync_directory
+from quorum_node.storage.fsutil import StepHook, atomic_rewrite, fsync_directory
 
 QUORUM_STATE = "quorum-state"
 DATA_VERSION = 1
 NO_ID = -1  # the file's sentinel for "no leader" / "no vote", as in Kafka
+FILE_SIZE = 256  # every write's length: the JSON, spaces, a newline
 
 _Id = Annotated[int, Field(ge=NO_ID)]
 
@@ -68,8 +71,8 @@ class QuorumStateStore:
         self._after_step = after_step
 
     def read(self) -> ElectionState | None:
-        """The stored state, or None when no state was ever written. A leftover
-        ``quorum-state.tmp`` is ignored: only a renamed file counts.
+        """The stored state, or None when no state was ever written. The spare
+        ``quorum-state.tmp`` is never read: only a renamed file counts.
 
         What is read is made durable first (the file and its directory fsynced): a process that
         died between the rename and the directory's fsync left the new state in the page cache
@@ -124,5 +127,7 @@ class QuorumStateStore:
             ),
             data_version=DATA_VERSION,
         )
-        line = data.model_dump_json(by_alias=True) + "\n"
-        atomic_write(self.path, line.encode("utf-8"), replace=True, after_step=self._after_step)
+        # Padded to one size, so that each rewrite fits the spare it is written over (see
+        # atomic_rewrite) whatever the vote: a full disk must not stop an election.
+        line = data.model_dump_json(by_alias=True).ljust(FILE_SIZE - 1) + "\n"
+        atomic_rewrite(self.path, line.encode("utf-8"), after_step=self._after_step)

@@ -6,11 +6,13 @@ served, resumed by itself once space comes back)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,13 +25,15 @@ from quorum_node.raft.records import Record
 from quorum_node.raft.state import ElectionState
 from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage.errors import StorageError
-from quorum_node.storage.fsutil import WriteStep
+from quorum_node.storage.fsutil import WriteStep, atomic_write
 from quorum_node.storage.log_dir import METADATA_PARTITION_DIR
 from quorum_node.storage.quorum_state import QuorumStateStore
 from quorum_node.storage.segment_log import SegmentLog
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
                                 reason=f"lazyfs: {unavailable_reason()}")
+
+DIRECTORY_ID = uuid.UUID("27c6803d-c7cb-42dd-9baa-cd494ffacc81")
 
 
 @pytest.fixture
@@ -85,6 +89,29 @@ def test_a_vote_read_back_after_a_crash_survives_a_power_loss(lazy: LazyFs) -> N
     assert QuorumStateStore(directory).read() == voted  # the restart acts on this vote
     lazy.power_loss()
     assert QuorumStateStore(directory).read() == voted, "a vote acted on was forgotten"
+
+
+def test_the_vote_changes_on_a_full_disk(lazy: LazyFs) -> None:
+    """A node must write a new epoch or vote before it acts on it, also while its disk is full
+    (an election can come then): the rewrite goes over the spare the writes before kept, in
+    place, and takes no space."""
+    directory = lazy.mountpoint / "state"
+    directory.mkdir()
+    store = QuorumStateStore(directory)
+    store.write(ElectionState(epoch=1))
+    store.write(ElectionState(epoch=2, leader_id=1))
+    lazy.set_capacity("used")
+    with pytest.raises(OSError) as full:  # the disk is full: no new file, no growth
+        atomic_write(directory / "other", b"x", replace=True)
+    assert full.value.errno == errno.ENOSPC
+    states = [ElectionState(epoch=3, voted_key=ReplicaKey(2, DIRECTORY_ID)),
+              ElectionState(epoch=3, leader_id=2, voted_key=ReplicaKey(2, DIRECTORY_ID)),
+              ElectionState(epoch=4)]
+    for state in states:
+        store.write(state)
+        assert QuorumStateStore(directory).read() == state
+    lazy.power_loss()
+    assert QuorumStateStore(directory).read() == states[-1]
 
 
 def single_node(tmp_path: Path) -> tuple[ProcessCluster, LazyFs]:

@@ -11,7 +11,7 @@ from quorum_node.raft.types import ReplicaKey
 from quorum_node.storage import kafka_uuid
 from quorum_node.storage.errors import QuorumStateError
 from quorum_node.storage.fsutil import StepHook, WriteStep
-from quorum_node.storage.quorum_state import QUORUM_STATE, QuorumStateStore
+from quorum_node.storage.quorum_state import FILE_SIZE, QUORUM_STATE, QuorumStateStore
 
 DIRECTORY_ID = uuid.UUID("27c6803d-c7cb-42dd-9baa-cd494ffacc81")
 
@@ -47,8 +47,28 @@ def test_round_trip(tmp_path: Path, state: ElectionState) -> None:
     store.write(state)
     assert QuorumStateStore(tmp_path).read() == state
     raw = (tmp_path / QUORUM_STATE).read_text()
-    assert raw.endswith("\n") and raw.count("\n") == 1
-    assert not (tmp_path / (QUORUM_STATE + ".tmp")).exists()
+    assert raw.endswith("\n") and raw.count("\n") == 1 and len(raw) == FILE_SIZE
+    assert not (tmp_path / (QUORUM_STATE + ".tmp")).exists()  # a first write keeps no spare
+
+
+def test_rewrites_take_turns_between_two_files_and_free_none(tmp_path: Path) -> None:
+    """Each write goes over the spare and keeps the file it replaces as the next spare: the same
+    two inodes, whatever the state, so a full disk does not stop a vote."""
+    path, spare = tmp_path / QUORUM_STATE, tmp_path / (QUORUM_STATE + ".tmp")
+    store = QuorumStateStore(tmp_path)
+    store.write(ElectionState(epoch=1))
+    store.write(ElectionState(epoch=2, leader_id=1))
+    pair = {path.stat().st_ino, spare.stat().st_ino}
+    assert len(pair) == 2
+    for epoch, state in enumerate([ElectionState(epoch=3, voted_key=ReplicaKey(1, DIRECTORY_ID)),
+                                   ElectionState(epoch=4), ElectionState(epoch=5, leader_id=2)]):
+        before = path.stat().st_ino
+        store.write(state)
+        assert QuorumStateStore(tmp_path).read() == state, epoch
+        assert path.stat().st_ino != before and spare.stat().st_ino == before
+        assert {path.stat().st_ino, spare.stat().st_ino} == pair
+        assert path.stat().st_size == spare.stat().st_size == FILE_SIZE
+    assert sorted(p.name for p in tmp_path.iterdir()) == [QUORUM_STATE, QUORUM_STATE + ".tmp"]
 
 
 def test_file_format(tmp_path: Path) -> None:
@@ -112,12 +132,14 @@ NEW = ElectionState(epoch=5, voted_key=ReplicaKey(2, DIRECTORY_ID))
 
 
 @pytest.mark.parametrize("step", list(WriteStep))
-@pytest.mark.parametrize("had_old_state", [True, False])
+@pytest.mark.parametrize("earlier_writes", [0, 1, 2])  # the last two: without and with a spare
 def test_crash_after_each_step_keeps_old_or_new(
-    tmp_path: Path, step: WriteStep, had_old_state: bool
+    tmp_path: Path, step: WriteStep, earlier_writes: int
 ) -> None:
-    if had_old_state:
-        QuorumStateStore(tmp_path).write(OLD)
+    had_old_state = earlier_writes > 0
+    for epoch in range(earlier_writes):
+        QuorumStateStore(tmp_path).write(ElectionState(epoch=epoch) if epoch + 1 < earlier_writes
+                                         else OLD)
     crashing = QuorumStateStore(tmp_path, after_step=crash_after(step))
     with pytest.raises(SimulatedCrash):
         crashing.write(NEW)
@@ -133,8 +155,10 @@ def test_crash_after_each_step_keeps_old_or_new(
         tmp.write_bytes(tmp.read_bytes()[:7])
         assert QuorumStateStore(tmp_path).read() == expected_old
 
-    # The next write replaces a leftover tmp file and wins.
+    # The next write goes over a leftover tmp file and wins; what it replaced is the spare.
     later = ElectionState(epoch=6, leader_id=3)
     QuorumStateStore(tmp_path).write(later)
     assert QuorumStateStore(tmp_path).read() == later
-    assert not tmp.exists()
+    path = tmp_path / QUORUM_STATE
+    assert not tmp.exists() or not tmp.samefile(path)
+    assert not (tmp_path / (QUORUM_STATE + ".old")).exists()
