@@ -143,7 +143,8 @@ def atomic_rewrite(path: Path, data: bytes, *, after_step: StepHook | None = Non
 
     The spare is a former version of the file, or new; never another name of the file in place (at
     every point a crash can stop the renames), so writing over it cannot touch what a crash leaves.
-    A crash between the two renames leaves no spare: the next write makes one.
+    The first write makes a spare beside the file; a crash between the two renames leaves none,
+    and the next write makes one.
     """
     hook = after_step or (lambda _step: None)
     spare = path.with_name(path.name + ".tmp")
@@ -160,8 +161,22 @@ def atomic_rewrite(path: Path, data: bytes, *, after_step: StepHook | None = Non
     hook(WriteStep.RENAMED)
     if kept:
         os.replace(replaced, spare)
+    else:
+        _make_spare(spare, data)
     fsync_directory(path.parent)
     hook(WriteStep.DIR_FSYNCED)
+
+
+def _make_spare(spare: Path, data: bytes) -> None:
+    """Take room for the next rewrite while there is some: after the first write there is no old
+    file to keep. Its content is never read, so it needs no fsync; a failure is left to the next
+    write, which makes the spare if it is missing."""
+    with contextlib.suppress(OSError):
+        fd = open_private(spare, os.O_WRONLY | os.O_TRUNC)
+        try:
+            write_all(fd, data, 0)
+        finally:
+            os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes, hook: StepHook, *, reuse: bool) -> None:

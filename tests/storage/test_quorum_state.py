@@ -48,7 +48,8 @@ def test_round_trip(tmp_path: Path, state: ElectionState) -> None:
     assert QuorumStateStore(tmp_path).read() == state
     raw = (tmp_path / QUORUM_STATE).read_text()
     assert raw.endswith("\n") and raw.count("\n") == 1 and len(raw) == FILE_SIZE
-    assert not (tmp_path / (QUORUM_STATE + ".tmp")).exists()  # a first write keeps no spare
+    spare = tmp_path / (QUORUM_STATE + ".tmp")  # room for the next write, taken by the first
+    assert spare.stat().st_size == FILE_SIZE and not spare.samefile(tmp_path / QUORUM_STATE)
 
 
 def test_rewrites_take_turns_between_two_files_and_free_none(tmp_path: Path) -> None:
@@ -57,10 +58,10 @@ def test_rewrites_take_turns_between_two_files_and_free_none(tmp_path: Path) -> 
     path, spare = tmp_path / QUORUM_STATE, tmp_path / (QUORUM_STATE + ".tmp")
     store = QuorumStateStore(tmp_path)
     store.write(ElectionState(epoch=1))
-    store.write(ElectionState(epoch=2, leader_id=1))
     pair = {path.stat().st_ino, spare.stat().st_ino}
     assert len(pair) == 2
-    for epoch, state in enumerate([ElectionState(epoch=3, voted_key=ReplicaKey(1, DIRECTORY_ID)),
+    for epoch, state in enumerate([ElectionState(epoch=2, leader_id=1),
+                                   ElectionState(epoch=3, voted_key=ReplicaKey(1, DIRECTORY_ID)),
                                    ElectionState(epoch=4), ElectionState(epoch=5, leader_id=2)]):
         before = path.stat().st_ino
         store.write(state)
