@@ -162,21 +162,12 @@ def atomic_rewrite(path: Path, data: bytes, *, after_step: StepHook | None = Non
     if kept:
         os.replace(replaced, spare)
     else:
-        _make_spare(spare, data)
+        # The first write: no old file to keep, so room for the next one is taken now, while
+        # there is some. Its content is never read; a failure is left to the next write.
+        with contextlib.suppress(OSError):
+            _write_synced(spare, data, lambda _step: None, reuse=False)
     fsync_directory(path.parent)
     hook(WriteStep.DIR_FSYNCED)
-
-
-def _make_spare(spare: Path, data: bytes) -> None:
-    """Take room for the next rewrite while there is some: after the first write there is no old
-    file to keep. Its content is never read, so it needs no fsync; a failure is left to the next
-    write, which makes the spare if it is missing."""
-    with contextlib.suppress(OSError):
-        fd = open_private(spare, os.O_WRONLY | os.O_TRUNC)
-        try:
-            write_all(fd, data, 0)
-        finally:
-            os.close(fd)
 
 
 def _write_synced(path: Path, data: bytes, hook: StepHook, *, reuse: bool) -> None:
